@@ -1,0 +1,13 @@
+use std::io;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error("{device}: I/O error at offset {offset}: {source}")]
+    Io { device: String, offset: u64, source: io::Error },
+    #[error("{device}: I/O of {len} bytes at offset {offset} is not 4 KiB aligned (offset, length and buffer address)")]
+    Misaligned { device: String, offset: u64, len: usize },
+    #[error("{device}: I/O at {offset}+{len} is beyond the end of the device ({size_bytes} bytes)")]
+    OutOfRange { device: String, offset: u64, len: u64, size_bytes: u64 },
+    #[error("{0}")]
+    Open(String),
+}

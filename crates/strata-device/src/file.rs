@@ -1,0 +1,400 @@
+//! `FileDevice`: a regular file or a block device opened with O_DIRECT, driven by io_uring (or,
+//! where io_uring is unavailable or not wanted, by blocking system calls on the caller's thread).
+
+use std::fs::{File, Metadata};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::check::{check_io, check_range, io_error};
+use crate::stats::Counters;
+use crate::uring::{Op, UringEngine};
+use crate::{os, Device, DeviceError, DeviceStats, BLOCK_SIZE};
+
+/// The smallest device Strata accepts: anything smaller is almost certainly a wrong path or a
+/// size given in the wrong unit.
+pub const MIN_DEVICE_SIZE_BYTES: u64 = 1 << 20;
+
+/// Which engine carries a [`FileDevice`]'s I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IoBackend {
+    /// io_uring if the kernel allows it, else threads (with a warning in the log).
+    #[default]
+    Auto,
+    /// io_uring or fail to open.
+    IoUring,
+    /// Blocking pread/pwrite/fdatasync on the calling thread.
+    ThreadPool,
+}
+
+/// How to open a device; `OpenOptions::default()` opens an existing path with `Auto`.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    /// If the path does not exist, create a sparse regular file of this size (rounded down to
+    /// 4 KiB). Ignored when the path exists: an existing file is never resized.
+    pub create_size_bytes: Option<u64>,
+    /// For regular files: allocate every block at open (fallocate) and never punch holes, so
+    /// O_DIRECT writes on the hot path (the fast-tier log) do not wait for block allocation.
+    pub preallocate: bool,
+    pub backend: IoBackend,
+}
+
+/// Opens (or creates, if `create_size_bytes` is given and the path is missing) a file or block
+/// device with O_DIRECT and the default backend.
+pub fn open_path(
+    path: &Path,
+    create_size_bytes: Option<u64>,
+) -> Result<Arc<dyn Device>, DeviceError> {
+    open_with(
+        path,
+        &OpenOptions {
+            create_size_bytes,
+            ..OpenOptions::default()
+        },
+    )
+}
+
+/// Opens a file or block device with O_DIRECT as `options` say.
+pub fn open_with(path: &Path, options: &OpenOptions) -> Result<Arc<dyn Device>, DeviceError> {
+    Ok(Arc::new(FileDevice::open(path, options)?))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Regular,
+    Block,
+}
+
+enum Engine {
+    Uring(UringEngine),
+    Threads,
+}
+
+/// A regular file or block device opened with O_DIRECT. See the crate documentation for the
+/// contract; discards punch holes in files and issue BLKDISCARD on block devices.
+pub struct FileDevice {
+    /// Declared before `file`: the ring thread must stop before the descriptor closes.
+    engine: Engine,
+    file: File,
+    name: String,
+    kind: Kind,
+    size_bytes: u64,
+    preallocated: bool,
+    counters: Counters,
+}
+
+fn open_error(path: &Path, what: impl std::fmt::Display) -> DeviceError {
+    DeviceError::Open(format!("{}: {what}", path.display()))
+}
+
+impl FileDevice {
+    /// Opens a device; see [`open_with`].
+    pub fn open(path: &Path, options: &OpenOptions) -> Result<FileDevice, DeviceError> {
+        let metadata = metadata_or_create(path, options.create_size_bytes)?;
+        let kind = kind_of(path, &metadata)?;
+        let file = open_direct(path, OpenMode::ReadWrite, kind)?;
+        let size_bytes = usable_size(path, &file, kind, &metadata)?;
+        let preallocated = options.preallocate && kind == Kind::Regular;
+        let preallocated = preallocated && preallocate(path, &file, size_bytes)?;
+        let name = path.display().to_string();
+        let engine = start_engine(path, &file, &name, options.backend)?;
+        Ok(FileDevice {
+            engine,
+            file,
+            name,
+            kind,
+            size_bytes,
+            preallocated,
+            counters: Counters::new(),
+        })
+    }
+
+    /// "io_uring" or "threads": which engine carries this device's I/O.
+    pub fn io_backend_name(&self) -> &'static str {
+        match self.engine {
+            Engine::Uring(_) => "io_uring",
+            Engine::Threads => "threads",
+        }
+    }
+
+    fn fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+
+    /// Counts the outcome of a call and attaches the device name and offset to an error.
+    fn finish(
+        &self,
+        result: io::Result<()>,
+        offset: u64,
+        on_success: impl FnOnce(&Counters),
+    ) -> Result<(), DeviceError> {
+        match result {
+            Ok(()) => {
+                on_success(&self.counters);
+                Ok(())
+            }
+            Err(err) => {
+                self.counters.record_error();
+                Err(io_error(&self.name, offset, err))
+            }
+        }
+    }
+
+    fn validate(&self, addr: usize, len: usize, offset: u64) -> Result<(), DeviceError> {
+        check_io(&self.name, self.size_bytes, addr, len, offset)
+            .inspect_err(|_| self.counters.record_error())
+    }
+
+    fn discard_range(&self, offset: u64, len: u64) -> io::Result<bool> {
+        if self.preallocated {
+            return Ok(false);
+        }
+        let result = match self.kind {
+            Kind::Regular => os::punch_hole(self.fd(), offset, len),
+            Kind::Block => os::blk_discard(self.fd(), offset, len),
+        };
+        match result {
+            Ok(()) => Ok(true),
+            Err(err) if os::is_unsupported(&err) => Ok(false),
+            Err(err) => Err(err),
+        }
+    }
+}
+
+/// Allocates the whole file; false where the file system cannot (the device still works, its
+/// first writes just allocate).
+fn preallocate(path: &Path, file: &File, size_bytes: u64) -> Result<bool, DeviceError> {
+    match os::preallocate(file.as_raw_fd(), size_bytes) {
+        Ok(()) => Ok(true),
+        Err(err) if os::is_unsupported(&err) => {
+            tracing::warn!(path = %path.display(), "file system cannot preallocate; continuing without");
+            Ok(false)
+        }
+        Err(err) => Err(open_error(path, format_args!("cannot preallocate: {err}"))),
+    }
+}
+
+/// Stats the path, creating a sparse file first if it is missing and a size was given.
+fn metadata_or_create(
+    path: &Path,
+    create_size_bytes: Option<u64>,
+) -> Result<Metadata, DeviceError> {
+    match std::fs::metadata(path) {
+        Ok(metadata) => Ok(metadata),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => {
+            let Some(size) = create_size_bytes else {
+                return Err(open_error(
+                    path,
+                    "does not exist, and no size was given to create it",
+                ));
+            };
+            create_sparse(path, size)?;
+            std::fs::metadata(path).map_err(|e| open_error(path, e))
+        }
+        Err(err) => Err(open_error(path, err)),
+    }
+}
+
+fn create_sparse(path: &Path, size_bytes: u64) -> Result<(), DeviceError> {
+    let size_bytes = size_bytes - size_bytes % BLOCK_SIZE as u64;
+    if size_bytes < MIN_DEVICE_SIZE_BYTES {
+        return Err(open_error(
+            path,
+            format_args!("size {size_bytes} bytes is below the 1 MiB minimum"),
+        ));
+    }
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| open_error(path, format_args!("cannot create: {e}")))?;
+    file.set_len(size_bytes).map_err(|e| {
+        let _ = std::fs::remove_file(path);
+        open_error(path, format_args!("cannot size to {size_bytes} bytes: {e}"))
+    })
+}
+
+fn kind_of(path: &Path, metadata: &Metadata) -> Result<Kind, DeviceError> {
+    let file_type = metadata.file_type();
+    if file_type.is_file() {
+        Ok(Kind::Regular)
+    } else if file_type.is_block_device() {
+        Ok(Kind::Block)
+    } else if file_type.is_dir() {
+        Err(open_error(
+            path,
+            "is a directory, not a file or block device",
+        ))
+    } else {
+        Err(open_error(
+            path,
+            "is neither a regular file nor a block device",
+        ))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OpenMode {
+    ReadOnly,
+    ReadWrite,
+}
+
+/// Opens an existing file or block device with O_DIRECT and returns it with its usable size,
+/// applying the same checks as [`FileDevice::open`]; for tools that drive the descriptor
+/// themselves (the raw benchmark).
+pub(crate) fn open_raw(path: &Path, mode: OpenMode) -> Result<(File, u64), DeviceError> {
+    let metadata = std::fs::metadata(path).map_err(|e| open_error(path, e))?;
+    let kind = kind_of(path, &metadata)?;
+    let file = open_direct(path, mode, kind)?;
+    let size_bytes = usable_size(path, &file, kind, &metadata)?;
+    Ok((file, size_bytes))
+}
+
+/// Opens with O_DIRECT; block devices also with O_EXCL, which Linux turns into "fail if the
+/// device is mounted or claimed by another exclusive opener", so Strata never writes over a
+/// live file system.
+fn open_direct(path: &Path, mode: OpenMode, kind: Kind) -> Result<File, DeviceError> {
+    let exclusive = if kind == Kind::Block { libc::O_EXCL } else { 0 };
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .write(mode == OpenMode::ReadWrite)
+        .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC | exclusive)
+        .open(path);
+    opened.map_err(|err| match err.raw_os_error() {
+        Some(libc::EBUSY) => open_error(
+            path,
+            "is in use (mounted, or opened exclusively by another program)",
+        ),
+        Some(libc::EINVAL) => open_error(
+            path,
+            "the file system does not support O_DIRECT, which Strata requires",
+        ),
+        _ => open_error(path, format_args!("cannot open with O_DIRECT: {err}")),
+    })
+}
+
+/// The size Strata may use: the file length or device size, rounded down to 4 KiB.
+fn usable_size(
+    path: &Path,
+    file: &File,
+    kind: Kind,
+    metadata: &Metadata,
+) -> Result<u64, DeviceError> {
+    let raw = match kind {
+        Kind::Regular => metadata.len(),
+        Kind::Block => os::blk_size_bytes(file.as_raw_fd())
+            .map_err(|e| open_error(path, format_args!("BLKGETSIZE64: {e}")))?,
+    };
+    let size_bytes = raw - raw % BLOCK_SIZE as u64;
+    if size_bytes < MIN_DEVICE_SIZE_BYTES {
+        return Err(open_error(
+            path,
+            format_args!("size {raw} bytes is below the 1 MiB minimum"),
+        ));
+    }
+    Ok(size_bytes)
+}
+
+fn start_engine(
+    path: &Path,
+    file: &File,
+    name: &str,
+    backend: IoBackend,
+) -> Result<Engine, DeviceError> {
+    if backend == IoBackend::ThreadPool {
+        return Ok(Engine::Threads);
+    }
+    match UringEngine::start(file.as_raw_fd(), name) {
+        Ok(engine) => Ok(Engine::Uring(engine)),
+        Err(err) if backend == IoBackend::Auto => {
+            tracing::warn!(device = name, error = %err, "io_uring unavailable; using blocking threads");
+            Ok(Engine::Threads)
+        }
+        Err(err) => Err(open_error(
+            path,
+            format_args!("io_uring setup failed: {err}"),
+        )),
+    }
+}
+
+impl Device for FileDevice {
+    fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        self.validate(buf.as_ptr() as usize, buf.len(), offset)?;
+        let len = buf.len();
+        let result = match &self.engine {
+            _ if len == 0 => Ok(()),
+            // SAFETY: `buf` is borrowed mutably for the whole call, which blocks until done.
+            Engine::Uring(ring) => unsafe {
+                ring.execute(Op::Read {
+                    buf: buf.as_mut_ptr(),
+                    len,
+                    offset,
+                })
+            },
+            Engine::Threads => os::pread_full(self.fd(), buf, offset),
+        };
+        self.finish(result, offset, |c| c.record_read(len as u64))
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        self.validate(buf.as_ptr() as usize, buf.len(), offset)?;
+        let len = buf.len();
+        let result = match &self.engine {
+            _ if len == 0 => Ok(()),
+            // SAFETY: `buf` is borrowed for the whole call, which blocks until done.
+            Engine::Uring(ring) => unsafe {
+                ring.execute(Op::Write {
+                    buf: buf.as_ptr(),
+                    len,
+                    offset,
+                })
+            },
+            Engine::Threads => os::pwrite_full(self.fd(), buf, offset),
+        };
+        self.finish(result, offset, |c| c.record_write(len as u64))
+    }
+
+    fn flush(&self) -> Result<(), DeviceError> {
+        let result = match &self.engine {
+            // SAFETY: an fsync names no buffer.
+            Engine::Uring(ring) => unsafe { ring.execute(Op::Fsync) },
+            Engine::Threads => os::fdatasync(self.fd()),
+        };
+        self.finish(result, 0, Counters::record_flush)
+    }
+
+    /// Runs on the caller's thread for both backends (io_uring has no BLKDISCARD); a discard is
+    /// rare and off the hot path. Unsupported discards, and any discard on a preallocated file
+    /// (punching holes would undo the preallocation), count as `discard_unsupported_ops`.
+    fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
+        check_range(&self.name, self.size_bytes, offset, len)
+            .inspect_err(|_| self.counters.record_error())?;
+        match self.discard_range(offset, len) {
+            Ok(true) => self.finish(Ok(()), offset, |c| c.record_discard(len)),
+            Ok(false) => self.finish(Ok(()), offset, Counters::record_discard_unsupported),
+            Err(err) => self.finish(Err(err), offset, |_| {}),
+        }
+    }
+
+    fn stats(&self) -> DeviceStats {
+        self.counters.snapshot(&self.name, self.size_bytes)
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn io_backend_name(&self) -> &'static str {
+        FileDevice::io_backend_name(self)
+    }
+}
+
+#[cfg(test)]
+#[path = "file_tests.rs"]
+mod tests;

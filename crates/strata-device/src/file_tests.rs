@@ -1,0 +1,285 @@
+use std::os::unix::fs::MetadataExt;
+
+use super::*;
+use crate::test_util::{self, pattern};
+use crate::AlignedBuf;
+
+const MIB: u64 = 1 << 20;
+const BLOCK: u64 = BLOCK_SIZE as u64;
+
+fn open_error_text(result: Result<FileDevice, DeviceError>) -> String {
+    match result {
+        Err(DeviceError::Open(text)) => text,
+        Err(other) => panic!("expected an Open error, got {other}"),
+        Ok(_) => panic!("expected an Open error, the open succeeded"),
+    }
+}
+
+fn options(create_size_bytes: u64, backend: IoBackend) -> OpenOptions {
+    OpenOptions {
+        create_size_bytes: Some(create_size_bytes),
+        backend,
+        ..OpenOptions::default()
+    }
+}
+
+/// io_uring may be disabled on a machine (sysctl, seccomp); the io_uring tests then say so
+/// and pass, while the threads backend still runs everything.
+fn io_uring_available() -> bool {
+    let available = io_uring::IoUring::new(8).is_ok();
+    if !available {
+        eprintln!("io_uring is not available here: skipping the io_uring backend");
+    }
+    available
+}
+
+fn backends() -> Vec<IoBackend> {
+    let mut backends = vec![IoBackend::ThreadPool];
+    if io_uring_available() {
+        backends.push(IoBackend::IoUring);
+    }
+    backends
+}
+
+#[test]
+fn refuses_bad_paths_and_sizes() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing");
+    let text = open_error_text(FileDevice::open(&missing, &OpenOptions::default()));
+    assert!(text.contains("does not exist"), "{text}");
+    let text = open_error_text(FileDevice::open(
+        &missing,
+        &options(MIB - BLOCK, IoBackend::Auto),
+    ));
+    assert!(text.contains("1 MiB"), "{text}");
+    assert!(!missing.exists());
+    let text = open_error_text(FileDevice::open(dir.path(), &options(MIB, IoBackend::Auto)));
+    assert!(text.contains("directory"), "{text}");
+    let small = dir.path().join("small");
+    std::fs::write(&small, vec![0u8; 8192]).unwrap();
+    let text = open_error_text(FileDevice::open(&small, &OpenOptions::default()));
+    assert!(text.contains("below the 1 MiB minimum"), "{text}");
+    assert!(open_path(&missing, None).is_err());
+}
+
+#[test]
+fn creates_sparse_file_of_requested_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dev");
+    let dev = open_path(&path, Some(64 * MIB + 100)).unwrap();
+    assert_eq!(dev.size_bytes(), 64 * MIB);
+    let metadata = std::fs::metadata(&path).unwrap();
+    assert_eq!(metadata.len(), 64 * MIB);
+    assert!(
+        metadata.blocks() * 512 < MIB,
+        "sparse file allocated {} blocks",
+        metadata.blocks()
+    );
+    drop(dev);
+    let reopened = open_path(&path, Some(128 * MIB)).unwrap();
+    assert_eq!(
+        reopened.size_bytes(),
+        64 * MIB,
+        "an existing file is never resized"
+    );
+}
+
+#[test]
+fn contract_checks_on_both_backends() {
+    for backend in backends() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = Arc::new(
+            FileDevice::open(&dir.path().join("dev"), &options(16 * MIB, backend)).unwrap(),
+        );
+        let expected = if backend == IoBackend::IoUring {
+            "io_uring"
+        } else {
+            "threads"
+        };
+        assert_eq!(Device::io_backend_name(&*dev), expected);
+        test_util::check_rejects_bad_io(&*dev);
+        test_util::check_read_after_write(&*dev);
+        test_util::check_discard_counted(&*dev);
+        test_util::check_concurrent_writers(dev.clone());
+        assert!(dev.stats().errors >= 10, "rejected calls are counted");
+    }
+}
+
+#[test]
+fn data_survives_reopen_after_flush() {
+    for backend in backends() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dev");
+        let dev = FileDevice::open(&path, &options(4 * MIB, backend)).unwrap();
+        dev.write_at(&pattern(16, 3), MIB).unwrap();
+        dev.flush().unwrap();
+        drop(dev);
+        let dev = FileDevice::open(
+            &path,
+            &OpenOptions {
+                backend,
+                ..OpenOptions::default()
+            },
+        )
+        .unwrap();
+        let mut back = AlignedBuf::new_zeroed(16 * BLOCK_SIZE);
+        dev.read_at(&mut back, MIB).unwrap();
+        assert_eq!(back, pattern(16, 3));
+    }
+}
+
+#[test]
+fn discard_punches_a_hole_that_reads_zero() {
+    for backend in backends() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = FileDevice::open(&dir.path().join("dev"), &options(4 * MIB, backend)).unwrap();
+        dev.write_at(&pattern(8, 1), 0).unwrap();
+        dev.discard(BLOCK, 2 * BLOCK).unwrap();
+        let stats = dev.stats();
+        if stats.discard_unsupported_ops > 0 {
+            eprintln!("the temp file system cannot punch holes: skipping the zero check");
+            continue;
+        }
+        assert_eq!((stats.discard_ops, stats.discard_bytes), (1, 2 * BLOCK));
+        let mut back = AlignedBuf::new_zeroed(4 * BLOCK_SIZE);
+        dev.read_at(&mut back, 0).unwrap();
+        assert_eq!(back[..BLOCK_SIZE], pattern(1, 1)[..]);
+        assert!(back[BLOCK_SIZE..3 * BLOCK_SIZE].iter().all(|&b| b == 0));
+        assert_eq!(
+            back[3 * BLOCK_SIZE..],
+            pattern(8, 1)[3 * BLOCK_SIZE..4 * BLOCK_SIZE]
+        );
+    }
+}
+
+#[test]
+fn preallocated_file_is_fully_allocated_and_keeps_its_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log");
+    let opts = OpenOptions {
+        preallocate: true,
+        ..options(8 * MIB, IoBackend::Auto)
+    };
+    let dev = FileDevice::open(&path, &opts).unwrap();
+    let allocated = std::fs::metadata(&path).unwrap().blocks() * 512;
+    assert!(allocated >= 8 * MIB, "only {allocated} bytes allocated");
+    dev.discard(0, MIB).unwrap();
+    assert_eq!(dev.stats().discard_unsupported_ops, 1);
+    assert!(std::fs::metadata(&path).unwrap().blocks() * 512 >= 8 * MIB);
+}
+
+#[test]
+fn large_io_and_histogram() {
+    for backend in backends() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = FileDevice::open(&dir.path().join("dev"), &options(16 * MIB, backend)).unwrap();
+        let big = pattern(2048, 5);
+        dev.write_at(&big, 4 * MIB).unwrap();
+        let mut back = AlignedBuf::new_zeroed(2048 * BLOCK_SIZE);
+        dev.read_at(&mut back, 4 * MIB).unwrap();
+        assert_eq!(back, big);
+        let stats = dev.stats();
+        assert_eq!(stats.write_sizes.buckets[23], 1, "8 MiB lands in bucket 23");
+        assert_eq!(stats.read_sizes.buckets[23], 1);
+        assert_eq!(stats.write_bytes, 8 * MIB);
+    }
+}
+
+/// More concurrent callers than the ring has in-flight slots: the queue and slot bounds hold
+/// callers back instead of failing them.
+#[test]
+fn more_callers_than_ring_slots() {
+    if !io_uring_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Arc::new(
+        FileDevice::open(
+            &dir.path().join("dev"),
+            &options(16 * MIB, IoBackend::IoUring),
+        )
+        .unwrap(),
+    );
+    let threads: Vec<_> = (0..300u64)
+        .map(|t| {
+            let dev = Arc::clone(&dev);
+            std::thread::spawn(move || {
+                let data = pattern(1, t as u8);
+                for round in 0..4 {
+                    dev.write_at(&data, (t * 4 + round) * BLOCK).unwrap();
+                }
+                let mut back = AlignedBuf::new_zeroed(BLOCK_SIZE);
+                dev.read_at(&mut back, t * 4 * BLOCK).unwrap();
+                assert_eq!(back, data);
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    dev.flush().unwrap();
+    assert_eq!(dev.stats().write_ops, 1200);
+}
+
+#[test]
+fn auto_backend_reports_a_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = open_path(&dir.path().join("dev"), Some(MIB)).unwrap();
+    assert!(["io_uring", "threads"].contains(&dev.io_backend_name()));
+}
+
+/// A loop device over a temp file, detached on drop; None where loop devices cannot be made
+/// (not root, no losetup, no /dev/loop-control).
+struct LoopDevice {
+    path: std::path::PathBuf,
+}
+
+impl LoopDevice {
+    fn attach(backing: &Path) -> Option<LoopDevice> {
+        let output = std::process::Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(backing)
+            .output()
+            .ok()?;
+        if !output.status.success() {
+            return None;
+        }
+        let path = String::from_utf8(output.stdout).ok()?.trim().to_string();
+        Some(LoopDevice { path: path.into() })
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .arg("-d")
+            .arg(&self.path)
+            .status();
+    }
+}
+
+#[test]
+fn block_device_size_io_discard_and_exclusive_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("backing");
+    std::fs::File::create(&backing)
+        .unwrap()
+        .set_len(8 * MIB)
+        .unwrap();
+    let Some(loop_dev) = LoopDevice::attach(&backing) else {
+        eprintln!("cannot attach a loop device here: skipping the block device test");
+        return;
+    };
+    for backend in backends() {
+        let opts = OpenOptions {
+            backend,
+            ..OpenOptions::default()
+        };
+        let dev = FileDevice::open(&loop_dev.path, &opts).unwrap();
+        assert_eq!(dev.size_bytes(), 8 * MIB, "BLKGETSIZE64");
+        test_util::check_read_after_write(&dev);
+        test_util::check_discard_counted(&dev);
+        let text = open_error_text(FileDevice::open(&loop_dev.path, &opts));
+        assert!(text.contains("in use"), "{text}");
+    }
+}

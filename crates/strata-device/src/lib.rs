@@ -1,0 +1,70 @@
+//! The device layer: every byte Strata stores goes through a [`Device`].
+//!
+//! Contract shared by every implementation:
+//! - I/O is in whole [`BLOCK_SIZE`] units: offsets and lengths are multiples of 4096 and buffers
+//!   are 4096-byte aligned in memory (use [`AlignedBuf`]); anything else is
+//!   [`DeviceError::Misaligned`], never a silent bounce.
+//! - A completed `write_at` is not durable until a later `flush` completes.
+//! - Methods block the calling thread; many threads may call concurrently.
+//! - Every implementation keeps [`DeviceStats`] as the device sees the I/O.
+//!
+//! Implementations:
+//! - [`FileDevice`] (via [`open_path`] / [`open_with`]): a regular file or block device opened
+//!   with O_DIRECT; I/O through one io_uring per device, owned by a thread that batches the
+//!   requests of all callers into shared submissions, or blocking system calls where io_uring
+//!   is unavailable ([`IoBackend`], reported by [`Device::io_backend_name`]).
+//! - [`MemDevice`]: in memory, with a volatile write cache, seeded crash and fault simulation,
+//!   for tests.
+//! - [`Throttled`]: a wrapper limiting bandwidth and IOPS, standing in for slow media.
+//!
+//! [`raw_random_io`] drives one io_uring directly: the baseline benchmarks compare against.
+
+mod aligned;
+mod check;
+mod completion;
+mod error;
+mod file;
+mod os;
+pub mod raw_bench;
+mod rng;
+mod sim;
+mod stats;
+mod throttle;
+mod uring;
+
+pub use aligned::AlignedBuf;
+pub use error::DeviceError;
+pub use file::{open_path, open_with, FileDevice, IoBackend, OpenOptions, MIN_DEVICE_SIZE_BYTES};
+pub use raw_bench::{raw_random_io, RawIoResult};
+pub use sim::{CrashReport, FaultConfig, MemDevice};
+pub use stats::{Counters, DeviceStats, IoSizeHistogram, IO_SIZE_BUCKETS};
+pub use throttle::{ThrottleConfig, Throttled};
+
+/// The unit of every device I/O, in bytes.
+pub const BLOCK_SIZE: usize = 4096;
+
+/// A block device or file as Strata uses it.
+pub trait Device: Send + Sync {
+    /// Usable size in bytes (a multiple of [`BLOCK_SIZE`]).
+    fn size_bytes(&self) -> u64;
+    /// Fills `buf` from `offset`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError>;
+    /// Writes `buf` at `offset` (not durable until `flush`).
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError>;
+    /// Makes every completed write durable (fdatasync / device cache flush).
+    fn flush(&self) -> Result<(), DeviceError>;
+    /// Tells the device the range holds nothing of value. A no-op where unsupported.
+    fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError>;
+    /// A snapshot of the counters.
+    fn stats(&self) -> DeviceStats;
+    /// A short human name (the path, or a test label).
+    fn name(&self) -> &str;
+    /// How the I/O is carried out ("io_uring", "threads", "memory"), for the daemon's start-up
+    /// log and benchmark reports.
+    fn io_backend_name(&self) -> &'static str {
+        "memory"
+    }
+}
+
+#[cfg(test)]
+mod test_util;

@@ -1,0 +1,135 @@
+//! Thin, retrying wrappers over the Linux system calls the file device needs. They are also the
+//! "threads" backend: callers are already threads, so a blocking pread on the caller's thread is
+//! the thread pool.
+
+use std::io;
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+/// `_IOR(0x12, 114, size_t)`: size of a block device in bytes. Generic Linux ioctl encoding
+/// (x86_64, aarch64, riscv64); libc does not export it.
+const BLKGETSIZE64: libc::Ioctl = 0x8008_1272;
+/// `_IO(0x12, 119)`: discard a byte range `[start, len]` of a block device.
+const BLKDISCARD: libc::Ioctl = 0x1277;
+
+/// Retries for one system call. EINTR and EAGAIN are transient, but a call that keeps failing
+/// with them is a stuck device, and the caller should hear about it rather than spin forever.
+const MAX_RETRIES: u32 = 64;
+/// Back-off before retrying EAGAIN, so a congested device is not hammered in a tight loop.
+const EAGAIN_BACKOFF: Duration = Duration::from_micros(100);
+
+/// True for the errors a caller should retry: interrupted or temporarily out of resources.
+pub(crate) fn is_transient(errno: i32) -> bool {
+    errno == libc::EINTR || errno == libc::EAGAIN
+}
+
+/// Runs `call` (a system call returning -1 and setting errno on failure) until it succeeds or
+/// fails with a non-transient error, at most [`MAX_RETRIES`] times.
+fn retrying(mut call: impl FnMut() -> isize) -> io::Result<usize> {
+    let mut attempts = 0;
+    loop {
+        let result = call();
+        if result >= 0 {
+            return Ok(result as usize);
+        }
+        let err = io::Error::last_os_error();
+        let errno = err.raw_os_error().unwrap_or(0);
+        attempts += 1;
+        if !is_transient(errno) || attempts >= MAX_RETRIES {
+            return Err(err);
+        }
+        if errno == libc::EAGAIN {
+            std::thread::sleep(EAGAIN_BACKOFF);
+        }
+    }
+}
+
+fn to_off_t(offset: u64) -> io::Result<libc::off_t> {
+    libc::off_t::try_from(offset)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset beyond off_t"))
+}
+
+/// Reads exactly `buf.len()` bytes at `offset`, resuming after short reads.
+pub(crate) fn pread_full(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &mut buf[done..];
+        let at = to_off_t(offset + done as u64)?;
+        // SAFETY: `rest` is a valid, writable region of `rest.len()` bytes.
+        let n = retrying(|| unsafe { libc::pread(fd, rest.as_mut_ptr().cast(), rest.len(), at) })?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "read beyond end of file",
+            ));
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+/// Writes all of `buf` at `offset`, resuming after short writes.
+pub(crate) fn pwrite_full(fd: RawFd, buf: &[u8], offset: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &buf[done..];
+        let at = to_off_t(offset + done as u64)?;
+        // SAFETY: `rest` is a valid, readable region of `rest.len()` bytes.
+        let n = retrying(|| unsafe { libc::pwrite(fd, rest.as_ptr().cast(), rest.len(), at) })?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "device accepted no bytes",
+            ));
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+/// Makes completed writes durable; data only, since the file's size never changes.
+pub(crate) fn fdatasync(fd: RawFd) -> io::Result<()> {
+    // SAFETY: plain system call on a descriptor we own.
+    retrying(|| unsafe { libc::fdatasync(fd) as isize }).map(drop)
+}
+
+/// Frees the blocks of a byte range in a regular file, keeping its size.
+pub(crate) fn punch_hole(fd: RawFd, offset: u64, len: u64) -> io::Result<()> {
+    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    fallocate(fd, mode, offset, len)
+}
+
+/// Allocates every block of a regular file's first `len` bytes (unwritten extents: reads still
+/// return zeros), so later O_DIRECT writes do not allocate on the hot path.
+pub(crate) fn preallocate(fd: RawFd, len: u64) -> io::Result<()> {
+    fallocate(fd, 0, 0, len)
+}
+
+fn fallocate(fd: RawFd, mode: i32, offset: u64, len: u64) -> io::Result<()> {
+    let (at, len) = (to_off_t(offset)?, to_off_t(len)?);
+    // SAFETY: plain system call on a descriptor we own.
+    retrying(|| unsafe { libc::fallocate(fd, mode, at, len) as isize }).map(drop)
+}
+
+/// Discards a byte range of a block device.
+pub(crate) fn blk_discard(fd: RawFd, offset: u64, len: u64) -> io::Result<()> {
+    let range: [u64; 2] = [offset, len];
+    // SAFETY: BLKDISCARD reads two u64 from the pointer, which points to `range`.
+    retrying(|| unsafe { libc::ioctl(fd, BLKDISCARD, range.as_ptr()) as isize }).map(drop)
+}
+
+/// The size of a block device in bytes.
+pub(crate) fn blk_size_bytes(fd: RawFd) -> io::Result<u64> {
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points to `size`.
+    retrying(|| unsafe { libc::ioctl(fd, BLKGETSIZE64, &mut size as *mut u64) as isize })?;
+    Ok(size)
+}
+
+/// True for the errors that mean "this device or file system cannot discard".
+pub(crate) fn is_unsupported(err: &io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOTTY) | Some(libc::ENOSYS)
+    )
+}

@@ -1,0 +1,423 @@
+//! The destager: moves data from the log to capacity segments under a fill-level controller,
+//! and runs garbage collection when free segments run low.
+//!
+//! Controller: below the low mark it idles. Between the marks it runs a duty cycle set by a PI
+//! term on fill (so the rate is a share of the bandwidth the devices really deliver, and rises
+//! smoothly with fill). Above the high mark it runs flat out; the log writer then admits new
+//! writes at the measured destage bandwidth (see `log.rs`).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use strata_device::AlignedBuf;
+
+use crate::capacity::*;
+use crate::error::EngineError;
+use crate::format::*;
+use crate::log::{BatchMeta, RecMeta};
+use crate::map::Loc;
+use crate::shared::{Counters, Shared, STATE_FAILED};
+
+/// Batches handed to one destage step at most (bounds the memory of a step).
+const MAX_BATCHES_PER_STEP: usize = 4096;
+
+pub struct Destager {
+    sh: Arc<Shared>,
+    integral: f64,
+    last: Instant,
+    gc_backoff_until: Instant,
+}
+
+impl Destager {
+    pub fn new(sh: Arc<Shared>) -> Destager {
+        Destager { sh, integral: 0.0, last: Instant::now(), gc_backoff_until: Instant::now() }
+    }
+
+    pub fn run(mut self) {
+        loop {
+            if self.sh.abandon.load(Ordering::Relaxed) || self.sh.state.load(Ordering::Acquire) == STATE_FAILED {
+                return;
+            }
+            let duty = self.duty_cycle();
+            if self.gc_needed() {
+                if let Err(e) = self.gc_step() {
+                    tracing::error!("garbage collection: {e}");
+                }
+            }
+            if duty <= 0.0 {
+                self.idle(Duration::from_millis(50));
+                continue;
+            }
+            let started = Instant::now();
+            match self.step() {
+                Ok(0) => self.idle(Duration::from_millis(20)),
+                Ok(_) if duty < 1.0 => {
+                    let busy = started.elapsed().as_secs_f64();
+                    let pause = busy * (1.0 - duty) / duty;
+                    self.idle(Duration::from_secs_f64(pause.min(1.0)));
+                }
+                Ok(_) => {}
+                Err(EngineError::NoSpace) => self.idle(Duration::from_millis(100)),
+                Err(e) => {
+                    tracing::error!("destage: {e}");
+                    self.idle(Duration::from_millis(200));
+                }
+            }
+        }
+    }
+
+    fn idle(&self, d: Duration) {
+        let mut w = self.sh.destage_wake_lock.lock();
+        if !*w {
+            self.sh.destage_wake.wait_for(&mut w, d);
+        }
+        *w = false;
+    }
+
+    /// The share of time to spend destaging, 0..=1.
+    fn duty_cycle(&mut self) -> f64 {
+        let fill = self.sh.log.lock().fill_ratio();
+        let (low, high) = (self.sh.cfg.fill_ratio_low, self.sh.cfg.fill_ratio_high);
+        let now = Instant::now();
+        let dt = now.duration_since(self.last).as_secs_f64().min(1.0);
+        self.last = now;
+        if self.sh.drain.load(Ordering::Relaxed) || fill >= high {
+            return 1.0;
+        }
+        if fill < low {
+            self.integral = 0.0;
+            return 0.0;
+        }
+        let e = (fill - low) / (high - low);
+        self.integral = (self.integral + 0.5 * e * dt).clamp(0.0, 1.0);
+        (0.05 + e + self.integral).clamp(0.05, 1.0)
+    }
+
+    fn gc_needed(&self) -> bool {
+        let segs = self.sh.segs.lock();
+        segs.free_count() < gc_trigger(self.sh.caps.len())
+    }
+
+    /// Moves the oldest durable batches' live data into a stripe of segments and frees their
+    /// log space. Returns the log bytes freed.
+    pub fn step(&mut self) -> Result<u64, EngineError> {
+        let batches: Vec<BatchMeta> = {
+            let log = self.sh.log.lock();
+            log.batches.iter().take(MAX_BATCHES_PER_STEP).take_while(|b| b.durable).cloned().collect()
+        };
+        if batches.is_empty() {
+            return Ok(0);
+        }
+        let started = Instant::now();
+        let width = self.sh.caps.len();
+        let mut stripe: Vec<Builder> = vec![Builder::new(self.sh.layout.geo)];
+        let mut taken = 0;
+        for b in &batches {
+            let runs = live_runs(&self.sh, b);
+            let blocks: u64 = runs.iter().map(|r| r.2).sum::<u64>();
+            let entries = runs.len() + tombstone_count(&self.sh, b);
+            let fits = |s: &Vec<Builder>| s.last().is_some_and(|x| x.fits(blocks, entries));
+            if !fits(&stripe) {
+                // Start the next segment of the stripe, if the stripe has room for one.
+                if stripe.len() == width {
+                    break;
+                }
+                stripe.push(Builder::new(self.sh.layout.geo));
+                if !fits(&stripe) {
+                    break;
+                }
+            }
+            if let Some(builder) = stripe.last_mut() {
+                add_batch(&self.sh, builder, b, &runs)?;
+            }
+            taken += 1;
+        }
+        stripe.retain(|b| !b.is_empty());
+        if taken == 0 {
+            return Err(EngineError::Failed("a log batch does not fit a segment".into()));
+        }
+        let written = self.write_and_commit(stripe)?;
+        let freed = self.advance_tail(taken)?;
+        self.measure(started, freed, written);
+        Ok(freed)
+    }
+
+    fn write_and_commit(&self, stripe: Vec<Builder>) -> Result<u64, EngineError> {
+        if stripe.is_empty() {
+            return Ok(0);
+        }
+        let mut placed = Vec::with_capacity(stripe.len());
+        {
+            let mut segs = self.sh.segs.lock();
+            for b in stripe {
+                let Some(seg) = segs.alloc(gc_reserve(self.sh.caps.len())) else {
+                    for (s, _, _) in &placed {
+                        segs.free_segment(*s, self.sh.layout.segments[*s as usize].0);
+                    }
+                    self.sh.counters.capacity_full.store(true, Ordering::Relaxed);
+                    return Err(EngineError::NoSpace);
+                };
+                let seq = segs.next_seq;
+                segs.next_seq += 1;
+                placed.push((seg, b, seq));
+            }
+        }
+        self.sh.counters.capacity_full.store(false, Ordering::Relaxed);
+        if let Err(e) = write_stripe(&self.sh, &placed) {
+            // Nothing points at these segments; whatever reached them is older than the log.
+            let mut segs = self.sh.segs.lock();
+            for (s, _, _) in &placed {
+                segs.free_segment(*s, self.sh.layout.segments[*s as usize].0);
+            }
+            return Err(e);
+        }
+        let mut written = 0;
+        for (seg, b, _) in &placed {
+            commit_segment(&self.sh, *seg, b);
+            written += u64::from(b.used) * BLOCK_U64;
+        }
+        self.sh.counters.destaged_bytes.fetch_add(written, Ordering::Relaxed);
+        Ok(written)
+    }
+
+    /// Records the new log tail durably, then frees the log space before it.
+    fn advance_tail(&self, batches: usize) -> Result<u64, EngineError> {
+        let mut generation = self.sh.meta.lock();
+        let tail = {
+            let log = self.sh.log.lock();
+            match log.batches.get(batches) {
+                Some(b) => (b.start, b.first_seq),
+                None => (log.head, log.next_seq),
+            }
+        };
+        self.sh.write_checkpoint_locked(&mut generation, tail)?;
+        let _excl = self.sh.reclaim.write();
+        let mut log = self.sh.log.lock();
+        let mut freed = 0;
+        for _ in 0..batches {
+            if let Some(b) = log.pop() {
+                freed += (b.blocks + b.skip) * BLOCK_U64;
+            }
+        }
+        drop(log);
+        self.sh.log_freed.notify_all();
+        self.sh.counters.log_freed_bytes.fetch_add(freed, Ordering::Relaxed);
+        Ok(freed)
+    }
+
+    fn measure(&self, started: Instant, freed: u64, written: u64) {
+        let busy = started.elapsed().as_secs_f64().max(1e-6);
+        let c = &self.sh.counters;
+        let bw = Counters::get_f64(&c.destage_bw_bytes_per_s);
+        let sample = freed as f64 / busy;
+        Counters::set_f64(&c.destage_bw_bytes_per_s, if bw == 0.0 { sample } else { 0.8 * bw + 0.2 * sample });
+        let rate = Counters::get_f64(&c.destage_rate_bytes_per_s);
+        Counters::set_f64(&c.destage_rate_bytes_per_s, 0.8 * rate + 0.2 * (written as f64 / busy));
+    }
+
+    /// One round of cost-benefit cleaning: packs the live data of the best victims into one
+    /// new segment, then frees the victims. Returns whether it freed anything.
+    pub fn gc_step(&mut self) -> Result<bool, EngineError> {
+        if Instant::now() < self.gc_backoff_until {
+            return Ok(false);
+        }
+        let plan = self.gc_plan()?;
+        let worthwhile = plan.len() >= 2 || plan.first().is_some_and(|p| p.runs.is_empty() && p.tombs.is_empty());
+        if !worthwhile {
+            // Nothing to gain now; look again after the index has had time to change.
+            self.gc_backoff_until = Instant::now() + Duration::from_millis(200);
+            return Ok(false);
+        }
+        let mut builder = Builder::new(self.sh.layout.geo);
+        for p in &plan {
+            add_seg_runs(&self.sh, &mut builder, p.seg, &p.summary, &p.runs)?;
+            for &(v, lba, n, seq) in &p.tombs {
+                builder.add_tombstone(v, lba, n, seq);
+            }
+        }
+        if !builder.is_empty() {
+            let (seg, seq) = {
+                let mut segs = self.sh.segs.lock();
+                let Some(seg) = segs.alloc(0) else { return Ok(false) };
+                let seq = segs.next_seq;
+                segs.next_seq += 1;
+                (seg, seq)
+            };
+            if let Err(e) = write_segment(&self.sh, seg, &builder, seq) {
+                self.sh.segs.lock().free_segment(seg, self.sh.layout.segments[seg as usize].0);
+                return Err(e);
+            }
+            commit_segment(&self.sh, seg, &builder);
+            self.sh.counters.gc_relocated_bytes.fetch_add(u64::from(builder.used) * BLOCK_U64, Ordering::Relaxed);
+        }
+        let victims: Vec<u32> = plan.iter().map(|p| p.seg).collect();
+        free_segments(&self.sh, &victims);
+        self.sh.counters.capacity_full.store(false, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// Chooses victims, best first, while their live content fits one segment.
+    fn gc_plan(&self) -> Result<Vec<GcVictim>, EngineError> {
+        let geo = self.sh.layout.geo;
+        let (mut blocks, mut entries) = (0u64, 0usize);
+        let mut plan = Vec::new();
+        for seg in gc_candidates(&self.sh).into_iter().take(64) {
+            let summary = load_summary(&self.sh, seg)?;
+            let runs = live_seg_runs(&self.sh, seg, &summary);
+            let tombs = live_tombstones(&self.sh, &summary);
+            let b: u64 = runs.iter().map(|r| r.2).sum();
+            let e = runs.len() + tombs.len();
+            if blocks + b > u64::from(geo.data_blocks) || entries + e > geo.max_entries as usize {
+                break;
+            }
+            blocks += b;
+            entries += e;
+            plan.push(GcVictim { seg, summary, runs, tombs });
+        }
+        Ok(plan)
+    }
+}
+
+struct GcVictim {
+    seg: u32,
+    summary: Arc<SegmentSummary>,
+    runs: Vec<(usize, u64, u64)>,
+    tombs: Vec<(u32, u64, u32, u64)>,
+}
+
+/// Free segments below which GC runs.
+pub fn gc_trigger(devices: usize) -> usize {
+    4 + 2 * devices
+}
+
+/// Free segments kept back from destage so GC always has somewhere to write.
+pub fn gc_reserve(devices: usize) -> usize {
+    1 + devices
+}
+
+/// Sealed segments worth cleaning, best first: LFS's benefit/cost = (1-u) * age / (1+u).
+fn gc_candidates(sh: &Shared) -> Vec<u32> {
+    let segs = sh.segs.lock();
+    let now = Instant::now();
+    let mut scored: Vec<(f64, u32)> = segs
+        .segs
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.state == SegState::Sealed)
+        .filter(|(_, s)| s.live_blocks < sh.layout.geo.data_blocks || s.has_tombstones)
+        .map(|(i, s)| {
+            let u = f64::from(s.live_blocks) / f64::from(sh.layout.geo.data_blocks.max(1));
+            let age = now.duration_since(s.sealed_at).as_secs_f64() + 1.0;
+            ((1.0 - u) * age / (1.0 + u), i as u32)
+        })
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+    scored.into_iter().map(|(_, s)| s).collect()
+}
+
+/// Live data of a log batch as (record index, first block offset in record, blocks).
+fn live_runs(sh: &Shared, b: &BatchMeta) -> Vec<(usize, u64, u64)> {
+    let idx = sh.index.read();
+    let mut out = Vec::new();
+    for (i, r) in b.records.iter().enumerate() {
+        if r.kind != RecordKind::Write {
+            continue;
+        }
+        let Some(v) = idx.vols.get(&r.volume) else { continue };
+        for p in v.map.lookup(r.lba, r.nblocks) {
+            let off = p.lba - r.lba;
+            if p.loc == Some(Loc::Fast(r.data_start + off)) {
+                out.push((i, off, p.len));
+            }
+        }
+    }
+    out
+}
+
+/// Zero records still worth keeping: those whose range still reads as zeros somewhere.
+fn tombstone_count(sh: &Shared, b: &BatchMeta) -> usize {
+    b.records.iter().filter(|r| r.kind == RecordKind::Zero && tombstone_live(sh, r.volume, r.lba, r.nblocks)).count()
+}
+
+/// A tombstone matters while some block of its range still reads as zeros. It is kept whole:
+/// blocks of the range written since carry a newer sequence number, so replaying the whole
+/// tombstone first and the newer data after gives the right answer.
+fn tombstone_live(sh: &Shared, volume: u32, lba: u64, n: u64) -> bool {
+    let idx = sh.index.read();
+    let Some(v) = idx.vols.get(&volume) else { return false };
+    v.map.lookup(lba, n).iter().any(|p| p.loc.is_none())
+}
+
+/// Copies a batch's live data (read from the log, in address order) and its surviving
+/// tombstones into the builder.
+fn add_batch(sh: &Shared, builder: &mut Builder, b: &BatchMeta, runs: &[(usize, u64, u64)]) -> Result<(), EngineError> {
+    let mut sorted: Vec<&(usize, u64, u64)> = runs.iter().collect();
+    sorted.sort_by_key(|&&(i, off, _)| (b.records[i].volume, b.records[i].lba + off));
+    for &&(i, off, n) in &sorted {
+        let r: &RecMeta = &b.records[i];
+        let first = r.data_start + off;
+        let mut buf = AlignedBuf::new_zeroed((n * BLOCK_U64) as usize);
+        sh.fast.read_at(&mut buf, sh.layout.log_byte(first))?;
+        // The crc recorded at write time goes into the summary even if the log copy has gone
+        // bad: a damaged block then stays detectably damaged instead of becoming valid.
+        let crcs: Vec<u32> = (0..n).map(|k| sh.fast_crcs[(first + k) as usize].load(Ordering::Relaxed)).collect();
+        for (k, chunk) in buf.chunks(BLOCK).enumerate() {
+            if crc32c::crc32c(chunk) != crcs[k] {
+                sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(volume = r.volume, block = r.lba + off + k as u64, "checksum mismatch in the write log");
+            }
+        }
+        builder.add_data(r.volume, r.lba + off, r.seq, &buf, &crcs, Loc::Fast(first));
+    }
+    for r in b.records.iter().filter(|r| r.kind == RecordKind::Zero) {
+        if tombstone_live(sh, r.volume, r.lba, r.nblocks) {
+            builder.add_tombstone(r.volume, r.lba, r.nblocks as u32, r.seq);
+        }
+    }
+    Ok(())
+}
+
+/// Live data of a segment: (entry index, block offset in entry, blocks).
+fn live_seg_runs(sh: &Shared, seg: u32, s: &SegmentSummary) -> Vec<(usize, u64, u64)> {
+    let idx = sh.index.read();
+    let mut out = Vec::new();
+    for (i, e) in s.entries.iter().enumerate() {
+        if e.kind != RecordKind::Write {
+            continue;
+        }
+        let Some(v) = idx.vols.get(&e.volume) else { continue };
+        for p in v.map.lookup(e.lba, u64::from(e.nblocks)) {
+            let off = p.lba - e.lba;
+            if p.loc == Some(Loc::Cap { seg, block: e.data_block + off as u32 }) {
+                out.push((i, off, p.len));
+            }
+        }
+    }
+    out
+}
+
+fn live_tombstones(sh: &Shared, s: &SegmentSummary) -> Vec<(u32, u64, u32, u64)> {
+    let mut out = Vec::new();
+    for e in s.entries.iter().filter(|e| e.kind == RecordKind::Zero) {
+        if tombstone_live(sh, e.volume, e.lba, u64::from(e.nblocks)) {
+            out.push((e.volume, e.lba, e.nblocks, e.seq));
+        }
+    }
+    out
+}
+
+fn add_seg_runs(sh: &Shared, builder: &mut Builder, seg: u32, s: &SegmentSummary, runs: &[(usize, u64, u64)]) -> Result<(), EngineError> {
+    for &(i, off, n) in runs {
+        let e = &s.entries[i];
+        let block = e.data_block + off as u32;
+        let mut buf = AlignedBuf::new_zeroed((n * BLOCK_U64) as usize);
+        if let Some(bad) = read_seg_blocks(sh, seg, block, n as u32, &mut buf, &s.block_crcs)? {
+            sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(segment = seg, block = bad, "checksum mismatch while cleaning; the damage is carried, not hidden");
+        }
+        let crcs = &s.block_crcs[block as usize..(block as u64 + n) as usize];
+        builder.add_data(e.volume, e.lba + off, e.seq, &buf, crcs, Loc::Cap { seg, block });
+    }
+    Ok(())
+}

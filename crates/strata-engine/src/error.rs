@@ -1,0 +1,26 @@
+use strata_device::DeviceError;
+
+/// Everything the engine can refuse or fail with. Each variant maps onto one NBD/HTTP error.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("volume {0:?} not found")]
+    NotFound(String),
+    #[error("volume {0:?} already exists")]
+    AlreadyExists(String),
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("range {offset}+{len} is beyond the end of the volume ({size_bytes} bytes)")]
+    OutOfRange { offset: u64, len: u64, size_bytes: u64 },
+    #[error("no space left: the capacity tier is full and the write log cannot take more")]
+    NoSpace,
+    #[error("checksum mismatch: {0}")]
+    Corrupt(String),
+    #[error("device error: {0}")]
+    Device(#[from] DeviceError),
+    #[error("the disk group is shutting down")]
+    ShuttingDown,
+    #[error("the disk group is offline after a fast-device failure: {0}")]
+    Failed(String),
+    #[error("{0}")]
+    Format(String),
+}

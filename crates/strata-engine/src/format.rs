@@ -1,0 +1,656 @@
+//! Byte-level encoding of every structure Strata writes (see docs/FORMAT.md).
+//!
+//! All integers are little-endian. Every structure carries a magic, the format version and a
+//! crc32c, and every structure but the superblock carries the disk group's UUID, so stale or
+//! foreign blocks are recognised rather than trusted.
+
+use crate::error::EngineError;
+
+pub const BLOCK: usize = strata_device::BLOCK_SIZE;
+pub const BLOCK_U64: u64 = BLOCK as u64;
+pub const FORMAT_VERSION: u32 = 1;
+
+pub const SUPERBLOCK_MAGIC: &[u8; 8] = b"STRATASB";
+pub const CHECKPOINT_MAGIC: &[u8; 8] = b"STRATACP";
+pub const BATCH_MAGIC: &[u8; 8] = b"STRATALB";
+pub const SUMMARY_MAGIC: &[u8; 8] = b"STRATASS";
+pub const RECORD_MAGIC: u32 = 0x5354_5243; // "STRC"
+
+pub type Uuid = [u8; 16];
+
+/// Little-endian cursor over a byte slice; reads past the end yield an error, never a panic.
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8]) -> Self {
+        Reader { buf, pos: 0 }
+    }
+    pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], EngineError> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
+        let end = end.ok_or_else(|| EngineError::Format("structure truncated".into()))?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    pub fn u8(&mut self) -> Result<u8, EngineError> {
+        Ok(self.bytes(1)?[0])
+    }
+    pub fn u16(&mut self) -> Result<u16, EngineError> {
+        let b = self.bytes(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+    pub fn u32(&mut self) -> Result<u32, EngineError> {
+        let mut a = [0u8; 4];
+        a.copy_from_slice(self.bytes(4)?);
+        Ok(u32::from_le_bytes(a))
+    }
+    pub fn u64(&mut self) -> Result<u64, EngineError> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.bytes(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+    pub fn uuid(&mut self) -> Result<Uuid, EngineError> {
+        let mut a = [0u8; 16];
+        a.copy_from_slice(self.bytes(16)?);
+        Ok(a)
+    }
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+}
+
+/// Little-endian writer into a growable buffer.
+#[derive(Default)]
+pub struct Writer {
+    pub buf: Vec<u8>,
+}
+
+impl Writer {
+    pub fn bytes(&mut self, b: &[u8]) -> &mut Self {
+        self.buf.extend_from_slice(b);
+        self
+    }
+    pub fn u8(&mut self, v: u8) -> &mut Self {
+        self.bytes(&[v])
+    }
+    pub fn u16(&mut self, v: u16) -> &mut Self {
+        self.bytes(&v.to_le_bytes())
+    }
+    pub fn u32(&mut self, v: u32) -> &mut Self {
+        self.bytes(&v.to_le_bytes())
+    }
+    pub fn u64(&mut self, v: u64) -> &mut Self {
+        self.bytes(&v.to_le_bytes())
+    }
+    pub fn pad_to(&mut self, len: usize) -> &mut Self {
+        if self.buf.len() < len {
+            self.buf.resize(len, 0);
+        }
+        self
+    }
+}
+
+/// Writes crc32c(buf with the 4 crc bytes zeroed) at `at`.
+pub fn seal_crc(buf: &mut [u8], at: usize) {
+    buf[at..at + 4].fill(0);
+    let c = crc32c::crc32c(buf);
+    buf[at..at + 4].copy_from_slice(&c.to_le_bytes());
+}
+
+/// Checks a crc written by [`seal_crc`].
+pub fn check_crc(buf: &[u8], at: usize) -> bool {
+    if buf.len() < at + 4 {
+        return false;
+    }
+    let stored = u32::from_le_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]);
+    let mut h = crc32c::crc32c(&buf[..at]);
+    h = crc32c::crc32c_append(h, &[0u8; 4]);
+    h = crc32c::crc32c_append(h, &buf[at + 4..]);
+    h == stored
+}
+
+pub fn uuid_hex(u: &Uuid) -> String {
+    u.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A fresh random disk-group UUID.
+pub fn new_uuid() -> Uuid {
+    use std::io::Read;
+    let mut u = [0u8; 16];
+    let ok = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut u)).is_ok();
+    if !ok {
+        // No /dev/urandom: time and pid still make collisions between groups implausible.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        u[..8].copy_from_slice(&(t as u64).to_le_bytes());
+        u[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+    }
+    u
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Role {
+    Fast = 1,
+    Capacity = 2,
+}
+
+/// Block 0 and block 1 of every device: who the device is and how it is laid out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Superblock {
+    pub role: Role,
+    pub group: Uuid,
+    pub device_index: u32,
+    pub capacity_devices: u32,
+    pub device_size_bytes: u64,
+    pub segment_size_bytes: u64,
+    /// Fast device: where each checkpoint copy starts and how long it is (bytes).
+    pub checkpoint_offsets: [u64; 2],
+    pub checkpoint_size_bytes: u64,
+    /// Fast device: the circular log area.
+    pub log_offset: u64,
+    pub log_size_bytes: u64,
+    /// Capacity device: first segment and segment count.
+    pub segments_offset: u64,
+    pub segment_count: u64,
+}
+
+pub enum SuperblockRead {
+    Blank,
+    Valid(Superblock),
+    Invalid(String),
+}
+
+impl Superblock {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.bytes(SUPERBLOCK_MAGIC).u32(FORMAT_VERSION).u32(self.role as u32).bytes(&self.group);
+        w.u32(self.device_index).u32(self.capacity_devices).u32(BLOCK as u32);
+        w.u64(self.device_size_bytes).u64(self.segment_size_bytes);
+        w.u64(self.checkpoint_offsets[0]).u64(self.checkpoint_offsets[1]).u64(self.checkpoint_size_bytes);
+        w.u64(self.log_offset).u64(self.log_size_bytes).u64(self.segments_offset).u64(self.segment_count);
+        let mut b = w.pad_to(BLOCK).buf.clone();
+        seal_crc(&mut b, BLOCK - 4);
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> SuperblockRead {
+        if b.iter().all(|&x| x == 0) {
+            return SuperblockRead::Blank;
+        }
+        match Self::decode_inner(b) {
+            Ok(sb) => SuperblockRead::Valid(sb),
+            Err(e) => SuperblockRead::Invalid(e.to_string()),
+        }
+    }
+
+    fn decode_inner(b: &[u8]) -> Result<Superblock, EngineError> {
+        let mut r = Reader::new(b);
+        if r.bytes(8)? != SUPERBLOCK_MAGIC {
+            return Err(EngineError::Format("not a Strata device (bad superblock magic)".into()));
+        }
+        let version = r.u32()?;
+        if version > FORMAT_VERSION {
+            return Err(EngineError::Format(format!(
+                "formatted by a newer Strata (format version {version}; this build reads up to {FORMAT_VERSION})"
+            )));
+        }
+        if b.len() < BLOCK || !check_crc(&b[..BLOCK], BLOCK - 4) {
+            return Err(EngineError::Format("superblock checksum mismatch".into()));
+        }
+        let role = match r.u32()? {
+            1 => Role::Fast,
+            2 => Role::Capacity,
+            x => return Err(EngineError::Format(format!("unknown device role {x}"))),
+        };
+        let group = r.uuid()?;
+        let device_index = r.u32()?;
+        let capacity_devices = r.u32()?;
+        if r.u32()? != BLOCK as u32 {
+            return Err(EngineError::Format("unsupported block size".into()));
+        }
+        Ok(Superblock {
+            role,
+            group,
+            device_index,
+            capacity_devices,
+            device_size_bytes: r.u64()?,
+            segment_size_bytes: r.u64()?,
+            checkpoint_offsets: [r.u64()?, r.u64()?],
+            checkpoint_size_bytes: r.u64()?,
+            log_offset: r.u64()?,
+            log_size_bytes: r.u64()?,
+            segments_offset: r.u64()?,
+            segment_count: r.u64()?,
+        })
+    }
+}
+
+/// One volume as the checkpoint records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeRecord {
+    pub id: u32,
+    pub size_bytes: u64,
+    pub created_unix_s: u64,
+    pub name: String,
+}
+
+/// The fast device's mutable metadata, stored twice (both copies on every update).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    pub group: Uuid,
+    pub generation: u64,
+    /// Recovery starts replaying the log here (a byte offset inside the log area) ...
+    pub log_tail_offset: u64,
+    /// ... expecting a batch whose first record has this sequence number.
+    pub log_tail_seq: u64,
+    pub next_volume_id: u32,
+    pub volumes: Vec<VolumeRecord>,
+}
+
+impl Checkpoint {
+    pub fn encode(&self, area_bytes: usize) -> Result<Vec<u8>, EngineError> {
+        let mut p = Writer::default();
+        p.u32(self.next_volume_id).u32(self.volumes.len() as u32);
+        for v in &self.volumes {
+            let name = v.name.as_bytes();
+            p.u32(v.id).u64(v.size_bytes).u64(v.created_unix_s).u16(name.len() as u16).bytes(name);
+        }
+        let mut w = Writer::default();
+        w.bytes(CHECKPOINT_MAGIC).u32(FORMAT_VERSION).bytes(&self.group).u64(self.generation);
+        w.u64(self.log_tail_offset).u64(self.log_tail_seq);
+        w.u32(p.buf.len() as u32).u32(crc32c::crc32c(&p.buf)).u32(0);
+        let header_len = w.buf.len();
+        w.bytes(&p.buf);
+        let total = w.buf.len().div_ceil(BLOCK) * BLOCK;
+        if total > area_bytes {
+            return Err(EngineError::InvalidArgument("volume table does not fit the metadata area".into()));
+        }
+        let mut b = w.pad_to(total).buf.clone();
+        // The header crc covers the header only; the payload has its own crc.
+        let mut h = b[..header_len].to_vec();
+        seal_crc(&mut h, header_len - 4);
+        b[..header_len].copy_from_slice(&h);
+        Ok(b)
+    }
+
+    /// Decodes a copy; `None` if it is blank, torn, foreign or corrupt.
+    pub fn decode(b: &[u8], group: &Uuid) -> Result<Checkpoint, String> {
+        let mut r = Reader::new(b);
+        let e = |x: EngineError| x.to_string();
+        if r.bytes(8).map_err(e)? != CHECKPOINT_MAGIC {
+            return Err("bad magic".into());
+        }
+        let version = r.u32().map_err(e)?;
+        if version > FORMAT_VERSION {
+            return Err(format!("newer format version {version}"));
+        }
+        let g = r.uuid().map_err(e)?;
+        let generation = r.u64().map_err(e)?;
+        let log_tail_offset = r.u64().map_err(e)?;
+        let log_tail_seq = r.u64().map_err(e)?;
+        let payload_len = r.u32().map_err(e)? as usize;
+        let payload_crc = r.u32().map_err(e)?;
+        let _ = r.u32().map_err(e)?;
+        let header_len = r.pos();
+        if !check_crc(&b[..header_len], header_len - 4) {
+            return Err("header checksum mismatch".into());
+        }
+        if &g != group {
+            return Err("belongs to another disk group".into());
+        }
+        let payload = r.bytes(payload_len).map_err(e)?;
+        if crc32c::crc32c(payload) != payload_crc {
+            return Err("payload checksum mismatch".into());
+        }
+        let mut p = Reader::new(payload);
+        let next_volume_id = p.u32().map_err(e)?;
+        let n = p.u32().map_err(e)?;
+        let mut volumes = Vec::new();
+        for _ in 0..n {
+            let id = p.u32().map_err(e)?;
+            let size_bytes = p.u64().map_err(e)?;
+            let created_unix_s = p.u64().map_err(e)?;
+            let len = p.u16().map_err(e)? as usize;
+            let name = String::from_utf8_lossy(p.bytes(len).map_err(e)?).into_owned();
+            volumes.push(VolumeRecord { id, size_bytes, created_unix_s, name });
+        }
+        Ok(Checkpoint { group: g, generation, log_tail_offset, log_tail_seq, next_volume_id, volumes })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordKind {
+    /// Data follows in the batch.
+    Write = 0,
+    /// The range reads as zeros from now on (WRITE_ZEROES, TRIM); no data.
+    Zero = 1,
+}
+
+/// One record header inside a log batch (64 bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordHeader {
+    pub kind: RecordKind,
+    pub seq: u64,
+    pub volume: u32,
+    pub offset_bytes: u64,
+    pub len_bytes: u64,
+    pub data_crc: u32,
+}
+
+pub const RECORD_HEADER_BYTES: usize = 64;
+pub const BATCH_HEADER_BYTES: usize = 64;
+/// Records per batch: one header block holds them all.
+pub const MAX_RECORDS_PER_BATCH: usize = (BLOCK - BATCH_HEADER_BYTES) / RECORD_HEADER_BYTES;
+
+impl RecordHeader {
+    pub fn encode(&self, out: &mut [u8]) {
+        let mut w = Writer::default();
+        w.u32(RECORD_MAGIC).u16(FORMAT_VERSION as u16).u16(self.kind as u16).u64(self.seq);
+        w.u32(self.volume).u32(0).u64(self.offset_bytes).u64(self.len_bytes).u32(self.data_crc);
+        let mut b = w.pad_to(RECORD_HEADER_BYTES).buf.clone();
+        seal_crc(&mut b, RECORD_HEADER_BYTES - 4);
+        out[..RECORD_HEADER_BYTES].copy_from_slice(&b);
+    }
+
+    pub fn decode(b: &[u8]) -> Option<RecordHeader> {
+        if b.len() < RECORD_HEADER_BYTES || !check_crc(&b[..RECORD_HEADER_BYTES], RECORD_HEADER_BYTES - 4) {
+            return None;
+        }
+        let mut r = Reader::new(b);
+        if r.u32().ok()? != RECORD_MAGIC || u32::from(r.u16().ok()?) > FORMAT_VERSION {
+            return None;
+        }
+        let kind = match r.u16().ok()? {
+            0 => RecordKind::Write,
+            1 => RecordKind::Zero,
+            _ => return None,
+        };
+        let seq = r.u64().ok()?;
+        let volume = r.u32().ok()?;
+        let _ = r.u32().ok()?;
+        let offset_bytes = r.u64().ok()?;
+        let len_bytes = r.u64().ok()?;
+        let data_crc = r.u32().ok()?;
+        if offset_bytes % BLOCK_U64 != 0 || len_bytes % BLOCK_U64 != 0 || len_bytes == 0 {
+            return None;
+        }
+        Some(RecordHeader { kind, seq, volume, offset_bytes, len_bytes, data_crc })
+    }
+
+    pub fn data_blocks(&self) -> u64 {
+        match self.kind {
+            RecordKind::Write => self.len_bytes / BLOCK_U64,
+            RecordKind::Zero => 0,
+        }
+    }
+}
+
+/// The first block of every log batch: batch identity plus all record headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchHeader {
+    pub group: Uuid,
+    pub first_seq: u64,
+    /// Blocks the batch occupies, header block included.
+    pub total_blocks: u32,
+    pub records: Vec<RecordHeader>,
+}
+
+impl BatchHeader {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; BLOCK];
+        let mut w = Writer::default();
+        w.bytes(BATCH_MAGIC).u32(FORMAT_VERSION).bytes(&self.group).u64(self.first_seq);
+        w.u32(self.total_blocks).u32(self.records.len() as u32).u32(0);
+        b[..w.buf.len()].copy_from_slice(&w.buf);
+        for (i, rec) in self.records.iter().enumerate() {
+            let at = BATCH_HEADER_BYTES + i * RECORD_HEADER_BYTES;
+            rec.encode(&mut b[at..at + RECORD_HEADER_BYTES]);
+        }
+        seal_crc(&mut b, BLOCK - 4);
+        b
+    }
+
+    /// A valid header of this group, or None (blank, torn, stale format or foreign).
+    pub fn decode(b: &[u8], group: &Uuid) -> Option<BatchHeader> {
+        if b.len() < BLOCK || !check_crc(&b[..BLOCK], BLOCK - 4) {
+            return None;
+        }
+        let mut r = Reader::new(b);
+        if r.bytes(8).ok()? != BATCH_MAGIC || r.u32().ok()? > FORMAT_VERSION || &r.uuid().ok()? != group {
+            return None;
+        }
+        let first_seq = r.u64().ok()?;
+        let total_blocks = r.u32().ok()?;
+        let n = r.u32().ok()? as usize;
+        if n == 0 || n > MAX_RECORDS_PER_BATCH {
+            return None;
+        }
+        let mut records = Vec::with_capacity(n);
+        for i in 0..n {
+            let at = BATCH_HEADER_BYTES + i * RECORD_HEADER_BYTES;
+            let rec = RecordHeader::decode(&b[at..at + RECORD_HEADER_BYTES])?;
+            if rec.seq != first_seq + i as u64 {
+                return None;
+            }
+            records.push(rec);
+        }
+        let data: u64 = records.iter().map(|r| r.data_blocks()).sum();
+        if data + 1 != u64::from(total_blocks) {
+            return None;
+        }
+        Some(BatchHeader { group: *group, first_seq, total_blocks, records })
+    }
+}
+
+/// What a segment holds: one entry per run of blocks that share a volume, an address run and a
+/// sequence number, or a zero ("tombstone") run with no data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SummaryEntry {
+    pub kind: RecordKind,
+    pub volume: u32,
+    pub lba: u64,
+    pub nblocks: u32,
+    pub seq: u64,
+    /// Index of the first data block inside the segment (Write entries only).
+    pub data_block: u32,
+}
+
+pub const SUMMARY_ENTRY_BYTES: usize = 32;
+pub const SUMMARY_HEADER_BYTES: usize = 64;
+
+/// Sizes of a segment's parts, fixed by the segment size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentGeometry {
+    pub segment_blocks: u32,
+    pub data_blocks: u32,
+    pub summary_blocks: u32,
+    pub max_entries: u32,
+}
+
+impl SegmentGeometry {
+    pub fn new(segment_size_bytes: u64) -> SegmentGeometry {
+        let segment_blocks = (segment_size_bytes / BLOCK_U64) as u32;
+        // Each data block needs a crc (4 bytes) and at most one entry; tombstones share the
+        // entry budget, which is why max_entries equals the data block count.
+        let mut summary_blocks = 1u32;
+        loop {
+            let data = segment_blocks - summary_blocks;
+            let need = SUMMARY_HEADER_BYTES + data as usize * (SUMMARY_ENTRY_BYTES + 4);
+            if need <= summary_blocks as usize * BLOCK {
+                return SegmentGeometry { segment_blocks, data_blocks: data, summary_blocks, max_entries: data };
+            }
+            summary_blocks += 1;
+        }
+    }
+}
+
+/// The summary at the end of every segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentSummary {
+    pub group: Uuid,
+    /// Increases with every segment written in the disk group: orders segments in time.
+    pub segment_seq: u64,
+    pub segment_index: u32,
+    pub data_blocks_used: u32,
+    pub entries: Vec<SummaryEntry>,
+    /// crc32c of each data block, in segment order.
+    pub block_crcs: Vec<u32>,
+}
+
+impl SegmentSummary {
+    pub fn encode(&self, geo: &SegmentGeometry) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.bytes(SUMMARY_MAGIC).u32(FORMAT_VERSION).bytes(&self.group).u64(self.segment_seq);
+        w.u32(self.segment_index).u32(self.data_blocks_used).u32(self.entries.len() as u32).u32(0);
+        w.pad_to(SUMMARY_HEADER_BYTES);
+        for e in &self.entries {
+            w.u8(e.kind as u8).u8(0).u16(0).u32(e.volume).u64(e.lba).u32(e.nblocks).u64(e.seq);
+            w.u32(e.data_block);
+        }
+        for c in &self.block_crcs {
+            w.u32(*c);
+        }
+        let mut b = w.pad_to(geo.summary_blocks as usize * BLOCK).buf.clone();
+        // The crc sits at a fixed place in the header and covers the whole summary area.
+        seal_crc(&mut b, 48);
+        b
+    }
+
+    pub fn decode(b: &[u8], group: &Uuid, geo: &SegmentGeometry) -> Option<SegmentSummary> {
+        if b.len() < geo.summary_blocks as usize * BLOCK || !check_crc(b, 48) {
+            return None;
+        }
+        let mut r = Reader::new(b);
+        if r.bytes(8).ok()? != SUMMARY_MAGIC || r.u32().ok()? > FORMAT_VERSION || &r.uuid().ok()? != group {
+            return None;
+        }
+        let segment_seq = r.u64().ok()?;
+        let segment_index = r.u32().ok()?;
+        let used = r.u32().ok()?;
+        let n = r.u32().ok()?;
+        if used > geo.data_blocks || n > geo.max_entries {
+            return None;
+        }
+        let mut r = Reader::new(&b[SUMMARY_HEADER_BYTES..]);
+        let mut entries = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            let kind = match r.u8().ok()? {
+                0 => RecordKind::Write,
+                1 => RecordKind::Zero,
+                _ => return None,
+            };
+            r.bytes(3).ok()?;
+            let e = SummaryEntry {
+                kind,
+                volume: r.u32().ok()?,
+                lba: r.u64().ok()?,
+                nblocks: r.u32().ok()?,
+                seq: r.u64().ok()?,
+                data_block: r.u32().ok()?,
+            };
+            let end = u64::from(e.data_block) + u64::from(e.nblocks);
+            if e.nblocks == 0 || (kind == RecordKind::Write && end > u64::from(used)) {
+                return None;
+            }
+            entries.push(e);
+        }
+        let mut block_crcs = Vec::with_capacity(used as usize);
+        for _ in 0..used {
+            block_crcs.push(r.u32().ok()?);
+        }
+        Some(SegmentSummary { group: *group, segment_seq, segment_index, data_blocks_used: used, entries, block_crcs })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn superblock_round_trip_and_rejections() {
+        let sb = Superblock {
+            role: Role::Capacity,
+            group: [7; 16],
+            device_index: 2,
+            capacity_devices: 3,
+            device_size_bytes: 1 << 30,
+            segment_size_bytes: 8 << 20,
+            checkpoint_offsets: [0, 0],
+            checkpoint_size_bytes: 0,
+            log_offset: 0,
+            log_size_bytes: 0,
+            segments_offset: 1 << 20,
+            segment_count: 100,
+        };
+        let mut b = sb.encode();
+        assert!(matches!(Superblock::decode(&b), SuperblockRead::Valid(x) if x == sb));
+        assert!(matches!(Superblock::decode(&[0u8; BLOCK]), SuperblockRead::Blank));
+        b[100] ^= 1;
+        assert!(matches!(Superblock::decode(&b), SuperblockRead::Invalid(_)));
+        let mut newer = sb.encode();
+        newer[8..12].copy_from_slice(&99u32.to_le_bytes());
+        match Superblock::decode(&newer) {
+            SuperblockRead::Invalid(m) => assert!(m.contains("newer"), "{m}"),
+            _ => panic!("newer format accepted"),
+        }
+    }
+
+    #[test]
+    fn checkpoint_round_trip() {
+        let cp = Checkpoint {
+            group: [1; 16],
+            generation: 9,
+            log_tail_offset: 4096 * 10,
+            log_tail_seq: 77,
+            next_volume_id: 3,
+            volumes: vec![VolumeRecord { id: 2, size_bytes: 1 << 33, created_unix_s: 5, name: "vol0".into() }],
+        };
+        let b = cp.encode(1 << 20).unwrap();
+        assert_eq!(Checkpoint::decode(&b, &[1; 16]).unwrap(), cp);
+        assert!(Checkpoint::decode(&b, &[2; 16]).is_err());
+        let mut bad = b.clone();
+        bad[70] ^= 0x10;
+        assert!(Checkpoint::decode(&bad, &[1; 16]).is_err());
+    }
+
+    #[test]
+    fn batch_header_round_trip_and_torn_detection() {
+        let recs = vec![
+            RecordHeader { kind: RecordKind::Write, seq: 10, volume: 1, offset_bytes: 8192, len_bytes: 8192, data_crc: 5 },
+            RecordHeader { kind: RecordKind::Zero, seq: 11, volume: 1, offset_bytes: 0, len_bytes: 4096, data_crc: 0 },
+        ];
+        let h = BatchHeader { group: [3; 16], first_seq: 10, total_blocks: 3, records: recs };
+        let b = h.encode();
+        assert_eq!(BatchHeader::decode(&b, &[3; 16]).unwrap(), h);
+        assert!(BatchHeader::decode(&b, &[4; 16]).is_none());
+        let mut torn = b.clone();
+        torn[2000..].fill(0);
+        assert!(BatchHeader::decode(&torn, &[3; 16]).is_none());
+    }
+
+    #[test]
+    fn summary_round_trip() {
+        let geo = SegmentGeometry::new(8 << 20);
+        assert!(geo.data_blocks + geo.summary_blocks == geo.segment_blocks);
+        let s = SegmentSummary {
+            group: [9; 16],
+            segment_seq: 4,
+            segment_index: 12,
+            data_blocks_used: 2,
+            entries: vec![SummaryEntry { kind: RecordKind::Write, volume: 1, lba: 5, nblocks: 2, seq: 99, data_block: 0 }],
+            block_crcs: vec![1, 2],
+        };
+        let b = s.encode(&geo);
+        assert_eq!(b.len(), geo.summary_blocks as usize * BLOCK);
+        assert_eq!(SegmentSummary::decode(&b, &[9; 16], &geo).unwrap(), s);
+        let mut bad = b.clone();
+        bad[200] ^= 1;
+        assert!(SegmentSummary::decode(&bad, &[9; 16], &geo).is_none());
+    }
+}

@@ -1,0 +1,223 @@
+//! Where things live on each device, and reading/writing the superblocks and checkpoints.
+
+use std::sync::Arc;
+
+use strata_device::{AlignedBuf, Device};
+
+use crate::error::EngineError;
+use crate::format::*;
+
+const MIB: u64 = 1 << 20;
+/// Each checkpoint copy gets this much room (the volume table lives in it).
+pub const CHECKPOINT_AREA_BYTES: u64 = MIB;
+const FAST_LOG_OFFSET: u64 = 4 * MIB;
+const SEGMENTS_OFFSET: u64 = MIB;
+pub const MIN_FAST_BYTES: u64 = 16 * MIB;
+
+/// The disk group's geometry, fixed at format time.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub group: Uuid,
+    pub log_offset: u64,
+    pub log_blocks: u64,
+    pub checkpoint_offsets: [u64; 2],
+    pub geo: SegmentGeometry,
+    pub segment_size_bytes: u64,
+    /// Global segment index -> (capacity device, byte offset). Interleaved across devices so
+    /// consecutive segments land on different devices.
+    pub segments: Vec<(usize, u64)>,
+}
+
+impl Layout {
+    pub fn segment_count(&self) -> u32 {
+        self.segments.len() as u32
+    }
+
+    /// Byte offset on the fast device of log block `b`.
+    pub fn log_byte(&self, b: u64) -> u64 {
+        self.log_offset + b * BLOCK_U64
+    }
+
+    /// (device, byte offset) of data block `block` of segment `seg`.
+    pub fn seg_data_byte(&self, seg: u32, block: u32) -> (usize, u64) {
+        let (dev, off) = self.segments[seg as usize];
+        (dev, off + u64::from(block) * BLOCK_U64)
+    }
+
+    /// (device, byte offset) of the summary area of segment `seg` (the segment's tail).
+    pub fn seg_summary_byte(&self, seg: u32) -> (usize, u64) {
+        let (dev, off) = self.segments[seg as usize];
+        (dev, off + u64::from(self.geo.data_blocks) * BLOCK_U64)
+    }
+}
+
+fn read_block(dev: &dyn Device, offset: u64) -> Result<AlignedBuf, EngineError> {
+    let mut b = AlignedBuf::new_zeroed(BLOCK);
+    dev.read_at(&mut b, offset)?;
+    Ok(b)
+}
+
+fn write_padded(dev: &dyn Device, bytes: &[u8], offset: u64) -> Result<(), EngineError> {
+    let mut b = AlignedBuf::new_zeroed(bytes.len().div_ceil(BLOCK) * BLOCK);
+    b[..bytes.len()].copy_from_slice(bytes);
+    dev.write_at(&b, offset)?;
+    Ok(())
+}
+
+/// Reads both superblock copies: Ok(None) if the device is blank, the newest valid one
+/// otherwise, and an error naming the device when neither copy is usable.
+pub fn read_superblock(dev: &dyn Device) -> Result<Option<Superblock>, EngineError> {
+    let mut blank = 0;
+    let mut problem = String::new();
+    for copy in 0..2u64 {
+        let b = read_block(dev, copy * BLOCK_U64)?;
+        match Superblock::decode(&b) {
+            SuperblockRead::Valid(sb) => return Ok(Some(sb)),
+            SuperblockRead::Blank => blank += 1,
+            SuperblockRead::Invalid(why) => problem = why,
+        }
+    }
+    if blank == 2 {
+        return Ok(None);
+    }
+    Err(EngineError::Format(format!("device {}: {problem}", dev.name())))
+}
+
+/// Writes both superblock copies and flushes.
+pub fn write_superblock(dev: &dyn Device, sb: &Superblock) -> Result<(), EngineError> {
+    let b = sb.encode();
+    write_padded(dev, &b, 0)?;
+    write_padded(dev, &b, BLOCK_U64)?;
+    dev.flush()?;
+    Ok(())
+}
+
+/// Formats blank devices into a new disk group.
+pub fn format(
+    fast: &dyn Device,
+    caps: &[Arc<dyn Device>],
+    segment_size_bytes: u64,
+) -> Result<(Layout, Vec<Superblock>), EngineError> {
+    let group = new_uuid();
+    let fast_size = fast.size_bytes() / BLOCK_U64 * BLOCK_U64;
+    if fast_size < MIN_FAST_BYTES {
+        return Err(EngineError::InvalidArgument(format!(
+            "fast device {} is {fast_size} bytes; at least {MIN_FAST_BYTES} are needed",
+            fast.name()
+        )));
+    }
+    let fast_sb = Superblock {
+        role: Role::Fast,
+        group,
+        device_index: 0,
+        capacity_devices: caps.len() as u32,
+        device_size_bytes: fast_size,
+        segment_size_bytes,
+        checkpoint_offsets: [MIB, 2 * MIB],
+        checkpoint_size_bytes: CHECKPOINT_AREA_BYTES,
+        log_offset: FAST_LOG_OFFSET,
+        log_size_bytes: fast_size - FAST_LOG_OFFSET,
+        segments_offset: 0,
+        segment_count: 0,
+    };
+    let mut sbs = vec![fast_sb];
+    for (i, dev) in caps.iter().enumerate() {
+        let size = dev.size_bytes() / BLOCK_U64 * BLOCK_U64;
+        let count = size.saturating_sub(SEGMENTS_OFFSET) / segment_size_bytes;
+        if count < 2 {
+            return Err(EngineError::InvalidArgument(format!(
+                "capacity device {} ({size} bytes) holds fewer than 2 segments of {segment_size_bytes} bytes",
+                dev.name()
+            )));
+        }
+        sbs.push(Superblock {
+            role: Role::Capacity,
+            device_index: i as u32,
+            device_size_bytes: size,
+            checkpoint_offsets: [0, 0],
+            checkpoint_size_bytes: 0,
+            log_offset: 0,
+            log_size_bytes: 0,
+            segments_offset: SEGMENTS_OFFSET,
+            segment_count: count,
+            ..sbs[0].clone()
+        });
+    }
+    // Capacity first, fast last: a crash mid-format leaves a blank fast device, which is
+    // formatted again from scratch next time.
+    for (dev, sb) in caps.iter().zip(&sbs[1..]) {
+        write_superblock(dev.as_ref(), sb)?;
+    }
+    write_superblock(fast, &sbs[0])?;
+    let layout = layout_from(&sbs)?;
+    Ok((layout, sbs))
+}
+
+/// Builds the layout from the superblocks of all devices (fast first, then capacity in order).
+pub fn layout_from(sbs: &[Superblock]) -> Result<Layout, EngineError> {
+    let fast = &sbs[0];
+    let geo = SegmentGeometry::new(fast.segment_size_bytes);
+    let max = sbs[1..].iter().map(|s| s.segment_count).max().unwrap_or(0);
+    let mut segments = Vec::new();
+    for local in 0..max {
+        for (dev, sb) in sbs[1..].iter().enumerate() {
+            if local < sb.segment_count {
+                segments.push((dev, sb.segments_offset + local * sb.segment_size_bytes));
+            }
+        }
+    }
+    if segments.len() > u32::MAX as usize {
+        return Err(EngineError::InvalidArgument("too many segments".into()));
+    }
+    Ok(Layout {
+        group: fast.group,
+        log_offset: fast.log_offset,
+        log_blocks: fast.log_size_bytes / BLOCK_U64,
+        checkpoint_offsets: fast.checkpoint_offsets,
+        geo,
+        segment_size_bytes: fast.segment_size_bytes,
+        segments,
+    })
+}
+
+/// Reads both checkpoint copies and returns the newest valid one, repairing the other copy
+/// when it is damaged or stale.
+pub fn read_checkpoint(fast: &dyn Device, layout: &Layout) -> Result<Checkpoint, EngineError> {
+    let mut copies = Vec::new();
+    let mut problems = Vec::new();
+    for off in layout.checkpoint_offsets {
+        let mut b = AlignedBuf::new_zeroed(CHECKPOINT_AREA_BYTES as usize);
+        fast.read_at(&mut b, off)?;
+        match Checkpoint::decode(&b, &layout.group) {
+            Ok(cp) => copies.push(Some(cp)),
+            Err(why) => {
+                problems.push(why);
+                copies.push(None)
+            }
+        }
+    }
+    let best = copies.iter().flatten().max_by_key(|c| c.generation).cloned();
+    let Some(best) = best else {
+        return Err(EngineError::Format(format!(
+            "fast device {}: both metadata copies are unreadable ({})",
+            fast.name(),
+            problems.join("; ")
+        )));
+    };
+    if copies.iter().any(|c| c.as_ref().map(|c| c.generation) != Some(best.generation)) {
+        tracing::warn!(device = fast.name(), "a metadata copy was damaged or stale; rewriting both copies");
+        write_checkpoint(fast, layout, &best)?;
+    }
+    Ok(best)
+}
+
+/// Writes the checkpoint to both copies, one after the other, each made durable before the
+/// next: at every instant at least one copy is complete.
+pub fn write_checkpoint(fast: &dyn Device, layout: &Layout, cp: &Checkpoint) -> Result<(), EngineError> {
+    let bytes = cp.encode(CHECKPOINT_AREA_BYTES as usize)?;
+    for off in layout.checkpoint_offsets {
+        write_padded(fast, &bytes, off)?;
+        fast.flush()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,601 @@
+//! Strata's tier engine: one disk group = one fast device holding a durable write log, plus
+//! capacity devices holding log-structured segments.
+//!
+//! Guarantees (see docs/FORMAT.md for how they are kept):
+//! - `write`, `write_zeroes` and `discard` return only once the change is durable on the fast
+//!   device and visible to every reader;
+//! - reads return the newest completed copy from either tier, zeros where nothing was written,
+//!   and an error, never wrong data, when a checksum does not match;
+//! - after a crash or power loss, `open` restores every completed write.
+
+mod capacity;
+mod destage;
+mod error;
+pub mod format;
+mod layout;
+mod log;
+mod map;
+mod open;
+mod rangelock;
+mod shared;
+#[cfg(test)]
+mod tests;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+use parking_lot::Mutex;
+use serde::Serialize;
+use strata_device::{AlignedBuf, Device, DeviceStats};
+
+pub use error::EngineError;
+pub use map::{ExtentMap, Loc};
+pub use open::OpenReport;
+
+use format::{RecordKind, VolumeRecord, BLOCK, BLOCK_U64};
+use log::WriteReq;
+use shared::{Shared, STATE_RUNNING, STATE_STOPPING};
+
+pub type VolumeId = u32;
+
+/// Largest volume Strata creates (256 TiB).
+pub const MAX_VOLUME_BYTES: u64 = 256 << 40;
+pub const MAX_VOLUMES: usize = 4096;
+pub const MAX_VOLUME_NAME: usize = 64;
+/// Largest data record the log takes; bigger writes are split.
+const MAX_RECORD_BLOCKS: u64 = 256;
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Size of a capacity segment (the unit of destage and of garbage collection).
+    pub segment_size_bytes: u64,
+    /// Below this log fill the destager idles.
+    pub fill_ratio_low: f64,
+    /// Above this log fill the destager runs flat out and new writes are paced.
+    pub fill_ratio_high: f64,
+    /// Largest group-commit batch (data bytes).
+    pub max_batch_bytes: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig { segment_size_bytes: 8 << 20, fill_ratio_low: 0.30, fill_ratio_high: 0.70, max_batch_bytes: 2 << 20 }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct VolumeInfo {
+    pub id: VolumeId,
+    pub name: String,
+    pub size_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub enum ExtentKind {
+    Data,
+    Zero,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct Extent {
+    pub offset: u64,
+    pub len: u64,
+    pub kind: ExtentKind,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EngineStats {
+    pub io_backend: String,
+    pub fast_device: DeviceStats,
+    pub capacity_devices: Vec<DeviceStats>,
+    pub log_capacity_bytes: u64,
+    pub log_used_bytes: u64,
+    pub log_fill_ratio: f64,
+    pub fill_ratio_low: f64,
+    pub fill_ratio_high: f64,
+    pub destage_rate_bytes_per_s: f64,
+    pub destage_bandwidth_bytes_per_s: f64,
+    pub destage_backlog_bytes: u64,
+    pub destaged_bytes_total: u64,
+    pub host_write_bytes_total: u64,
+    pub host_read_bytes_total: u64,
+    pub admission_throttled: bool,
+    pub capacity_full: bool,
+    pub fast_resident_bytes: u64,
+    pub capacity_total_bytes: u64,
+    pub capacity_used_bytes: u64,
+    pub capacity_live_bytes: u64,
+    pub segments_total: u64,
+    pub segments_free: u64,
+    pub gc_segments_cleaned_total: u64,
+    pub gc_relocated_bytes_total: u64,
+    pub checksum_errors_total: u64,
+    pub index_runs: u64,
+    pub state: String,
+}
+
+pub struct DiskGroup {
+    sh: Arc<Shared>,
+    tx: Mutex<Option<Sender<WriteReq>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    report: OpenReport,
+}
+
+impl DiskGroup {
+    /// Opens the disk group on these devices, recovering it; formats blank devices when
+    /// `create_if_blank`. Refuses devices of another group or a newer format.
+    pub fn open(
+        fast: Arc<dyn Device>,
+        capacity: Vec<Arc<dyn Device>>,
+        cfg: EngineConfig,
+        create_if_blank: bool,
+    ) -> Result<Arc<DiskGroup>, EngineError> {
+        let (sh, report) = open::open_shared(fast, capacity, cfg, create_if_blank)?;
+        let (tx, rx) = crossbeam_channel::bounded(log::QUEUE_DEPTH);
+        let writer = log::LogWriter::new(sh.clone(), rx);
+        let destager = destage::Destager::new(sh.clone());
+        let t1 = std::thread::Builder::new().name("strata-log".into()).spawn(move || writer.run());
+        let t2 = std::thread::Builder::new().name("strata-destage".into()).spawn(move || destager.run());
+        let threads = [t1, t2]
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| EngineError::Failed(format!("cannot start engine threads: {e}")))?;
+        tracing::info!(
+            formatted = report.formatted,
+            replayed_batches = report.replayed_batches,
+            replayed_records = report.replayed_records,
+            segments_in_use = report.segments_in_use,
+            "disk group open"
+        );
+        Ok(Arc::new(DiskGroup { sh, tx: Mutex::new(Some(tx)), threads: Mutex::new(threads), report }))
+    }
+
+    pub fn open_report(&self) -> &OpenReport {
+        &self.report
+    }
+
+    pub fn create_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo, EngineError> {
+        validate_name(name)?;
+        validate_size(size_bytes)?;
+        let mut generation = self.sh.meta.lock();
+        let (mut volumes, id) = {
+            let idx = self.sh.index.read();
+            if idx.by_name(name).is_some() {
+                return Err(EngineError::AlreadyExists(name.into()));
+            }
+            if idx.vols.len() >= MAX_VOLUMES {
+                return Err(EngineError::InvalidArgument(format!("at most {MAX_VOLUMES} volumes")));
+            }
+            (idx.vols.values().map(|v| v.rec.clone()).collect::<Vec<_>>(), idx.next_volume_id)
+        };
+        let created_unix_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let rec = VolumeRecord { id, size_bytes, created_unix_s, name: name.into() };
+        volumes.push(rec.clone());
+        let tail = self.sh.log.lock().tail();
+        self.sh.write_checkpoint_with(&mut generation, tail, volumes, id + 1)?;
+        let mut idx = self.sh.index.write();
+        idx.next_volume_id = id + 1;
+        idx.vols.insert(id, shared::VolState { rec, map: ExtentMap::default() });
+        Ok(VolumeInfo { id, name: name.into(), size_bytes })
+    }
+
+    /// Deletes a volume; its space on both tiers becomes free.
+    pub fn delete_volume(&self, name: &str) -> Result<(), EngineError> {
+        let mut generation = self.sh.meta.lock();
+        let (volumes, id, next) = {
+            let idx = self.sh.index.read();
+            let id = idx.by_name(name).map(|v| v.rec.id).ok_or_else(|| EngineError::NotFound(name.into()))?;
+            let rest = idx.vols.values().filter(|v| v.rec.id != id).map(|v| v.rec.clone()).collect::<Vec<_>>();
+            (rest, id, idx.next_volume_id)
+        };
+        let tail = self.sh.log.lock().tail();
+        self.sh.write_checkpoint_with(&mut generation, tail, volumes, next)?;
+        let removed = self.sh.index.write().vols.remove(&id);
+        if let Some(v) = removed {
+            let displaced: Vec<_> = v.map.iter().collect();
+            self.sh.release(&displaced);
+        }
+        Ok(())
+    }
+
+    /// Grows a volume; shrinking is refused.
+    pub fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo, EngineError> {
+        validate_size(size_bytes)?;
+        let mut generation = self.sh.meta.lock();
+        let (volumes, id, next) = {
+            let idx = self.sh.index.read();
+            let v = idx.by_name(name).ok_or_else(|| EngineError::NotFound(name.into()))?;
+            if size_bytes < v.rec.size_bytes {
+                return Err(EngineError::InvalidArgument(format!(
+                    "volume {name:?} is {} bytes; shrinking to {size_bytes} is not supported",
+                    v.rec.size_bytes
+                )));
+            }
+            let id = v.rec.id;
+            let mut all = idx.vols.values().map(|v| v.rec.clone()).collect::<Vec<_>>();
+            for r in all.iter_mut().filter(|r| r.id == id) {
+                r.size_bytes = size_bytes;
+            }
+            (all, id, idx.next_volume_id)
+        };
+        let tail = self.sh.log.lock().tail();
+        self.sh.write_checkpoint_with(&mut generation, tail, volumes, next)?;
+        let mut idx = self.sh.index.write();
+        let v = idx.vols.get_mut(&id).ok_or_else(|| EngineError::NotFound(name.into()))?;
+        v.rec.size_bytes = size_bytes;
+        Ok(VolumeInfo { id, name: name.into(), size_bytes })
+    }
+
+    pub fn volumes(&self) -> Vec<VolumeInfo> {
+        let idx = self.sh.index.read();
+        idx.vols.values().map(|v| VolumeInfo { id: v.rec.id, name: v.rec.name.clone(), size_bytes: v.rec.size_bytes }).collect()
+    }
+
+    pub fn volume(&self, name: &str) -> Option<VolumeInfo> {
+        let idx = self.sh.index.read();
+        idx.by_name(name).map(|v| VolumeInfo { id: v.rec.id, name: v.rec.name.clone(), size_bytes: v.rec.size_bytes })
+    }
+
+    fn check_range(&self, vol: VolumeId, offset: u64, len: u64) -> Result<(), EngineError> {
+        let idx = self.sh.index.read();
+        let v = idx.vols.get(&vol).ok_or_else(|| EngineError::NotFound(format!("#{vol}")))?;
+        let size_bytes = v.rec.size_bytes;
+        if offset.checked_add(len).map_or(true, |e| e > size_bytes) {
+            return Err(EngineError::OutOfRange { offset, len, size_bytes });
+        }
+        Ok(())
+    }
+
+    /// Fills `buf` from the volume at byte `offset`.
+    pub fn read(&self, vol: VolumeId, offset: u64, buf: &mut [u8]) -> Result<(), EngineError> {
+        self.check_range(vol, offset, buf.len() as u64)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let (b0, b1) = block_span(offset, buf.len() as u64);
+        let mut tmp = AlignedBuf::new_zeroed(((b1 - b0) * BLOCK_U64) as usize);
+        self.read_blocks(vol, b0, b1 - b0, &mut tmp)?;
+        let at = (offset - b0 * BLOCK_U64) as usize;
+        buf.copy_from_slice(&tmp[at..at + buf.len()]);
+        self.sh.counters.host_read_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn read_blocks(&self, vol: VolumeId, lba: u64, n: u64, out: &mut [u8]) -> Result<(), EngineError> {
+        let sh = &self.sh;
+        let _shared = sh.reclaim.read();
+        let pieces = {
+            let idx = sh.index.read();
+            let v = idx.vols.get(&vol).ok_or_else(|| EngineError::NotFound(format!("#{vol}")))?;
+            v.map.lookup(lba, n)
+        };
+        for p in pieces {
+            let at = ((p.lba - lba) * BLOCK_U64) as usize;
+            let dst = &mut out[at..at + (p.len * BLOCK_U64) as usize];
+            match p.loc {
+                None => dst.fill(0),
+                Some(Loc::Fast(b)) => {
+                    sh.fast.read_at(dst, sh.layout.log_byte(b))?;
+                    for (i, chunk) in dst.chunks(BLOCK).enumerate() {
+                        if crc32c::crc32c(chunk) != sh.fast_crcs[(b + i as u64) as usize].load(Ordering::Relaxed) {
+                            return Err(self.corrupt(vol, p.lba + i as u64, "fast"));
+                        }
+                    }
+                }
+                Some(Loc::Cap { seg, block }) => {
+                    let s = capacity::load_summary(sh, seg)?;
+                    if let Some(bad) = capacity::read_seg_blocks(sh, seg, block, p.len as u32, dst, &s.block_crcs)? {
+                        return Err(self.corrupt(vol, p.lba + u64::from(bad - block), "capacity"));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn corrupt(&self, vol: VolumeId, lba: u64, tier: &str) -> EngineError {
+        self.sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+        let offset = lba * BLOCK_U64;
+        tracing::error!(volume = vol, offset, tier, "checksum mismatch: returning an I/O error");
+        EngineError::Corrupt(format!("volume #{vol} offset {offset} ({tier} tier)"))
+    }
+
+    /// Writes `data` at byte `offset`; returns once it is durable on the fast tier.
+    pub fn write(&self, vol: VolumeId, offset: u64, data: &[u8]) -> Result<(), EngineError> {
+        self.sh.check_running()?;
+        self.check_range(vol, offset, data.len() as u64)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let (b0, b1) = block_span(offset, data.len() as u64);
+        let _g = self.sh.ranges.lock(vol, b0, b1);
+        self.write_locked(vol, offset, data)
+    }
+
+    /// Read-modify-write of the partial blocks at either end, then the whole blocks.
+    fn write_locked(&self, vol: VolumeId, offset: u64, data: &[u8]) -> Result<(), EngineError> {
+        let (b0, b1) = block_span(offset, data.len() as u64);
+        let n = b1 - b0;
+        let mut buf = AlignedBuf::new_zeroed((n * BLOCK_U64) as usize);
+        let head = (offset - b0 * BLOCK_U64) as usize;
+        let end = head + data.len();
+        if head != 0 {
+            self.read_blocks(vol, b0, 1, &mut buf[..BLOCK])?;
+        }
+        if end % BLOCK != 0 && (n > 1 || head == 0) {
+            let at = ((n - 1) * BLOCK_U64) as usize;
+            self.read_blocks(vol, b1 - 1, 1, &mut buf[at..])?;
+        }
+        buf[head..end].copy_from_slice(data);
+        let mut waits = Vec::new();
+        let mut lba = b0;
+        // A record, with its batch header, must fit one batch and so one segment.
+        let record_blocks = (self.sh.cfg.max_batch_bytes as u64 / BLOCK_U64 - 1).min(MAX_RECORD_BLOCKS);
+        for chunk in buf.chunks(record_blocks as usize * BLOCK) {
+            let mut d = AlignedBuf::new_zeroed(chunk.len());
+            d.copy_from_slice(chunk);
+            let nb = chunk.len() as u64 / BLOCK_U64;
+            waits.push(self.submit(RecordKind::Write, vol, lba, nb, Some(d))?);
+            lba += nb;
+        }
+        wait_all(waits)
+    }
+
+    fn submit(
+        &self,
+        kind: RecordKind,
+        volume: u32,
+        lba: u64,
+        nblocks: u64,
+        data: Option<AlignedBuf>,
+    ) -> Result<crossbeam_channel::Receiver<Result<(), EngineError>>, EngineError> {
+        let (done, wait) = crossbeam_channel::bounded(1);
+        let tx = self.tx.lock().clone().ok_or(EngineError::ShuttingDown)?;
+        tx.send(WriteReq { kind, volume, lba, nblocks, data, done }).map_err(|_| EngineError::ShuttingDown)?;
+        Ok(wait)
+    }
+
+    /// Makes the range read as zeros. Whole blocks are a metadata record, not data.
+    pub fn write_zeroes(&self, vol: VolumeId, offset: u64, len: u64) -> Result<(), EngineError> {
+        self.sh.check_running()?;
+        self.check_range(vol, offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let end = offset + len;
+        let (b0, b1) = block_span(offset, len);
+        let _g = self.sh.ranges.lock(vol, b0, b1);
+        let full0 = offset.div_ceil(BLOCK_U64);
+        let full1 = end / BLOCK_U64;
+        if full0 >= full1 {
+            return self.write_locked(vol, offset, &vec![0u8; len as usize]);
+        }
+        if offset < full0 * BLOCK_U64 {
+            self.write_locked(vol, offset, &vec![0u8; (full0 * BLOCK_U64 - offset) as usize])?;
+        }
+        if end > full1 * BLOCK_U64 {
+            self.write_locked(vol, full1 * BLOCK_U64, &vec![0u8; (end - full1 * BLOCK_U64) as usize])?;
+        }
+        // Only the span that holds something needs a record: zeros already read as zeros.
+        let present = {
+            let idx = self.sh.index.read();
+            let v = idx.vols.get(&vol).ok_or_else(|| EngineError::NotFound(format!("#{vol}")))?;
+            let pieces = v.map.lookup(full0, full1 - full0);
+            let mut it = pieces.iter().filter(|p| p.loc.is_some());
+            it.next().map(|first| {
+                let last = pieces.iter().rev().find(|p| p.loc.is_some()).unwrap_or(first);
+                (first.lba, last.lba + last.len)
+            })
+        };
+        if let Some((s, e)) = present {
+            let mut waits = Vec::new();
+            let mut at = s;
+            while at < e {
+                let n = (e - at).min(u64::from(u32::MAX));
+                waits.push(self.submit(RecordKind::Zero, vol, at, n, None)?);
+                at += n;
+            }
+            wait_all(waits)?;
+        }
+        Ok(())
+    }
+
+    /// TRIM: in Strata a discarded range reads as zeros afterwards.
+    pub fn discard(&self, vol: VolumeId, offset: u64, len: u64) -> Result<(), EngineError> {
+        self.write_zeroes(vol, offset, len)
+    }
+
+    /// Everything completed before the call is durable when it returns (writes already are).
+    pub fn flush(&self) -> Result<(), EngineError> {
+        match self.sh.state.load(Ordering::Acquire) {
+            shared::STATE_FAILED => self.sh.check_running(),
+            _ => Ok(()),
+        }
+    }
+
+    /// Allocation map of a byte range: data or zero, adjacent extents of one kind merged.
+    pub fn extents(&self, vol: VolumeId, offset: u64, len: u64) -> Result<Vec<Extent>, EngineError> {
+        self.check_range(vol, offset, len)?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let (b0, b1) = block_span(offset, len);
+        let pieces = {
+            let idx = self.sh.index.read();
+            let v = idx.vols.get(&vol).ok_or_else(|| EngineError::NotFound(format!("#{vol}")))?;
+            v.map.lookup(b0, b1 - b0)
+        };
+        let end = offset + len;
+        let mut out: Vec<Extent> = Vec::new();
+        for p in pieces {
+            let s = (p.lba * BLOCK_U64).max(offset);
+            let e = ((p.lba + p.len) * BLOCK_U64).min(end);
+            let kind = if p.loc.is_some() { ExtentKind::Data } else { ExtentKind::Zero };
+            match out.last_mut() {
+                Some(last) if last.kind == kind => last.len += e - s,
+                _ => out.push(Extent { offset: s, len: e - s, kind }),
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        let sh = &self.sh;
+        let c = &sh.counters;
+        let (used, backlog) = {
+            let log = sh.log.lock();
+            (log.used_blocks * BLOCK_U64, log.batches.iter().map(|b| b.blocks * BLOCK_U64).sum())
+        };
+        let (seg_total, seg_free, live_blocks, used_segs) = {
+            let s = sh.segs.lock();
+            let used_segs = s.segs.iter().filter(|x| x.state != capacity::SegState::Free).count() as u64;
+            (s.segs.len() as u64, s.free_count() as u64, s.live_blocks_total(), used_segs)
+        };
+        let runs = sh.index.read().vols.values().map(|v| v.map.run_count() as u64).sum();
+        let log_cap = sh.layout.log_blocks * BLOCK_U64;
+        EngineStats {
+            io_backend: String::new(),
+            fast_device: sh.fast.stats(),
+            capacity_devices: sh.caps.iter().map(|d| d.stats()).collect(),
+            log_capacity_bytes: log_cap,
+            log_used_bytes: used,
+            log_fill_ratio: used as f64 / log_cap as f64,
+            fill_ratio_low: sh.cfg.fill_ratio_low,
+            fill_ratio_high: sh.cfg.fill_ratio_high,
+            destage_rate_bytes_per_s: shared::Counters::get_f64(&c.destage_rate_bytes_per_s),
+            destage_bandwidth_bytes_per_s: shared::Counters::get_f64(&c.destage_bw_bytes_per_s),
+            destage_backlog_bytes: backlog,
+            destaged_bytes_total: c.destaged_bytes.load(Ordering::Relaxed),
+            host_write_bytes_total: c.host_write_bytes.load(Ordering::Relaxed),
+            host_read_bytes_total: c.host_read_bytes.load(Ordering::Relaxed),
+            admission_throttled: c.throttled.load(Ordering::Relaxed),
+            capacity_full: c.capacity_full.load(Ordering::Relaxed),
+            fast_resident_bytes: c.fast_live_blocks.load(Ordering::Relaxed) * BLOCK_U64,
+            capacity_total_bytes: seg_total * sh.layout.segment_size_bytes,
+            capacity_used_bytes: used_segs * sh.layout.segment_size_bytes,
+            capacity_live_bytes: live_blocks * BLOCK_U64,
+            segments_total: seg_total,
+            segments_free: seg_free,
+            gc_segments_cleaned_total: c.gc_segments_cleaned.load(Ordering::Relaxed),
+            gc_relocated_bytes_total: c.gc_relocated_bytes.load(Ordering::Relaxed),
+            checksum_errors_total: c.checksum_errors.load(Ordering::Relaxed),
+            index_runs: runs,
+            state: match sh.state.load(Ordering::Acquire) {
+                STATE_RUNNING => "running",
+                STATE_STOPPING => "stopping",
+                _ => "failed",
+            }
+            .into(),
+        }
+    }
+
+    /// Destages everything in the log now, whatever the fill level (tests, benchmarks, and
+    /// before maintenance). Waits at most `timeout`; returns whether the log emptied.
+    pub fn destage_all(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        self.sh.drain.store(true, Ordering::Relaxed);
+        let mut done = false;
+        while Instant::now() < deadline {
+            self.sh.wake_destager();
+            if self.sh.log.lock().batches.is_empty() {
+                done = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.sh.drain.store(false, Ordering::Relaxed);
+        done
+    }
+
+    /// Stops background work and makes everything durable: completed writes stay in the log
+    /// and are replayed on the next open.
+    pub fn shutdown(&self) -> Result<(), EngineError> {
+        let _ = self.sh.state.compare_exchange(STATE_RUNNING, STATE_STOPPING, Ordering::AcqRel, Ordering::Acquire);
+        self.stop_threads();
+        let mut generation = self.sh.meta.lock();
+        let tail = self.sh.log.lock().tail();
+        if self.sh.state.load(Ordering::Acquire) != shared::STATE_FAILED {
+            self.sh.write_checkpoint_locked(&mut generation, tail)?;
+        }
+        for d in &self.sh.caps {
+            d.flush()?;
+        }
+        self.sh.fast.flush()?;
+        Ok(())
+    }
+
+    /// Simulates the process dying: background threads stop at once, nothing more is written.
+    /// Pair with a device-level crash (MemDevice) to simulate power loss. For tests.
+    pub fn halt_for_test(&self) {
+        self.sh.abandon.store(true, Ordering::Relaxed);
+        let _ = self.sh.state.compare_exchange(STATE_RUNNING, STATE_STOPPING, Ordering::AcqRel, Ordering::Acquire);
+        self.stop_threads();
+    }
+
+    fn stop_threads(&self) {
+        self.tx.lock().take();
+        let threads: Vec<_> = self.threads.lock().drain(..).collect();
+        let mut threads = threads.into_iter();
+        if let Some(writer) = threads.next() {
+            let _ = writer.join();
+        }
+        self.sh.abandon.store(true, Ordering::Relaxed);
+        self.sh.wake_destager();
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for DiskGroup {
+    fn drop(&mut self) {
+        if !self.threads.lock().is_empty() {
+            let _ = self.shutdown();
+        }
+    }
+}
+
+fn wait_all(waits: Vec<crossbeam_channel::Receiver<Result<(), EngineError>>>) -> Result<(), EngineError> {
+    let mut result = Ok(());
+    for w in waits {
+        let r = w.recv().unwrap_or(Err(EngineError::ShuttingDown));
+        if result.is_ok() {
+            result = r;
+        }
+    }
+    result
+}
+
+/// Blocks `[b0, b1)` touched by a byte range.
+fn block_span(offset: u64, len: u64) -> (u64, u64) {
+    (offset / BLOCK_U64, (offset + len).div_ceil(BLOCK_U64))
+}
+
+fn validate_name(name: &str) -> Result<(), EngineError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_VOLUME_NAME
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(EngineError::InvalidArgument(format!(
+            "volume name {name:?} must be 1-{MAX_VOLUME_NAME} characters of letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )))
+    }
+}
+
+fn validate_size(size_bytes: u64) -> Result<(), EngineError> {
+    if size_bytes == 0 || size_bytes % 512 != 0 || size_bytes > MAX_VOLUME_BYTES {
+        return Err(EngineError::InvalidArgument(format!(
+            "volume size {size_bytes} must be a non-zero multiple of 512 bytes, at most {MAX_VOLUME_BYTES}"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,454 @@
+//! The write log on the fast device: a circular area of batches written with group commit.
+//!
+//! One thread owns the log head. It gathers the requests waiting in its bounded queue into a
+//! batch (one header block with up to 63 record headers, then the records' data), writes the
+//! batch in one device write, flushes, applies it to the index and only then completes the
+//! requests. So a completed write is durable and visible to every reader.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use strata_device::AlignedBuf;
+
+use crate::error::EngineError;
+use crate::format::*;
+use crate::map::Loc;
+use crate::shared::{Counters, Shared};
+
+/// A record as the log keeps it in memory until the destager has moved it.
+#[derive(Debug, Clone, Copy)]
+pub struct RecMeta {
+    pub kind: RecordKind,
+    pub volume: u32,
+    pub lba: u64,
+    pub nblocks: u64,
+    pub seq: u64,
+    /// Log block of the record's first data block (Write records).
+    pub data_start: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct BatchMeta {
+    pub start: u64,
+    /// Blocks occupied, header included.
+    pub blocks: u64,
+    /// Blocks left unused at the end of the log area because this batch wrapped to the start.
+    pub skip: u64,
+    pub first_seq: u64,
+    pub records: Vec<RecMeta>,
+    /// Written, flushed and applied to the index.
+    pub durable: bool,
+}
+
+/// The in-memory picture of the log area. Protected by `Shared::log`.
+pub struct LogState {
+    pub log_blocks: u64,
+    pub head: u64,
+    pub next_seq: u64,
+    pub batches: VecDeque<BatchMeta>,
+    pub used_blocks: u64,
+}
+
+impl LogState {
+    pub fn new(log_blocks: u64, head: u64, next_seq: u64) -> LogState {
+        LogState { log_blocks, head, next_seq, batches: VecDeque::new(), used_blocks: 0 }
+    }
+
+    pub fn fill_ratio(&self) -> f64 {
+        self.used_blocks as f64 / self.log_blocks as f64
+    }
+
+    /// Where replay must start: the oldest batch still needed, or the head if none.
+    pub fn tail(&self) -> (u64, u64) {
+        match self.batches.front() {
+            Some(b) => (b.start, b.first_seq),
+            None => (self.head, self.next_seq),
+        }
+    }
+
+    /// Finds room for `n` contiguous blocks at the head: (start, blocks skipped at the end).
+    pub fn place(&self, n: u64) -> Option<(u64, u64)> {
+        let l = self.log_blocks;
+        let Some(front) = self.batches.front() else {
+            return Some(if self.head + n <= l { (self.head, 0) } else { (0, l - self.head) });
+        };
+        let tail = front.start;
+        if self.head > tail {
+            if self.head + n <= l {
+                Some((self.head, 0))
+            } else if n <= tail {
+                Some((0, l - self.head))
+            } else {
+                None
+            }
+        } else if self.head < tail && self.head + n <= tail {
+            Some((self.head, 0))
+        } else {
+            None
+        }
+    }
+
+    /// Appends a batch at the head. The caller checked `place`.
+    pub fn push(&mut self, meta: BatchMeta) {
+        debug_assert!(meta.start + meta.blocks <= self.log_blocks);
+        self.head = (meta.start + meta.blocks) % self.log_blocks;
+        self.used_blocks += meta.blocks + meta.skip;
+        self.next_seq = meta.first_seq + meta.records.len() as u64;
+        self.batches.push_back(meta);
+    }
+
+    pub fn pop(&mut self) -> Option<BatchMeta> {
+        let b = self.batches.pop_front()?;
+        self.used_blocks -= b.blocks + b.skip;
+        Some(b)
+    }
+}
+
+/// A request to the log writer.
+pub struct WriteReq {
+    pub kind: RecordKind,
+    pub volume: u32,
+    pub lba: u64,
+    pub nblocks: u64,
+    /// `nblocks` blocks of data for Write records.
+    pub data: Option<AlignedBuf>,
+    pub done: Sender<Result<(), EngineError>>,
+}
+
+impl WriteReq {
+    fn data_blocks(&self) -> u64 {
+        if self.kind == RecordKind::Write {
+            self.nblocks
+        } else {
+            0
+        }
+    }
+}
+
+pub struct LogWriter {
+    sh: Arc<Shared>,
+    rx: Receiver<WriteReq>,
+    max_batch_blocks: u64,
+    held: Option<WriteReq>,
+    /// Admission control: the earliest time the next batch may be written.
+    next_admit: Instant,
+}
+
+impl LogWriter {
+    pub fn new(sh: Arc<Shared>, rx: Receiver<WriteReq>) -> LogWriter {
+        let max_batch_blocks = (sh.cfg.max_batch_bytes as u64 / BLOCK_U64).max(2);
+        LogWriter { sh, rx, max_batch_blocks, held: None, next_admit: Instant::now() }
+    }
+
+    /// Runs until every sender is gone and the queue is empty.
+    pub fn run(mut self) {
+        loop {
+            let first = match self.held.take() {
+                Some(r) => r,
+                None => match self.rx.recv_timeout(Duration::from_millis(200)) {
+                    Ok(r) => r,
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => return,
+                },
+            };
+            let batch = self.gather(first);
+            self.process(batch);
+        }
+    }
+
+    fn gather(&mut self, first: WriteReq) -> Vec<WriteReq> {
+        let mut blocks = 1 + first.data_blocks();
+        let mut batch = vec![first];
+        while batch.len() < MAX_RECORDS_PER_BATCH {
+            let Ok(r) = self.rx.try_recv() else { break };
+            if blocks + r.data_blocks() > self.max_batch_blocks {
+                self.held = Some(r);
+                break;
+            }
+            blocks += r.data_blocks();
+            batch.push(r);
+        }
+        batch
+    }
+
+    fn process(&mut self, batch: Vec<WriteReq>) {
+        if let Err(e) = self.sh.check_running().or_else(|e| match e {
+            // Requests already queued when shutdown began are still completed.
+            EngineError::ShuttingDown => Ok(()),
+            e => Err(e),
+        }) {
+            return reply_all(batch, || clone_err(&e));
+        }
+        let blocks = 1 + batch.iter().map(|r| r.data_blocks()).sum::<u64>();
+        self.admit(blocks);
+        let meta = match self.reserve(&batch, blocks) {
+            Ok(m) => m,
+            Err(e) => return reply_all(batch, || clone_err(&e)),
+        };
+        let (buf, crcs) = build_batch(&self.sh.layout.group, &meta, &batch);
+        if let Err(e) = self.write_durably(&buf, meta.start) {
+            self.sh.fail(format!("write log: {e}"));
+            return reply_all(batch, || Err(EngineError::Failed(e.to_string())));
+        }
+        self.apply(&meta, &crcs);
+        {
+            let mut log = self.sh.log.lock();
+            if let Some(b) = log.batches.iter_mut().rev().find(|b| b.first_seq == meta.first_seq) {
+                b.durable = true;
+            }
+        }
+        let bytes: u64 = batch.iter().map(|r| r.nblocks * BLOCK_U64).sum();
+        self.sh.counters.host_write_bytes.fetch_add(bytes, Ordering::Relaxed);
+        reply_all(batch, || Ok(()));
+        let fill = self.sh.log.lock().fill_ratio();
+        if fill >= self.sh.cfg.fill_ratio_low {
+            self.sh.wake_destager();
+        }
+    }
+
+    /// Above the high mark, admits batches at the destage bandwidth actually measured:
+    /// 1.25x of it at the high mark falling smoothly to 0.75x when the log is full, so the fill
+    /// settles between the two instead of hitting a wall.
+    fn admit(&mut self, blocks: u64) {
+        let fill = self.sh.log.lock().fill_ratio();
+        let high = self.sh.cfg.fill_ratio_high;
+        if fill <= high {
+            self.sh.counters.throttled.store(false, Ordering::Relaxed);
+            self.next_admit = Instant::now();
+            return;
+        }
+        self.sh.counters.throttled.store(true, Ordering::Relaxed);
+        let x = ((fill - high) / (1.0 - high).max(1e-6)).clamp(0.0, 1.0);
+        let bw = Counters::get_f64(&self.sh.counters.destage_bw_bytes_per_s).max(1.0 * 1024.0 * 1024.0);
+        let rate = bw * (1.25 - 0.5 * x);
+        let cost = Duration::from_secs_f64((blocks * BLOCK_U64) as f64 / rate);
+        let now = Instant::now();
+        self.next_admit = self.next_admit.max(now) + cost;
+        if self.next_admit > now {
+            std::thread::sleep((self.next_admit - now).min(Duration::from_millis(500)));
+        }
+    }
+
+    /// Waits for log space; fails with NoSpace when the destager cannot make room because the
+    /// capacity tier is full.
+    fn reserve(&self, batch: &[WriteReq], blocks: u64) -> Result<BatchMeta, EngineError> {
+        let mut log = self.sh.log.lock();
+        loop {
+            self.sh.check_running().or_else(|e| match e {
+                EngineError::ShuttingDown if !self.sh.abandon.load(Ordering::Relaxed) => Ok(()),
+                e => Err(e),
+            })?;
+            if let Some((start, skip)) = log.place(blocks) {
+                let meta = describe(batch, start, skip, blocks, log.next_seq);
+                log.push(meta.clone());
+                return Ok(meta);
+            }
+            if self.sh.counters.capacity_full.load(Ordering::Relaxed) {
+                return Err(EngineError::NoSpace);
+            }
+            drop(log);
+            self.sh.wake_destager();
+            log = self.sh.log.lock();
+            self.sh.log_freed.wait_for(&mut log, Duration::from_millis(50));
+        }
+    }
+
+    fn write_durably(&self, buf: &[u8], start: u64) -> Result<(), EngineError> {
+        let off = self.sh.layout.log_byte(start);
+        let mut last = None;
+        // Transient device errors get two more tries at the same place; the batch is not yet
+        // acknowledged, so rewriting it is harmless.
+        for _ in 0..3 {
+            match self.sh.fast.write_at(buf, off).and_then(|_| self.sh.fast.flush()) {
+                Ok(()) => return Ok(()),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(EngineError::Device(last.expect("three attempts")))
+    }
+
+    fn apply(&self, meta: &BatchMeta, crcs: &[u32]) {
+        for (i, c) in crcs.iter().enumerate() {
+            self.sh.fast_crcs[(meta.start + 1) as usize + i].store(*c, Ordering::Relaxed);
+        }
+        let displaced = apply_records(&self.sh, &meta.records);
+        self.sh.release(&displaced);
+    }
+}
+
+/// Points the index at the records (in order); records of deleted volumes are ignored.
+/// Returns what the records displaced.
+pub fn apply_records(sh: &Shared, records: &[RecMeta]) -> Vec<(u64, u64, Loc)> {
+    let mut displaced = Vec::new();
+    let mut added = 0;
+    {
+        let mut idx = sh.index.write();
+        for r in records {
+            let Some(v) = idx.vols.get_mut(&r.volume) else { continue };
+            let loc = match r.kind {
+                RecordKind::Write => {
+                    added += r.nblocks;
+                    Some(Loc::Fast(r.data_start))
+                }
+                RecordKind::Zero => None,
+            };
+            displaced.extend(v.map.set(r.lba, r.nblocks, loc));
+        }
+    }
+    sh.counters.fast_live_blocks.fetch_add(added, Ordering::Relaxed);
+    displaced
+}
+
+fn describe(batch: &[WriteReq], start: u64, skip: u64, blocks: u64, first_seq: u64) -> BatchMeta {
+    let mut data_at = start + 1;
+    let records = batch
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let m = RecMeta {
+                kind: r.kind,
+                volume: r.volume,
+                lba: r.lba,
+                nblocks: r.nblocks,
+                seq: first_seq + i as u64,
+                data_start: data_at,
+            };
+            data_at += r.data_blocks();
+            m
+        })
+        .collect();
+    BatchMeta { start, blocks, skip, first_seq, records, durable: false }
+}
+
+/// The batch as it goes to the device, and the crc of each data block.
+fn build_batch(group: &Uuid, meta: &BatchMeta, batch: &[WriteReq]) -> (AlignedBuf, Vec<u32>) {
+    let mut buf = AlignedBuf::new_zeroed((meta.blocks * BLOCK_U64) as usize);
+    let mut crcs = Vec::with_capacity(meta.blocks as usize - 1);
+    let mut headers = Vec::with_capacity(batch.len());
+    let mut at = BLOCK;
+    for (r, m) in batch.iter().zip(&meta.records) {
+        let mut data_crc = 0;
+        if let Some(d) = &r.data {
+            let len = (r.nblocks * BLOCK_U64) as usize;
+            buf[at..at + len].copy_from_slice(&d[..len]);
+            data_crc = crc32c::crc32c(&d[..len]);
+            crcs.extend(d[..len].chunks(BLOCK).map(crc32c::crc32c));
+            at += len;
+        }
+        headers.push(RecordHeader {
+            kind: r.kind,
+            seq: m.seq,
+            volume: r.volume,
+            offset_bytes: r.lba * BLOCK_U64,
+            len_bytes: r.nblocks * BLOCK_U64,
+            data_crc,
+        });
+    }
+    let h = BatchHeader { group: *group, first_seq: meta.first_seq, total_blocks: meta.blocks as u32, records: headers };
+    buf[..BLOCK].copy_from_slice(&h.encode());
+    (buf, crcs)
+}
+
+fn reply_all(batch: Vec<WriteReq>, mut result: impl FnMut() -> Result<(), EngineError>) {
+    for r in batch {
+        // A caller that went away no longer needs the answer.
+        let _ = r.done.send(result());
+    }
+}
+
+fn clone_err(e: &EngineError) -> Result<(), EngineError> {
+    Err(match e {
+        EngineError::NoSpace => EngineError::NoSpace,
+        EngineError::ShuttingDown => EngineError::ShuttingDown,
+        EngineError::Failed(s) => EngineError::Failed(s.clone()),
+        other => EngineError::Failed(other.to_string()),
+    })
+}
+
+/// What log replay found.
+pub struct Replay {
+    pub state: LogState,
+    pub batches: usize,
+    pub records: usize,
+    /// Index updates to apply, in order, with the crc of every data block.
+    pub crcs: Vec<(u64, u32)>,
+}
+
+/// Replays the log from the checkpoint's tail: every complete batch with the expected sequence
+/// number, in order. Stops at the first batch that is missing, torn or stale.
+pub fn replay(sh: &Shared, tail_block: u64, tail_seq: u64) -> Result<Replay, EngineError> {
+    let l = sh.layout.log_blocks;
+    let mut state = LogState::new(l, tail_block % l, tail_seq);
+    let mut out = Replay { state: LogState::new(l, 0, 0), batches: 0, records: 0, crcs: Vec::new() };
+    loop {
+        let pos = state.head;
+        let found = read_batch(sh, pos, state.next_seq)?.map(|b| (b, pos, 0));
+        let found = match found {
+            Some(f) => Some(f),
+            None if pos != 0 => read_batch(sh, 0, state.next_seq)?.map(|b| (b, 0, l - pos)),
+            None => None,
+        };
+        let Some(((header, data), start, skip)) = found else { break };
+        let blocks = u64::from(header.total_blocks);
+        if state.used_blocks + blocks + skip > l {
+            break;
+        }
+        let mut meta = BatchMeta { start, blocks, skip, first_seq: header.first_seq, records: Vec::new(), durable: true };
+        let mut data_at = start + 1;
+        for (i, r) in header.records.iter().enumerate() {
+            meta.records.push(RecMeta {
+                kind: r.kind,
+                volume: r.volume,
+                lba: r.offset_bytes / BLOCK_U64,
+                nblocks: r.len_bytes / BLOCK_U64,
+                seq: header.first_seq + i as u64,
+                data_start: data_at,
+            });
+            data_at += r.data_blocks();
+        }
+        for (i, chunk) in data.chunks(BLOCK).enumerate() {
+            out.crcs.push((start + 1 + i as u64, crc32c::crc32c(chunk)));
+        }
+        out.records += meta.records.len();
+        out.batches += 1;
+        // Live counts are recomputed after replay, so what this displaced needs no accounting.
+        let _ = apply_records(sh, &meta.records);
+        state.push(meta);
+    }
+    out.state = state;
+    Ok(out)
+}
+
+/// Reads the batch at `pos` if it is complete, of this group and starts with `seq`.
+fn read_batch(sh: &Shared, pos: u64, seq: u64) -> Result<Option<(BatchHeader, AlignedBuf)>, EngineError> {
+    let l = sh.layout.log_blocks;
+    if pos >= l {
+        return Ok(None);
+    }
+    let mut hb = AlignedBuf::new_zeroed(BLOCK);
+    sh.fast.read_at(&mut hb, sh.layout.log_byte(pos))?;
+    let Some(h) = BatchHeader::decode(&hb, &sh.layout.group) else { return Ok(None) };
+    if h.first_seq != seq || pos + u64::from(h.total_blocks) > l {
+        return Ok(None);
+    }
+    let data_blocks = u64::from(h.total_blocks) - 1;
+    let mut data = AlignedBuf::new_zeroed((data_blocks * BLOCK_U64) as usize);
+    if data_blocks > 0 {
+        sh.fast.read_at(&mut data, sh.layout.log_byte(pos + 1))?;
+    }
+    let mut at = 0usize;
+    for r in &h.records {
+        let len = (r.data_blocks() * BLOCK_U64) as usize;
+        if r.kind == RecordKind::Write && crc32c::crc32c(&data[at..at + len]) != r.data_crc {
+            return Ok(None);
+        }
+        at += len;
+    }
+    Ok(Some((h, data)))
+}
+
+/// Queue bound between callers and the log writer.
+pub const QUEUE_DEPTH: usize = 1024;

@@ -1,0 +1,74 @@
+//! NBD server for Strata. It knows nothing of the engine: the daemon hands it a [`Backend`].
+//!
+//! Contract with the daemon (keep these signatures):
+//! - `Backend::open` is called once per connection after option negotiation picked an export;
+//!   the returned handle is dropped when the connection ends (the daemon counts open handles).
+//!   NBD_OPT_INFO also opens the export to learn its size; that handle is kept for a following
+//!   NBD_OPT_GO of the same name, or dropped when the client picks another export.
+//! - `Export` methods block; the server calls them off the async runtime (spawn_blocking).
+//! - A write that returned Ok is durable and visible to every connection (the daemon
+//!   guarantees this), so the server may advertise NBD_FLAG_CAN_MULTI_CONN.
+//!
+//! Layout: [`proto`] is the wire format (pure, fuzzed); `server` runs connections over tokio.
+//! The protocol as Strata speaks it is described in docs/NBD.md.
+use std::sync::Arc;
+
+pub mod proto;
+mod server;
+
+pub use server::{serve, ServerConfig};
+
+/// NBD error numbers (values as the protocol defines them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Errno {
+    Perm = 1,
+    Io = 5,
+    NoMem = 12,
+    Inval = 22,
+    NoSpc = 28,
+    Overflow = 75,
+    NotSup = 95,
+    Shutdown = 108,
+}
+
+impl Errno {
+    /// The value sent in a reply's error field.
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ExportInfo {
+    pub name: String,
+    pub description: String,
+}
+
+/// One contiguous run reported by BLOCK_STATUS for `base:allocation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockStatus {
+    pub len: u32,
+    /// NBD_STATE_HOLE (1) | NBD_STATE_ZERO (2)
+    pub flags: u32,
+}
+
+pub trait Backend: Send + Sync + 'static {
+    fn list(&self) -> Vec<ExportInfo>;
+    /// None: no export of that name (refused with NBD_REP_ERR_UNKNOWN).
+    fn open(&self, name: &str) -> Option<Arc<dyn Export>>;
+}
+
+pub trait Export: Send + Sync + 'static {
+    fn size_bytes(&self) -> u64;
+    fn read_only(&self) -> bool;
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno>;
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Errno>;
+    fn flush(&self) -> Result<(), Errno>;
+    fn trim(&self, offset: u64, len: u64) -> Result<(), Errno>;
+    /// `may_trim` is false when the client sent NBD_CMD_FLAG_NO_HOLE.
+    fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<(), Errno>;
+    fn cache(&self, offset: u64, len: u64) -> Result<(), Errno>;
+    /// Covers at least the first byte of the range, at most `len` bytes.
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<BlockStatus>, Errno>;
+}

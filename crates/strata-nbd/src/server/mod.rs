@@ -1,0 +1,177 @@
+//! The NBD server: accept loop, per-connection handshake and transmission.
+//!
+//! Each connection runs as one tokio task. After the handshake it splits the socket: the
+//! connection task reads requests, each request runs on the blocking pool against the
+//! [`Export`](crate::Export), and a writer task serializes replies. Three limits bound
+//! what one client can make us hold: requests in flight, buffered bytes per connection and
+//! buffered bytes over all connections (see [`ServerConfig`]).
+
+mod command;
+mod connection;
+mod handshake;
+mod transmission;
+
+#[cfg(test)]
+mod tests;
+
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::{JoinError, JoinSet};
+use tracing::{error, info, warn};
+
+use crate::Backend;
+
+/// Limits and timeouts of [`serve`]. Every field bounds something a client controls.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Connections served at once; a connection accepted beyond this is closed at once.
+    pub max_connections: usize,
+    /// Option haggling must finish within this, or the connection is closed.
+    pub handshake_timeout: Duration,
+    /// A connection with no request in flight that sends nothing for this long is closed.
+    /// It also bounds a stall in the middle of a request or while writing a reply, so a
+    /// client that stops reading cannot pin buffers forever. Zero disables it.
+    pub idle_timeout: Duration,
+    /// Largest READ or WRITE, advertised as the maximum block size. A READ beyond it gets
+    /// EINVAL (EOVERFLOW with DF); a WRITE header claiming more closes the connection,
+    /// because its payload is already on the wire and skipping it would mean reading it.
+    pub max_payload_bytes: u32,
+    /// Requests read but not yet answered, per connection; at the limit the server stops
+    /// reading from that client until a reply has been written.
+    pub max_in_flight_per_connection: usize,
+    /// READ and WRITE buffers one connection may hold at once (at least `max_payload_bytes`).
+    pub max_buffered_bytes_per_connection: usize,
+    /// READ and WRITE buffers all connections together may hold: the server's memory bound
+    /// for data, whatever `max_connections` says.
+    pub max_buffered_bytes_total: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_connections: 256,
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(10 * 60),
+            max_payload_bytes: 32 << 20,
+            max_in_flight_per_connection: 64,
+            max_buffered_bytes_per_connection: 64 << 20,
+            max_buffered_bytes_total: 1 << 30,
+        }
+    }
+}
+
+/// Preferred block size we advertise; the spec wants the maximum at least this large.
+pub(crate) const PREFERRED_BLOCK_BYTES: u32 = 4096;
+/// Bound on in-flight requests, so a slot count always fits the semaphore's u32 API.
+const MAX_IN_FLIGHT_LIMIT: usize = 1 << 16;
+/// Pause after a failed accept (e.g. out of file descriptors) so we do not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+impl ServerConfig {
+    fn validate(&self) -> io::Result<()> {
+        let invalid = |why: &str| Err(io::Error::new(io::ErrorKind::InvalidInput, why.to_string()));
+        let payload = self.max_payload_bytes as usize;
+        if self.max_connections == 0 {
+            return invalid("max_connections must be at least 1");
+        }
+        if !(1..=MAX_IN_FLIGHT_LIMIT).contains(&self.max_in_flight_per_connection) {
+            return invalid("max_in_flight_per_connection must be in 1..=65536");
+        }
+        if self.max_payload_bytes < PREFERRED_BLOCK_BYTES {
+            return invalid("max_payload_bytes must be at least 4096");
+        }
+        if self.max_buffered_bytes_per_connection < payload {
+            return invalid("max_buffered_bytes_per_connection must hold one max_payload_bytes request");
+        }
+        if self.max_buffered_bytes_total < self.max_buffered_bytes_per_connection
+            || self.max_buffered_bytes_total > Semaphore::MAX_PERMITS
+        {
+            return invalid("max_buffered_bytes_total must be at least max_buffered_bytes_per_connection");
+        }
+        Ok(())
+    }
+}
+
+/// What every connection shares.
+pub(crate) struct Shared {
+    pub backend: Arc<dyn Backend>,
+    pub cfg: ServerConfig,
+    /// Bytes of READ/WRITE buffers left for all connections together.
+    pub buffered_bytes_total: Arc<Semaphore>,
+}
+
+/// Serves NBD on `listener` until `shutdown` resolves. Then it stops accepting, lets each
+/// connection finish the requests it has already read and write their replies, closes the
+/// connections and returns. Fails only on an invalid `cfg`; a misbehaving client costs
+/// only its own connection.
+pub async fn serve(
+    listener: TcpListener,
+    backend: Arc<dyn Backend>,
+    cfg: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> io::Result<()> {
+    cfg.validate()?;
+    let buffered_bytes_total = Arc::new(Semaphore::new(cfg.max_buffered_bytes_total));
+    let shared = Arc::new(Shared { backend, cfg, buffered_bytes_total });
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    if let Ok(addr) = listener.local_addr() {
+        info!(%addr, "NBD server listening");
+    }
+    accept_until(&listener, &shared, &stop_rx, &mut connections, shutdown).await;
+    drop(listener);
+    info!(connections = connections.len(), "NBD server stopping: draining connections");
+    // Cannot fail: stop_rx is still alive.
+    let _ = stop_tx.send(true);
+    while let Some(joined) = connections.join_next().await {
+        log_join(joined);
+    }
+    info!("NBD server stopped");
+    Ok(())
+}
+
+async fn accept_until(
+    listener: &TcpListener,
+    shared: &Arc<Shared>,
+    stop: &watch::Receiver<bool>,
+    connections: &mut JoinSet<()>,
+    shutdown: impl Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        // Reap finished connections so len() counts live ones only.
+        while let Some(joined) = connections.try_join_next() {
+            log_join(joined);
+        }
+        tokio::select! {
+            biased;
+            () = &mut shutdown => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    if connections.len() >= shared.cfg.max_connections {
+                        warn!(%peer, max = shared.cfg.max_connections, "refusing NBD connection: too many connections");
+                        drop(stream);
+                        continue;
+                    }
+                    connections.spawn(connection::run(stream, peer, shared.clone(), stop.clone()));
+                }
+                Err(e) => {
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+            },
+            Some(joined) = connections.join_next(), if !connections.is_empty() => log_join(joined),
+        }
+    }
+}
+
+fn log_join(joined: Result<(), JoinError>) {
+    if let Err(e) = joined {
+        error!(error = %e, "NBD connection task failed");
+    }
+}

@@ -1,0 +1,259 @@
+//! In-memory Backend for the server tests: a Vec<u8> per export, an allocation map for
+//! block status, a log of calls, a gate that holds reads at one offset (to control
+//! completion order) and an offset whose reads fail with EIO (a checksum failure).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use crate::proto::state;
+use crate::{Backend, BlockStatus, Errno, Export, ExportInfo};
+
+pub const DISK_SIZE: u64 = 4 << 20;
+pub const RO_SIZE: u64 = 1 << 20;
+/// Reads at this offset wait for the gate.
+pub const GATE_OFFSET: u64 = 1 << 20;
+/// Reads at this offset fail with EIO.
+pub const EIO_OFFSET: u64 = 2 << 20;
+/// Granularity of the allocation map.
+pub const BLOCK: u64 = 4096;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    Write { offset: u64, len: usize, fua: bool },
+    Flush,
+    Trim { offset: u64, len: u64 },
+    WriteZeroes { offset: u64, len: u64, may_trim: bool },
+    Cache { offset: u64, len: u64 },
+}
+
+#[derive(Default)]
+pub struct Gate {
+    state: Mutex<(bool, usize)>,
+    cv: Condvar,
+}
+
+impl Gate {
+    fn pass(&self) {
+        let mut s = self.state.lock().unwrap();
+        s.1 += 1;
+        while !s.0 {
+            s = self.cv.wait(s).unwrap();
+        }
+        s.1 -= 1;
+    }
+
+    pub fn open(&self) {
+        self.state.lock().unwrap().0 = true;
+        self.cv.notify_all();
+    }
+
+    /// Requests currently held at the gate.
+    pub fn waiting(&self) -> usize {
+        self.state.lock().unwrap().1
+    }
+}
+
+pub struct MemExport {
+    data: Mutex<Vec<u8>>,
+    allocated: Mutex<Vec<bool>>,
+    read_only: bool,
+    pub gate: Gate,
+    pub log: Mutex<Vec<Op>>,
+}
+
+impl MemExport {
+    fn new(size: u64, read_only: bool, fill: u8) -> Self {
+        MemExport {
+            data: Mutex::new(vec![fill; size as usize]),
+            allocated: Mutex::new(vec![fill != 0; (size / BLOCK) as usize]),
+            read_only,
+            gate: Gate::default(),
+            log: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn ops(&self) -> Vec<Op> {
+        self.log.lock().unwrap().clone()
+    }
+
+    pub fn bytes(&self, offset: u64, len: usize) -> Vec<u8> {
+        self.data.lock().unwrap()[offset as usize..offset as usize + len].to_vec()
+    }
+
+    fn range(&self, offset: u64, len: u64) -> Result<std::ops::Range<usize>, Errno> {
+        let end = offset.checked_add(len).ok_or(Errno::Inval)?;
+        if end > self.size_bytes() {
+            return Err(Errno::Inval);
+        }
+        Ok(offset as usize..end as usize)
+    }
+
+    fn mark(&self, offset: u64, len: u64, allocated: bool) {
+        let mut map = self.allocated.lock().unwrap();
+        for block in offset / BLOCK..(offset + len).div_ceil(BLOCK) {
+            map[block as usize] = allocated;
+        }
+    }
+
+    fn zero(&self, offset: u64, len: u64) -> Result<(), Errno> {
+        let range = self.range(offset, len)?;
+        self.data.lock().unwrap()[range].fill(0);
+        Ok(())
+    }
+}
+
+impl Export for MemExport {
+    fn size_bytes(&self) -> u64 {
+        self.data.lock().unwrap().len() as u64
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
+        if offset == GATE_OFFSET {
+            self.gate.pass();
+        }
+        if offset == EIO_OFFSET {
+            return Err(Errno::Io);
+        }
+        let range = self.range(offset, buf.len() as u64)?;
+        buf.copy_from_slice(&self.data.lock().unwrap()[range]);
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Errno> {
+        let range = self.range(offset, data.len() as u64)?;
+        self.data.lock().unwrap()[range].copy_from_slice(data);
+        self.mark(offset, data.len() as u64, true);
+        self.log.lock().unwrap().push(Op::Write { offset, len: data.len(), fua });
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), Errno> {
+        self.log.lock().unwrap().push(Op::Flush);
+        Ok(())
+    }
+
+    fn trim(&self, offset: u64, len: u64) -> Result<(), Errno> {
+        self.zero(offset, len)?;
+        self.mark(offset, len, false);
+        self.log.lock().unwrap().push(Op::Trim { offset, len });
+        Ok(())
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<(), Errno> {
+        self.zero(offset, len)?;
+        self.mark(offset, len, !may_trim);
+        self.log.lock().unwrap().push(Op::WriteZeroes { offset, len, may_trim });
+        Ok(())
+    }
+
+    fn cache(&self, offset: u64, len: u64) -> Result<(), Errno> {
+        self.log.lock().unwrap().push(Op::Cache { offset, len });
+        Ok(())
+    }
+
+    /// Reports whole runs of the allocation map, deliberately running past `len` so the
+    /// server's clipping is exercised.
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<BlockStatus>, Errno> {
+        self.range(offset, len)?;
+        let map = self.allocated.lock().unwrap();
+        let mut out: Vec<BlockStatus> = Vec::new();
+        let mut pos = offset;
+        while pos < offset + len {
+            let block = (pos / BLOCK) as usize;
+            let mut end = (block as u64 + 1) * BLOCK;
+            while end < self.size_bytes() && map[(end / BLOCK) as usize] == map[block] {
+                end += BLOCK;
+            }
+            let flags = if map[block] { 0 } else { state::HOLE | state::ZERO };
+            out.push(BlockStatus { len: (end - pos) as u32, flags });
+            pos = end;
+        }
+        Ok(out)
+    }
+}
+
+/// Counts open handles the way the daemon does: +1 on open, -1 on drop.
+struct Handle {
+    inner: Arc<MemExport>,
+    open: Arc<AtomicUsize>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Export for Handle {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_only(&self) -> bool {
+        self.inner.read_only()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
+        self.inner.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Errno> {
+        self.inner.write(offset, data, fua)
+    }
+    fn flush(&self) -> Result<(), Errno> {
+        self.inner.flush()
+    }
+    fn trim(&self, offset: u64, len: u64) -> Result<(), Errno> {
+        self.inner.trim(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<(), Errno> {
+        self.inner.write_zeroes(offset, len, may_trim)
+    }
+    fn cache(&self, offset: u64, len: u64) -> Result<(), Errno> {
+        self.inner.cache(offset, len)
+    }
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<BlockStatus>, Errno> {
+        self.inner.block_status(offset, len)
+    }
+}
+
+/// Two exports: "disk" (read-write, zero-filled) and "ro" (read-only, filled with 0xa5).
+pub struct MemBackend {
+    pub disk: Arc<MemExport>,
+    pub ro: Arc<MemExport>,
+    pub open_handles: Arc<AtomicUsize>,
+}
+
+impl MemBackend {
+    pub fn new() -> Self {
+        MemBackend {
+            disk: Arc::new(MemExport::new(DISK_SIZE, false, 0)),
+            ro: Arc::new(MemExport::new(RO_SIZE, true, 0xa5)),
+            open_handles: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    pub fn open_count(&self) -> usize {
+        self.open_handles.load(Ordering::SeqCst)
+    }
+}
+
+impl Backend for MemBackend {
+    fn list(&self) -> Vec<ExportInfo> {
+        vec![
+            ExportInfo { name: "disk".into(), description: "test disk".into() },
+            ExportInfo { name: "ro".into(), description: "read-only disk".into() },
+        ]
+    }
+
+    fn open(&self, name: &str) -> Option<Arc<dyn Export>> {
+        let inner = match name {
+            "disk" => self.disk.clone(),
+            "ro" => self.ro.clone(),
+            _ => return None,
+        };
+        self.open_handles.fetch_add(1, Ordering::SeqCst);
+        Some(Arc::new(Handle { inner, open: self.open_handles.clone() }))
+    }
+}

@@ -1,0 +1,264 @@
+//! Transmission phase: a reader loop (this task), requests on the blocking pool, and one
+//! writer task that owns the socket's write half so replies never interleave.
+//!
+//! A request is "in flight" from the moment the reader takes a slot for it until its reply
+//! has been handed to the socket; slots are what bounds the reply queue, the blocking pool
+//! work and the wait at shutdown. READ/WRITE buffers additionally hold byte budget.
+
+use std::io;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc::{self, error::TryRecvError};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tracing::{debug, error, info, trace, Instrument};
+
+use super::command::{self, Command, Wire};
+use super::connection::{stopped, within, ConnError, Ending};
+use super::handshake::Session;
+use super::{ServerConfig, Shared};
+use crate::proto::{self, cmd, RequestHeader, REQUEST_HEADER_LEN};
+use crate::Errno;
+
+/// Small replies are gathered up to this size before a write; large read data bypasses it.
+const WRITE_BUFFER_BYTES: usize = 64 * 1024;
+
+/// A reply on its way to the writer, carrying the limits it holds until it is written.
+struct Reply {
+    wire: Wire,
+    _slot: OwnedSemaphorePermit,
+    _budget: Option<Budget>,
+}
+
+/// Buffer bytes held against the connection's and the server's budgets.
+struct Budget {
+    _connection: OwnedSemaphorePermit,
+    _total: OwnedSemaphorePermit,
+}
+
+struct Conn {
+    session: Arc<Session>,
+    slots: Arc<Semaphore>,
+    max_in_flight: usize,
+    buffered_bytes: Arc<Semaphore>,
+    buffered_bytes_total: Arc<Semaphore>,
+}
+
+impl Conn {
+    /// True when no request is in flight (the reader itself holds one slot while waiting).
+    fn idle(&self) -> bool {
+        self.slots.available_permits() + 1 >= self.max_in_flight
+    }
+
+    /// Waits for `bytes` of buffer from this connection's budget, then the server's. The
+    /// order is fixed and only the reader takes from the first, so this cannot deadlock.
+    async fn reserve(&self, bytes: u32) -> Result<Option<Budget>, ConnError> {
+        if bytes == 0 {
+            return Ok(None);
+        }
+        let closed = |_| ConnError::Internal("budget semaphore closed");
+        let connection = self.buffered_bytes.clone().acquire_many_owned(bytes).await.map_err(closed)?;
+        let total = self.buffered_bytes_total.clone().acquire_many_owned(bytes).await.map_err(closed)?;
+        Ok(Some(Budget { _connection: connection, _total: total }))
+    }
+
+    /// Waits until every request read so far has been answered and its reply written
+    /// (or dropped because the writer failed).
+    async fn drain(&self) {
+        let _ = self.slots.acquire_many(self.max_in_flight as u32).await;
+    }
+}
+
+pub(super) async fn run(
+    stream: TcpStream,
+    session: Session,
+    shared: &Arc<Shared>,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<Ending, ConnError> {
+    let cfg = &shared.cfg;
+    info!(export = %session.name, structured = session.structured, "NBD transmission phase");
+    let (mut reader, writer) = stream.into_split();
+    let (tx, rx) = mpsc::channel(cfg.max_in_flight_per_connection);
+    let writer = tokio::spawn(write_replies(writer, rx, cfg.idle_timeout).in_current_span());
+    let conn = Conn {
+        session: Arc::new(session),
+        slots: Arc::new(Semaphore::new(cfg.max_in_flight_per_connection)),
+        max_in_flight: cfg.max_in_flight_per_connection,
+        buffered_bytes: Arc::new(Semaphore::new(cfg.max_buffered_bytes_per_connection)),
+        buffered_bytes_total: shared.buffered_bytes_total.clone(),
+    };
+    let ending = read_requests(&mut reader, &conn, &tx, cfg, stop).await;
+    conn.drain().await;
+    drop(tx);
+    match writer.await {
+        Ok(Ok(())) => ending,
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(ConnError::Internal("reply writer panicked")),
+    }
+}
+
+enum Next {
+    Request(OwnedSemaphorePermit, RequestHeader),
+    Eof,
+    Idle,
+}
+
+async fn read_requests(
+    reader: &mut OwnedReadHalf,
+    conn: &Conn,
+    tx: &mpsc::Sender<Reply>,
+    cfg: &ServerConfig,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<Ending, ConnError> {
+    loop {
+        // Shutdown and a dead writer interrupt the wait for the next request only: once a
+        // header is in, the request is read to its end and answered.
+        let next = tokio::select! {
+            biased;
+            () = stopped(stop) => return Ok(Ending::Shutdown),
+            () = tx.closed() => return Err(ConnError::WriterGone),
+            next = next_request(reader, conn, cfg) => next?,
+        };
+        let (slot, req) = match next {
+            Next::Request(slot, req) => (slot, req),
+            Next::Eof => return Ok(Ending::Eof),
+            Next::Idle => return Ok(Ending::Idle),
+        };
+        if req.command == cmd::DISC {
+            return Ok(Ending::Disconnect);
+        }
+        dispatch(reader, conn, tx, cfg, slot, req).await?;
+    }
+}
+
+/// Takes a slot (waiting while `max_in_flight` requests are out), then reads one header.
+async fn next_request(reader: &mut OwnedReadHalf, conn: &Conn, cfg: &ServerConfig) -> Result<Next, ConnError> {
+    let slot = conn.slots.clone().acquire_owned().await;
+    let slot = slot.map_err(|_| ConnError::Internal("slot semaphore closed"))?;
+    let limit = cfg.idle_timeout;
+    let mut header = [0u8; REQUEST_HEADER_LEN];
+    let mut filled = 0;
+    while filled < header.len() {
+        // read() is cancel-safe, so a timeout loses no bytes and we can keep waiting.
+        let Some(read) = within(limit, reader.read(&mut header[filled..])).await else {
+            if filled > 0 {
+                return Err(ConnError::Stalled(limit));
+            }
+            if conn.idle() {
+                return Ok(Next::Idle);
+            }
+            continue; // the client is waiting on us, not idle
+        };
+        match read? {
+            0 if filled == 0 => return Ok(Next::Eof),
+            0 => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
+            n => filled += n,
+        }
+    }
+    let req = proto::parse_request_header(&header, cfg.max_payload_bytes)?;
+    trace!(command = req.command, flags = req.flags, cookie = req.cookie, offset = req.offset, len = req.len_bytes, "request");
+    Ok(Next::Request(slot, req))
+}
+
+/// Validates a request and either answers it at once (refused) or starts it on the
+/// blocking pool. Either way its payload is consumed, keeping the stream in step.
+async fn dispatch(
+    reader: &mut OwnedReadHalf,
+    conn: &Conn,
+    tx: &mpsc::Sender<Reply>,
+    cfg: &ServerConfig,
+    slot: OwnedSemaphorePermit,
+    req: RequestHeader,
+) -> Result<(), ConnError> {
+    let limit = cfg.idle_timeout;
+    match command::validate(&req, &conn.session, cfg.max_payload_bytes) {
+        Err(refusal) => {
+            debug!(command = req.command, cookie = req.cookie, errno = ?refusal.errno, why = refusal.why, "request refused");
+            skip_payload(reader, req.payload_len(), limit).await?;
+            let wire = command::error_reply(&conn.session, req.cookie, refusal.errno, refusal.why);
+            let reply = Reply { wire, _slot: slot, _budget: None };
+            tx.send(reply).await.map_err(|_| ConnError::WriterGone)
+        }
+        Ok(command) => {
+            let budget = conn.reserve(command.buffer_bytes()).await?;
+            let payload = read_payload(reader, req.payload_len(), limit).await?;
+            spawn_request(&conn.session, req.cookie, command, payload, slot, budget, tx.clone());
+            Ok(())
+        }
+    }
+}
+
+async fn read_payload(reader: &mut OwnedReadHalf, len: u32, limit: Duration) -> Result<Vec<u8>, ConnError> {
+    let mut payload = vec![0u8; len as usize];
+    if len > 0 {
+        within(limit, reader.read_exact(&mut payload)).await.ok_or(ConnError::Stalled(limit))??;
+    }
+    Ok(payload)
+}
+
+/// Reads and drops the payload of a refused WRITE without buffering it whole.
+async fn skip_payload(reader: &mut OwnedReadHalf, len: u32, limit: Duration) -> Result<(), ConnError> {
+    if len == 0 {
+        return Ok(());
+    }
+    let mut payload = (&mut *reader).take(len.into());
+    let copied = within(limit, tokio::io::copy(&mut payload, &mut tokio::io::sink())).await;
+    if copied.ok_or(ConnError::Stalled(limit))?? < u64::from(len) {
+        return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
+    }
+    Ok(())
+}
+
+/// Runs the command on the blocking pool and queues its reply. A panic in the export is
+/// answered with EIO rather than leaving the client waiting for a reply that never comes.
+fn spawn_request(
+    session: &Arc<Session>,
+    cookie: u64,
+    command: Command,
+    payload: Vec<u8>,
+    slot: OwnedSemaphorePermit,
+    budget: Option<Budget>,
+    tx: mpsc::Sender<Reply>,
+) {
+    let session = session.clone();
+    tokio::task::spawn_blocking(move || {
+        let run = || command::execute(&session, cookie, command, payload);
+        let wire = catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|_| {
+            error!(?command, "export panicked; answering EIO");
+            command::error_reply(&session, cookie, Errno::Io, "internal error")
+        });
+        // Never waits: the queue holds max_in_flight replies and each holds a slot. It
+        // fails only if the writer is gone, and dropping the reply then frees its slot.
+        let _ = tx.blocking_send(Reply { wire, _slot: slot, _budget: budget });
+    });
+}
+
+/// Owns the write half: writes replies in the order they complete, flushing whenever
+/// the queue runs dry, and closes the socket's write side once every sender is gone.
+async fn write_replies(writer: OwnedWriteHalf, mut rx: mpsc::Receiver<Reply>, limit: Duration) -> Result<(), ConnError> {
+    let mut out = BufWriter::with_capacity(WRITE_BUFFER_BYTES, writer);
+    loop {
+        let reply = match rx.try_recv() {
+            Ok(reply) => reply,
+            Err(TryRecvError::Empty) => {
+                within(limit, out.flush()).await.ok_or(ConnError::Stalled(limit))??;
+                match rx.recv().await {
+                    Some(reply) => reply,
+                    None => break,
+                }
+            }
+            Err(TryRecvError::Disconnected) => break,
+        };
+        let write = async {
+            out.write_all(&reply.wire.head).await?;
+            out.write_all(&reply.wire.data).await
+        };
+        within(limit, write).await.ok_or(ConnError::Stalled(limit))??;
+    }
+    within(limit, out.shutdown()).await.ok_or(ConnError::Stalled(limit))??;
+    Ok(())
+}

@@ -1,0 +1,282 @@
+//! In-process tests of the admin API handlers (the router called through tower's `oneshot`).
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use serde_json::{json, Value};
+use strata_nbd::Backend;
+use tower::ServiceExt;
+
+use super::*;
+use crate::adapter::NbdBackend;
+use crate::testutil::test_group;
+
+fn app() -> (Router, Arc<AppState>) {
+    let state = Arc::new(AppState {
+        registry: Registry::new(test_group()),
+        started: Instant::now(),
+        nbd_addr: "127.0.0.1:10809".parse().unwrap(),
+        http_addr: "127.0.0.1:9090".parse().unwrap(),
+        io_backend: "threads".into(),
+    });
+    (router(state.clone()), state)
+}
+
+async fn call(app: &Router, method: &str, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
+    let builder = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("host", "127.0.0.1:9090");
+    let req = match body {
+        Some(b) => builder
+            .header("content-type", "application/json")
+            .body(Body::from(b.to_string())),
+        None => builder.body(Body::empty()),
+    }
+    .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let value = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap()
+    };
+    (status, value)
+}
+
+#[tokio::test]
+async fn create_get_list_resize_delete() {
+    let (app, _) = app();
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/api/v1/volumes",
+        Some(json!({"name": "a", "size_bytes": 1 << 30})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(v["name"], "a");
+    assert_eq!(v["size_bytes"], 1u64 << 30);
+    assert_eq!(v["connections"], 0);
+    assert_eq!(v["export_uri"], "nbd://127.0.0.1:10809/a");
+
+    let (s, v) = call(&app, "GET", "/api/v1/volumes/a", None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["name"], "a");
+
+    call(
+        &app,
+        "POST",
+        "/api/v1/volumes",
+        Some(json!({"name": "b", "size_bytes": 4096})),
+    )
+    .await;
+    let (s, v) = call(&app, "GET", "/api/v1/volumes", None).await;
+    assert_eq!(s, StatusCode::OK);
+    let names: Vec<&str> = v["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a", "b"]);
+
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/api/v1/volumes/a/resize",
+        Some(json!({"size_bytes": 2u64 << 30})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["size_bytes"], 2u64 << 30);
+
+    let (s, v) = call(&app, "DELETE", "/api/v1/volumes/a", None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["deleted"], "a");
+    let (s, _) = call(&app, "GET", "/api/v1/volumes/a", None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn errors_are_json_with_proper_status() {
+    let (app, _) = app();
+    let (s, v) = call(&app, "GET", "/api/v1/volumes/nope", None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert_eq!(v["error"], "volume \"nope\" not found");
+
+    call(
+        &app,
+        "POST",
+        "/api/v1/volumes",
+        Some(json!({"name": "a", "size_bytes": 4096})),
+    )
+    .await;
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/api/v1/volumes",
+        Some(json!({"name": "a", "size_bytes": 4096})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    assert!(v["error"].as_str().unwrap().contains("already exists"));
+
+    for bad in [
+        json!({"name": "", "size_bytes": 4096}),
+        json!({"name": "../x", "size_bytes": 4096}),
+        json!({"name": "a b", "size_bytes": 4096}),
+        json!({"name": "ok", "size_bytes": 0}),
+        json!({"name": "ok", "size_bytes": 1000}),
+        json!({"name": "ok", "size_bytes": u64::MAX - 4095}),
+        json!({"name": "ok"}),
+        json!({"name": "ok", "size_bytes": 4096, "extra": 1}),
+        json!({"name": "ok", "size_bytes": -1}),
+    ] {
+        let (s, v) = call(&app, "POST", "/api/v1/volumes", Some(bad.clone())).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{bad} -> {v}");
+        assert!(v["error"].is_string(), "{bad} -> {v}");
+    }
+
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/api/v1/volumes/a/resize",
+        Some(json!({"size_bytes": 0})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    call(
+        &app,
+        "POST",
+        "/api/v1/volumes/a/resize",
+        Some(json!({"size_bytes": 1 << 20})),
+    )
+    .await;
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/api/v1/volumes/a/resize",
+        Some(json!({"size_bytes": 4096})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "shrink: {v}");
+    assert!(v["error"].as_str().unwrap().contains("shrinking"));
+    let (s, _) = call(
+        &app,
+        "POST",
+        "/api/v1/volumes/zz/resize",
+        Some(json!({"size_bytes": 4096})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+
+    let (s, v) = call(&app, "GET", "/api/v1/nothing", None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(v["error"].is_string());
+    let (s, v) = call(&app, "PUT", "/api/v1/volumes", None).await;
+    assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
+    assert!(v["error"].is_string());
+    let (s, _) = call(&app, "DELETE", "/api/v1/volumes/a?force=maybe", None).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn malformed_and_oversized_bodies_are_refused() {
+    let (app, _) = app();
+    let req = Request::builder()
+        .method("POST")
+        .uri("/api/v1/volumes")
+        .header("content-type", "application/json")
+        .body(Body::from("{not json"))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+
+    let huge = format!(
+        "{{\"name\": \"{}\", \"size_bytes\": 4096}}",
+        "a".repeat(MAX_BODY_BYTES)
+    );
+    let req = Request::builder()
+        .method("POST")
+        .uri("/api/v1/volumes")
+        .body(Body::from(huge))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    assert!(v["error"].is_string());
+}
+
+#[tokio::test]
+async fn delete_is_refused_while_connected_unless_forced() {
+    let (app, state) = app();
+    call(
+        &app,
+        "POST",
+        "/api/v1/volumes",
+        Some(json!({"name": "v", "size_bytes": 1 << 20})),
+    )
+    .await;
+    let backend = NbdBackend(state.registry.clone());
+    let handle = backend.open("v").unwrap();
+
+    let (_, v) = call(&app, "GET", "/api/v1/volumes/v", None).await;
+    assert_eq!(v["connections"], 1);
+    let (s, v) = call(&app, "DELETE", "/api/v1/volumes/v", None).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    let (s, _) = call(&app, "DELETE", "/api/v1/volumes/v?force=false", None).await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    let (s, _) = call(&app, "DELETE", "/api/v1/volumes/v?force=true", None).await;
+    assert_eq!(s, StatusCode::OK);
+    let mut buf = [0u8; 512];
+    assert_eq!(handle.read(0, &mut buf), Err(strata_nbd::Errno::Shutdown));
+}
+
+#[tokio::test]
+async fn status_summarizes_the_node() {
+    let (app, state) = app();
+    call(
+        &app,
+        "POST",
+        "/api/v1/volumes",
+        Some(json!({"name": "v", "size_bytes": 1 << 20})),
+    )
+    .await;
+    let _handle = NbdBackend(state.registry.clone()).open("v").unwrap();
+    let (s, v) = call(&app, "GET", "/api/v1/status", None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(v["io_backend"], "threads");
+    assert_eq!(v["nbd_listen"], "127.0.0.1:10809");
+    assert_eq!(v["volume_count"], 1);
+    assert_eq!(v["nbd_connections_total"], 1);
+    assert_eq!(v["volumes"][0], json!({"name": "v", "connections": 1}));
+    assert!(v["engine"]["log_fill_ratio"].is_number());
+    assert!(v["engine"]["fast_device"].is_object());
+}
+
+#[test]
+fn export_uri_uses_the_request_host_for_wildcard_listeners() {
+    let mut headers = HeaderMap::new();
+    headers.insert(header::HOST, "storage1:9090".parse().unwrap());
+    assert_eq!(
+        export_base("0.0.0.0:10809".parse().unwrap(), &headers),
+        "nbd://storage1:10809"
+    );
+    assert_eq!(
+        export_base("10.0.0.5:10809".parse().unwrap(), &headers),
+        "nbd://10.0.0.5:10809"
+    );
+    assert_eq!(
+        export_base("[::]:10809".parse().unwrap(), &HeaderMap::new()),
+        "nbd://127.0.0.1:10809"
+    );
+}

@@ -1,0 +1,423 @@
+//! Configuration of `strata serve`: embedded defaults, overridden by a TOML file, overridden by
+//! flags. Sizes take binary units (512K, 64M, 1G, 1GiB, 16T); fill marks take a ratio (0.3) or a
+//! percentage ("30%").
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Deserialize;
+use strata_engine::EngineConfig;
+
+use crate::ServeArgs;
+
+pub const DEFAULT_DATA_DIR: &str = "./strata-data";
+pub const DEFAULT_FAST_SIZE_BYTES: u64 = 1 << 30;
+pub const DEFAULT_CAPACITY_SIZE_BYTES: u64 = 16 << 30;
+pub const DEFAULT_NBD_LISTEN: &str = "127.0.0.1:10809";
+pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:9090";
+pub const DEFAULT_VOLUME_NAME: &str = "vol0";
+pub const DEFAULT_VOLUME_SIZE_BYTES: u64 = 8 << 30;
+pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+/// Bounds a flag or file cannot exceed, so a typo cannot ask for absurd resources.
+const MAX_CONNECTIONS_LIMIT: usize = 4096;
+const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
+const ALIGN_BYTES: u64 = 4096;
+
+/// Which device I/O implementation to ask the device layer for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoBackendChoice {
+    Auto,
+    IoUring,
+    Threads,
+}
+
+/// Everything `strata serve` needs, resolved and validated.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub data_dir: PathBuf,
+    pub fast_device: PathBuf,
+    pub fast_size_bytes: u64,
+    pub capacity_devices: Vec<PathBuf>,
+    pub capacity_size_bytes: u64,
+    pub nbd_listen: SocketAddr,
+    pub http_listen: SocketAddr,
+    pub engine: EngineConfig,
+    pub max_connections: usize,
+    pub default_volume_size_bytes: u64,
+    pub io_backend: IoBackendChoice,
+}
+
+/// The TOML file: the same settings as the flags, in snake_case.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub data_dir: Option<PathBuf>,
+    pub fast_device: Option<PathBuf>,
+    pub fast_size: Option<SizeValue>,
+    #[serde(alias = "capacity_device")]
+    pub capacity_devices: Option<Vec<PathBuf>>,
+    pub capacity_size: Option<SizeValue>,
+    pub nbd_listen: Option<String>,
+    pub http_listen: Option<String>,
+    pub segment_size: Option<SizeValue>,
+    pub fill_low: Option<RatioValue>,
+    pub fill_high: Option<RatioValue>,
+    pub max_batch_size: Option<SizeValue>,
+    pub max_connections: Option<usize>,
+    pub default_volume_size: Option<SizeValue>,
+    pub io_backend: Option<String>,
+}
+
+/// A size in a file: a byte count (4096) or a string with a unit ("64M").
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
+impl SizeValue {
+    fn resolve(&self, key: &str) -> Result<u64> {
+        match self {
+            SizeValue::Bytes(n) => Ok(*n),
+            SizeValue::Text(s) => parse_size(s).map_err(|e| anyhow!("{key}: {e}")),
+        }
+    }
+}
+
+/// A fill mark in a file: 0.3, 0, 1 or "30%".
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RatioValue {
+    Int(i64),
+    Float(f64),
+    Text(String),
+}
+
+impl RatioValue {
+    fn resolve(&self, key: &str) -> Result<f64> {
+        let r = match self {
+            RatioValue::Int(n) => check_ratio(*n as f64, &n.to_string()),
+            RatioValue::Float(x) => check_ratio(*x, &x.to_string()),
+            RatioValue::Text(s) => parse_ratio(s),
+        };
+        r.map_err(|e| anyhow!("{key}: {e}"))
+    }
+}
+
+/// Parses "4096", "512K", "64M", "1G", "1GiB", "16T" (binary units; "KB" means KiB too).
+pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
+    let s = text.trim();
+    let digits_end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    if digits_end == 0 {
+        return Err(format!(
+            "invalid size {text:?}: expected a number with an optional unit such as 512K, 64M, 1G"
+        ));
+    }
+    let number: u64 = s[..digits_end]
+        .parse()
+        .map_err(|_| format!("invalid size {text:?}: number too large"))?;
+    let unit = s[digits_end..].trim();
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        "p" | "pb" | "pib" => 50,
+        _ => {
+            return Err(format!(
+                "invalid size {text:?}: unknown unit {unit:?} (use K, M, G, T or P)"
+            ))
+        }
+    };
+    number
+        .checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("invalid size {text:?}: too large"))
+}
+
+/// "8 GiB", "1.5 GiB", "512 B".
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut unit = 0;
+    while unit + 1 < UNITS.len() && bytes >= 1u64 << (10 * (unit + 1)) {
+        unit += 1;
+    }
+    let scale = 1u64 << (10 * unit);
+    if bytes % scale == 0 {
+        format!("{} {}", bytes / scale, UNITS[unit])
+    } else {
+        format!("{:.1} {}", bytes as f64 / scale as f64, UNITS[unit])
+    }
+}
+
+/// Clap value parser for sizes.
+pub fn parse_size_arg(text: &str) -> std::result::Result<u64, String> {
+    parse_size(text)
+}
+
+/// Parses a ratio in 0..=1 ("0.3") or a percentage ("30%").
+pub fn parse_ratio(text: &str) -> std::result::Result<f64, String> {
+    let s = text.trim();
+    let (number, scale) = match s.strip_suffix('%') {
+        Some(p) => (p.trim(), 100.0),
+        None => (s, 1.0),
+    };
+    let value: f64 = number.parse().map_err(|_| {
+        format!("invalid fill mark {text:?}: expected a ratio like 0.3 or a percentage like 30%")
+    })?;
+    check_ratio(value / scale, text)
+}
+
+fn check_ratio(value: f64, text: &str) -> std::result::Result<f64, String> {
+    if !(0.0..=1.0).contains(&value) {
+        return Err(format!(
+            "fill mark {text} is out of range: use a ratio in 0..1 or a percentage like 30%"
+        ));
+    }
+    Ok(value)
+}
+
+/// Clap value parser for fill marks.
+pub fn parse_ratio_arg(text: &str) -> std::result::Result<f64, String> {
+    parse_ratio(text)
+}
+
+/// Parses "HOST:PORT" (an IP, or a name that resolves; port 0 lets the OS pick).
+pub fn parse_listen(text: &str, what: &str) -> Result<SocketAddr> {
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let mut addrs = text.to_socket_addrs().map_err(|_| {
+        anyhow!("invalid {what} listen address {text:?}: expected HOST:PORT such as 127.0.0.1:9090")
+    })?;
+    addrs
+        .next()
+        .ok_or_else(|| anyhow!("{what} listen address {text:?} resolves to nothing"))
+}
+
+fn parse_io_backend(text: &str) -> Result<IoBackendChoice> {
+    match text {
+        "auto" => Ok(IoBackendChoice::Auto),
+        "io_uring" | "io-uring" | "uring" => Ok(IoBackendChoice::IoUring),
+        "threads" => Ok(IoBackendChoice::Threads),
+        _ => bail!("unknown I/O backend {text:?} (use auto, io_uring or threads)"),
+    }
+}
+
+/// Reads a TOML config file; errors fit on one line and name the file and line.
+pub fn load_file(path: &Path) -> Result<FileConfig> {
+    let meta = std::fs::metadata(path).map_err(|e| {
+        anyhow!(
+            "cannot read config {}: {}",
+            path.display(),
+            crate::io_reason(&e)
+        )
+    })?;
+    if meta.len() > MAX_CONFIG_FILE_BYTES {
+        bail!(
+            "config {} is larger than {} bytes",
+            path.display(),
+            MAX_CONFIG_FILE_BYTES
+        );
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        anyhow!(
+            "cannot read config {}: {}",
+            path.display(),
+            crate::io_reason(&e)
+        )
+    })?;
+    parse_file(&text).with_context(|| format!("config {}", path.display()))
+}
+
+pub fn parse_file(text: &str) -> Result<FileConfig> {
+    toml::from_str::<FileConfig>(text).map_err(|e| {
+        let line = e.span().map(|s| {
+            text.as_bytes()[..s.start.min(text.len())]
+                .iter()
+                .filter(|&&b| b == b'\n')
+                .count()
+                + 1
+        });
+        let msg = crate::one_line(e.message());
+        match line {
+            Some(n) => anyhow!("line {n}: {msg}"),
+            None => anyhow!("{msg}"),
+        }
+    })
+}
+
+/// Merges flags over the file over the defaults, then validates the result.
+pub fn resolve(args: &ServeArgs) -> Result<ServeConfig> {
+    let file = match &args.config {
+        Some(path) => load_file(path)?,
+        None => FileConfig::default(),
+    };
+    merge(args, file)
+}
+
+pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
+    let data_dir = pick(
+        args.data_dir.clone(),
+        file.data_dir,
+        PathBuf::from(DEFAULT_DATA_DIR),
+    );
+    let fast_device = pick(
+        args.fast_device.clone(),
+        file.fast_device,
+        data_dir.join("fast.img"),
+    );
+    let capacity_devices = if !args.capacity_devices.is_empty() {
+        args.capacity_devices.clone()
+    } else {
+        file.capacity_devices
+            .unwrap_or_else(|| vec![data_dir.join("capacity-0.img")])
+    };
+    let fast_size_bytes = size(
+        args.fast_size,
+        &file.fast_size,
+        "fast_size",
+        DEFAULT_FAST_SIZE_BYTES,
+    )?;
+    let capacity_size_bytes = size(
+        args.capacity_size,
+        &file.capacity_size,
+        "capacity_size",
+        DEFAULT_CAPACITY_SIZE_BYTES,
+    )?;
+    let nbd_text = pick(
+        args.nbd_listen.clone(),
+        file.nbd_listen,
+        DEFAULT_NBD_LISTEN.into(),
+    );
+    let http_text = pick(
+        args.http_listen.clone(),
+        file.http_listen,
+        DEFAULT_HTTP_LISTEN.into(),
+    );
+    let defaults = EngineConfig::default();
+    let engine = EngineConfig {
+        segment_size_bytes: size(
+            args.segment_size,
+            &file.segment_size,
+            "segment_size",
+            defaults.segment_size_bytes,
+        )?,
+        fill_ratio_low: ratio(
+            args.fill_low,
+            &file.fill_low,
+            "fill_low",
+            defaults.fill_ratio_low,
+        )?,
+        fill_ratio_high: ratio(
+            args.fill_high,
+            &file.fill_high,
+            "fill_high",
+            defaults.fill_ratio_high,
+        )?,
+        max_batch_bytes: usize::try_from(size(
+            args.max_batch_size,
+            &file.max_batch_size,
+            "max_batch_size",
+            defaults.max_batch_bytes as u64,
+        )?)
+        .context("max_batch_size is too large")?,
+    };
+    let config = ServeConfig {
+        data_dir,
+        fast_device,
+        fast_size_bytes,
+        capacity_devices,
+        capacity_size_bytes,
+        nbd_listen: parse_listen(&nbd_text, "NBD")?,
+        http_listen: parse_listen(&http_text, "HTTP")?,
+        engine,
+        max_connections: pick(
+            args.max_connections,
+            file.max_connections,
+            DEFAULT_MAX_CONNECTIONS,
+        ),
+        default_volume_size_bytes: size(
+            args.default_volume_size,
+            &file.default_volume_size,
+            "default_volume_size",
+            DEFAULT_VOLUME_SIZE_BYTES,
+        )?,
+        io_backend: parse_io_backend(&pick(
+            args.io_backend.clone(),
+            file.io_backend,
+            "auto".into(),
+        ))?,
+    };
+    validate(&config)?;
+    Ok(config)
+}
+
+fn pick<T>(flag: Option<T>, file: Option<T>, default: T) -> T {
+    flag.or(file).unwrap_or(default)
+}
+
+fn size(flag: Option<u64>, file: &Option<SizeValue>, key: &str, default: u64) -> Result<u64> {
+    match (flag, file) {
+        (Some(n), _) => Ok(n),
+        (None, Some(v)) => v.resolve(key),
+        (None, None) => Ok(default),
+    }
+}
+
+fn ratio(flag: Option<f64>, file: &Option<RatioValue>, key: &str, default: f64) -> Result<f64> {
+    match (flag, file) {
+        (Some(x), _) => Ok(x),
+        (None, Some(v)) => v.resolve(key),
+        (None, None) => Ok(default),
+    }
+}
+
+fn validate(c: &ServeConfig) -> Result<()> {
+    if c.engine.fill_ratio_low >= c.engine.fill_ratio_high {
+        bail!(
+            "fill-low ({}) must be below fill-high ({})",
+            c.engine.fill_ratio_low,
+            c.engine.fill_ratio_high
+        );
+    }
+    for (key, value) in [
+        ("fast-size", c.fast_size_bytes),
+        ("capacity-size", c.capacity_size_bytes),
+        ("segment-size", c.engine.segment_size_bytes),
+        ("max-batch-size", c.engine.max_batch_bytes as u64),
+        ("default-volume-size", c.default_volume_size_bytes),
+    ] {
+        if value % ALIGN_BYTES != 0 {
+            bail!("{key} ({value} bytes) must be a multiple of 4 KiB");
+        }
+    }
+    for (key, value) in [
+        ("fast-size", c.fast_size_bytes),
+        ("capacity-size", c.capacity_size_bytes),
+        ("segment-size", c.engine.segment_size_bytes),
+        ("max-batch-size", c.engine.max_batch_bytes as u64),
+    ] {
+        if value == 0 {
+            bail!("{key} must not be zero");
+        }
+    }
+    if c.max_connections == 0 || c.max_connections > MAX_CONNECTIONS_LIMIT {
+        bail!("max-connections must be between 1 and {MAX_CONNECTIONS_LIMIT}");
+    }
+    if c.capacity_devices.is_empty() {
+        bail!("at least one capacity device is needed");
+    }
+    let mut all: Vec<&PathBuf> = c.capacity_devices.iter().collect();
+    all.push(&c.fast_device);
+    all.sort();
+    if let Some(w) = all.windows(2).find(|w| w[0] == w[1]) {
+        bail!("device {} is named twice", w[0].display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "config_tests.rs"]
+mod tests;

@@ -1,0 +1,192 @@
+//! Unit tests of size parsing, the merge of flags, file and defaults, and validation.
+use super::*;
+
+#[test]
+fn sizes_parse_with_binary_units() {
+    assert_eq!(parse_size("4096"), Ok(4096));
+    assert_eq!(parse_size("512K"), Ok(512 << 10));
+    assert_eq!(parse_size("64M"), Ok(64 << 20));
+    assert_eq!(parse_size("1G"), Ok(1 << 30));
+    assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+    assert_eq!(parse_size("1gb"), Ok(1 << 30));
+    assert_eq!(parse_size("16T"), Ok(16 << 40));
+    assert_eq!(parse_size(" 8 G "), Ok(8 << 30));
+    assert_eq!(parse_size("0"), Ok(0));
+}
+
+#[test]
+fn sizes_format_for_people() {
+    assert_eq!(format_size(0), "0 B");
+    assert_eq!(format_size(512), "512 B");
+    assert_eq!(format_size(8 << 30), "8 GiB");
+    assert_eq!(format_size(3 << 29), "1.5 GiB");
+    assert_eq!(format_size(16 << 40), "16 TiB");
+    assert_eq!(parse_size(&format_size(16 << 40)), Ok(16 << 40));
+}
+
+#[test]
+fn garbage_sizes_are_rejected_with_a_reason() {
+    for bad in ["", "G", "abc", "-1", "1.5G", "12Q", "1 G B"] {
+        let e = parse_size(bad).unwrap_err();
+        assert!(e.starts_with("invalid size"), "{bad}: {e}");
+        assert!(!e.contains('\n'));
+    }
+    assert!(parse_size("99999999999999999999")
+        .unwrap_err()
+        .contains("too large"));
+    assert!(parse_size("100000P").unwrap_err().contains("too large"));
+}
+
+#[test]
+fn ratios_and_percentages() {
+    assert_eq!(parse_ratio("0.3"), Ok(0.3));
+    assert_eq!(parse_ratio("30%"), Ok(0.3));
+    assert_eq!(parse_ratio("1"), Ok(1.0));
+    assert!(parse_ratio("30").unwrap_err().contains("out of range"));
+    assert!(parse_ratio("-0.1").is_err());
+    assert!(parse_ratio("x%").is_err());
+}
+
+#[test]
+fn defaults_when_nothing_is_given() {
+    let c = merge(&ServeArgs::default(), FileConfig::default()).unwrap();
+    assert_eq!(c.data_dir, PathBuf::from("./strata-data"));
+    assert_eq!(c.fast_device, PathBuf::from("./strata-data/fast.img"));
+    assert_eq!(
+        c.capacity_devices,
+        vec![PathBuf::from("./strata-data/capacity-0.img")]
+    );
+    assert_eq!(c.fast_size_bytes, 1 << 30);
+    assert_eq!(c.capacity_size_bytes, 16 << 30);
+    assert_eq!(c.nbd_listen.to_string(), "127.0.0.1:10809");
+    assert_eq!(c.http_listen.to_string(), "127.0.0.1:9090");
+    assert_eq!(c.default_volume_size_bytes, 8 << 30);
+    assert_eq!(c.engine.fill_ratio_low, 0.30);
+}
+
+#[test]
+fn flags_override_file_override_defaults() {
+    let file = parse_file(
+        r#"
+        data_dir = "/srv/strata"
+        fast_size = "2G"
+        capacity_size = 1073741824
+        nbd_listen = "127.0.0.1:0"
+        fill_low = "20%"
+        fill_high = 0.9
+        max_connections = 8
+        "#,
+    )
+    .unwrap();
+    let args = ServeArgs {
+        fast_size: Some(4 << 30),
+        fill_high: Some(0.8),
+        ..Default::default()
+    };
+    let c = merge(&args, file).unwrap();
+    assert_eq!(c.data_dir, PathBuf::from("/srv/strata"));
+    assert_eq!(c.fast_device, PathBuf::from("/srv/strata/fast.img"));
+    assert_eq!(c.fast_size_bytes, 4 << 30, "flag wins over file");
+    assert_eq!(c.capacity_size_bytes, 1 << 30, "file wins over default");
+    assert_eq!(c.nbd_listen.port(), 0);
+    assert_eq!(c.http_listen.to_string(), "127.0.0.1:9090");
+    assert_eq!(c.engine.fill_ratio_low, 0.2);
+    assert_eq!(c.engine.fill_ratio_high, 0.8);
+    assert_eq!(c.max_connections, 8);
+}
+
+#[test]
+fn capacity_device_flags_replace_the_file_list() {
+    let file = parse_file("capacity_devices = [\"/a\", \"/b\"]").unwrap();
+    let c = merge(&ServeArgs::default(), file).unwrap();
+    assert_eq!(c.capacity_devices.len(), 2);
+    let file = parse_file("capacity_devices = [\"/a\", \"/b\"]").unwrap();
+    let args = ServeArgs {
+        capacity_devices: vec!["/c".into()],
+        ..Default::default()
+    };
+    assert_eq!(
+        merge(&args, file).unwrap().capacity_devices,
+        vec![PathBuf::from("/c")]
+    );
+}
+
+#[test]
+fn unknown_keys_are_an_error_naming_key_and_line() {
+    let e = parse_file("data_dir = \"/x\"\nfast_sise = \"1G\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("fast_sise"), "{e}");
+    assert!(e.contains("line 2"), "{e}");
+    assert!(!e.contains('\n'), "{e}");
+}
+
+#[test]
+fn bad_values_in_the_file_name_the_key() {
+    let file = parse_file("fast_size = \"lots\"").unwrap();
+    let e = merge(&ServeArgs::default(), file).unwrap_err().to_string();
+    assert!(e.starts_with("fast_size: invalid size"), "{e}");
+}
+
+#[test]
+fn fill_marks_must_be_ordered() {
+    let args = ServeArgs {
+        fill_low: Some(0.7),
+        fill_high: Some(0.3),
+        ..Default::default()
+    };
+    let e = merge(&args, FileConfig::default()).unwrap_err().to_string();
+    assert!(e.contains("must be below"), "{e}");
+}
+
+#[test]
+fn misaligned_or_zero_sizes_are_refused() {
+    let args = ServeArgs {
+        fast_size: Some(1000),
+        ..Default::default()
+    };
+    assert!(merge(&args, FileConfig::default()).is_err());
+    let args = ServeArgs {
+        capacity_size: Some(0),
+        ..Default::default()
+    };
+    assert!(merge(&args, FileConfig::default()).is_err());
+    let args = ServeArgs {
+        default_volume_size: Some(0),
+        ..Default::default()
+    };
+    assert!(
+        merge(&args, FileConfig::default()).is_ok(),
+        "0 means no default volume"
+    );
+}
+
+#[test]
+fn bad_addresses_and_backends_are_refused() {
+    let args = ServeArgs {
+        nbd_listen: Some("nonsense".into()),
+        ..Default::default()
+    };
+    assert!(merge(&args, FileConfig::default())
+        .unwrap_err()
+        .to_string()
+        .contains("NBD listen address"));
+    let args = ServeArgs {
+        io_backend: Some("aio".into()),
+        ..Default::default()
+    };
+    assert!(merge(&args, FileConfig::default()).is_err());
+}
+
+#[test]
+fn the_same_device_twice_is_refused() {
+    let args = ServeArgs {
+        fast_device: Some("/d".into()),
+        capacity_devices: vec!["/d".into()],
+        ..Default::default()
+    };
+    assert!(merge(&args, FileConfig::default())
+        .unwrap_err()
+        .to_string()
+        .contains("named twice"));
+}

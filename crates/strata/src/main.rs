@@ -1,0 +1,283 @@
+//! `strata`: the daemon (`strata serve`) and the CLI that talks to its admin HTTP API.
+//!
+//! Every failure ends the process with a non-zero exit code and exactly one line on stderr,
+//! `strata: <reason>`; only `strata serve` writes logs (to stderr, filtered by RUST_LOG).
+mod adapter;
+mod api;
+mod client;
+mod config;
+mod devices;
+mod serve;
+#[cfg(test)]
+mod testutil;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "strata",
+    version,
+    about = "Strata: a tiered block store served over NBD"
+)]
+pub struct Cli {
+    /// Admin API of the daemon the volume commands talk to.
+    #[arg(
+        long,
+        global = true,
+        env = "STRATA_SERVER",
+        default_value = "http://127.0.0.1:9090"
+    )]
+    pub server: String,
+    /// Machine output: print the API's JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a node: open the devices, serve volumes over NBD and the admin API over HTTP.
+    Serve(Box<ServeArgs>),
+    /// Manage volumes on a running daemon.
+    #[command(subcommand)]
+    Volume(VolumeCommand),
+    /// Show the node summary of a running daemon.
+    Status,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum VolumeCommand {
+    /// Create a thin-provisioned volume.
+    Create {
+        name: String,
+        /// Size, e.g. 8G, 512M, 1GiB or a byte count.
+        #[arg(long, value_parser = config::parse_size_arg)]
+        size: u64,
+    },
+    /// List volumes.
+    List,
+    /// Show one volume.
+    Info { name: String },
+    /// Grow a volume (shrinking is refused).
+    Resize {
+        name: String,
+        #[arg(long, value_parser = config::parse_size_arg)]
+        size: u64,
+    },
+    /// Delete a volume (refused while an NBD client has it open, unless --force).
+    Delete {
+        name: String,
+        /// Delete even while clients are connected; their later I/O fails.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// Flags of `strata serve`. Every one is optional so that a config file can supply it;
+/// flags override the file, the file overrides the embedded defaults.
+#[derive(Debug, Default, Args)]
+pub struct ServeArgs {
+    /// TOML config file (unknown keys are an error).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Directory of the default device files [default: ./strata-data].
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Fast-tier device: a file (created when missing) or a block device [default: DATA_DIR/fast.img].
+    #[arg(long, value_name = "PATH")]
+    pub fast_device: Option<PathBuf>,
+    /// Size of a fast-tier file created on first start (preallocated) [default: 1G].
+    #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
+    pub fast_size: Option<u64>,
+    /// Capacity-tier device; repeat for several [default: DATA_DIR/capacity-0.img].
+    #[arg(long = "capacity-device", value_name = "PATH")]
+    pub capacity_devices: Vec<PathBuf>,
+    /// Size of each capacity file created on first start (sparse) [default: 16G].
+    #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
+    pub capacity_size: Option<u64>,
+    /// NBD listen address; port 0 lets the OS pick [default: 127.0.0.1:10809].
+    #[arg(long, value_name = "ADDR")]
+    pub nbd_listen: Option<String>,
+    /// Admin HTTP API listen address [default: 127.0.0.1:9090].
+    #[arg(long, value_name = "ADDR")]
+    pub http_listen: Option<String>,
+    /// Size of a capacity-tier segment [default: the engine's, 8M].
+    #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
+    pub segment_size: Option<u64>,
+    /// Log fill below which destaging idles: a ratio (0.3) or a percentage (30%) [default: 30%].
+    #[arg(long, value_name = "RATIO", value_parser = config::parse_ratio_arg)]
+    pub fill_low: Option<f64>,
+    /// Log fill above which destaging runs at full speed [default: 70%].
+    #[arg(long, value_name = "RATIO", value_parser = config::parse_ratio_arg)]
+    pub fill_high: Option<f64>,
+    /// Largest group-commit batch written to the fast tier [default: the engine's, 4M].
+    #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
+    pub max_batch_size: Option<u64>,
+    /// Most NBD connections served at once [default: 64].
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// Size of the volume `vol0` created on first start when there is no volume; 0 creates none [default: 8G].
+    #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
+    pub default_volume_size: Option<u64>,
+    /// Device I/O backend: auto, io_uring or threads [default: auto].
+    #[arg(long, value_name = "NAME")]
+    pub io_backend: Option<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return clap_failure(e),
+    };
+    let result = match cli.command {
+        Command::Serve(args) => serve::run(&args),
+        Command::Volume(cmd) => {
+            client::Client::new(&cli.server, cli.json).and_then(|c| c.volume(cmd))
+        }
+        Command::Status => client::Client::new(&cli.server, cli.json).and_then(|c| c.status()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("strata: {}", one_line(&format!("{e:#}")));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Help and version go out as clap writes them; a usage error becomes one line.
+fn clap_failure(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
+        _ => {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            eprintln!("strata: {first} (see --help)");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Joins a possibly multi-line message into one line.
+pub fn one_line(text: &str) -> String {
+    text.split('\n')
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// An OS error as a short lower-case reason: "connection refused", not
+/// "Connection refused (os error 111)".
+pub fn io_reason(e: &std::io::Error) -> String {
+    use std::io::ErrorKind as K;
+    let known = match e.kind() {
+        K::ConnectionRefused => "connection refused",
+        K::AddrInUse => "address in use",
+        K::AddrNotAvailable => "address not available on this host",
+        K::PermissionDenied => "permission denied",
+        K::NotFound => "no such file or directory",
+        K::TimedOut => "timed out",
+        K::ConnectionReset => "connection reset",
+        _ => "",
+    };
+    if !known.is_empty() {
+        return known.to_string();
+    }
+    let text = e.to_string();
+    let text = match text.find(" (os error") {
+        Some(i) => text[..i].to_string(),
+        None => text,
+    };
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(c) => c.to_lowercase().chain(chars).collect(),
+        None => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_parses_volume_commands() {
+        let cli =
+            Cli::try_parse_from(["strata", "--json", "volume", "create", "a", "--size", "1G"])
+                .unwrap();
+        assert!(cli.json);
+        match cli.command {
+            Command::Volume(VolumeCommand::Create { name, size }) => {
+                assert_eq!(name, "a");
+                assert_eq!(size, 1 << 30);
+            }
+            other => panic!("{other:?}"),
+        }
+        let cli = Cli::try_parse_from([
+            "strata",
+            "volume",
+            "delete",
+            "a",
+            "--force",
+            "--server",
+            "http://x:1",
+        ])
+        .unwrap();
+        assert_eq!(cli.server, "http://x:1");
+        assert!(matches!(
+            cli.command,
+            Command::Volume(VolumeCommand::Delete { force: true, .. })
+        ));
+    }
+
+    #[test]
+    fn cli_rejects_bad_size_with_reason() {
+        let e =
+            Cli::try_parse_from(["strata", "volume", "create", "a", "--size", "12Q"]).unwrap_err();
+        assert!(e.to_string().contains("unknown unit"), "{e}");
+    }
+
+    #[test]
+    fn serve_flags_parse() {
+        let cli = Cli::try_parse_from([
+            "strata",
+            "serve",
+            "--capacity-device",
+            "/a",
+            "--capacity-device",
+            "/b",
+            "--fill-low",
+            "20%",
+            "--nbd-listen",
+            "127.0.0.1:0",
+        ])
+        .unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!()
+        };
+        assert_eq!(args.capacity_devices.len(), 2);
+        assert_eq!(args.fill_low, Some(0.2));
+    }
+
+    #[test]
+    fn io_reasons_are_short() {
+        let e = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(io_reason(&e), "connection refused");
+        // ENOSPC: no short form of its own, so the OS text is trimmed and lower-cased.
+        let e = std::io::Error::from_raw_os_error(28);
+        assert_eq!(io_reason(&e), "no space left on device");
+    }
+
+    #[test]
+    fn one_line_joins() {
+        assert_eq!(one_line("a\n  b\n\nc"), "a b c");
+    }
+}

@@ -1,0 +1,249 @@
+//! `strata serve`: start-up, the two listeners, signals and an orderly shutdown.
+//!
+//! Order of shutdown on SIGTERM/SIGINT: stop accepting (NBD and HTTP), let in-flight NBD requests
+//! finish (bounded by [`DRAIN_TIMEOUT`]), then `DiskGroup::shutdown()` makes everything durable.
+//! A second signal during that exits at once with a non-zero code; writes already acknowledged
+//! are durable regardless, since the engine acknowledges only durable writes.
+use std::io::{IsTerminal, Write};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context, Result};
+use strata_engine::DiskGroup;
+use tokio::net::TcpListener;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::adapter::{NbdBackend, Registry};
+use crate::api::{self, AppState};
+use crate::config::{self, ServeConfig};
+use crate::devices;
+use crate::ServeArgs;
+
+/// How long in-flight requests may take to finish once shutdown has begun.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the runtime waits for stray blocking tasks when the process ends.
+const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Exit code of a second signal during shutdown (128 + SIGINT, as shells report it).
+const EXIT_CODE_FORCED: i32 = 130;
+
+pub fn run(args: &ServeArgs) -> Result<()> {
+    let cfg = config::resolve(args)?;
+    init_logging();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("strata")
+        .build()
+        .map_err(|e| anyhow!("cannot start the async runtime: {}", crate::io_reason(&e)))?;
+    let result = runtime.block_on(run_node(cfg));
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
+    result
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // A second initialisation (only possible in tests) is harmless, so its error is ignored.
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(filter)
+        .try_init();
+}
+
+async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener> {
+    TcpListener::bind(addr).await.map_err(|e| {
+        anyhow!(
+            "cannot listen for {what} on {addr}: {}",
+            crate::io_reason(&e)
+        )
+    })
+}
+
+/// Opens devices and the disk group (recovery may take a while: it runs off the runtime).
+async fn open_group(cfg: &ServeConfig) -> Result<(Arc<DiskGroup>, String)> {
+    let cfg = cfg.clone();
+    tokio::task::spawn_blocking(move || {
+        let devs = devices::open_devices(&cfg)?;
+        let fast_name = devs.fast.name().to_string();
+        let group = DiskGroup::open(devs.fast, devs.capacity, cfg.engine.clone(), true)
+            .map_err(|e| anyhow!("cannot open the disk group on {fast_name}: {e}"))?;
+        if cfg.default_volume_size_bytes > 0 && group.volumes().is_empty() {
+            let info = group
+                .create_volume(config::DEFAULT_VOLUME_NAME, cfg.default_volume_size_bytes)
+                .map_err(|e| anyhow!("cannot create the default volume: {e}"))?;
+            tracing::info!(volume = %info.name, size_bytes = info.size_bytes, "created the default volume");
+        }
+        Ok((group, devs.io_backend))
+    })
+    .await
+    .context("start-up task failed")?
+}
+
+struct Signals {
+    term: Signal,
+    int: Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Signals> {
+        let err =
+            |e: std::io::Error| anyhow!("cannot install signal handlers: {}", crate::io_reason(&e));
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).map_err(err)?,
+            int: signal(SignalKind::interrupt()).map_err(err)?,
+        })
+    }
+
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
+}
+
+/// Resolves once shutdown has been asked for.
+async fn shutdown_requested(mut rx: watch::Receiver<bool>) {
+    // An error means the sender is gone, which also means shutting down.
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+/// The one place that knows the NBD server's entry point.
+fn spawn_nbd(
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    max_connections: usize,
+    stop: watch::Receiver<bool>,
+) -> JoinHandle<Result<()>> {
+    let backend: Arc<dyn strata_nbd::Backend> = Arc::new(NbdBackend(registry));
+    let server_cfg = strata_nbd::ServerConfig {
+        max_connections,
+        ..Default::default()
+    };
+    tokio::spawn(async move {
+        strata_nbd::serve(listener, backend, server_cfg, shutdown_requested(stop))
+            .await
+            .map_err(|e| anyhow!("NBD server failed: {e}"))
+    })
+}
+
+fn spawn_http(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    stop: watch::Receiver<bool>,
+) -> JoinHandle<Result<()>> {
+    let app = api::router(state);
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown_requested(stop))
+            .await
+            .map_err(|e| anyhow!("HTTP server failed: {}", crate::io_reason(&e)))
+    })
+}
+
+/// Writes the lines tests and scripts wait for. A closed stdout must not kill the daemon.
+fn announce(io_backend: &str, nbd_addr: SocketAddr, http_addr: SocketAddr) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "strata: I/O backend {io_backend}");
+    let _ = writeln!(out, "strata: NBD listening on {nbd_addr}");
+    let _ = writeln!(out, "strata: HTTP API listening on http://{http_addr}");
+    let _ = writeln!(out, "strata: ready");
+    let _ = out.flush();
+}
+
+async fn run_node(cfg: ServeConfig) -> Result<()> {
+    let started = Instant::now();
+    // Bind first: a busy port is reported before any device is touched.
+    let nbd_listener = bind(cfg.nbd_listen, "NBD").await?;
+    let http_listener = bind(cfg.http_listen, "HTTP").await?;
+    tracing::info!(data_dir = %cfg.data_dir.display(), fast = %cfg.fast_device.display(), capacity = ?cfg.capacity_devices, "starting");
+    let nbd_addr = nbd_listener.local_addr().context("NBD listener address")?;
+    let http_addr = http_listener
+        .local_addr()
+        .context("HTTP listener address")?;
+
+    let (group, io_backend) = open_group(&cfg).await?;
+    let mut signals = Signals::new()?;
+    let registry = Registry::new(group.clone());
+    let state = Arc::new(AppState {
+        registry: registry.clone(),
+        started,
+        nbd_addr,
+        http_addr,
+        io_backend: io_backend.clone(),
+    });
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut nbd_task = spawn_nbd(nbd_listener, registry, cfg.max_connections, stop_rx.clone());
+    let mut http_task = spawn_http(http_listener, state, stop_rx);
+    tracing::info!(%nbd_addr, %http_addr, volumes = group.volumes().len(), "serving");
+    announce(&io_backend, nbd_addr, http_addr);
+
+    // Until a signal, or until a server stops on its own (which is a failure).
+    let mut failure: Option<anyhow::Error> = None;
+    let (mut nbd_done, mut http_done) = (false, false);
+    tokio::select! {
+        name = signals.next() => tracing::info!(signal = name, "shutting down: no new connections, finishing in-flight requests"),
+        r = &mut nbd_task => { nbd_done = true; failure = Some(task_failure(r, "NBD server")); }
+        r = &mut http_task => { http_done = true; failure = Some(task_failure(r, "HTTP server")); }
+    }
+    let _ = stop_tx.send(true);
+    tokio::spawn(async move {
+        let name = signals.next().await;
+        eprintln!("strata: {name} during shutdown, exiting at once");
+        std::process::exit(EXIT_CODE_FORCED);
+    });
+
+    let drain = async {
+        let mut results = Vec::new();
+        if !nbd_done {
+            results.push(task_result(nbd_task.await, "NBD server"));
+        }
+        if !http_done {
+            results.push(task_result(http_task.await, "HTTP server"));
+        }
+        results
+    };
+    match tokio::time::timeout(DRAIN_TIMEOUT, drain).await {
+        Ok(results) => {
+            for r in results {
+                if let Err(e) = r {
+                    tracing::error!(error = %format!("{e:#}"), "during shutdown");
+                }
+            }
+        }
+        Err(_) => tracing::warn!(
+            timeout_s = DRAIN_TIMEOUT.as_secs(),
+            "in-flight requests did not finish in time"
+        ),
+    }
+
+    let g = group.clone();
+    tokio::task::spawn_blocking(move || g.shutdown())
+        .await
+        .context("engine shutdown task failed")?
+        .map_err(|e| anyhow!("shutting down the disk group failed: {e}"))?;
+    tracing::info!("shut down cleanly; everything acknowledged is durable");
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+fn task_result(r: Result<Result<()>, tokio::task::JoinError>, what: &str) -> Result<()> {
+    match r {
+        Ok(inner) => inner,
+        Err(e) => Err(anyhow!("{what} task failed: {e}")),
+    }
+}
+
+/// A server task that ended before shutdown was asked for.
+fn task_failure(r: Result<Result<()>, tokio::task::JoinError>, what: &str) -> anyhow::Error {
+    match task_result(r, what) {
+        Ok(()) => anyhow!("{what} stopped unexpectedly"),
+        Err(e) => e,
+    }
+}

@@ -1,0 +1,271 @@
+//! A minimal NBD client written from the protocol document, for the tests that must send
+//! what no well-behaved client sends (bad magic, huge lengths, unknown commands) or hold a
+//! connection open at a precise point. Everything else uses real clients.
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
+pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
+pub const REPLY_MAGIC_OPT: u64 = 0x0003_e889_0455_65a9;
+pub const REQUEST_MAGIC: u32 = 0x2560_9513;
+pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+
+pub const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
+pub const FLAG_NO_ZEROES: u16 = 1 << 1;
+
+pub const OPT_EXPORT_NAME: u32 = 1;
+pub const OPT_ABORT: u32 = 2;
+pub const OPT_LIST: u32 = 3;
+pub const OPT_INFO: u32 = 6;
+pub const OPT_GO: u32 = 7;
+
+pub const REP_ACK: u32 = 1;
+pub const REP_SERVER: u32 = 2;
+pub const REP_INFO: u32 = 3;
+pub const REP_FLAG_ERROR: u32 = 1 << 31;
+pub const REP_ERR_UNSUP: u32 = REP_FLAG_ERROR | 1;
+pub const REP_ERR_UNKNOWN: u32 = REP_FLAG_ERROR | 6;
+
+pub const INFO_EXPORT: u16 = 0;
+
+pub const CMD_READ: u16 = 0;
+pub const CMD_WRITE: u16 = 1;
+pub const CMD_DISC: u16 = 2;
+pub const CMD_FLUSH: u16 = 3;
+
+pub const EINVAL: u32 = 22;
+pub const ENOSPC: u32 = 28;
+pub const EOVERFLOW: u32 = 75;
+
+/// Larger option replies than this are a server bug for our purposes; never allocate more.
+const MAX_OPTION_REPLY_BYTES: u32 = 1 << 20;
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub fn connect(addr: SocketAddr) -> TcpStream {
+    let stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    stream.set_read_timeout(Some(IO_TIMEOUT)).expect("read timeout");
+    stream.set_write_timeout(Some(IO_TIMEOUT)).expect("write timeout");
+    stream.set_nodelay(true).expect("nodelay");
+    stream
+}
+
+fn read_u16(s: &mut impl Read) -> io::Result<u16> {
+    let mut b = [0u8; 2];
+    s.read_exact(&mut b)?;
+    Ok(u16::from_be_bytes(b))
+}
+
+fn read_u32(s: &mut impl Read) -> io::Result<u32> {
+    let mut b = [0u8; 4];
+    s.read_exact(&mut b)?;
+    Ok(u32::from_be_bytes(b))
+}
+
+fn read_u64(s: &mut impl Read) -> io::Result<u64> {
+    let mut b = [0u8; 8];
+    s.read_exact(&mut b)?;
+    Ok(u64::from_be_bytes(b))
+}
+
+/// Reads the server greeting and answers with the client flags; returns the server flags.
+pub fn greet(stream: &mut TcpStream) -> io::Result<u16> {
+    let magic = read_u64(stream)?;
+    assert_eq!(magic, NBDMAGIC, "bad NBDMAGIC in greeting");
+    let opt_magic = read_u64(stream)?;
+    assert_eq!(opt_magic, IHAVEOPT, "server does not speak newstyle negotiation");
+    let server_flags = read_u16(stream)?;
+    assert!(server_flags & FLAG_FIXED_NEWSTYLE != 0, "server must offer fixed newstyle");
+    let client_flags = u32::from(server_flags & (FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES));
+    stream.write_all(&client_flags.to_be_bytes())?;
+    Ok(server_flags)
+}
+
+pub fn option_bytes(option: u32, data: &[u8]) -> Vec<u8> {
+    let mut msg = Vec::with_capacity(16 + data.len());
+    msg.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    msg.extend_from_slice(&option.to_be_bytes());
+    msg.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    msg.extend_from_slice(data);
+    msg
+}
+
+pub fn send_option(stream: &mut TcpStream, option: u32, data: &[u8]) -> io::Result<()> {
+    stream.write_all(&option_bytes(option, data))
+}
+
+#[derive(Debug)]
+pub struct OptionReply {
+    pub option: u32,
+    pub reply_type: u32,
+    pub data: Vec<u8>,
+}
+
+pub fn read_option_reply(stream: &mut TcpStream) -> io::Result<OptionReply> {
+    let magic = read_u64(stream)?;
+    assert_eq!(magic, REPLY_MAGIC_OPT, "bad option reply magic");
+    let option = read_u32(stream)?;
+    let reply_type = read_u32(stream)?;
+    let len = read_u32(stream)?;
+    assert!(len <= MAX_OPTION_REPLY_BYTES, "option reply of {len} bytes");
+    let mut data = vec![0u8; len as usize];
+    stream.read_exact(&mut data)?;
+    Ok(OptionReply { option, reply_type, data })
+}
+
+/// Payload of NBD_OPT_GO / NBD_OPT_INFO: the export name and no information requests.
+pub fn go_payload(export: &str) -> Vec<u8> {
+    let mut data = Vec::new();
+    data.extend_from_slice(&(export.len() as u32).to_be_bytes());
+    data.extend_from_slice(export.as_bytes());
+    data.extend_from_slice(&0u16.to_be_bytes());
+    data
+}
+
+/// A connection in the transmission phase, speaking simple replies only.
+pub struct Client {
+    pub stream: TcpStream,
+    pub size_bytes: u64,
+    pub transmission_flags: u16,
+    next_cookie: u64,
+}
+
+#[derive(Debug)]
+pub enum GoError {
+    Io(io::Error),
+    /// The server answered NBD_OPT_GO with this error reply type.
+    Refused(u32),
+}
+
+impl From<io::Error> for GoError {
+    fn from(e: io::Error) -> Self {
+        GoError::Io(e)
+    }
+}
+
+/// Full handshake with NBD_OPT_GO for `export`.
+pub fn go(addr: SocketAddr, export: &str) -> Result<Client, GoError> {
+    let mut stream = connect(addr);
+    greet(&mut stream)?;
+    go_on(stream, export)
+}
+
+/// NBD_OPT_GO on a stream that already completed the greeting.
+pub fn go_on(mut stream: TcpStream, export: &str) -> Result<Client, GoError> {
+    send_option(&mut stream, OPT_GO, &go_payload(export))?;
+    let mut export_info = None;
+    loop {
+        let reply = read_option_reply(&mut stream)?;
+        assert_eq!(reply.option, OPT_GO, "reply to the wrong option");
+        match reply.reply_type {
+            REP_ACK => break,
+            REP_INFO => {
+                let info_type = u16::from_be_bytes([reply.data[0], reply.data[1]]);
+                if info_type == INFO_EXPORT {
+                    assert_eq!(reply.data.len(), 12, "NBD_INFO_EXPORT is 12 bytes");
+                    let size = u64::from_be_bytes(reply.data[2..10].try_into().expect("8 bytes"));
+                    let flags = u16::from_be_bytes([reply.data[10], reply.data[11]]);
+                    export_info = Some((size, flags));
+                }
+            }
+            t if t & REP_FLAG_ERROR != 0 => return Err(GoError::Refused(t)),
+            t => panic!("unexpected reply type {t:#x} to NBD_OPT_GO"),
+        }
+    }
+    let (size_bytes, transmission_flags) = export_info.expect("NBD_OPT_GO must send NBD_INFO_EXPORT before ACK");
+    Ok(Client { stream, size_bytes, transmission_flags, next_cookie: 1 })
+}
+
+pub fn request_bytes(flags: u16, command: u16, cookie: u64, offset: u64, len: u32) -> [u8; 28] {
+    let mut msg = [0u8; 28];
+    msg[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+    msg[4..6].copy_from_slice(&flags.to_be_bytes());
+    msg[6..8].copy_from_slice(&command.to_be_bytes());
+    msg[8..16].copy_from_slice(&cookie.to_be_bytes());
+    msg[16..24].copy_from_slice(&offset.to_be_bytes());
+    msg[24..28].copy_from_slice(&len.to_be_bytes());
+    msg
+}
+
+impl Client {
+    /// Wraps a stream already in the transmission phase (e.g. after NBD_OPT_EXPORT_NAME).
+    pub fn from_stream(stream: TcpStream, size_bytes: u64) -> Client {
+        Client { stream, size_bytes, transmission_flags: 0, next_cookie: 1 }
+    }
+
+    /// Sends one request header (and payload, if any); returns its cookie.
+    pub fn send(&mut self, command: u16, offset: u64, len: u32, payload: &[u8]) -> io::Result<u64> {
+        let cookie = self.next_cookie;
+        self.next_cookie += 1;
+        let mut msg = request_bytes(0, command, cookie, offset, len).to_vec();
+        msg.extend_from_slice(payload);
+        self.stream.write_all(&msg)?;
+        Ok(cookie)
+    }
+
+    /// Reads a simple reply header: (errno, cookie).
+    pub fn read_reply_header(&mut self) -> io::Result<(u32, u64)> {
+        let magic = read_u32(&mut self.stream)?;
+        assert_eq!(magic, SIMPLE_REPLY_MAGIC, "expected a simple reply (structured replies were not negotiated)");
+        let errno = read_u32(&mut self.stream)?;
+        let cookie = read_u64(&mut self.stream)?;
+        Ok((errno, cookie))
+    }
+
+    /// READ; Err(errno) when the server refuses it.
+    pub fn read(&mut self, offset: u64, len: u32) -> io::Result<Result<Vec<u8>, u32>> {
+        let cookie = self.send(CMD_READ, offset, len, &[])?;
+        let (errno, got) = self.read_reply_header()?;
+        assert_eq!(got, cookie, "reply cookie");
+        if errno != 0 {
+            return Ok(Err(errno));
+        }
+        let mut data = vec![0u8; len as usize];
+        self.stream.read_exact(&mut data)?;
+        Ok(Ok(data))
+    }
+
+    pub fn write(&mut self, offset: u64, data: &[u8]) -> io::Result<Result<(), u32>> {
+        let cookie = self.send(CMD_WRITE, offset, data.len() as u32, data)?;
+        let (errno, got) = self.read_reply_header()?;
+        assert_eq!(got, cookie, "reply cookie");
+        Ok(if errno == 0 { Ok(()) } else { Err(errno) })
+    }
+
+    pub fn disconnect(mut self) {
+        let _ = self.send(CMD_DISC, 0, 0, &[]);
+    }
+}
+
+/// How a connection ended up after we provoked the server.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Closed {
+    /// The server closed the connection (EOF or reset), after sending this many bytes.
+    Yes { bytes_before_close: usize },
+    /// Still open when the timeout ran out.
+    StillOpen,
+}
+
+/// Reads and discards whatever the server sends until it closes the connection or
+/// `timeout` passes. Bounded: gives up after 64 MiB, which no error reply needs.
+pub fn wait_closed(stream: &mut TcpStream, timeout: Duration) -> Closed {
+    let deadline = Instant::now() + timeout;
+    let mut buf = [0u8; 64 * 1024];
+    let mut total = 0usize;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || total > 64 << 20 {
+            return Closed::StillOpen;
+        }
+        stream.set_read_timeout(Some(left)).expect("read timeout");
+        match stream.read(&mut buf) {
+            Ok(0) => return Closed::Yes { bytes_before_close: total },
+            Ok(n) => total += n,
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                return Closed::StillOpen
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return Closed::Yes { bytes_before_close: total },
+        }
+    }
+}

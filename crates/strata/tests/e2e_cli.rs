@@ -1,0 +1,173 @@
+//! The `strata` CLI and the daemon's lifecycle, driven as a user would.
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+/// `volume list --json`: an array of volumes, bare or under "volumes".
+fn volumes(daemon: &Daemon) -> Vec<Value> {
+    let listing = daemon.cli_json(&["volume", "list"]);
+    let array = listing.get("volumes").unwrap_or(&listing);
+    array.as_array().unwrap_or_else(|| panic!("volume list --json is not a list: {listing:#}")).clone()
+}
+
+fn volume<'a>(list: &'a [Value], name: &str) -> Option<&'a Value> {
+    list.iter().find(|v| v["name"] == name)
+}
+
+fn size_bytes(v: &Value) -> u64 {
+    v["size_bytes"].as_u64().unwrap_or_else(|| panic!("no size_bytes in {v:#}"))
+}
+
+#[test]
+fn volume_lifecycle_through_the_cli() {
+    let daemon = Daemon::start_default();
+    let list = volumes(&daemon);
+    assert_eq!(list.len(), 1, "first start creates exactly vol0: {list:?}");
+    assert_eq!(size_bytes(volume(&list, VOL0).expect("vol0")), VOL0_SIZE_BYTES);
+
+    daemon.create_volume("alpha", "1G");
+    daemon.create_volume("beta", "512M");
+    let list = volumes(&daemon);
+    assert_eq!(list.len(), 3, "{list:?}");
+    assert_eq!(size_bytes(volume(&list, "alpha").expect("alpha listed")), 1 << 30);
+    assert_eq!(size_bytes(volume(&list, "beta").expect("beta listed")), 512 * MIB);
+
+    let text = daemon.cli_ok(&["volume", "list"]);
+    for name in [VOL0, "alpha", "beta"] {
+        assert!(text.contains(name), "plain `volume list` misses {name}:\n{text}");
+    }
+    let info = daemon.cli_json(&["volume", "info", "alpha"]);
+    assert_eq!(info["name"], "alpha");
+    assert_eq!(size_bytes(&info), 1 << 30);
+    assert!(daemon.cli_ok(&["volume", "info", "alpha"]).contains("alpha"));
+
+    // Grow: the API and an NBD client both see the new size.
+    daemon.cli_ok(&["volume", "resize", "alpha", "--size", "2G"]);
+    assert_eq!(size_bytes(&daemon.cli_json(&["volume", "info", "alpha"])), 2 << 30);
+    if require_tool("qemu-img") {
+        let out = run_ok(&mut cmd("qemu-img", &["info", "--output=json", &daemon.nbd_uri("alpha")]), CMD_TIMEOUT);
+        let img: Value = serde_json::from_slice(&out.stdout).expect("qemu-img JSON");
+        assert_eq!(img["virtual-size"].as_u64(), Some(2 << 30), "{img:#}");
+    }
+    // Shrinking is refused and changes nothing.
+    assert_one_line_reason("shrink", &daemon.cli(&["volume", "resize", "alpha", "--size", "1G"]));
+    assert_eq!(size_bytes(&daemon.cli_json(&["volume", "info", "alpha"])), 2 << 30);
+
+    daemon.cli_ok(&["volume", "delete", "beta"]);
+    let list = volumes(&daemon);
+    assert!(volume(&list, "beta").is_none(), "beta still listed after delete: {list:?}");
+    assert_one_line_reason("info after delete", &daemon.cli(&["volume", "info", "beta"]));
+    // The name is free again.
+    daemon.create_volume("beta", "64M");
+
+    // STRATA_SERVER stands in for --server.
+    let mut c = cmd(STRATA_BIN, &["--json", "volume", "list"]);
+    c.env("STRATA_SERVER", daemon.http_url());
+    let out = run_ok(&mut c, CMD_TIMEOUT);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("alpha"));
+}
+
+#[test]
+fn cli_failures_give_one_line_reasons() {
+    let daemon = Daemon::start_default();
+    let cases: [(&str, &[&str]); 8] = [
+        ("duplicate name", &["volume", "create", VOL0, "--size", "1G"]),
+        ("unknown volume info", &["volume", "info", "nope"]),
+        ("unknown volume delete", &["volume", "delete", "nope"]),
+        ("unknown volume resize", &["volume", "resize", "nope", "--size", "1G"]),
+        ("bad size unit", &["volume", "create", "x", "--size", "12Q"]),
+        ("size not a number", &["volume", "create", "x", "--size", "lots"]),
+        ("missing size", &["volume", "create", "x"]),
+        ("unknown subcommand", &["volume", "explode", "x"]),
+    ];
+    for (what, args) in cases {
+        assert_one_line_reason(what, &daemon.cli(args));
+    }
+    let list = volumes(&daemon);
+    assert_eq!(list.len(), 1, "a failed command created something: {list:?}");
+    assert_eq!(size_bytes(volume(&list, VOL0).expect("vol0")), VOL0_SIZE_BYTES, "duplicate create changed vol0");
+
+    // Nothing listens on port 1.
+    let out = run_timeout(&mut cmd(STRATA_BIN, &["--server", "http://127.0.0.1:1", "volume", "list"]), CMD_TIMEOUT);
+    assert_one_line_reason("unreachable server", &out);
+}
+
+fn connections(daemon: &Daemon, name: &str) -> Option<u64> {
+    daemon.cli_json(&["volume", "info", name])["connections"].as_u64()
+}
+
+#[test]
+fn delete_is_refused_while_a_client_is_connected() {
+    let daemon = Daemon::start_default();
+    daemon.create_volume("busy", "64M");
+    daemon.create_volume("later", "64M");
+
+    let held = nbd::go(daemon.nbd_addr, "busy").expect("NBD_OPT_GO busy");
+    assert_eq!(held.size_bytes, 64 * MIB);
+    if let Some(n) = connections(&daemon, "busy") {
+        assert_eq!(n, 1, "volume info should count the open connection");
+    }
+    assert_one_line_reason("delete while connected", &daemon.cli(&["volume", "delete", "busy"]));
+    assert!(volume(&volumes(&daemon), "busy").is_some(), "refused delete removed the volume");
+    daemon.cli_ok(&["volume", "delete", "busy", "--force"]);
+    assert!(volume(&volumes(&daemon), "busy").is_none(), "forced delete left the volume");
+    drop(held);
+
+    // Once the client goes away, a plain delete is allowed.
+    let mut held = nbd::go(daemon.nbd_addr, "later").expect("NBD_OPT_GO later");
+    assert_eq!(held.write(0, &[7u8; 512]).expect("io"), Ok(()));
+    assert_one_line_reason("delete while connected", &daemon.cli(&["volume", "delete", "later"]));
+    held.disconnect();
+    let deleted = wait_until(Duration::from_secs(10), || daemon.cli(&["volume", "delete", "later"]).status.success());
+    assert!(deleted, "delete still refused 10 s after the client disconnected");
+    assert_fresh_client_works(&daemon);
+}
+
+#[test]
+fn sigterm_exits_zero_and_data_survives_restart() {
+    if !require_tool("qemu-io") {
+        return;
+    }
+    let mut daemon = Daemon::start_default();
+    daemon.create_volume("kept", "256M");
+    let uri = daemon.nbd_uri(VOL0);
+    qemu_io_ok(&uri, &["write -P 0x3c 0 1048576", "write -P 0x3d 4194304 512", "write -z 65536 4096"]);
+    qemu_io_ok(&daemon.nbd_uri("kept"), &["write -P 0x4e 1000 3000"]);
+
+    daemon.terminate(); // asserts exit status 0
+    daemon.restart();
+
+    let list = volumes(&daemon);
+    assert_eq!(list.len(), 2, "volumes after restart: {list:?}");
+    assert_eq!(size_bytes(volume(&list, "kept").expect("kept survives restart")), 256 * MIB);
+    let uri = daemon.nbd_uri(VOL0);
+    qemu_io_ok(
+        &uri,
+        &["read -P 0x3c 0 65536", "read -P 0 65536 4096", "read -P 0x3c 69632 978944", "read -P 0x3d 4194304 512"],
+    );
+    qemu_io_ok(&daemon.nbd_uri("kept"), &["read -P 0 0 1000", "read -P 0x4e 1000 3000", "read -P 0 4000 4096"]);
+}
+
+#[test]
+fn serve_with_bad_flags_fails_with_one_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let data = data.to_str().expect("utf-8");
+    let small = ["--fast-size", "64M", "--capacity-size", "256M"];
+    let nbd = ["--nbd-listen", "127.0.0.1:0"];
+    let http = ["--http-listen", "127.0.0.1:0"];
+    let cases: [(&str, Vec<&str>); 3] = [
+        ("unknown flag", [&["serve", "--no-such-flag", "--data-dir", data][..], &small, &nbd, &http].concat()),
+        ("bad size", [&["serve", "--data-dir", data, "--fast-size", "banana"][..], &nbd, &http].concat()),
+        ("bad address", [&["serve", "--data-dir", data, "--nbd-listen", "not-an-address"][..], &small, &http].concat()),
+    ];
+    for (what, args) in cases {
+        let mut c = cmd(STRATA_BIN, &args);
+        c.current_dir(dir.path());
+        let out = run_timeout(&mut c, Duration::from_secs(20));
+        assert_one_line_reason(what, &out);
+    }
+}

@@ -1,0 +1,191 @@
+//! Crash consistency: SIGKILL the daemon again and again while real clients (qemu-io) write,
+//! restart it, and check that every write a client saw complete reads back intact.
+//!
+//! Each worker thread owns a few regions and rewrites one region per qemu-io process, as a
+//! burst of concurrent aio_writes of mixed sizes followed by a flush. A region's write is
+//! acknowledged when that process reports every chunk written and the flush succeeded. At a
+//! seeded random moment the daemon is killed. After the restart each region must read back as
+//! what was last acknowledged; a region whose write was in flight may hold, byte by byte,
+//! either that or the in-flight pattern, and nothing else. Bytes outside regions stay zero.
+mod common;
+
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+const VOLUME: &str = "crash";
+const VOLUME_BYTES: u64 = 16 * MIB;
+const WORKERS: usize = 4;
+const REGIONS_PER_WORKER: usize = 4;
+const REGION_STRIDE_BYTES: u64 = MIB;
+const REGION_BYTES: usize = 256 * 1024;
+const ROUNDS: u64 = 6;
+const CHUNK_SIZES_BYTES: [usize; 6] = [512, 1024, 3584, 4096, 8192, 65536];
+const FIRST_ACK_TIMEOUT: Duration = Duration::from_secs(20);
+const TEST_BUDGET: Duration = Duration::from_secs(120);
+
+#[derive(Clone)]
+struct Region {
+    offset: u64,
+    /// Exact content while nothing is in flight.
+    known: Vec<u8>,
+    /// Pattern of a write that was in flight when the daemon died: it may have landed in part.
+    in_flight: Option<u8>,
+}
+
+/// One qemu-io process rewriting `region` with `pattern`, as concurrent chunks.
+fn region_write(uri: &str, region: &Region, pattern: u8, rng: &mut SmallRng) -> (Command, usize) {
+    let mut commands = Vec::new();
+    let mut done = 0;
+    while done < REGION_BYTES {
+        let len = CHUNK_SIZES_BYTES[rng.gen_range(0..CHUNK_SIZES_BYTES.len())].min(REGION_BYTES - done);
+        commands.push(format!("aio_write -P {pattern} {} {len}", region.offset + done as u64));
+        done += len;
+    }
+    let chunks = commands.len();
+    commands.push("aio_flush".into());
+    commands.push("flush".into());
+    let commands: Vec<&str> = commands.iter().map(String::as_str).collect();
+    (qemu_io_cmd(uri, &commands), chunks)
+}
+
+/// qemu-io exits 0 even when an aio_write failed, so count the completions it printed.
+fn acknowledged(out: &std::process::Output, chunks: usize) -> bool {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let wrote = stdout.lines().filter(|l| l.starts_with("wrote ")).count();
+    out.status.success() && wrote == chunks && !stdout.contains("failed")
+}
+
+struct Load {
+    stop: Arc<AtomicBool>,
+    acks: Arc<AtomicUsize>,
+}
+
+fn worker(uri: String, mut regions: Vec<Region>, seed: u64, load: Load) -> Vec<Region> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    while !load.stop.load(Ordering::SeqCst) {
+        let i = rng.gen_range(0..regions.len());
+        let old = regions[i].known[0];
+        let pattern = loop {
+            let p: u8 = rng.gen_range(1..=255);
+            if p != old {
+                break p;
+            }
+        };
+        let (mut command, chunks) = region_write(&uri, &regions[i], pattern, &mut rng);
+        regions[i].in_flight = Some(pattern);
+        let out = run_timeout(&mut command, CMD_TIMEOUT);
+        if acknowledged(&out, chunks) {
+            regions[i].known = vec![pattern; REGION_BYTES];
+            regions[i].in_flight = None;
+            load.acks.fetch_add(1, Ordering::SeqCst);
+            continue;
+        }
+        assert!(
+            load.stop.load(Ordering::SeqCst),
+            "a client failed while the daemon was up\n{}",
+            output_report(&describe(&command), &out)
+        );
+        break;
+    }
+    regions
+}
+
+/// Runs the load until a random moment after the first acknowledged write, then kills the
+/// daemon under it. Returns the regions' state as the clients saw it.
+fn round_under_load(daemon: &mut Daemon, regions: Vec<Region>, rng: &mut SmallRng) -> (Vec<Region>, usize) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let acks = Arc::new(AtomicUsize::new(0));
+    let uri = daemon.nbd_uri(VOLUME);
+    let workers: Vec<_> = regions
+        .chunks(REGIONS_PER_WORKER)
+        .map(|mine| {
+            let load = Load { stop: stop.clone(), acks: acks.clone() };
+            let (uri, mine, seed) = (uri.clone(), mine.to_vec(), rng.gen());
+            thread::spawn(move || worker(uri, mine, seed, load))
+        })
+        .collect();
+    let first_ack = wait_until(FIRST_ACK_TIMEOUT, || acks.load(Ordering::SeqCst) > 0);
+    thread::sleep(Duration::from_millis(rng.gen_range(50..1200)));
+    stop.store(true, Ordering::SeqCst);
+    daemon.kill9();
+    let mut after = Vec::new();
+    for w in workers {
+        match w.join() {
+            Ok(regions) => after.extend(regions),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+    assert!(first_ack, "no write completed within {FIRST_ACK_TIMEOUT:?}");
+    (after, acks.load(Ordering::SeqCst))
+}
+
+/// Reads the whole volume with nbdcopy and checks every region and the gaps between them.
+fn verify(daemon: &Daemon, regions: &mut [Region], round: u64) {
+    let listing = daemon.cli_ok(&["volume", "list"]);
+    assert!(listing.contains(VOLUME), "round {round}: volume {VOLUME:?} is gone after the restart:\n{listing}");
+    let image = daemon.scratch_dir().join("readback.raw");
+    let _ = std::fs::remove_file(&image);
+    run_ok(&mut cmd("nbdcopy", &[&daemon.nbd_uri(VOLUME), image.to_str().expect("utf-8")]), CMD_TIMEOUT);
+    let data = std::fs::read(&image).expect("read back");
+    assert_eq!(data.len() as u64, VOLUME_BYTES, "round {round}: volume size changed");
+
+    let mut expected_zero = vec![true; data.len()];
+    for (r, region) in regions.iter_mut().enumerate() {
+        let start = region.offset as usize;
+        let actual = &data[start..start + REGION_BYTES];
+        expected_zero[start..start + REGION_BYTES].fill(false);
+        let bad = actual.iter().zip(&region.known).position(|(&a, &k)| a != k && Some(a) != region.in_flight);
+        if let Some(i) = bad {
+            let sector = i / 512;
+            panic!(
+                "round {round}: region {r} (offset {}) byte {i} (sector {sector}) reads {:#04x}; acknowledged content \
+                 there is {:#04x}, write in flight at the kill: {:?}",
+                region.offset, actual[i], region.known[i], region.in_flight
+            );
+        }
+        region.known.copy_from_slice(actual);
+        region.in_flight = None;
+    }
+    if let Some(i) = data.iter().zip(&expected_zero).position(|(&b, &z)| z && b != 0) {
+        panic!("round {round}: byte {i}, outside every region, reads {:#04x} instead of 0", data[i]);
+    }
+}
+
+#[test]
+fn acknowledged_writes_survive_sigkill_under_load() {
+    if !require_tools(&["qemu-io", "nbdcopy"]) {
+        return;
+    }
+    let started = Instant::now();
+    let seed = test_seed("acknowledged_writes_survive_sigkill_under_load");
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut daemon = Daemon::start_default();
+    daemon.create_volume(VOLUME, "16M");
+    let mut regions: Vec<Region> = (0..WORKERS * REGIONS_PER_WORKER)
+        .map(|r| Region { offset: r as u64 * REGION_STRIDE_BYTES, known: vec![0; REGION_BYTES], in_flight: None })
+        .collect();
+
+    let mut total_acks = 0;
+    for round in 1..=ROUNDS {
+        let (after, acks) = round_under_load(&mut daemon, regions, &mut rng);
+        regions = after;
+        total_acks += acks;
+        let in_flight = regions.iter().filter(|r| r.in_flight.is_some()).count();
+        eprintln!("round {round}: {acks} region writes acknowledged, {in_flight} in flight at SIGKILL");
+        daemon.restart();
+        verify(&daemon, &mut regions, round);
+        assert!(started.elapsed() < TEST_BUDGET, "crash test over budget after round {round}");
+    }
+    // A clean shutdown keeps everything too.
+    daemon.terminate();
+    daemon.restart();
+    verify(&daemon, &mut regions, ROUNDS + 1);
+    eprintln!("{ROUNDS} crashes, {total_acks} acknowledged region writes verified in {:?}", started.elapsed());
+}
