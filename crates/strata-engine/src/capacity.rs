@@ -293,21 +293,28 @@ pub fn free_segments(sh: &Shared, victims: &[u32]) {
         return;
     }
     {
+        // Past this barrier no reader holds a location in the victims, and the index has none.
         let _excl = sh.reclaim.write();
         let mut segs = sh.segs.lock();
         let mut cache = sh.summaries.lock();
         for &v in victims {
-            segs.free_segment(v, sh.layout.segments[v as usize].0);
+            segs.segs[v as usize].state = SegState::Open;
             cache.remove(&v);
         }
     }
     for &v in victims {
         let (dev, off) = sh.layout.segments[v as usize];
         // Discard drops the old summary too; where unsupported the stale summary is harmless
-        // (everything in it is older than what the index holds, see docs/FORMAT.md).
+        // (everything in it is older than what the index holds, see docs/FORMAT.md). It runs
+        // before the segment is free again, so it can never hit a new segment's data.
         if let Err(e) = sh.caps[dev].discard(off, sh.layout.segment_size_bytes) {
             tracing::debug!("discard of segment {v} failed: {e}");
         }
     }
+    let mut segs = sh.segs.lock();
+    for &v in victims {
+        segs.free_segment(v, sh.layout.segments[v as usize].0);
+    }
+    drop(segs);
     sh.counters.gc_segments_cleaned.fetch_add(victims.len() as u64, Ordering::Relaxed);
 }

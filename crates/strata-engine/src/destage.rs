@@ -15,7 +15,8 @@ use strata_device::AlignedBuf;
 use crate::capacity::*;
 use crate::error::EngineError;
 use crate::format::*;
-use crate::log::{BatchMeta, RecMeta};
+use crate::log::{BatchMeta, RecMeta, WriteReq};
+use crossbeam_channel::Sender;
 use crate::map::Loc;
 use crate::shared::{Counters, Shared, STATE_FAILED};
 
@@ -24,19 +25,21 @@ const MAX_BATCHES_PER_STEP: usize = 4096;
 
 pub struct Destager {
     sh: Arc<Shared>,
+    tx: Sender<WriteReq>,
     integral: f64,
     last: Instant,
     gc_backoff_until: Instant,
 }
 
 impl Destager {
-    pub fn new(sh: Arc<Shared>) -> Destager {
-        Destager { sh, integral: 0.0, last: Instant::now(), gc_backoff_until: Instant::now() }
+    pub fn new(sh: Arc<Shared>, tx: Sender<WriteReq>) -> Destager {
+        Destager { sh, tx, integral: 0.0, last: Instant::now(), gc_backoff_until: Instant::now() }
     }
 
     pub fn run(mut self) {
         loop {
-            if self.sh.abandon.load(Ordering::Relaxed) || self.sh.state.load(Ordering::Acquire) == STATE_FAILED {
+            let stop = self.sh.abandon.load(Ordering::Relaxed) || self.sh.destager_stop.load(Ordering::Relaxed);
+            if stop || self.sh.state.load(Ordering::Acquire) == STATE_FAILED {
                 return;
             }
             let duty = self.duty_cycle();
@@ -113,7 +116,11 @@ impl Destager {
         let width = self.sh.caps.len();
         let mut stripe: Vec<Builder> = vec![Builder::new(self.sh.layout.geo)];
         let mut taken = 0;
+        let keep_hot = self.keep_hot_allowed();
         for b in &batches {
+            if keep_hot {
+                self.keep_hot(b);
+            }
             let runs = live_runs(&self.sh, b);
             let blocks: u64 = runs.iter().map(|r| r.2).sum::<u64>();
             let entries = runs.len() + tombstone_count(&self.sh, b);
@@ -143,6 +150,82 @@ impl Destager {
         Ok(freed)
     }
 
+    /// Hot data stays on the fast tier only while there is room: not when draining, not
+    /// above the high mark.
+    fn keep_hot_allowed(&self) -> bool {
+        let fill = self.sh.log.lock().fill_ratio();
+        !self.sh.drain.load(Ordering::Relaxed) && fill < self.sh.cfg.fill_ratio_high && !self.sh.heat.lock().is_empty()
+    }
+
+    /// Writes the hot live blocks of a tail batch again at the log head instead of moving them
+    /// to the capacity tier: data still being rewritten stays where rewrites are cheap. Each
+    /// move halves the block's heat, so data that stops being rewritten soon goes cold.
+    fn keep_hot(&self, b: &BatchMeta) {
+        for (i, off, n) in live_runs(&self.sh, b) {
+            let r = &b.records[i];
+            for (lba, len) in self.hot_parts(r.volume, r.lba + off, n) {
+                let from = r.data_start + (lba - r.lba);
+                if self.rewrite_at_head(r.volume, lba, len, from).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Sub-runs of `[lba, lba+n)` whose blocks have been rewritten while in the log.
+    fn hot_parts(&self, volume: u32, lba: u64, n: u64) -> Vec<(u64, u64)> {
+        let heat = self.sh.heat.lock();
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for b in lba..lba + n {
+            if heat.get(&(volume, b)).copied().unwrap_or(0) == 0 {
+                continue;
+            }
+            match out.last_mut() {
+                Some(last) if last.0 + last.1 == b => last.1 += 1,
+                _ => out.push((b, 1)),
+            }
+        }
+        out
+    }
+
+    /// Like a host writing the same data again, under the same range lock, so no host write
+    /// can slip in between; skipped when a host holds the range.
+    fn rewrite_at_head(&self, volume: u32, lba: u64, len: u64, from: u64) -> Result<(), EngineError> {
+        let Some(_g) = self.sh.ranges.try_lock(volume, lba, lba + len) else { return Ok(()) };
+        let still_here = {
+            let idx = self.sh.index.read();
+            let Some(v) = idx.vols.get(&volume) else { return Ok(()) };
+            v.map.lookup(lba, len) == vec![crate::map::Piece { lba, len, loc: Some(Loc::Fast(from)) }]
+        };
+        if !still_here {
+            return Ok(());
+        }
+        let mut data = AlignedBuf::new_zeroed((len * BLOCK_U64) as usize);
+        self.sh.fast.read_at(&mut data, self.sh.layout.log_byte(from))?;
+        for (k, chunk) in data.chunks(BLOCK).enumerate() {
+            if crc32c::crc32c(chunk) != self.sh.fast_crcs[(from + k as u64) as usize].load(Ordering::Relaxed) {
+                // A damaged block is left for the destager, which keeps its original crc so the
+                // damage stays detectable; rewriting it here would give it a fresh, valid crc.
+                return Ok(());
+            }
+        }
+        let (done, wait) = crossbeam_channel::bounded(1);
+        let req = WriteReq { kind: RecordKind::Write, volume, lba, nblocks: len, data: Some(data), done, no_wait: true, relocation: true };
+        self.tx.send(req).map_err(|_| EngineError::ShuttingDown)?;
+        wait.recv().unwrap_or(Err(EngineError::ShuttingDown))?;
+        let mut heat = self.sh.heat.lock();
+        for b in lba..lba + len {
+            if let Some(h) = heat.get_mut(&(volume, b)) {
+                *h /= 2;
+                if *h == 0 {
+                    heat.remove(&(volume, b));
+                }
+            }
+        }
+        self.sh.counters.hot_kept_bytes.fetch_add(len * BLOCK_U64, Ordering::Relaxed);
+        Ok(())
+    }
+
     fn write_and_commit(&self, stripe: Vec<Builder>) -> Result<u64, EngineError> {
         if stripe.is_empty() {
             return Ok(0);
@@ -165,11 +248,9 @@ impl Destager {
         }
         self.sh.counters.capacity_full.store(false, Ordering::Relaxed);
         if let Err(e) = write_stripe(&self.sh, &placed) {
-            // Nothing points at these segments; whatever reached them is older than the log.
-            let mut segs = self.sh.segs.lock();
-            for (s, _, _) in &placed {
-                segs.free_segment(*s, self.sh.layout.segments[*s as usize].0);
-            }
+            // A summary may have reached the device. Such a segment stays allocated (never
+            // reused) until the next open, which sorts it out from its summary.
+            tracing::error!("segment write failed; its segments are set aside until restart: {e}");
             return Err(e);
         }
         let mut written = 0;
@@ -245,7 +326,8 @@ impl Destager {
                 (seg, seq)
             };
             if let Err(e) = write_segment(&self.sh, seg, &builder, seq) {
-                self.sh.segs.lock().free_segment(seg, self.sh.layout.segments[seg as usize].0);
+                // Set aside until the next open, as in destage: see write_and_commit.
+                tracing::error!("GC segment write failed; segment {seg} is set aside until restart: {e}");
                 return Err(e);
             }
             commit_segment(&self.sh, seg, &builder);
@@ -369,6 +451,12 @@ fn add_batch(sh: &Shared, builder: &mut Builder, b: &BatchMeta, runs: &[(usize, 
             }
         }
         builder.add_data(r.volume, r.lba + off, r.seq, &buf, &crcs, Loc::Fast(first));
+        let mut heat = sh.heat.lock();
+        if !heat.is_empty() {
+            for k in 0..n {
+                heat.remove(&(r.volume, r.lba + off + k));
+            }
+        }
     }
     for r in b.records.iter().filter(|r| r.kind == RecordKind::Zero) {
         if tombstone_live(sh, r.volume, r.lba, r.nblocks) {

@@ -14,7 +14,7 @@ pub const SUPERBLOCK_MAGIC: &[u8; 8] = b"STRATASB";
 pub const CHECKPOINT_MAGIC: &[u8; 8] = b"STRATACP";
 pub const BATCH_MAGIC: &[u8; 8] = b"STRATALB";
 pub const SUMMARY_MAGIC: &[u8; 8] = b"STRATASS";
-pub const RECORD_MAGIC: u32 = 0x5354_5243; // "STRC"
+pub const RECORD_MAGIC: u32 = 0x5354_5243; // bytes on disk (little-endian): "CRTS"
 
 pub type Uuid = [u8; 16];
 
@@ -279,7 +279,7 @@ impl Checkpoint {
         Ok(b)
     }
 
-    /// Decodes a copy; `None` if it is blank, torn, foreign or corrupt.
+    /// Decodes a copy; an error saying why if it is blank, torn, foreign or corrupt.
     pub fn decode(b: &[u8], group: &Uuid) -> Result<Checkpoint, String> {
         let mut r = Reader::new(b);
         let e = |x: EngineError| x.to_string();
@@ -345,8 +345,8 @@ pub struct RecordHeader {
 
 pub const RECORD_HEADER_BYTES: usize = 64;
 pub const BATCH_HEADER_BYTES: usize = 64;
-/// Records per batch: one header block holds them all.
-pub const MAX_RECORDS_PER_BATCH: usize = (BLOCK - BATCH_HEADER_BYTES) / RECORD_HEADER_BYTES;
+/// Records per batch: one header block holds them all, clear of the block's trailing crc.
+pub const MAX_RECORDS_PER_BATCH: usize = (BLOCK - BATCH_HEADER_BYTES - 4) / RECORD_HEADER_BYTES;
 
 impl RecordHeader {
     pub fn encode(&self, out: &mut [u8]) {
@@ -632,6 +632,15 @@ mod tests {
         let mut torn = b.clone();
         torn[2000..].fill(0);
         assert!(BatchHeader::decode(&torn, &[3; 16]).is_none());
+    }
+
+    #[test]
+    fn a_full_batch_header_round_trips() {
+        let recs: Vec<_> = (0..MAX_RECORDS_PER_BATCH as u64)
+            .map(|i| RecordHeader { kind: RecordKind::Write, seq: 5 + i, volume: 1, offset_bytes: i * 4096, len_bytes: 4096, data_crc: i as u32 })
+            .collect();
+        let h = BatchHeader { group: [3; 16], first_seq: 5, total_blocks: 1 + recs.len() as u32, records: recs };
+        assert_eq!(BatchHeader::decode(&h.encode(), &[3; 16]).unwrap(), h);
     }
 
     #[test]

@@ -64,8 +64,8 @@ fn write_padded(dev: &dyn Device, bytes: &[u8], offset: u64) -> Result<(), Engin
     Ok(())
 }
 
-/// Reads both superblock copies: Ok(None) if the device is blank, the newest valid one
-/// otherwise, and an error naming the device when neither copy is usable.
+/// Reads both superblock copies (identical; written at format only): Ok(None) if the device
+/// is blank, the first valid copy otherwise, and an error naming the device when neither copy is usable.
 pub fn read_superblock(dev: &dyn Device) -> Result<Option<Superblock>, EngineError> {
     let mut blank = 0;
     let mut problem = String::new();
@@ -97,7 +97,7 @@ pub fn format(
     fast: &dyn Device,
     caps: &[Arc<dyn Device>],
     segment_size_bytes: u64,
-) -> Result<(Layout, Vec<Superblock>), EngineError> {
+) -> Result<(Layout, Checkpoint), EngineError> {
     let group = new_uuid();
     let fast_size = fast.size_bytes() / BLOCK_U64 * BLOCK_U64;
     if fast_size < MIN_FAST_BYTES {
@@ -143,14 +143,18 @@ pub fn format(
             ..sbs[0].clone()
         });
     }
-    // Capacity first, fast last: a crash mid-format leaves a blank fast device, which is
-    // formatted again from scratch next time.
+    // Capacity first, then the empty checkpoint, the fast superblock last: the group exists
+    // only once everything it needs is durable. A crash before that leaves a blank fast
+    // device; open then refuses to format over the capacity devices it finds labelled (they
+    // could be a real group whose fast device was replaced) and says so.
     for (dev, sb) in caps.iter().zip(&sbs[1..]) {
         write_superblock(dev.as_ref(), sb)?;
     }
-    write_superblock(fast, &sbs[0])?;
     let layout = layout_from(&sbs)?;
-    Ok((layout, sbs))
+    let cp = Checkpoint { group, generation: 1, log_tail_offset: 0, log_tail_seq: 1, next_volume_id: 1, volumes: Vec::new() };
+    write_checkpoint(fast, &layout, &cp)?;
+    write_superblock(fast, &sbs[0])?;
+    Ok((layout, cp))
 }
 
 /// Builds the layout from the superblocks of all devices (fast first, then capacity in order).

@@ -56,7 +56,7 @@ pub struct EngineConfig {
     pub fill_ratio_low: f64,
     /// Above this log fill the destager runs flat out and new writes are paced.
     pub fill_ratio_high: f64,
-    /// Largest group-commit batch (data bytes).
+    /// Largest group-commit batch, header block included.
     pub max_batch_bytes: usize,
 }
 
@@ -112,6 +112,8 @@ pub struct EngineStats {
     pub segments_free: u64,
     pub gc_segments_cleaned_total: u64,
     pub gc_relocated_bytes_total: u64,
+    /// Hot data written again at the log head instead of being destaged.
+    pub hot_kept_bytes_total: u64,
     pub checksum_errors_total: u64,
     pub index_runs: u64,
     pub state: String,
@@ -136,7 +138,7 @@ impl DiskGroup {
         let (sh, report) = open::open_shared(fast, capacity, cfg, create_if_blank)?;
         let (tx, rx) = crossbeam_channel::bounded(log::QUEUE_DEPTH);
         let writer = log::LogWriter::new(sh.clone(), rx);
-        let destager = destage::Destager::new(sh.clone());
+        let destager = destage::Destager::new(sh.clone(), tx.clone());
         let t1 = std::thread::Builder::new().name("strata-log".into()).spawn(move || writer.run());
         let t2 = std::thread::Builder::new().name("strata-destage".into()).spawn(move || destager.run());
         let threads = [t1, t2]
@@ -168,6 +170,9 @@ impl DiskGroup {
             }
             if idx.vols.len() >= MAX_VOLUMES {
                 return Err(EngineError::InvalidArgument(format!("at most {MAX_VOLUMES} volumes")));
+            }
+            if idx.next_volume_id == u32::MAX {
+                return Err(EngineError::InvalidArgument("volume ids are exhausted".into()));
             }
             (idx.vols.values().map(|v| v.rec.clone()).collect::<Vec<_>>(), idx.next_volume_id)
         };
@@ -357,7 +362,7 @@ impl DiskGroup {
     ) -> Result<crossbeam_channel::Receiver<Result<(), EngineError>>, EngineError> {
         let (done, wait) = crossbeam_channel::bounded(1);
         let tx = self.tx.lock().clone().ok_or(EngineError::ShuttingDown)?;
-        tx.send(WriteReq { kind, volume, lba, nblocks, data, done }).map_err(|_| EngineError::ShuttingDown)?;
+        tx.send(WriteReq { kind, volume, lba, nblocks, data, done, no_wait: false, relocation: false }).map_err(|_| EngineError::ShuttingDown)?;
         Ok(wait)
     }
 
@@ -484,6 +489,7 @@ impl DiskGroup {
             segments_free: seg_free,
             gc_segments_cleaned_total: c.gc_segments_cleaned.load(Ordering::Relaxed),
             gc_relocated_bytes_total: c.gc_relocated_bytes.load(Ordering::Relaxed),
+            hot_kept_bytes_total: c.hot_kept_bytes.load(Ordering::Relaxed),
             checksum_errors_total: c.checksum_errors.load(Ordering::Relaxed),
             index_runs: runs,
             state: match sh.state.load(Ordering::Acquire) {
@@ -538,16 +544,14 @@ impl DiskGroup {
         self.stop_threads();
     }
 
+    /// Stops the destager first (it holds a sender to the log writer), then lets the log
+    /// writer finish its queue and exit.
     fn stop_threads(&self) {
         self.tx.lock().take();
         let threads: Vec<_> = self.threads.lock().drain(..).collect();
-        let mut threads = threads.into_iter();
-        if let Some(writer) = threads.next() {
-            let _ = writer.join();
-        }
-        self.sh.abandon.store(true, Ordering::Relaxed);
+        self.sh.destager_stop.store(true, Ordering::Relaxed);
         self.sh.wake_destager();
-        for t in threads {
+        for t in threads.into_iter().rev() {
             let _ = t.join();
         }
     }

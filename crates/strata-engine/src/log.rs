@@ -28,6 +28,8 @@ pub struct RecMeta {
     pub seq: u64,
     /// Log block of the record's first data block (Write records).
     pub data_start: u64,
+    /// Written by the destager to keep hot data on the fast tier (not persisted).
+    pub relocation: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -116,6 +118,11 @@ pub struct WriteReq {
     /// `nblocks` blocks of data for Write records.
     pub data: Option<AlignedBuf>,
     pub done: Sender<Result<(), EngineError>>,
+    /// Fail with NoSpace instead of waiting for log space. The destager's own requests (hot
+    /// data kept on the fast tier) use it: it must never wait for space only it can free.
+    pub no_wait: bool,
+    /// The destager keeping hot data on the fast tier: not a rewrite, so it adds no heat.
+    pub relocation: bool,
 }
 
 impl WriteReq {
@@ -182,6 +189,10 @@ impl LogWriter {
         }) {
             return reply_all(batch, || clone_err(&e));
         }
+        let batch = self.drop_no_wait_if_full(batch);
+        if batch.is_empty() {
+            return;
+        }
         let blocks = 1 + batch.iter().map(|r| r.data_blocks()).sum::<u64>();
         self.admit(blocks);
         let meta = match self.reserve(&batch, blocks) {
@@ -207,6 +218,20 @@ impl LogWriter {
         if fill >= self.sh.cfg.fill_ratio_low {
             self.sh.wake_destager();
         }
+    }
+
+    /// Answers NoSpace to the requests that may not wait when the batch does not fit now.
+    fn drop_no_wait_if_full(&self, batch: Vec<WriteReq>) -> Vec<WriteReq> {
+        if !batch.iter().any(|r| r.no_wait) {
+            return batch;
+        }
+        let blocks = 1 + batch.iter().map(|r| r.data_blocks()).sum::<u64>();
+        if self.sh.log.lock().place(blocks).is_some() {
+            return batch;
+        }
+        let (refused, kept): (Vec<_>, Vec<_>) = batch.into_iter().partition(|r| r.no_wait);
+        reply_all(refused, || Err(EngineError::NoSpace));
+        kept
     }
 
     /// Above the high mark, admits batches at the destage bandwidth actually measured:
@@ -283,6 +308,7 @@ impl LogWriter {
 /// Returns what the records displaced.
 pub fn apply_records(sh: &Shared, records: &[RecMeta]) -> Vec<(u64, u64, Loc)> {
     let mut displaced = Vec::new();
+    let mut rewrites = Vec::new();
     let mut added = 0;
     {
         let mut idx = sh.index.write();
@@ -295,10 +321,17 @@ pub fn apply_records(sh: &Shared, records: &[RecMeta]) -> Vec<(u64, u64, Loc)> {
                 }
                 RecordKind::Zero => None,
             };
-            displaced.extend(v.map.set(r.lba, r.nblocks, loc));
+            let d = v.map.set(r.lba, r.nblocks, loc);
+            if r.kind == RecordKind::Write && !r.relocation {
+                rewrites.extend(d.iter().filter(|x| matches!(x.2, Loc::Fast(_))).map(|x| (r.volume, x.0, x.1)));
+            }
+            displaced.extend(d);
         }
     }
     sh.counters.fast_live_blocks.fetch_add(added, Ordering::Relaxed);
+    if !rewrites.is_empty() {
+        sh.note_rewrites(&rewrites);
+    }
     displaced
 }
 
@@ -315,6 +348,7 @@ fn describe(batch: &[WriteReq], start: u64, skip: u64, blocks: u64, first_seq: u
                 nblocks: r.nblocks,
                 seq: first_seq + i as u64,
                 data_start: data_at,
+                relocation: r.relocation,
             };
             data_at += r.data_blocks();
             m
@@ -406,6 +440,7 @@ pub fn replay(sh: &Shared, tail_block: u64, tail_seq: u64) -> Result<Replay, Eng
                 nblocks: r.len_bytes / BLOCK_U64,
                 seq: header.first_seq + i as u64,
                 data_start: data_at,
+                relocation: false,
             });
             data_at += r.data_blocks();
         }

@@ -51,16 +51,7 @@ pub fn open_shared(
                     )));
                 }
             }
-            let (layout, _) = format(fast.as_ref(), &caps, cfg.segment_size_bytes)?;
-            let cp = Checkpoint {
-                group: layout.group,
-                generation: 1,
-                log_tail_offset: 0,
-                log_tail_seq: 1,
-                next_volume_id: 1,
-                volumes: Vec::new(),
-            };
-            write_checkpoint(fast.as_ref(), &layout, &cp)?;
+            let (layout, cp) = format(fast.as_ref(), &caps, cfg.segment_size_bytes)?;
             report.formatted = true;
             (layout, cp)
         }
@@ -142,6 +133,9 @@ fn identify(fast_sb: &Superblock, fast: &dyn Device, caps: &[Arc<dyn Device>]) -
                 i
             )));
         }
+        if sb.segment_size_bytes != fast_sb.segment_size_bytes {
+            return Err(EngineError::Format(format!("device {} has segments of {} bytes, the fast device says {}", c.name(), sb.segment_size_bytes, fast_sb.segment_size_bytes)));
+        }
         if c.size_bytes() < sb.device_size_bytes {
             return Err(EngineError::Format(format!("device {} is smaller than when it was formatted", c.name())));
         }
@@ -179,6 +173,8 @@ fn new_shared(fast: Arc<dyn Device>, caps: Vec<Arc<dyn Device>>, cfg: EngineConf
         failure: Mutex::new(None),
         abandon: AtomicBool::new(false),
         drain: AtomicBool::new(false),
+        destager_stop: AtomicBool::new(false),
+        heat: Mutex::new(Default::default()),
         destage_wake: Condvar::new(),
         destage_wake_lock: Mutex::new(false),
     }

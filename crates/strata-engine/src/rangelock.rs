@@ -26,6 +26,18 @@ impl RangeLocks {
     }
 }
 
+impl RangeLocks {
+    /// Holds `[start, end)` of `volume` if nobody holds an overlapping range; never waits.
+    pub fn try_lock(&self, volume: u32, start: u64, end: u64) -> Option<RangeGuard<'_>> {
+        let mut held = self.held.lock();
+        if held.iter().any(|&(v, s, e)| v == volume && s < end && start < e) {
+            return None;
+        }
+        held.push((volume, start, end));
+        Some(RangeGuard { locks: self, key: (volume, start, end) })
+    }
+}
+
 impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
         let mut held = self.locks.held.lock();

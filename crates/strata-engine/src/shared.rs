@@ -44,6 +44,7 @@ pub struct Counters {
     pub destaged_bytes: AtomicU64,
     pub log_freed_bytes: AtomicU64,
     pub gc_segments_cleaned: AtomicU64,
+    pub hot_kept_bytes: AtomicU64,
     pub gc_relocated_bytes: AtomicU64,
     pub checksum_errors: AtomicU64,
     pub fast_live_blocks: AtomicU64,
@@ -91,8 +92,14 @@ pub struct Shared {
     pub failure: Mutex<Option<String>>,
     /// Set by shutdown: the destager may stop at once.
     pub abandon: AtomicBool,
+    /// Set when the disk group stops: the destager finishes its step and exits.
+    pub destager_stop: AtomicBool,
     /// Set by `destage_all`: destage regardless of fill.
     pub drain: AtomicBool,
+    /// Blocks rewritten while their previous copy was still in the log, with a saturating
+    /// count: the evidence that data is hot and should stay on the fast tier. Bounded by the
+    /// log's block count.
+    pub heat: Mutex<HashMap<(u32, u64), u8>>,
     pub destage_wake: Condvar,
     pub destage_wake_lock: Mutex<bool>,
 }
@@ -160,6 +167,21 @@ impl Shared {
             volumes,
         };
         write_checkpoint(self.fast.as_ref(), &self.layout, &cp)
+    }
+
+    /// Records that these (volume, first block, blocks) were rewritten while in the log.
+    pub fn note_rewrites(&self, runs: &[(u32, u64, u64)]) {
+        let mut heat = self.heat.lock();
+        let cap = self.layout.log_blocks as usize;
+        for &(vol, lba, n) in runs {
+            for b in lba..lba + n {
+                if heat.len() >= cap && !heat.contains_key(&(vol, b)) {
+                    return;
+                }
+                let h = heat.entry((vol, b)).or_insert(0);
+                *h = h.saturating_add(1);
+            }
+        }
     }
 
     pub fn wake_destager(&self) {

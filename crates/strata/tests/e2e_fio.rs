@@ -25,6 +25,13 @@ fn fio_verify_cmd(uri: &str, out_json: &str, extra: &[&str]) -> std::process::Co
         ],
     );
     c.args(extra);
+    in_scratch(c, out_json)
+}
+
+/// fio drops verify state files into its working directory; keep them out of the repo.
+fn in_scratch(mut c: std::process::Command, out_json: &str) -> std::process::Command {
+    c.arg("--verify_state_save=0");
+    c.current_dir(std::path::Path::new(out_json).parent().expect("scratch dir"));
     c
 }
 
@@ -109,6 +116,7 @@ fn fio_two_jobs_on_separate_connections_verify() {
             &format!("--output={out_json}"),
         ],
     );
+    let mut c = in_scratch(c, out_json);
     let out = run_timeout(&mut c, CMD_TIMEOUT);
     let text = std::fs::read_to_string(out_json).expect("fio output");
     let report: Value = serde_json::from_str(&text).expect("fio JSON");

@@ -20,7 +20,9 @@ pub fn fuzz_parsers(data: &[u8]) {
 
 fn fuzz_option(data: &[u8]) {
     let (head, payload) = data.split_at(data.len().min(OPTION_HEADER_LEN));
-    let Ok(header) = parse_option_header(head) else { return };
+    let Ok(header) = parse_option_header(head) else {
+        return;
+    };
     assert!(header.len_bytes <= MAX_OPTION_BYTES);
     let payload = &payload[..payload.len().min(header.len_bytes as usize)];
     match header.option {
@@ -36,7 +38,9 @@ fn fuzz_option(data: &[u8]) {
 fn fuzz_request(data: &[u8]) {
     let head = &data[..data.len().min(REQUEST_HEADER_LEN)];
     let max_payload_bytes = 32 << 20;
-    let Ok(req) = parse_request_header(head, max_payload_bytes) else { return };
+    let Ok(req) = parse_request_header(head, max_payload_bytes) else {
+        return;
+    };
     assert!(req.payload_len() <= max_payload_bytes);
     let mut again = Vec::new();
     encode_request(&mut again, &req);
@@ -44,7 +48,9 @@ fn fuzz_request(data: &[u8]) {
 }
 
 fn check_info_request(payload: &[u8]) {
-    let Ok(req) = parse_info_request(payload) else { return };
+    let Ok(req) = parse_info_request(payload) else {
+        return;
+    };
     assert!(req.name.len() <= MAX_STRING_BYTES);
     let mut again = Vec::new();
     encode_info_request(&mut again, &req);
@@ -52,7 +58,9 @@ fn check_info_request(payload: &[u8]) {
 }
 
 fn check_meta_context_request(payload: &[u8]) {
-    let Ok(req) = parse_meta_context_request(payload) else { return };
+    let Ok(req) = parse_meta_context_request(payload) else {
+        return;
+    };
     assert!(req.queries.iter().all(|q| q.len() <= MAX_STRING_BYTES));
     let mut again = Vec::new();
     encode_meta_context_request(&mut again, &req);

@@ -41,13 +41,19 @@ pub fn parse_option_header(bytes: &[u8]) -> Result<OptionHeader, ProtoError> {
     let mut r = Reader::new(bytes);
     let found = r.u64()?;
     if found != magic::IHAVEOPT {
-        return Err(ProtoError::BadMagic { expected: magic::IHAVEOPT, found });
+        return Err(ProtoError::BadMagic {
+            expected: magic::IHAVEOPT,
+            found,
+        });
     }
     let option = r.u32()?;
     let len_bytes = r.u32()?;
     r.finish()?;
     if len_bytes > MAX_OPTION_BYTES {
-        return Err(ProtoError::OptionTooLong { len: len_bytes, max: MAX_OPTION_BYTES });
+        return Err(ProtoError::OptionTooLong {
+            len: len_bytes,
+            max: MAX_OPTION_BYTES,
+        });
     }
     Ok(OptionHeader { option, len_bytes })
 }
@@ -81,7 +87,10 @@ pub fn parse_info_request(payload: &[u8]) -> Result<InfoRequest, ProtoError> {
     // take() proves the client sent 2 * count bytes before we size the Vec.
     let raw = r.take(count * 2)?;
     r.finish()?;
-    let requests = raw.chunks_exact(2).map(|c| u16::from_be_bytes([c[0], c[1]])).collect();
+    let requests = raw
+        .chunks_exact(2)
+        .map(|c| u16::from_be_bytes([c[0], c[1]]))
+        .collect();
     Ok(InfoRequest { name, requests })
 }
 
@@ -111,7 +120,10 @@ pub fn parse_meta_context_request(payload: &[u8]) -> Result<MetaContextRequest, 
     // hold is a lie; reject it before reserving space for it.
     let min_bytes = count.saturating_mul(4);
     if min_bytes > r.remaining() {
-        return Err(ProtoError::Truncated { needed: min_bytes, available: r.remaining() });
+        return Err(ProtoError::Truncated {
+            needed: min_bytes,
+            available: r.remaining(),
+        });
     }
     let mut queries = Vec::with_capacity(count);
     for _ in 0..count {
@@ -119,7 +131,10 @@ pub fn parse_meta_context_request(payload: &[u8]) -> Result<MetaContextRequest, 
         queries.push(r.string(u64::from(len))?);
     }
     r.finish()?;
-    Ok(MetaContextRequest { export_name, queries })
+    Ok(MetaContextRequest {
+        export_name,
+        queries,
+    })
 }
 
 /// Client side of [`parse_meta_context_request`].
@@ -136,17 +151,27 @@ pub fn encode_meta_context_request(out: &mut Vec<u8>, req: &MetaContextRequest) 
 /// One NBD_REP_INFO item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Info<'a> {
-    Export { size_bytes: u64, transmission_flags: u16 },
+    Export {
+        size_bytes: u64,
+        transmission_flags: u16,
+    },
     Name(&'a str),
     Description(&'a str),
-    BlockSize { min_bytes: u32, preferred_bytes: u32, max_bytes: u32 },
+    BlockSize {
+        min_bytes: u32,
+        preferred_bytes: u32,
+        max_bytes: u32,
+    },
 }
 
 impl Info<'_> {
     fn encode(&self, out: &mut Vec<u8>) {
         use super::info;
         match *self {
-            Info::Export { size_bytes, transmission_flags } => {
+            Info::Export {
+                size_bytes,
+                transmission_flags,
+            } => {
                 out.extend_from_slice(&info::EXPORT.to_be_bytes());
                 out.extend_from_slice(&size_bytes.to_be_bytes());
                 out.extend_from_slice(&transmission_flags.to_be_bytes());
@@ -159,7 +184,11 @@ impl Info<'_> {
                 out.extend_from_slice(&info::DESCRIPTION.to_be_bytes());
                 out.extend_from_slice(sent_str(text));
             }
-            Info::BlockSize { min_bytes, preferred_bytes, max_bytes } => {
+            Info::BlockSize {
+                min_bytes,
+                preferred_bytes,
+                max_bytes,
+            } => {
                 out.extend_from_slice(&info::BLOCK_SIZE.to_be_bytes());
                 out.extend_from_slice(&min_bytes.to_be_bytes());
                 out.extend_from_slice(&preferred_bytes.to_be_bytes());
@@ -173,11 +202,20 @@ impl Info<'_> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OptionReply<'a> {
     Ack,
-    Server { name: &'a str, description: &'a str },
+    Server {
+        name: &'a str,
+        description: &'a str,
+    },
     Info(Info<'a>),
-    MetaContext { id: u32, name: &'a str },
+    MetaContext {
+        id: u32,
+        name: &'a str,
+    },
     /// `kind` is one of the `rep::ERR_*` codes; `message` is for a human.
-    Error { kind: u32, message: &'a str },
+    Error {
+        kind: u32,
+        message: &'a str,
+    },
 }
 
 impl OptionReply<'_> {

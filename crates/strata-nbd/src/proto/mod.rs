@@ -190,7 +190,10 @@ impl<'a> Reader<'a> {
 
     pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], ProtoError> {
         if n > self.buf.len() {
-            return Err(ProtoError::Truncated { needed: n, available: self.buf.len() });
+            return Err(ProtoError::Truncated {
+                needed: n,
+                available: self.buf.len(),
+            });
         }
         let (head, tail) = self.buf.split_at(n);
         self.buf = tail;
@@ -234,7 +237,10 @@ impl<'a> Reader<'a> {
 fn checked_string_len(len: u64) -> Result<usize, ProtoError> {
     match usize::try_from(len) {
         Ok(n) if n <= MAX_STRING_BYTES => Ok(n),
-        _ => Err(ProtoError::StringTooLong { len, max: MAX_STRING_BYTES }),
+        _ => Err(ProtoError::StringTooLong {
+            len,
+            max: MAX_STRING_BYTES,
+        }),
     }
 }
 

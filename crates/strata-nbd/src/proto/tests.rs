@@ -10,7 +10,10 @@ fn option_bytes(option: u32, payload: &[u8]) -> Vec<u8> {
 #[test]
 fn greeting_matches_spec_layout() {
     let mut out = Vec::new();
-    encode_greeting(&mut out, handshake_flags::FIXED_NEWSTYLE | handshake_flags::NO_ZEROES);
+    encode_greeting(
+        &mut out,
+        handshake_flags::FIXED_NEWSTYLE | handshake_flags::NO_ZEROES,
+    );
     assert_eq!(out.len(), GREETING_LEN);
     assert_eq!(&out[..8], b"NBDMAGIC");
     assert_eq!(&out[8..16], b"IHAVEOPT");
@@ -21,37 +24,64 @@ fn greeting_matches_spec_layout() {
 fn client_flags_reject_unknown_bits_and_bad_length() {
     assert_eq!(parse_client_flags(&[0, 0, 0, 3]), Ok(3));
     assert_eq!(parse_client_flags(&[0, 0, 0, 0]), Ok(0));
-    assert_eq!(parse_client_flags(&[0, 0, 0, 4]), Err(ProtoError::UnknownClientFlags(4)));
-    assert!(matches!(parse_client_flags(&[0, 0, 1]), Err(ProtoError::Truncated { .. })));
-    assert!(matches!(parse_client_flags(&[0; 5]), Err(ProtoError::TrailingBytes { extra: 1 })));
+    assert_eq!(
+        parse_client_flags(&[0, 0, 0, 4]),
+        Err(ProtoError::UnknownClientFlags(4))
+    );
+    assert!(matches!(
+        parse_client_flags(&[0, 0, 1]),
+        Err(ProtoError::Truncated { .. })
+    ));
+    assert!(matches!(
+        parse_client_flags(&[0; 5]),
+        Err(ProtoError::TrailingBytes { extra: 1 })
+    ));
 }
 
 #[test]
 fn option_header_round_trips() {
     let bytes = option_bytes(opt::GO, &[1, 2, 3]);
     let header = parse_option_header(&bytes[..OPTION_HEADER_LEN]).unwrap();
-    assert_eq!(header, OptionHeader { option: opt::GO, len_bytes: 3 });
+    assert_eq!(
+        header,
+        OptionHeader {
+            option: opt::GO,
+            len_bytes: 3
+        }
+    );
 }
 
 #[test]
 fn option_header_rejects_bad_magic_and_oversized_length() {
     let mut bytes = option_bytes(opt::LIST, &[]);
     bytes[0] ^= 1;
-    assert!(matches!(parse_option_header(&bytes), Err(ProtoError::BadMagic { .. })));
+    assert!(matches!(
+        parse_option_header(&bytes),
+        Err(ProtoError::BadMagic { .. })
+    ));
 
     let mut bytes = option_bytes(opt::LIST, &[]);
     bytes[12..16].copy_from_slice(&(MAX_OPTION_BYTES + 1).to_be_bytes());
     assert_eq!(
         parse_option_header(&bytes),
-        Err(ProtoError::OptionTooLong { len: MAX_OPTION_BYTES + 1, max: MAX_OPTION_BYTES })
+        Err(ProtoError::OptionTooLong {
+            len: MAX_OPTION_BYTES + 1,
+            max: MAX_OPTION_BYTES
+        })
     );
     bytes[12..16].copy_from_slice(&u32::MAX.to_be_bytes());
-    assert!(matches!(parse_option_header(&bytes), Err(ProtoError::OptionTooLong { .. })));
+    assert!(matches!(
+        parse_option_header(&bytes),
+        Err(ProtoError::OptionTooLong { .. })
+    ));
 }
 
 #[test]
 fn info_request_round_trips() {
-    let req = InfoRequest { name: "disk0".into(), requests: vec![info::NAME, info::BLOCK_SIZE] };
+    let req = InfoRequest {
+        name: "disk0".into(),
+        requests: vec![info::NAME, info::BLOCK_SIZE],
+    };
     let mut bytes = Vec::new();
     encode_info_request(&mut bytes, &req);
     assert_eq!(bytes.len(), 4 + 5 + 2 + 4);
@@ -64,23 +94,41 @@ fn info_request_rejects_lies_about_lengths() {
     let mut bytes = Vec::new();
     bytes.extend_from_slice(&100u32.to_be_bytes());
     bytes.extend_from_slice(b"abc");
-    assert!(matches!(parse_info_request(&bytes), Err(ProtoError::Truncated { .. })));
+    assert!(matches!(
+        parse_info_request(&bytes),
+        Err(ProtoError::Truncated { .. })
+    ));
     // Name longer than the spec's 4096-byte limit is refused before it is read.
     let mut bytes = Vec::new();
     bytes.extend_from_slice(&4097u32.to_be_bytes());
     bytes.extend_from_slice(&[b'a'; 4097]);
     bytes.extend_from_slice(&0u16.to_be_bytes());
-    assert!(matches!(parse_info_request(&bytes), Err(ProtoError::StringTooLong { .. })));
+    assert!(matches!(
+        parse_info_request(&bytes),
+        Err(ProtoError::StringTooLong { .. })
+    ));
     // Request count larger than what follows.
     let mut bytes = Vec::new();
     bytes.extend_from_slice(&0u32.to_be_bytes());
     bytes.extend_from_slice(&u16::MAX.to_be_bytes());
-    assert!(matches!(parse_info_request(&bytes), Err(ProtoError::Truncated { .. })));
+    assert!(matches!(
+        parse_info_request(&bytes),
+        Err(ProtoError::Truncated { .. })
+    ));
     // Extra bytes after the list.
     let mut bytes = Vec::new();
-    encode_info_request(&mut bytes, &InfoRequest { name: String::new(), requests: vec![] });
+    encode_info_request(
+        &mut bytes,
+        &InfoRequest {
+            name: String::new(),
+            requests: vec![],
+        },
+    );
     bytes.push(0);
-    assert_eq!(parse_info_request(&bytes), Err(ProtoError::TrailingBytes { extra: 1 }));
+    assert_eq!(
+        parse_info_request(&bytes),
+        Err(ProtoError::TrailingBytes { extra: 1 })
+    );
 }
 
 #[test]
@@ -90,9 +138,15 @@ fn strings_reject_nul_and_invalid_utf8() {
     bytes.extend_from_slice(&[b'a', 0]);
     bytes.extend_from_slice(&0u16.to_be_bytes());
     assert_eq!(parse_info_request(&bytes), Err(ProtoError::InvalidString));
-    assert_eq!(parse_export_name(&[0xff, 0xfe]), Err(ProtoError::InvalidString));
+    assert_eq!(
+        parse_export_name(&[0xff, 0xfe]),
+        Err(ProtoError::InvalidString)
+    );
     assert_eq!(parse_export_name(b"disk0"), Ok("disk0".to_string()));
-    assert!(matches!(parse_export_name(&[b'a'; 4097]), Err(ProtoError::StringTooLong { .. })));
+    assert!(matches!(
+        parse_export_name(&[b'a'; 4097]),
+        Err(ProtoError::StringTooLong { .. })
+    ));
 }
 
 #[test]
@@ -104,7 +158,10 @@ fn meta_context_request_round_trips() {
     let mut bytes = Vec::new();
     encode_meta_context_request(&mut bytes, &req);
     assert_eq!(parse_meta_context_request(&bytes), Ok(req));
-    let empty = MetaContextRequest { export_name: String::new(), queries: vec![] };
+    let empty = MetaContextRequest {
+        export_name: String::new(),
+        queries: vec![],
+    };
     let mut bytes = Vec::new();
     encode_meta_context_request(&mut bytes, &empty);
     assert_eq!(bytes, [0u8; 8]);
@@ -117,14 +174,20 @@ fn meta_context_request_rejects_huge_query_count_without_allocating() {
     bytes.extend_from_slice(&0u32.to_be_bytes());
     bytes.extend_from_slice(&u32::MAX.to_be_bytes());
     bytes.extend_from_slice(&[0u8; 12]);
-    assert!(matches!(parse_meta_context_request(&bytes), Err(ProtoError::Truncated { .. })));
+    assert!(matches!(
+        parse_meta_context_request(&bytes),
+        Err(ProtoError::Truncated { .. })
+    ));
     // A query whose length runs past the payload.
     let mut bytes = Vec::new();
     bytes.extend_from_slice(&0u32.to_be_bytes());
     bytes.extend_from_slice(&1u32.to_be_bytes());
     bytes.extend_from_slice(&50u32.to_be_bytes());
     bytes.extend_from_slice(b"base:");
-    assert!(matches!(parse_meta_context_request(&bytes), Err(ProtoError::Truncated { .. })));
+    assert!(matches!(
+        parse_meta_context_request(&bytes),
+        Err(ProtoError::Truncated { .. })
+    ));
 }
 
 #[test]
@@ -145,20 +208,35 @@ fn request_header_round_trips() {
 
 #[test]
 fn request_header_rejects_bad_magic_and_oversized_write() {
-    let req = RequestHeader { flags: 0, command: cmd::WRITE, cookie: 1, offset: 0, len_bytes: 8192 };
+    let req = RequestHeader {
+        flags: 0,
+        command: cmd::WRITE,
+        cookie: 1,
+        offset: 0,
+        len_bytes: 8192,
+    };
     let mut bytes = Vec::new();
     encode_request(&mut bytes, &req);
     assert_eq!(
         parse_request_header(&bytes, 4096),
-        Err(ProtoError::PayloadTooLarge { len: 8192, max: 4096 })
+        Err(ProtoError::PayloadTooLarge {
+            len: 8192,
+            max: 4096
+        })
     );
     // A READ of the same length carries no payload, so the header itself is fine; the
     // server answers it with EINVAL instead.
     bytes[6..8].copy_from_slice(&cmd::READ.to_be_bytes());
     assert!(parse_request_header(&bytes, 4096).is_ok());
-    assert!(matches!(parse_request_header(&bytes[..27], 4096), Err(ProtoError::Truncated { .. })));
+    assert!(matches!(
+        parse_request_header(&bytes[..27], 4096),
+        Err(ProtoError::Truncated { .. })
+    ));
     bytes[0] = 0;
-    assert!(matches!(parse_request_header(&bytes, 4096), Err(ProtoError::BadMagic { .. })));
+    assert!(matches!(
+        parse_request_header(&bytes, 4096),
+        Err(ProtoError::BadMagic { .. })
+    ));
 }
 
 #[test]
@@ -172,8 +250,11 @@ fn option_replies_match_spec_layout() {
     assert_eq!(out.len(), 20);
 
     let mut out = Vec::new();
-    OptionReply::Info(Info::Export { size_bytes: 1 << 30, transmission_flags: 0x0105 })
-        .encode(opt::INFO, &mut out);
+    OptionReply::Info(Info::Export {
+        size_bytes: 1 << 30,
+        transmission_flags: 0x0105,
+    })
+    .encode(opt::INFO, &mut out);
     assert_eq!(&out[12..16], &rep::INFO.to_be_bytes());
     assert_eq!(&out[16..20], &12u32.to_be_bytes());
     assert_eq!(&out[20..22], &info::EXPORT.to_be_bytes());
@@ -181,24 +262,47 @@ fn option_replies_match_spec_layout() {
     assert_eq!(&out[30..32], &[0x01, 0x05]);
 
     let mut out = Vec::new();
-    OptionReply::Info(Info::BlockSize { min_bytes: 1, preferred_bytes: 4096, max_bytes: 1 << 25 })
-        .encode(opt::GO, &mut out);
+    OptionReply::Info(Info::BlockSize {
+        min_bytes: 1,
+        preferred_bytes: 4096,
+        max_bytes: 1 << 25,
+    })
+    .encode(opt::GO, &mut out);
     assert_eq!(&out[16..20], &14u32.to_be_bytes());
 
     let mut out = Vec::new();
-    OptionReply::Server { name: "a", description: "bc" }.encode(opt::LIST, &mut out);
+    OptionReply::Server {
+        name: "a",
+        description: "bc",
+    }
+    .encode(opt::LIST, &mut out);
     assert_eq!(&out[16..], &[0, 0, 0, 7, 0, 0, 0, 1, b'a', b'b', b'c']);
 
     let mut out = Vec::new();
-    OptionReply::MetaContext { id: 9, name: BASE_ALLOCATION }.encode(opt::SET_META_CONTEXT, &mut out);
-    assert_eq!(&out[16..20], &(4 + BASE_ALLOCATION.len() as u32).to_be_bytes());
+    OptionReply::MetaContext {
+        id: 9,
+        name: BASE_ALLOCATION,
+    }
+    .encode(opt::SET_META_CONTEXT, &mut out);
+    assert_eq!(
+        &out[16..20],
+        &(4 + BASE_ALLOCATION.len() as u32).to_be_bytes()
+    );
     assert_eq!(&out[20..24], &9u32.to_be_bytes());
 
     let mut out = Vec::new();
     let long = "x".repeat(10_000);
-    OptionReply::Error { kind: rep::ERR_UNSUP, message: &long }.encode(99, &mut out);
+    OptionReply::Error {
+        kind: rep::ERR_UNSUP,
+        message: &long,
+    }
+    .encode(99, &mut out);
     assert_eq!(&out[12..16], &rep::ERR_UNSUP.to_be_bytes());
-    assert_eq!(&out[16..20], &(MAX_STRING_BYTES as u32).to_be_bytes(), "message is capped");
+    assert_eq!(
+        &out[16..20],
+        &(MAX_STRING_BYTES as u32).to_be_bytes(),
+        "message is capped"
+    );
 }
 
 #[test]
@@ -215,7 +319,10 @@ fn export_name_reply_pads_unless_no_zeroes() {
 fn transmission_replies_match_spec_layout() {
     let mut out = Vec::new();
     encode_simple_reply(&mut out, 7, 22);
-    assert_eq!(out, [0x67, 0x44, 0x66, 0x98, 0, 0, 0, 22, 0, 0, 0, 0, 0, 0, 0, 7]);
+    assert_eq!(
+        out,
+        [0x67, 0x44, 0x66, 0x98, 0, 0, 0, 22, 0, 0, 0, 0, 0, 0, 0, 7]
+    );
 
     let mut out = Vec::new();
     encode_offset_data_prefix(&mut out, 7, 4096, 512, true).unwrap();
@@ -238,10 +345,19 @@ fn transmission_replies_match_spec_layout() {
     assert_eq!(&out[20..], &[0, 0, 0, 5, 0, 3, b'b', b'a', b'd']);
 
     let mut out = Vec::new();
-    let extents = [BlockStatus { len: 512, flags: 3 }, BlockStatus { len: 1024, flags: 0 }];
+    let extents = [
+        BlockStatus { len: 512, flags: 3 },
+        BlockStatus {
+            len: 1024,
+            flags: 0,
+        },
+    ];
     encode_block_status_chunk(&mut out, 3, 1, &extents);
     assert_eq!(&out[16..20], &20u32.to_be_bytes());
-    assert_eq!(&out[20..], &[0, 0, 0, 1, 0, 0, 2, 0, 0, 0, 0, 3, 0, 0, 4, 0, 0, 0, 0, 0]);
+    assert_eq!(
+        &out[20..],
+        &[0, 0, 0, 1, 0, 0, 2, 0, 0, 0, 0, 3, 0, 0, 4, 0, 0, 0, 0, 0]
+    );
 }
 
 /// SplitMix64: tiny, seedable, and ours, so the same seed replays the same inputs.
@@ -264,12 +380,27 @@ impl SplitMix64 {
 /// Valid messages to mutate: random bytes alone almost never get past a magic number.
 fn seeds() -> Vec<Vec<u8>> {
     let mut info = Vec::new();
-    encode_info_request(&mut info, &InfoRequest { name: "d".into(), requests: vec![3, 1] });
+    encode_info_request(
+        &mut info,
+        &InfoRequest {
+            name: "d".into(),
+            requests: vec![3, 1],
+        },
+    );
     let mut meta = Vec::new();
-    let req = MetaContextRequest { export_name: "d".into(), queries: vec!["base:".into()] };
+    let req = MetaContextRequest {
+        export_name: "d".into(),
+        queries: vec!["base:".into()],
+    };
     encode_meta_context_request(&mut meta, &req);
     let mut request = Vec::new();
-    let header = RequestHeader { flags: 1, command: 1, cookie: 9, offset: 0, len_bytes: 512 };
+    let header = RequestHeader {
+        flags: 1,
+        command: 1,
+        cookie: 9,
+        offset: 0,
+        len_bytes: 512,
+    };
     encode_request(&mut request, &header);
     vec![
         option_bytes(opt::GO, &info),

@@ -45,7 +45,10 @@ pub fn parse_request_header(
     let mut r = Reader::new(bytes);
     let found = r.u32()?;
     if found != magic::REQUEST {
-        return Err(ProtoError::BadMagic { expected: magic::REQUEST.into(), found: found.into() });
+        return Err(ProtoError::BadMagic {
+            expected: magic::REQUEST.into(),
+            found: found.into(),
+        });
     }
     let header = RequestHeader {
         flags: r.u16()?,
@@ -56,7 +59,10 @@ pub fn parse_request_header(
     };
     r.finish()?;
     if header.payload_len() > max_payload_bytes {
-        return Err(ProtoError::PayloadTooLarge { len: header.len_bytes, max: max_payload_bytes });
+        return Err(ProtoError::PayloadTooLarge {
+            len: header.len_bytes,
+            max: max_payload_bytes,
+        });
     }
     Ok(header)
 }
@@ -101,7 +107,10 @@ pub fn encode_offset_data_prefix(
     done: bool,
 ) -> Result<(), ProtoError> {
     let Some(len) = data_len.checked_add(8) else {
-        return Err(ProtoError::PayloadTooLarge { len: data_len, max: u32::MAX - 8 });
+        return Err(ProtoError::PayloadTooLarge {
+            len: data_len,
+            max: u32::MAX - 8,
+        });
     };
     let flags = if done { chunk::FLAG_DONE } else { 0 };
     encode_chunk_header(out, flags, chunk::OFFSET_DATA, cookie, len);
@@ -114,7 +123,13 @@ pub fn encode_error_chunk(out: &mut Vec<u8>, cookie: u64, error: u32, message: &
     debug_assert!(error != 0, "an error chunk must carry a nonzero error");
     let message = sent_str(message);
     // sent_str caps at 4096 bytes, so both lengths fit their fields.
-    encode_chunk_header(out, chunk::FLAG_DONE, chunk::ERROR, cookie, 6 + message.len() as u32);
+    encode_chunk_header(
+        out,
+        chunk::FLAG_DONE,
+        chunk::ERROR,
+        cookie,
+        6 + message.len() as u32,
+    );
     out.extend_from_slice(&error.to_be_bytes());
     out.extend_from_slice(&(message.len() as u16).to_be_bytes());
     out.extend_from_slice(message);
@@ -128,7 +143,10 @@ pub fn encode_block_status_chunk(
     context_id: u32,
     extents: &[BlockStatus],
 ) {
-    debug_assert!(!extents.is_empty(), "a block status chunk needs at least one extent");
+    debug_assert!(
+        !extents.is_empty(),
+        "a block status chunk needs at least one extent"
+    );
     let extents = &extents[..extents.len().min(MAX_BLOCK_STATUS_EXTENTS)];
     let len = 4 + 8 * extents.len() as u32;
     encode_chunk_header(out, chunk::FLAG_DONE, chunk::BLOCK_STATUS, cookie, len);

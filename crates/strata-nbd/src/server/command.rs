@@ -8,13 +8,36 @@ use crate::{BlockStatus, Errno};
 /// A request that passed validation: in range, flags allowed, export writable if needed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Command {
-    Read { offset: u64, len: u32 },
-    Write { offset: u64, len: u32, fua: bool },
+    Read {
+        offset: u64,
+        len: u32,
+    },
+    Write {
+        offset: u64,
+        len: u32,
+        fua: bool,
+    },
     Flush,
-    Trim { offset: u64, len: u32, fua: bool },
-    Cache { offset: u64, len: u32 },
-    WriteZeroes { offset: u64, len: u32, may_trim: bool, fua: bool },
-    BlockStatus { offset: u64, len: u32, req_one: bool },
+    Trim {
+        offset: u64,
+        len: u32,
+        fua: bool,
+    },
+    Cache {
+        offset: u64,
+        len: u32,
+    },
+    WriteZeroes {
+        offset: u64,
+        len: u32,
+        may_trim: bool,
+        fua: bool,
+    },
+    BlockStatus {
+        offset: u64,
+        len: u32,
+        req_one: bool,
+    },
 }
 
 impl Command {
@@ -39,9 +62,16 @@ fn refuse(errno: Errno, why: &'static str) -> Refusal {
 }
 
 /// Checks a request against the spec's rules and the session. DISC never gets here.
-pub(super) fn validate(req: &RequestHeader, s: &Session, max_payload_bytes: u32) -> Result<Command, Refusal> {
+pub(super) fn validate(
+    req: &RequestHeader,
+    s: &Session,
+    max_payload_bytes: u32,
+) -> Result<Command, Refusal> {
     if req.flags & !allowed_flags(req.command, s) != 0 {
-        return Err(refuse(Errno::Inval, "command flag not valid for this command"));
+        return Err(refuse(
+            Errno::Inval,
+            "command flag not valid for this command",
+        ));
     }
     let (offset, len) = (req.offset, req.len_bytes);
     let fua = req.flags & cmd_flags::FUA != 0;
@@ -66,7 +96,12 @@ pub(super) fn validate(req: &RequestHeader, s: &Session, max_payload_bytes: u32)
             writable(s)?;
             in_range(req, s, Errno::NoSpc)?;
             let may_trim = req.flags & cmd_flags::NO_HOLE == 0;
-            Ok(Command::WriteZeroes { offset, len, may_trim, fua })
+            Ok(Command::WriteZeroes {
+                offset,
+                len,
+                may_trim,
+                fua,
+            })
         }
         cmd::BLOCK_STATUS => validate_block_status(req, s),
         _ => Err(refuse(Errno::Inval, "unknown command")),
@@ -84,15 +119,28 @@ fn allowed_flags(command: u16, s: &Session) -> u16 {
     cmd_flags::FUA | specific
 }
 
-fn validate_read(req: &RequestHeader, s: &Session, max_payload_bytes: u32) -> Result<Command, Refusal> {
+fn validate_read(
+    req: &RequestHeader,
+    s: &Session,
+    max_payload_bytes: u32,
+) -> Result<Command, Refusal> {
     if req.len_bytes > max_payload_bytes {
         if req.flags & cmd_flags::DF != 0 {
-            return Err(refuse(Errno::Overflow, "read too large to send in one chunk"));
+            return Err(refuse(
+                Errno::Overflow,
+                "read too large to send in one chunk",
+            ));
         }
-        return Err(refuse(Errno::Inval, "read longer than the maximum block size"));
+        return Err(refuse(
+            Errno::Inval,
+            "read longer than the maximum block size",
+        ));
     }
     in_range(req, s, Errno::Inval)?;
-    Ok(Command::Read { offset: req.offset, len: req.len_bytes })
+    Ok(Command::Read {
+        offset: req.offset,
+        len: req.len_bytes,
+    })
 }
 
 fn validate_block_status(req: &RequestHeader, s: &Session) -> Result<Command, Refusal> {
@@ -104,7 +152,11 @@ fn validate_block_status(req: &RequestHeader, s: &Session) -> Result<Command, Re
     }
     in_range(req, s, Errno::Inval)?;
     let req_one = req.flags & cmd_flags::REQ_ONE != 0;
-    Ok(Command::BlockStatus { offset: req.offset, len: req.len_bytes, req_one })
+    Ok(Command::BlockStatus {
+        offset: req.offset,
+        len: req.len_bytes,
+        req_one,
+    })
 }
 
 fn writable(s: &Session) -> Result<(), Refusal> {
@@ -119,7 +171,9 @@ fn writable(s: &Session) -> Result<(), Refusal> {
 fn in_range(req: &RequestHeader, s: &Session, past_end: Errno) -> Result<(), Refusal> {
     match req.offset.checked_add(u64::from(req.len_bytes)) {
         None => Err(refuse(Errno::Inval, "offset + length overflows")),
-        Some(end) if end > s.size_bytes => Err(refuse(past_end, "range beyond the end of the export")),
+        Some(end) if end > s.size_bytes => {
+            Err(refuse(past_end, "range beyond the end of the export"))
+        }
         Some(_) => Ok(()),
     }
 }
@@ -139,7 +193,10 @@ pub(super) fn ok_reply(s: &Session, cookie: u64) -> Wire {
     } else {
         proto::encode_simple_reply(&mut head, cookie, 0);
     }
-    Wire { head, data: Vec::new() }
+    Wire {
+        head,
+        data: Vec::new(),
+    }
 }
 
 /// Failure: an ERROR chunk carrying `why` if structured replies were negotiated.
@@ -150,7 +207,10 @@ pub(super) fn error_reply(s: &Session, cookie: u64, errno: Errno, why: &str) -> 
     } else {
         proto::encode_simple_reply(&mut head, cookie, errno.code());
     }
-    Wire { head, data: Vec::new() }
+    Wire {
+        head,
+        data: Vec::new(),
+    }
 }
 
 /// Runs a validated command against the export. Blocks; call on the blocking pool.
@@ -159,7 +219,11 @@ pub(super) fn execute(s: &Session, cookie: u64, command: Command, payload: Vec<u
     let export = &*s.export;
     let result = match command {
         Command::Read { offset, len } => return read(s, cookie, offset, len),
-        Command::BlockStatus { offset, len, req_one } => return block_status(s, cookie, offset, len, req_one),
+        Command::BlockStatus {
+            offset,
+            len,
+            req_one,
+        } => return block_status(s, cookie, offset, len, req_one),
         Command::Write { len: 0, .. } => Ok(()),
         Command::Write { offset, fua, .. } => export.write(offset, &payload, fua),
         Command::Flush => export.flush(),
@@ -167,9 +231,12 @@ pub(super) fn execute(s: &Session, cookie: u64, command: Command, payload: Vec<u
         Command::WriteZeroes { len: 0, .. } => Ok(()),
         Command::Trim { offset, len, fua } => then_flush(fua, export.trim(offset, len.into()), s),
         Command::Cache { offset, len } => export.cache(offset, len.into()),
-        Command::WriteZeroes { offset, len, may_trim, fua } => {
-            then_flush(fua, export.write_zeroes(offset, len.into(), may_trim), s)
-        }
+        Command::WriteZeroes {
+            offset,
+            len,
+            may_trim,
+            fua,
+        } => then_flush(fua, export.write_zeroes(offset, len.into(), may_trim), s),
     };
     match result {
         Ok(()) => ok_reply(s, cookie),
@@ -216,7 +283,10 @@ fn block_status(s: &Session, cookie: u64, offset: u64, len: u32, req_one: bool) 
     };
     let mut head = Vec::new();
     proto::encode_block_status_chunk(&mut head, cookie, BASE_ALLOCATION_ID, &extents);
-    Wire { head, data: Vec::new() }
+    Wire {
+        head,
+        data: Vec::new(),
+    }
 }
 
 /// Makes the export's answer valid on the wire: no empty extents, no more than the
@@ -232,10 +302,16 @@ pub(super) fn clip_extents(extents: &[BlockStatus], len: u32, req_one: bool) -> 
             break;
         }
         let take = e.len.min(left);
-        out.push(BlockStatus { len: take, flags: e.flags });
+        out.push(BlockStatus {
+            len: take,
+            flags: e.flags,
+        });
         left -= take;
     }
-    debug_assert!(!out.is_empty() || len == 0, "Export::block_status returned no extent");
+    debug_assert!(
+        !out.is_empty() || len == 0,
+        "Export::block_status returned no extent"
+    );
     if out.is_empty() {
         out.push(BlockStatus { len, flags: 0 });
     }

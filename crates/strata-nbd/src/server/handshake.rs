@@ -71,7 +71,10 @@ pub(super) async fn negotiate(
     shared: &Shared,
 ) -> Result<Option<Session>, ConnError> {
     let mut greeting = Vec::with_capacity(proto::GREETING_LEN);
-    proto::encode_greeting(&mut greeting, handshake_flags::FIXED_NEWSTYLE | handshake_flags::NO_ZEROES);
+    proto::encode_greeting(
+        &mut greeting,
+        handshake_flags::FIXED_NEWSTYLE | handshake_flags::NO_ZEROES,
+    );
     stream.write_all(&greeting).await?;
     let mut flags = [0u8; CLIENT_FLAGS_LEN];
     stream.read_exact(&mut flags).await?;
@@ -122,7 +125,12 @@ fn reply_error(out: &mut Vec<u8>, option: u32, kind: u32, message: &str) {
 }
 
 impl Haggle {
-    async fn handle(&mut self, option: u32, payload: &[u8], out: &mut Vec<u8>) -> Result<Step, ConnError> {
+    async fn handle(
+        &mut self,
+        option: u32,
+        payload: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<Step, ConnError> {
         match option {
             opt::EXPORT_NAME => self.export_name(payload, out).await,
             opt::ABORT => {
@@ -135,7 +143,12 @@ impl Haggle {
             opt::LIST_META_CONTEXT => Ok(self.list_meta_context(payload, out)),
             opt::SET_META_CONTEXT => Ok(self.set_meta_context(payload, out)),
             _ => {
-                reply_error(out, option, rep::ERR_UNSUP, "option not supported by Strata");
+                reply_error(
+                    out,
+                    option,
+                    rep::ERR_UNSUP,
+                    "option not supported by Strata",
+                );
                 Ok(Step::Continue)
             }
         }
@@ -155,21 +168,40 @@ impl Haggle {
 
     async fn list(&mut self, payload: &[u8], out: &mut Vec<u8>) -> Result<Step, ConnError> {
         if !payload.is_empty() {
-            reply_error(out, opt::LIST, rep::ERR_INVALID, "NBD_OPT_LIST takes no data");
+            reply_error(
+                out,
+                opt::LIST,
+                rep::ERR_INVALID,
+                "NBD_OPT_LIST takes no data",
+            );
             return Ok(Step::Continue);
         }
         let backend = self.backend.clone();
         let exports = blocking("listing exports", move || backend.list()).await?;
         for e in &exports {
-            OptionReply::Server { name: &e.name, description: &e.description }.encode(opt::LIST, out);
+            OptionReply::Server {
+                name: &e.name,
+                description: &e.description,
+            }
+            .encode(opt::LIST, out);
         }
         OptionReply::Ack.encode(opt::LIST, out);
         Ok(Step::Continue)
     }
 
-    async fn info_or_go(&mut self, option: u32, payload: &[u8], out: &mut Vec<u8>) -> Result<Step, ConnError> {
+    async fn info_or_go(
+        &mut self,
+        option: u32,
+        payload: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<Step, ConnError> {
         let Ok(req) = proto::parse_info_request(payload) else {
-            reply_error(out, option, rep::ERR_INVALID, "malformed NBD_OPT_INFO/NBD_OPT_GO data");
+            reply_error(
+                out,
+                option,
+                rep::ERR_INVALID,
+                "malformed NBD_OPT_INFO/NBD_OPT_GO data",
+            );
             return Ok(Step::Continue);
         };
         let Some(opened) = self.open(&req.name).await? else {
@@ -177,7 +209,10 @@ impl Haggle {
             return Ok(Step::Continue);
         };
         let flags = transmission_flags(opened.read_only, self.structured);
-        let export = Info::Export { size_bytes: opened.size_bytes, transmission_flags: flags };
+        let export = Info::Export {
+            size_bytes: opened.size_bytes,
+            transmission_flags: flags,
+        };
         OptionReply::Info(export).encode(option, out);
         if req.requests.contains(&info::NAME) {
             OptionReply::Info(Info::Name(&opened.name)).encode(option, out);
@@ -207,7 +242,12 @@ impl Haggle {
             self.structured = true;
             OptionReply::Ack.encode(opt::STRUCTURED_REPLY, out);
         } else {
-            reply_error(out, opt::STRUCTURED_REPLY, rep::ERR_INVALID, "NBD_OPT_STRUCTURED_REPLY takes no data");
+            reply_error(
+                out,
+                opt::STRUCTURED_REPLY,
+                rep::ERR_INVALID,
+                "NBD_OPT_STRUCTURED_REPLY takes no data",
+            );
         }
         Step::Continue
     }
@@ -217,14 +257,24 @@ impl Haggle {
     fn list_meta_context(&mut self, payload: &[u8], out: &mut Vec<u8>) -> Step {
         let option = opt::LIST_META_CONTEXT;
         let listed = match parse_queries(payload) {
-            Ok(req) => req.queries.is_empty() || req.queries.iter().any(|q| q == "base:" || q == BASE_ALLOCATION),
+            Ok(req) => {
+                req.queries.is_empty()
+                    || req
+                        .queries
+                        .iter()
+                        .any(|q| q == "base:" || q == BASE_ALLOCATION)
+            }
             Err(why) => {
                 reply_error(out, option, rep::ERR_INVALID, why);
                 return Step::Continue;
             }
         };
         if listed {
-            OptionReply::MetaContext { id: 0, name: BASE_ALLOCATION }.encode(option, out);
+            OptionReply::MetaContext {
+                id: 0,
+                name: BASE_ALLOCATION,
+            }
+            .encode(option, out);
         }
         OptionReply::Ack.encode(option, out);
         Step::Continue
@@ -236,7 +286,12 @@ impl Haggle {
         let option = opt::SET_META_CONTEXT;
         self.meta = None;
         if !self.structured {
-            reply_error(out, option, rep::ERR_INVALID, "negotiate NBD_OPT_STRUCTURED_REPLY first");
+            reply_error(
+                out,
+                option,
+                rep::ERR_INVALID,
+                "negotiate NBD_OPT_STRUCTURED_REPLY first",
+            );
             return Step::Continue;
         }
         let req = match parse_queries(payload) {
@@ -248,10 +303,17 @@ impl Haggle {
         };
         let base_allocation = req.queries.iter().any(|q| q == BASE_ALLOCATION);
         if base_allocation {
-            OptionReply::MetaContext { id: BASE_ALLOCATION_ID, name: BASE_ALLOCATION }.encode(option, out);
+            OptionReply::MetaContext {
+                id: BASE_ALLOCATION_ID,
+                name: BASE_ALLOCATION,
+            }
+            .encode(option, out);
         }
         OptionReply::Ack.encode(option, out);
-        self.meta = Some(MetaSelection { export_name: req.export_name, base_allocation });
+        self.meta = Some(MetaSelection {
+            export_name: req.export_name,
+            base_allocation,
+        });
         Step::Continue
     }
 
@@ -279,7 +341,11 @@ impl Haggle {
         let backend = self.backend.clone();
         let name = name.to_string();
         let found = blocking("listing exports", move || {
-            backend.list().into_iter().find(|e| e.name == name).map(|e| e.description)
+            backend
+                .list()
+                .into_iter()
+                .find(|e| e.name == name)
+                .map(|e| e.description)
         });
         Ok(found.await?.unwrap_or_default())
     }
@@ -303,7 +369,8 @@ impl Haggle {
 /// A LIST/SET_META_CONTEXT payload whose queries each name a namespace. Whether the export
 /// exists is left to GO: `base:allocation` is available on every export.
 fn parse_queries(payload: &[u8]) -> Result<proto::MetaContextRequest, &'static str> {
-    let req = proto::parse_meta_context_request(payload).map_err(|_| "malformed metadata context request")?;
+    let req = proto::parse_meta_context_request(payload)
+        .map_err(|_| "malformed metadata context request")?;
     if req.queries.iter().any(|q| !q.contains(':')) {
         return Err("a metadata context query must start with a namespace and a colon");
     }
@@ -315,5 +382,7 @@ async fn blocking<T: Send + 'static>(
     what: &'static str,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, ConnError> {
-    tokio::task::spawn_blocking(f).await.map_err(|_| ConnError::BackendPanic(what))
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|_| ConnError::BackendPanic(what))
 }

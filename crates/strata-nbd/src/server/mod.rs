@@ -86,12 +86,16 @@ impl ServerConfig {
             return invalid("max_payload_bytes must be at least 4096");
         }
         if self.max_buffered_bytes_per_connection < payload {
-            return invalid("max_buffered_bytes_per_connection must hold one max_payload_bytes request");
+            return invalid(
+                "max_buffered_bytes_per_connection must hold one max_payload_bytes request",
+            );
         }
         if self.max_buffered_bytes_total < self.max_buffered_bytes_per_connection
             || self.max_buffered_bytes_total > Semaphore::MAX_PERMITS
         {
-            return invalid("max_buffered_bytes_total must be at least max_buffered_bytes_per_connection");
+            return invalid(
+                "max_buffered_bytes_total must be at least max_buffered_bytes_per_connection",
+            );
         }
         Ok(())
     }
@@ -117,7 +121,11 @@ pub async fn serve(
 ) -> io::Result<()> {
     cfg.validate()?;
     let buffered_bytes_total = Arc::new(Semaphore::new(cfg.max_buffered_bytes_total));
-    let shared = Arc::new(Shared { backend, cfg, buffered_bytes_total });
+    let shared = Arc::new(Shared {
+        backend,
+        cfg,
+        buffered_bytes_total,
+    });
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
     if let Ok(addr) = listener.local_addr() {
@@ -125,7 +133,10 @@ pub async fn serve(
     }
     accept_until(&listener, &shared, &stop_rx, &mut connections, shutdown).await;
     drop(listener);
-    info!(connections = connections.len(), "NBD server stopping: draining connections");
+    info!(
+        connections = connections.len(),
+        "NBD server stopping: draining connections"
+    );
     // Cannot fail: stop_rx is still alive.
     let _ = stop_tx.send(true);
     while let Some(joined) = connections.join_next().await {

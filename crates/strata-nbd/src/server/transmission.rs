@@ -26,6 +26,8 @@ use crate::Errno;
 
 /// Small replies are gathered up to this size before a write; large read data bypasses it.
 const WRITE_BUFFER_BYTES: usize = 64 * 1024;
+/// How long shutdown waits for the rest of a request whose header already arrived.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// A reply on its way to the writer, carrying the limits it holds until it is written.
 struct Reply {
@@ -61,9 +63,22 @@ impl Conn {
             return Ok(None);
         }
         let closed = |_| ConnError::Internal("budget semaphore closed");
-        let connection = self.buffered_bytes.clone().acquire_many_owned(bytes).await.map_err(closed)?;
-        let total = self.buffered_bytes_total.clone().acquire_many_owned(bytes).await.map_err(closed)?;
-        Ok(Some(Budget { _connection: connection, _total: total }))
+        let connection = self
+            .buffered_bytes
+            .clone()
+            .acquire_many_owned(bytes)
+            .await
+            .map_err(closed)?;
+        let total = self
+            .buffered_bytes_total
+            .clone()
+            .acquire_many_owned(bytes)
+            .await
+            .map_err(closed)?;
+        Ok(Some(Budget {
+            _connection: connection,
+            _total: total,
+        }))
     }
 
     /// Waits until every request read so far has been answered and its reply written
@@ -131,12 +146,27 @@ async fn read_requests(
         if req.command == cmd::DISC {
             return Ok(Ending::Disconnect);
         }
-        dispatch(reader, conn, tx, cfg, slot, req).await?;
+        // A request whose header is in gets to finish arriving even during shutdown, but
+        // only for a grace period: a client stalling mid-payload must not hold shutdown.
+        tokio::select! {
+            biased;
+            done = dispatch(reader, conn, tx, cfg, slot, req) => done?,
+            () = grace_after_stop(stop) => return Err(ConnError::Stalled(SHUTDOWN_GRACE)),
+        }
     }
 }
 
+async fn grace_after_stop(stop: &mut watch::Receiver<bool>) {
+    stopped(stop).await;
+    tokio::time::sleep(SHUTDOWN_GRACE).await;
+}
+
 /// Takes a slot (waiting while `max_in_flight` requests are out), then reads one header.
-async fn next_request(reader: &mut OwnedReadHalf, conn: &Conn, cfg: &ServerConfig) -> Result<Next, ConnError> {
+async fn next_request(
+    reader: &mut OwnedReadHalf,
+    conn: &Conn,
+    cfg: &ServerConfig,
+) -> Result<Next, ConnError> {
     let slot = conn.slots.clone().acquire_owned().await;
     let slot = slot.map_err(|_| ConnError::Internal("slot semaphore closed"))?;
     let limit = cfg.idle_timeout;
@@ -160,7 +190,14 @@ async fn next_request(reader: &mut OwnedReadHalf, conn: &Conn, cfg: &ServerConfi
         }
     }
     let req = proto::parse_request_header(&header, cfg.max_payload_bytes)?;
-    trace!(command = req.command, flags = req.flags, cookie = req.cookie, offset = req.offset, len = req.len_bytes, "request");
+    trace!(
+        command = req.command,
+        flags = req.flags,
+        cookie = req.cookie,
+        offset = req.offset,
+        len = req.len_bytes,
+        "request"
+    );
     Ok(Next::Request(slot, req))
 }
 
@@ -180,28 +217,50 @@ async fn dispatch(
             debug!(command = req.command, cookie = req.cookie, errno = ?refusal.errno, why = refusal.why, "request refused");
             skip_payload(reader, req.payload_len(), limit).await?;
             let wire = command::error_reply(&conn.session, req.cookie, refusal.errno, refusal.why);
-            let reply = Reply { wire, _slot: slot, _budget: None };
+            let reply = Reply {
+                wire,
+                _slot: slot,
+                _budget: None,
+            };
             tx.send(reply).await.map_err(|_| ConnError::WriterGone)
         }
         Ok(command) => {
             let budget = conn.reserve(command.buffer_bytes()).await?;
             let payload = read_payload(reader, req.payload_len(), limit).await?;
-            spawn_request(&conn.session, req.cookie, command, payload, slot, budget, tx.clone());
+            spawn_request(
+                &conn.session,
+                req.cookie,
+                command,
+                payload,
+                slot,
+                budget,
+                tx.clone(),
+            );
             Ok(())
         }
     }
 }
 
-async fn read_payload(reader: &mut OwnedReadHalf, len: u32, limit: Duration) -> Result<Vec<u8>, ConnError> {
+async fn read_payload(
+    reader: &mut OwnedReadHalf,
+    len: u32,
+    limit: Duration,
+) -> Result<Vec<u8>, ConnError> {
     let mut payload = vec![0u8; len as usize];
     if len > 0 {
-        within(limit, reader.read_exact(&mut payload)).await.ok_or(ConnError::Stalled(limit))??;
+        within(limit, reader.read_exact(&mut payload))
+            .await
+            .ok_or(ConnError::Stalled(limit))??;
     }
     Ok(payload)
 }
 
 /// Reads and drops the payload of a refused WRITE without buffering it whole.
-async fn skip_payload(reader: &mut OwnedReadHalf, len: u32, limit: Duration) -> Result<(), ConnError> {
+async fn skip_payload(
+    reader: &mut OwnedReadHalf,
+    len: u32,
+    limit: Duration,
+) -> Result<(), ConnError> {
     if len == 0 {
         return Ok(());
     }
@@ -233,19 +292,29 @@ fn spawn_request(
         });
         // Never waits: the queue holds max_in_flight replies and each holds a slot. It
         // fails only if the writer is gone, and dropping the reply then frees its slot.
-        let _ = tx.blocking_send(Reply { wire, _slot: slot, _budget: budget });
+        let _ = tx.blocking_send(Reply {
+            wire,
+            _slot: slot,
+            _budget: budget,
+        });
     });
 }
 
 /// Owns the write half: writes replies in the order they complete, flushing whenever
 /// the queue runs dry, and closes the socket's write side once every sender is gone.
-async fn write_replies(writer: OwnedWriteHalf, mut rx: mpsc::Receiver<Reply>, limit: Duration) -> Result<(), ConnError> {
+async fn write_replies(
+    writer: OwnedWriteHalf,
+    mut rx: mpsc::Receiver<Reply>,
+    limit: Duration,
+) -> Result<(), ConnError> {
     let mut out = BufWriter::with_capacity(WRITE_BUFFER_BYTES, writer);
     loop {
         let reply = match rx.try_recv() {
             Ok(reply) => reply,
             Err(TryRecvError::Empty) => {
-                within(limit, out.flush()).await.ok_or(ConnError::Stalled(limit))??;
+                within(limit, out.flush())
+                    .await
+                    .ok_or(ConnError::Stalled(limit))??;
                 match rx.recv().await {
                     Some(reply) => reply,
                     None => break,
@@ -257,8 +326,12 @@ async fn write_replies(writer: OwnedWriteHalf, mut rx: mpsc::Receiver<Reply>, li
             out.write_all(&reply.wire.head).await?;
             out.write_all(&reply.wire.data).await
         };
-        within(limit, write).await.ok_or(ConnError::Stalled(limit))??;
+        within(limit, write)
+            .await
+            .ok_or(ConnError::Stalled(limit))??;
     }
-    within(limit, out.shutdown()).await.ok_or(ConnError::Stalled(limit))??;
+    within(limit, out.shutdown())
+        .await
+        .ok_or(ConnError::Stalled(limit))??;
     Ok(())
 }

@@ -19,11 +19,25 @@ pub const BLOCK: u64 = 4096;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
-    Write { offset: u64, len: usize, fua: bool },
+    Write {
+        offset: u64,
+        len: usize,
+        fua: bool,
+    },
     Flush,
-    Trim { offset: u64, len: u64 },
-    WriteZeroes { offset: u64, len: u64, may_trim: bool },
-    Cache { offset: u64, len: u64 },
+    Trim {
+        offset: u64,
+        len: u64,
+    },
+    WriteZeroes {
+        offset: u64,
+        len: u64,
+        may_trim: bool,
+    },
+    Cache {
+        offset: u64,
+        len: u64,
+    },
 }
 
 #[derive(Default)]
@@ -127,7 +141,11 @@ impl Export for MemExport {
         let range = self.range(offset, data.len() as u64)?;
         self.data.lock().unwrap()[range].copy_from_slice(data);
         self.mark(offset, data.len() as u64, true);
-        self.log.lock().unwrap().push(Op::Write { offset, len: data.len(), fua });
+        self.log.lock().unwrap().push(Op::Write {
+            offset,
+            len: data.len(),
+            fua,
+        });
         Ok(())
     }
 
@@ -146,7 +164,11 @@ impl Export for MemExport {
     fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<(), Errno> {
         self.zero(offset, len)?;
         self.mark(offset, len, !may_trim);
-        self.log.lock().unwrap().push(Op::WriteZeroes { offset, len, may_trim });
+        self.log.lock().unwrap().push(Op::WriteZeroes {
+            offset,
+            len,
+            may_trim,
+        });
         Ok(())
     }
 
@@ -168,8 +190,15 @@ impl Export for MemExport {
             while end < self.size_bytes() && map[(end / BLOCK) as usize] == map[block] {
                 end += BLOCK;
             }
-            let flags = if map[block] { 0 } else { state::HOLE | state::ZERO };
-            out.push(BlockStatus { len: (end - pos) as u32, flags });
+            let flags = if map[block] {
+                0
+            } else {
+                state::HOLE | state::ZERO
+            };
+            out.push(BlockStatus {
+                len: (end - pos) as u32,
+                flags,
+            });
             pos = end;
         }
         Ok(out)
@@ -242,8 +271,14 @@ impl MemBackend {
 impl Backend for MemBackend {
     fn list(&self) -> Vec<ExportInfo> {
         vec![
-            ExportInfo { name: "disk".into(), description: "test disk".into() },
-            ExportInfo { name: "ro".into(), description: "read-only disk".into() },
+            ExportInfo {
+                name: "disk".into(),
+                description: "test disk".into(),
+            },
+            ExportInfo {
+                name: "ro".into(),
+                description: "read-only disk".into(),
+            },
         ]
     }
 
@@ -254,6 +289,9 @@ impl Backend for MemBackend {
             _ => return None,
         };
         self.open_handles.fetch_add(1, Ordering::SeqCst);
-        Some(Arc::new(Handle { inner, open: self.open_handles.clone() }))
+        Some(Arc::new(Handle {
+            inner,
+            open: self.open_handles.clone(),
+        }))
     }
 }

@@ -82,7 +82,12 @@ impl Client {
 
     pub async fn connect_with_flags(addr: SocketAddr, flags: u32) -> io::Result<Client> {
         let s = TcpStream::connect(addr).await?;
-        let mut c = Client { s, pending: HashMap::new(), partial: HashMap::new(), next_cookie: 1 };
+        let mut c = Client {
+            s,
+            pending: HashMap::new(),
+            partial: HashMap::new(),
+            next_cookie: 1,
+        };
         let greeting = c.read_n(18).await?;
         assert_eq!(&greeting[..16], b"NBDMAGICIHAVEOPT");
         assert_eq!(be16(&greeting[16..]), 3, "FIXED_NEWSTYLE | NO_ZEROES");
@@ -99,7 +104,10 @@ impl Client {
         let mut buf = vec![0u8; n];
         match tokio::time::timeout(READ_TIMEOUT, self.s.read_exact(&mut buf)).await {
             Ok(r) => r.map(|_| buf),
-            Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "server did not answer")),
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "server did not answer",
+            )),
         }
     }
 
@@ -132,7 +140,11 @@ impl Client {
         let head = self.read_n(20).await?;
         assert_eq!(be64(&head), 0x0003_e889_0455_65a9, "option reply magic");
         let data = self.read_n(be32(&head[16..]) as usize).await?;
-        Ok(OptReply { option: be32(&head[8..]), reply_type: be32(&head[12..]), data })
+        Ok(OptReply {
+            option: be32(&head[8..]),
+            reply_type: be32(&head[12..]),
+            data,
+        })
     }
 
     /// Sends an option and collects replies up to the final one (ACK or an error).
@@ -210,21 +222,42 @@ impl Client {
     pub async fn structured(addr: SocketAddr, name: &str) -> (Client, ExportFacts) {
         let mut c = Client::connect(addr).await;
         c.structured_replies().await;
-        let replies = c.option(opt::SET_META_CONTEXT, &Self::meta_payload(name, &["base:allocation"])).await;
+        let replies = c
+            .option(
+                opt::SET_META_CONTEXT,
+                &Self::meta_payload(name, &["base:allocation"]),
+            )
+            .await;
         assert_eq!(replies[0].reply_type, rep::META_CONTEXT);
         let facts = c.go(name).await;
         (c, facts)
     }
 
     /// Sends a request header (and payload) with a fresh cookie, which it returns.
-    pub async fn send(&mut self, command: u16, flags: u16, offset: u64, len: u32, payload: &[u8]) -> u64 {
+    pub async fn send(
+        &mut self,
+        command: u16,
+        flags: u16,
+        offset: u64,
+        len: u32,
+        payload: &[u8],
+    ) -> u64 {
         let cookie = self.next_cookie;
         self.next_cookie += 1;
-        self.send_with_cookie(cookie, command, flags, offset, len, payload).await;
+        self.send_with_cookie(cookie, command, flags, offset, len, payload)
+            .await;
         cookie
     }
 
-    pub async fn send_with_cookie(&mut self, cookie: u64, command: u16, flags: u16, offset: u64, len: u32, payload: &[u8]) {
+    pub async fn send_with_cookie(
+        &mut self,
+        cookie: u64,
+        command: u16,
+        flags: u16,
+        offset: u64,
+        len: u32,
+        payload: &[u8],
+    ) {
         let mut msg = 0x2560_9513u32.to_be_bytes().to_vec();
         msg.extend_from_slice(&flags.to_be_bytes());
         msg.extend_from_slice(&command.to_be_bytes());
@@ -237,7 +270,14 @@ impl Client {
     }
 
     /// Sends one request and waits for its reply (no other request may be pending).
-    pub async fn request(&mut self, command: u16, flags: u16, offset: u64, len: u32, payload: &[u8]) -> Reply {
+    pub async fn request(
+        &mut self,
+        command: u16,
+        flags: u16,
+        offset: u64,
+        len: u32,
+        payload: &[u8],
+    ) -> Reply {
         let cookie = self.send(command, flags, offset, len, payload).await;
         let reply = self.reply().await.expect("reply");
         assert_eq!(reply.cookie, cookie);
@@ -249,7 +289,8 @@ impl Client {
     }
 
     pub async fn write(&mut self, offset: u64, data: &[u8]) -> Reply {
-        self.request(cmd::WRITE, 0, offset, data.len() as u32, data).await
+        self.request(cmd::WRITE, 0, offset, data.len() as u32, data)
+            .await
     }
 
     /// Reads the next complete reply, whatever request it answers.
@@ -272,17 +313,34 @@ impl Client {
         let head = self.read_n(12).await?;
         let (error, cookie) = (be32(&head), be64(&head[4..]));
         let (command, _, len) = self.pending[&cookie];
-        let data = if command == cmd::READ && error == 0 { self.read_n(len as usize).await? } else { Vec::new() };
-        Ok(Reply { cookie, error, data, ..Reply::default() })
+        let data = if command == cmd::READ && error == 0 {
+            self.read_n(len as usize).await?
+        } else {
+            Vec::new()
+        };
+        Ok(Reply {
+            cookie,
+            error,
+            data,
+            ..Reply::default()
+        })
     }
 
     /// Reads one structured chunk; returns the reply once its DONE chunk arrives.
     async fn chunk(&mut self) -> io::Result<Option<Reply>> {
         let head = self.read_n(16).await?;
-        let (flags, kind, cookie, len) = (be16(&head), be16(&head[2..]), be64(&head[4..]), be32(&head[12..]));
+        let (flags, kind, cookie, len) = (
+            be16(&head),
+            be16(&head[2..]),
+            be64(&head[4..]),
+            be32(&head[12..]),
+        );
         let payload = self.read_n(len as usize).await?;
         let (_, req_offset, req_len) = self.pending[&cookie];
-        let reply = self.partial.entry(cookie).or_insert_with(|| Reply { cookie, ..Reply::default() });
+        let reply = self.partial.entry(cookie).or_insert_with(|| Reply {
+            cookie,
+            ..Reply::default()
+        });
         reply.chunk_types.push(kind);
         match kind {
             chunk::NONE => assert_eq!(len, 0),
@@ -294,7 +352,10 @@ impl Client {
             chunk::BLOCK_STATUS => {
                 reply.context_id = Some(be32(&payload));
                 assert_eq!((payload.len() - 4) % 8, 0);
-                reply.extents = payload[4..].chunks(8).map(|e| (be32(e), be32(&e[4..]))).collect();
+                reply.extents = payload[4..]
+                    .chunks(8)
+                    .map(|e| (be32(e), be32(&e[4..])))
+                    .collect();
             }
             chunk::ERROR => {
                 reply.error = be32(&payload);

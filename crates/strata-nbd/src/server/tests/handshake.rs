@@ -22,7 +22,10 @@ async fn go_reports_export_info_and_enters_transmission() {
     let payload = Client::info_payload("disk", &[info::NAME, info::DESCRIPTION, info::BLOCK_SIZE]);
     let facts = Client::facts(&c.option(opt::GO, &payload).await);
     assert_eq!(facts.size, DISK_SIZE);
-    assert_eq!(facts.flags, RW_FLAGS, "no DF without structured replies, no READ_ONLY");
+    assert_eq!(
+        facts.flags, RW_FLAGS,
+        "no DF without structured replies, no READ_ONLY"
+    );
     assert_eq!(facts.name.as_deref(), Some("disk"));
     assert_eq!(facts.description.as_deref(), Some("test disk"));
     assert_eq!(facts.block_size, Some((1, 4096, 32 << 20)));
@@ -37,10 +40,18 @@ async fn info_then_go_reuses_one_handle() {
     let facts = Client::facts(&c.option(opt::INFO, &Client::info_payload("ro", &[])).await);
     assert_eq!(facts.size, RO_SIZE);
     assert_eq!(facts.flags & tf::READ_ONLY, tf::READ_ONLY);
-    assert_eq!(facts.flags & (tf::SEND_TRIM | tf::SEND_WRITE_ZEROES), 0, "nothing to trim on a read-only export");
+    assert_eq!(
+        facts.flags & (tf::SEND_TRIM | tf::SEND_WRITE_ZEROES),
+        0,
+        "nothing to trim on a read-only export"
+    );
     assert_eq!(server.backend.open_count(), 1);
     c.go("ro").await;
-    assert_eq!(server.backend.open_count(), 1, "GO reused the handle INFO opened");
+    assert_eq!(
+        server.backend.open_count(),
+        1,
+        "GO reused the handle INFO opened"
+    );
     drop(c);
     eventually("handle dropped", || server.backend.open_count() == 0).await;
 }
@@ -68,12 +79,21 @@ async fn list_reports_every_export_and_rejects_data() {
 async fn unknown_options_and_exports_are_refused_but_negotiation_continues() {
     let server = TestServer::default().await;
     let mut c = Client::connect(server.addr).await;
-    assert_eq!(c.option(99, b"whatever").await[0].reply_type, rep::ERR_UNSUP);
-    assert_eq!(c.option(opt::STARTTLS, &[]).await[0].reply_type, rep::ERR_UNSUP);
+    assert_eq!(
+        c.option(99, b"whatever").await[0].reply_type,
+        rep::ERR_UNSUP
+    );
+    assert_eq!(
+        c.option(opt::STARTTLS, &[]).await[0].reply_type,
+        rep::ERR_UNSUP
+    );
     let replies = c.option(opt::GO, &Client::info_payload("nope", &[])).await;
     assert_eq!(replies.len(), 1, "no INFO for an unknown export");
     assert_eq!(replies[0].reply_type, rep::ERR_UNKNOWN);
-    assert_eq!(c.option(opt::GO, &[0, 0, 0, 9, b'x']).await[0].reply_type, rep::ERR_INVALID);
+    assert_eq!(
+        c.option(opt::GO, &[0, 0, 0, 9, b'x']).await[0].reply_type,
+        rep::ERR_INVALID
+    );
     assert_eq!(server.backend.open_count(), 0);
     c.go("disk").await;
     assert_eq!(c.read(0, 8).await.error, 0);
@@ -82,24 +102,41 @@ async fn unknown_options_and_exports_are_refused_but_negotiation_continues() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn export_name_pads_unless_no_zeroes_and_closes_on_unknown_export() {
     let server = TestServer::default().await;
-    for (flags, reply_len) in [(client_flags::FIXED_NEWSTYLE, 134), (client_flags::FIXED_NEWSTYLE | client_flags::NO_ZEROES, 10)] {
-        let mut c = Client::connect_with_flags(server.addr, flags).await.unwrap();
+    for (flags, reply_len) in [
+        (client_flags::FIXED_NEWSTYLE, 134),
+        (client_flags::FIXED_NEWSTYLE | client_flags::NO_ZEROES, 10),
+    ] {
+        let mut c = Client::connect_with_flags(server.addr, flags)
+            .await
+            .unwrap();
         c.send_option(opt::EXPORT_NAME, b"disk").await;
         let reply = c.read_n(reply_len).await.unwrap();
-        assert_eq!(u64::from_be_bytes(reply[..8].try_into().unwrap()), DISK_SIZE);
+        assert_eq!(
+            u64::from_be_bytes(reply[..8].try_into().unwrap()),
+            DISK_SIZE
+        );
         assert_eq!(u16::from_be_bytes([reply[8], reply[9]]), RW_FLAGS);
         assert!(reply[10..].iter().all(|&b| b == 0));
-        assert_eq!(c.read(4096, 16).await.error, 0, "transmission works right after the reply");
+        assert_eq!(
+            c.read(4096, 16).await.error,
+            0,
+            "transmission works right after the reply"
+        );
     }
     let mut c = Client::connect(server.addr).await;
     c.send_option(opt::EXPORT_NAME, b"nope").await;
-    assert!(c.is_closed().await, "EXPORT_NAME cannot report errors: the server must hang up");
+    assert!(
+        c.is_closed().await,
+        "EXPORT_NAME cannot report errors: the server must hang up"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_client_flags_close_the_connection() {
     let server = TestServer::default().await;
-    let mut c = Client::connect_with_flags(server.addr, 1 << 5).await.unwrap();
+    let mut c = Client::connect_with_flags(server.addr, 1 << 5)
+        .await
+        .unwrap();
     assert!(c.is_closed().await);
 }
 
@@ -122,7 +159,10 @@ async fn oversized_option_closes_only_that_connection() {
     c.write_raw(&header).await.unwrap();
     assert!(c.is_closed().await);
     let mut bad_magic = Client::connect(server.addr).await;
-    bad_magic.write_raw(b"IHAVEOPS\0\0\0\x07\0\0\0\0").await.unwrap();
+    bad_magic
+        .write_raw(b"IHAVEOPS\0\0\0\x07\0\0\0\0")
+        .await
+        .unwrap();
     assert!(bad_magic.is_closed().await);
     bystander.go("disk").await;
     assert_eq!(bystander.read(0, 8).await.error, 0);
@@ -130,7 +170,10 @@ async fn oversized_option_closes_only_that_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handshake_timeout_closes_a_silent_client() {
-    let cfg = ServerConfig { handshake_timeout: std::time::Duration::from_millis(200), ..ServerConfig::default() };
+    let cfg = ServerConfig {
+        handshake_timeout: std::time::Duration::from_millis(200),
+        ..ServerConfig::default()
+    };
     let server = TestServer::start(cfg).await;
     let mut c = Client::connect(server.addr).await;
     assert!(c.is_closed().await);
@@ -140,7 +183,10 @@ async fn handshake_timeout_closes_a_silent_client() {
 async fn structured_reply_needs_no_data_and_enables_df() {
     let server = TestServer::default().await;
     let mut c = Client::connect(server.addr).await;
-    assert_eq!(c.option(opt::STRUCTURED_REPLY, b"x").await[0].reply_type, rep::ERR_INVALID);
+    assert_eq!(
+        c.option(opt::STRUCTURED_REPLY, b"x").await[0].reply_type,
+        rep::ERR_INVALID
+    );
     c.structured_replies().await;
     let facts = c.go("disk").await;
     assert_eq!(facts.flags, RW_FLAGS | tf::SEND_DF);
@@ -152,7 +198,12 @@ fn context_names(replies: &[super::client::OptReply]) -> Vec<(u32, String)> {
     replies
         .iter()
         .filter(|r| r.reply_type == rep::META_CONTEXT)
-        .map(|r| (u32::from_be_bytes(r.data[..4].try_into().unwrap()), String::from_utf8(r.data[4..].to_vec()).unwrap()))
+        .map(|r| {
+            (
+                u32::from_be_bytes(r.data[..4].try_into().unwrap()),
+                String::from_utf8(r.data[4..].to_vec()).unwrap(),
+            )
+        })
         .collect()
 }
 
@@ -162,15 +213,35 @@ async fn list_meta_context_follows_the_query_rules() {
     let mut c = Client::connect(server.addr).await;
     c.structured_replies().await;
     let expect = vec![(0, BASE_ALLOCATION.to_string())];
-    for queries in [&[][..], &["base:"], &["base:allocation"], &["base:", "base:allocation", "x-other:"]] {
-        let replies = c.option(opt::LIST_META_CONTEXT, &Client::meta_payload("disk", queries)).await;
+    for queries in [
+        &[][..],
+        &["base:"],
+        &["base:allocation"],
+        &["base:", "base:allocation", "x-other:"],
+    ] {
+        let replies = c
+            .option(
+                opt::LIST_META_CONTEXT,
+                &Client::meta_payload("disk", queries),
+            )
+            .await;
         assert_eq!(context_names(&replies), expect, "queries {queries:?}");
         assert_eq!(replies.last().unwrap().reply_type, rep::ACK);
     }
-    let replies = c.option(opt::LIST_META_CONTEXT, &Client::meta_payload("disk", &["qemu:dirty-bitmap:x"])).await;
+    let replies = c
+        .option(
+            opt::LIST_META_CONTEXT,
+            &Client::meta_payload("disk", &["qemu:dirty-bitmap:x"]),
+        )
+        .await;
     assert_eq!(replies.len(), 1, "unknown namespaces are ignored: just ACK");
     assert_eq!(replies[0].reply_type, rep::ACK);
-    let replies = c.option(opt::LIST_META_CONTEXT, &Client::meta_payload("disk", &["nocolon"])).await;
+    let replies = c
+        .option(
+            opt::LIST_META_CONTEXT,
+            &Client::meta_payload("disk", &["nocolon"]),
+        )
+        .await;
     assert_eq!(replies[0].reply_type, rep::ERR_INVALID);
     let replies = c.option(opt::LIST_META_CONTEXT, &[0, 0, 0, 1]).await;
     assert_eq!(replies[0].reply_type, rep::ERR_INVALID);
@@ -182,10 +253,22 @@ async fn set_meta_context_selects_base_allocation_for_the_named_export_only() {
     let mut c = Client::connect(server.addr).await;
     let payload = Client::meta_payload("disk", &["base:allocation"]);
     let replies = c.option(opt::SET_META_CONTEXT, &payload).await;
-    assert_eq!(replies[0].reply_type, rep::ERR_INVALID, "structured replies come first");
+    assert_eq!(
+        replies[0].reply_type,
+        rep::ERR_INVALID,
+        "structured replies come first"
+    );
     c.structured_replies().await;
-    let replies = c.option(opt::SET_META_CONTEXT, &Client::meta_payload("disk", &["base:"])).await;
-    assert!(context_names(&replies).is_empty(), "`base:` selects nothing in SET");
+    let replies = c
+        .option(
+            opt::SET_META_CONTEXT,
+            &Client::meta_payload("disk", &["base:"]),
+        )
+        .await;
+    assert!(
+        context_names(&replies).is_empty(),
+        "`base:` selects nothing in SET"
+    );
     let replies = c.option(opt::SET_META_CONTEXT, &payload).await;
     let selected = context_names(&replies);
     assert_eq!(selected.len(), 1);
@@ -198,16 +281,29 @@ async fn set_meta_context_selects_base_allocation_for_the_named_export_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_limit_are_closed() {
-    let cfg = ServerConfig { max_connections: 1, ..ServerConfig::default() };
+    let cfg = ServerConfig {
+        max_connections: 1,
+        ..ServerConfig::default()
+    };
     let server = TestServer::start(cfg).await;
     let (mut first, _) = Client::simple(server.addr, "disk").await;
     let mut refused = Client::raw(server.addr).await;
     let mut buf = [0u8; 1];
-    let n = tokio::time::timeout(std::time::Duration::from_secs(5), tokio::io::AsyncReadExt::read(&mut refused, &mut buf))
-        .await
-        .expect("closed promptly");
-    assert!(matches!(n, Ok(0) | Err(_)), "no greeting for a connection over the limit");
-    assert_eq!(first.read(0, 8).await.error, 0, "the admitted connection is unaffected");
+    let n = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read(&mut refused, &mut buf),
+    )
+    .await
+    .expect("closed promptly");
+    assert!(
+        matches!(n, Ok(0) | Err(_)),
+        "no greeting for a connection over the limit"
+    );
+    assert_eq!(
+        first.read(0, 8).await.error,
+        0,
+        "the admitted connection is unaffected"
+    );
     drop(first);
     eventually("slot freed", || server.backend.open_count() == 0).await;
     // The slot is free again once the first connection is gone.
@@ -220,5 +316,12 @@ async fn connections_beyond_the_limit_are_closed() {
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    assert_eq!(again.expect("admitted after the first left").read(0, 8).await.error, 0);
+    assert_eq!(
+        again
+            .expect("admitted after the first left")
+            .read(0, 8)
+            .await
+            .error,
+        0
+    );
 }

@@ -21,7 +21,10 @@ async fn bad_request_magic_closes_only_that_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_write_closes_the_connection_but_oversized_read_is_einval() {
-    let cfg = ServerConfig { max_payload_bytes: 64 * 1024, ..ServerConfig::default() };
+    let cfg = ServerConfig {
+        max_payload_bytes: 64 * 1024,
+        ..ServerConfig::default()
+    };
     let server = TestServer::start(cfg).await;
     let (mut c, facts) = Client::simple(server.addr, "disk").await;
     assert_eq!(c.read(0, 1 << 20).await.error, crate::Errno::Inval.code());
@@ -39,7 +42,10 @@ async fn client_vanishing_mid_payload_costs_only_its_connection() {
     c.send(cmd::WRITE, 0, 0, 65536, &[0x11; 1000]).await;
     drop(c);
     eventually("handle dropped", || server.backend.open_count() == 0).await;
-    assert!(server.backend.disk.ops().is_empty(), "a partial write never reaches the export");
+    assert!(
+        server.backend.disk.ops().is_empty(),
+        "a partial write never reaches the export"
+    );
     let (mut next, _) = Client::simple(server.addr, "disk").await;
     assert_eq!(next.read(0, 16).await.data, [0; 16]);
 }
@@ -49,7 +55,10 @@ async fn replies_come_back_in_completion_order() {
     let server = TestServer::default().await;
     let (mut c, _) = Client::structured(server.addr, "disk").await;
     let slow = c.send(cmd::READ, 0, GATE_OFFSET, 4096, &[]).await;
-    eventually("gated read started", || server.backend.disk.gate.waiting() == 1).await;
+    eventually("gated read started", || {
+        server.backend.disk.gate.waiting() == 1
+    })
+    .await;
     let mut fast = Vec::new();
     for i in 0..32u64 {
         fast.push(c.send(cmd::READ, 0, i * 4096, 4096, &[]).await);
@@ -59,23 +68,39 @@ async fn replies_come_back_in_completion_order() {
         answered.push(c.reply().await.unwrap().cookie);
     }
     answered.sort();
-    assert_eq!(answered, fast, "all quick reads answered while the slow one is held");
+    assert_eq!(
+        answered, fast,
+        "all quick reads answered while the slow one is held"
+    );
     server.backend.disk.gate.open();
     let reply = c.reply().await.unwrap();
-    assert_eq!((reply.cookie, reply.error, reply.data.len()), (slow, 0, 4096));
+    assert_eq!(
+        (reply.cookie, reply.error, reply.data.len()),
+        (slow, 0, 4096)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_requests_are_bounded_per_connection() {
-    let cfg = ServerConfig { max_in_flight_per_connection: 4, ..ServerConfig::default() };
+    let cfg = ServerConfig {
+        max_in_flight_per_connection: 4,
+        ..ServerConfig::default()
+    };
     let server = TestServer::start(cfg).await;
     let (mut c, _) = Client::simple(server.addr, "disk").await;
     for _ in 0..6 {
         c.send(cmd::READ, 0, GATE_OFFSET, 512, &[]).await;
     }
-    eventually("four reads held", || server.backend.disk.gate.waiting() == 4).await;
+    eventually("four reads held", || {
+        server.backend.disk.gate.waiting() == 4
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(server.backend.disk.gate.waiting(), 4, "the server stopped reading at the limit");
+    assert_eq!(
+        server.backend.disk.gate.waiting(),
+        4,
+        "the server stopped reading at the limit"
+    );
     server.backend.disk.gate.open();
     for _ in 0..6 {
         assert_eq!(c.reply().await.unwrap().error, 0);
@@ -93,20 +118,35 @@ async fn shutdown_finishes_requests_already_read() {
     eventually("read in flight", || server.backend.disk.gate.waiting() == 1).await;
     server.request_stop();
     assert!(idle.is_closed().await, "idle connections close at once");
-    assert!(handshaking.is_closed().await, "so do connections still haggling");
-    assert!(!server.is_finished(), "serve waits for the request in flight");
+    assert!(
+        handshaking.is_closed().await,
+        "so do connections still haggling"
+    );
+    assert!(
+        !server.is_finished(),
+        "serve waits for the request in flight"
+    );
     server.backend.disk.gate.open();
     let reply = c.reply().await.unwrap();
-    assert_eq!((reply.cookie, reply.data.as_slice()), (cookie, &b"durable"[..]));
+    assert_eq!(
+        (reply.cookie, reply.data.as_slice()),
+        (cookie, &b"durable"[..])
+    );
     assert!(c.is_closed().await);
     let addr = server.addr;
     server.stop().await.unwrap();
-    assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "no longer listening");
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "no longer listening"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_timeout_spares_connections_waiting_on_the_server() {
-    let cfg = ServerConfig { idle_timeout: Duration::from_millis(300), ..ServerConfig::default() };
+    let cfg = ServerConfig {
+        idle_timeout: Duration::from_millis(300),
+        ..ServerConfig::default()
+    };
     let server = TestServer::start(cfg).await;
     let (mut busy, _) = Client::simple(server.addr, "disk").await;
     let (mut silent, _) = Client::simple(server.addr, "disk").await;
@@ -114,7 +154,11 @@ async fn idle_timeout_spares_connections_waiting_on_the_server() {
     assert!(silent.is_closed().await, "a silent connection is closed");
     tokio::time::sleep(Duration::from_millis(700)).await;
     server.backend.disk.gate.open();
-    assert_eq!(busy.reply().await.unwrap().error, 0, "a slow request is not idleness");
+    assert_eq!(
+        busy.reply().await.unwrap().error,
+        0,
+        "a slow request is not idleness"
+    );
     assert!(busy.is_closed().await, "then it idles out too");
 }
 
@@ -122,7 +166,27 @@ async fn idle_timeout_spares_connections_waiting_on_the_server() {
 async fn invalid_config_is_rejected() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let backend = std::sync::Arc::new(super::backend::MemBackend::new());
-    let cfg = ServerConfig { max_payload_bytes: 100, ..ServerConfig::default() };
-    let err = crate::serve(listener, backend, cfg, std::future::pending()).await.unwrap_err();
+    let cfg = ServerConfig {
+        max_payload_bytes: 100,
+        ..ServerConfig::default()
+    };
+    let err = crate::serve(listener, backend, cfg, std::future::pending())
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_does_not_wait_forever_for_a_stalled_payload() {
+    let server = TestServer::default().await;
+    let (mut c, _) = Client::simple(server.addr, "disk").await;
+    c.send(cmd::WRITE, 0, 0, 65536, &[0x22; 100]).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    server.stop().await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "bounded by the shutdown grace"
+    );
+    assert!(c.is_closed().await);
 }

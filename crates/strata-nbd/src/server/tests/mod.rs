@@ -43,7 +43,12 @@ impl TestServer {
             let _ = stopped.await;
         };
         let task = tokio::spawn(serve(listener, backend.clone(), cfg, shutdown));
-        TestServer { addr, backend, stop: Some(stop), task }
+        TestServer {
+            addr,
+            backend,
+            stop: Some(stop),
+            task,
+        }
     }
 
     pub async fn default() -> TestServer {
@@ -64,7 +69,10 @@ impl TestServer {
     /// Stops the server and waits (bounded) for `serve` to return.
     pub async fn stop(mut self) -> io::Result<()> {
         self.request_stop();
-        tokio::time::timeout(Duration::from_secs(10), self.task).await.expect("serve returns").expect("no panic")
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("serve returns")
+            .expect("no panic")
     }
 }
 

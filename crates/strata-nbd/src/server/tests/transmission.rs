@@ -7,7 +7,9 @@ use crate::proto::{chunk, cmd, cmd_flags, state};
 use crate::{Errno, ServerConfig};
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -15,14 +17,26 @@ async fn write_read_flush_with_simple_replies() {
     let server = TestServer::default().await;
     let (mut c, _) = Client::simple(server.addr, "disk").await;
     let data = pattern(8192, 7);
-    let reply = c.request(cmd::WRITE, cmd_flags::FUA, 4096, 8192, &data).await;
+    let reply = c
+        .request(cmd::WRITE, cmd_flags::FUA, 4096, 8192, &data)
+        .await;
     assert_eq!(reply.error, 0);
     assert_eq!(c.read(4096, 8192).await.data, data);
     assert_eq!(c.read(4095, 2).await.data, [0, data[0]]);
     assert_eq!(c.request(cmd::FLUSH, 0, 0, 0, &[]).await.error, 0);
     assert_eq!(c.write(0, &[]).await.error, 0, "an empty write is a no-op");
     let ops = server.backend.disk.ops();
-    assert_eq!(ops, [Op::Write { offset: 4096, len: 8192, fua: true }, Op::Flush]);
+    assert_eq!(
+        ops,
+        [
+            Op::Write {
+                offset: 4096,
+                len: 8192,
+                fua: true
+            },
+            Op::Flush
+        ]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -32,14 +46,32 @@ async fn structured_reads_and_errors_use_chunks() {
     let data = pattern(65536, 3);
     assert_eq!(c.write(0, &data).await.chunk_types, [chunk::NONE]);
     let reply = c.request(cmd::READ, cmd_flags::DF, 0, 65536, &[]).await;
-    assert_eq!(reply.chunk_types, [chunk::OFFSET_DATA], "one final data chunk");
+    assert_eq!(
+        reply.chunk_types,
+        [chunk::OFFSET_DATA],
+        "one final data chunk"
+    );
     assert_eq!(reply.data, data);
-    assert_eq!(c.read(100, 0).await.chunk_types, [chunk::NONE], "an empty read has no data chunk");
+    assert_eq!(
+        c.read(100, 0).await.chunk_types,
+        [chunk::NONE],
+        "an empty read has no data chunk"
+    );
     let reply = c.read(DISK_SIZE - 1, 2).await;
-    assert_eq!((reply.error, reply.chunk_types.as_slice()), (Errno::Inval.code(), &[chunk::ERROR][..]));
-    assert!(!reply.message.is_empty(), "errors carry a message for humans");
+    assert_eq!(
+        (reply.error, reply.chunk_types.as_slice()),
+        (Errno::Inval.code(), &[chunk::ERROR][..])
+    );
+    assert!(
+        !reply.message.is_empty(),
+        "errors carry a message for humans"
+    );
     let reply = c.read(EIO_OFFSET, 4096).await;
-    assert_eq!(reply.error, Errno::Io.code(), "the export's error reaches the client");
+    assert_eq!(
+        reply.error,
+        Errno::Io.code(),
+        "the export's error reaches the client"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -47,10 +79,23 @@ async fn trim_write_zeroes_and_cache_reach_the_export() {
     let server = TestServer::default().await;
     let (mut c, _) = Client::simple(server.addr, "disk").await;
     c.write(0, &pattern(16384, 1)).await;
-    assert_eq!(c.request(cmd::TRIM, cmd_flags::FUA, 0, 4096, &[]).await.error, 0);
-    assert_eq!(c.request(cmd::WRITE_ZEROES, 0, 4096, 4096, &[]).await.error, 0);
+    assert_eq!(
+        c.request(cmd::TRIM, cmd_flags::FUA, 0, 4096, &[])
+            .await
+            .error,
+        0
+    );
+    assert_eq!(
+        c.request(cmd::WRITE_ZEROES, 0, 4096, 4096, &[]).await.error,
+        0
+    );
     let flags = cmd_flags::NO_HOLE | cmd_flags::FAST_ZERO;
-    assert_eq!(c.request(cmd::WRITE_ZEROES, flags, 8192, 4096, &[]).await.error, 0);
+    assert_eq!(
+        c.request(cmd::WRITE_ZEROES, flags, 8192, 4096, &[])
+            .await
+            .error,
+        0
+    );
     assert_eq!(c.request(cmd::CACHE, 0, 0, 65536, &[]).await.error, 0);
     assert_eq!(c.read(0, 12288).await.data, vec![0; 12288]);
     assert_eq!(c.read(12288, 4096).await.data, pattern(16384, 1)[12288..]);
@@ -58,11 +103,25 @@ async fn trim_write_zeroes_and_cache_reach_the_export() {
     assert_eq!(
         &ops[1..],
         [
-            Op::Trim { offset: 0, len: 4096 },
+            Op::Trim {
+                offset: 0,
+                len: 4096
+            },
             Op::Flush, // FUA on trim is honoured with a flush
-            Op::WriteZeroes { offset: 4096, len: 4096, may_trim: true },
-            Op::WriteZeroes { offset: 8192, len: 4096, may_trim: false },
-            Op::Cache { offset: 0, len: 65536 },
+            Op::WriteZeroes {
+                offset: 4096,
+                len: 4096,
+                may_trim: true
+            },
+            Op::WriteZeroes {
+                offset: 8192,
+                len: 4096,
+                may_trim: false
+            },
+            Op::Cache {
+                offset: 0,
+                len: 65536
+            },
         ]
     );
 }
@@ -75,15 +134,24 @@ async fn block_status_reports_clipped_extents() {
     let reply = c.request(cmd::BLOCK_STATUS, 0, 0, 65536, &[]).await;
     assert_eq!(reply.chunk_types, [chunk::BLOCK_STATUS]);
     assert_ne!(reply.context_id, Some(0));
-    assert_eq!(reply.extents, [(8192, 0), (65536 - 8192, state::HOLE | state::ZERO)]);
+    assert_eq!(
+        reply.extents,
+        [(8192, 0), (65536 - 8192, state::HOLE | state::ZERO)]
+    );
     // The backend reports the whole 4 MiB hole; the reply must stop at the requested length.
     let reply = c.request(cmd::BLOCK_STATUS, 0, 8192, 4096, &[]).await;
     assert_eq!(reply.extents, [(4096, state::HOLE | state::ZERO)]);
-    let reply = c.request(cmd::BLOCK_STATUS, cmd_flags::REQ_ONE, 0, 65536, &[]).await;
+    let reply = c
+        .request(cmd::BLOCK_STATUS, cmd_flags::REQ_ONE, 0, 65536, &[])
+        .await;
     assert_eq!(reply.extents, [(8192, 0)]);
-    let reply = c.request(cmd::BLOCK_STATUS, cmd_flags::REQ_ONE, 4096, 1024, &[]).await;
+    let reply = c
+        .request(cmd::BLOCK_STATUS, cmd_flags::REQ_ONE, 4096, 1024, &[])
+        .await;
     assert_eq!(reply.extents, [(1024, 0)]);
-    let reply = c.request(cmd::BLOCK_STATUS, 0, DISK_SIZE - 4096, 8192, &[]).await;
+    let reply = c
+        .request(cmd::BLOCK_STATUS, 0, DISK_SIZE - 4096, 8192, &[])
+        .await;
     assert_eq!(reply.error, Errno::Inval.code());
 }
 
@@ -91,7 +159,10 @@ async fn block_status_reports_clipped_extents() {
 async fn block_status_without_meta_context_is_einval() {
     let server = TestServer::default().await;
     let (mut c, _) = Client::simple(server.addr, "disk").await;
-    assert_eq!(c.request(cmd::BLOCK_STATUS, 0, 0, 4096, &[]).await.error, Errno::Inval.code());
+    assert_eq!(
+        c.request(cmd::BLOCK_STATUS, 0, 0, 4096, &[]).await.error,
+        Errno::Inval.code()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -100,31 +171,83 @@ async fn invalid_requests_get_the_spec_errors() {
     let (mut c, _) = Client::simple(server.addr, "disk").await;
     let inval = Errno::Inval.code();
     assert_eq!(c.read(DISK_SIZE - 512, 1024).await.error, inval);
-    assert_eq!(c.read(u64::MAX - 10, 512).await.error, inval, "offset + length overflows");
-    let reply = c.request(cmd::WRITE, 0, DISK_SIZE, 4096, &pattern(4096, 0)).await;
+    assert_eq!(
+        c.read(u64::MAX - 10, 512).await.error,
+        inval,
+        "offset + length overflows"
+    );
+    let reply = c
+        .request(cmd::WRITE, 0, DISK_SIZE, 4096, &pattern(4096, 0))
+        .await;
     assert_eq!(reply.error, Errno::NoSpc.code());
-    assert_eq!(c.request(cmd::WRITE_ZEROES, 0, DISK_SIZE - 1, 2, &[]).await.error, Errno::NoSpc.code());
-    assert_eq!(c.request(cmd::TRIM, 0, DISK_SIZE, 1, &[]).await.error, inval);
-    assert_eq!(c.request(42, 0, 0, 0, &[]).await.error, inval, "unknown command");
-    assert_eq!(c.request(cmd::READ, cmd_flags::REQ_ONE, 0, 8, &[]).await.error, inval, "flag of another command");
-    assert_eq!(c.request(cmd::READ, cmd_flags::DF, 0, 8, &[]).await.error, inval, "DF needs structured replies");
-    assert_eq!(c.request(cmd::READ, 1 << 9, 0, 8, &[]).await.error, inval, "unknown flag");
-    assert_eq!(c.read(0, 64 << 20).await.error, inval, "read above the maximum block size");
+    assert_eq!(
+        c.request(cmd::WRITE_ZEROES, 0, DISK_SIZE - 1, 2, &[])
+            .await
+            .error,
+        Errno::NoSpc.code()
+    );
+    assert_eq!(
+        c.request(cmd::TRIM, 0, DISK_SIZE, 1, &[]).await.error,
+        inval
+    );
+    assert_eq!(
+        c.request(42, 0, 0, 0, &[]).await.error,
+        inval,
+        "unknown command"
+    );
+    assert_eq!(
+        c.request(cmd::READ, cmd_flags::REQ_ONE, 0, 8, &[])
+            .await
+            .error,
+        inval,
+        "flag of another command"
+    );
+    assert_eq!(
+        c.request(cmd::READ, cmd_flags::DF, 0, 8, &[]).await.error,
+        inval,
+        "DF needs structured replies"
+    );
+    assert_eq!(
+        c.request(cmd::READ, 1 << 9, 0, 8, &[]).await.error,
+        inval,
+        "unknown flag"
+    );
+    assert_eq!(
+        c.read(0, 64 << 20).await.error,
+        inval,
+        "read above the maximum block size"
+    );
     // A refused write's payload was consumed: the stream is still in step.
     assert_eq!(c.write(0, &pattern(512, 5)).await.error, 0);
     assert_eq!(c.read(0, 512).await.data, pattern(512, 5));
-    assert!(server.backend.disk.ops().len() == 1, "refused requests never reach the export");
+    assert!(
+        server.backend.disk.ops().len() == 1,
+        "refused requests never reach the export"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn df_read_too_large_is_eoverflow() {
-    let cfg = ServerConfig { max_payload_bytes: 64 * 1024, ..ServerConfig::default() };
+    let cfg = ServerConfig {
+        max_payload_bytes: 64 * 1024,
+        ..ServerConfig::default()
+    };
     let server = TestServer::start(cfg).await;
     let (mut c, _) = Client::structured(server.addr, "disk").await;
-    let reply = c.request(cmd::READ, cmd_flags::DF, 0, 128 * 1024, &[]).await;
-    assert_eq!((reply.error, reply.chunk_types.as_slice()), (Errno::Overflow.code(), &[chunk::ERROR][..]));
+    let reply = c
+        .request(cmd::READ, cmd_flags::DF, 0, 128 * 1024, &[])
+        .await;
+    assert_eq!(
+        (reply.error, reply.chunk_types.as_slice()),
+        (Errno::Overflow.code(), &[chunk::ERROR][..])
+    );
     assert_eq!(c.read(0, 128 * 1024).await.error, Errno::Inval.code());
-    assert_eq!(c.request(cmd::READ, cmd_flags::DF, 0, 64 * 1024, &[]).await.error, 0);
+    assert_eq!(
+        c.request(cmd::READ, cmd_flags::DF, 0, 64 * 1024, &[])
+            .await
+            .error,
+        0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,7 +258,10 @@ async fn read_only_export_refuses_writes_with_eperm() {
     let perm = Errno::Perm.code();
     assert_eq!(c.write(0, &pattern(4096, 0)).await.error, perm);
     assert_eq!(c.request(cmd::TRIM, 0, 0, 4096, &[]).await.error, perm);
-    assert_eq!(c.request(cmd::WRITE_ZEROES, 0, 0, 4096, &[]).await.error, perm);
+    assert_eq!(
+        c.request(cmd::WRITE_ZEROES, 0, 0, 4096, &[]).await.error,
+        perm
+    );
     assert_eq!(c.read(0, 4).await.data, [0xa5; 4]);
     assert!(server.backend.ro.ops().is_empty());
 }
