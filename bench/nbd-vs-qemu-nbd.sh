@@ -13,6 +13,9 @@
 #   RAMP=2          fio ramp_time in seconds     SIZE=512M      region fio works on
 #   BENCH_DIR=/var/tmp   where the temporary data directory goes (pick the medium to test)
 #   STRATA_ARGS=""  extra flags for `strata serve`   KEEP=1   keep the directory and results
+#   DURABLE=1       follow every write with an NBD FLUSH (fio --fsync=1) on both servers. Strata
+#                   replies to a write once it is durable; qemu-nbd --cache=none only once it
+#                   reached the device, durable at the next FLUSH. DURABLE=1 compares equal promises.
 set -euo pipefail
 
 RUNTIME=${RUNTIME:-10}
@@ -22,6 +25,9 @@ SIZE=${SIZE:-512M}
 BENCH_DIR=${BENCH_DIR:-/var/tmp}
 STRATA_ARGS=${STRATA_ARGS:-}
 KEEP=${KEEP:-}
+DURABLE=${DURABLE:-}
+WRITE_EXTRA=""
+[[ -n "$DURABLE" ]] && WRITE_EXTRA="--fsync=1"
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
@@ -100,6 +106,11 @@ echo "medium:   $WORK on $fs_source ($fs_type)"
 echo "strata:   $STRATA_URI, I/O backend $STRATA_BACKEND, flags: ${STRATA_ARGS:-defaults}"
 echo "qemu-nbd: $QEMU_URI, $(qemu-nbd --version | head -1)"
 echo "fio:      $(fio --version), runtime ${RUNTIME}s (+${RAMP}s ramp) per run, $ROUNDS rounds, region $SIZE"
+if [[ -n "$DURABLE" ]]; then
+    echo "writes:   each followed by an NBD FLUSH (DURABLE=1)"
+else
+    echo "writes:   no FLUSH (qemu-nbd acknowledges before durability; DURABLE=1 flushes each write)"
+fi
 echo
 
 FIO_COMMON=(--ioengine=nbd --size="$SIZE" --bs=4k --norandommap --randrepeat=0 --group_reporting
@@ -115,8 +126,8 @@ done
 # workload name -> fio arguments (engine options such as --uri must follow --ioengine)
 declare -A WORKLOAD=(
     [randread-qd32]="--rw=randread --iodepth=32"
-    [randwrite-qd32]="--rw=randwrite --iodepth=32"
-    [write-qd1]="--rw=randwrite --iodepth=1"
+    [randwrite-qd32]="--rw=randwrite --iodepth=32 $WRITE_EXTRA"
+    [write-qd1]="--rw=randwrite --iodepth=1 $WRITE_EXTRA"
 )
 ORDER=(randread-qd32 randwrite-qd32 write-qd1)
 

@@ -237,9 +237,15 @@ fn hotset(dir: &Path) -> Result<(), String> {
     let cap0 = rig.cap.stats().write_bytes;
     let passes = 10;
     let total_ops = passes * hot / 4096;
-    let t = parallel(32, total_ops / 32, |rng| {
-        let b = rng.gen_range(0..hot / 4096);
-        dg.write(v, b * 4096, &[0x3c; 4096]).expect("write");
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let t = std::thread::scope(|s| {
+        s.spawn(|| monitor(&dg, &done));
+        let t = parallel(32, total_ops / 32, |rng| {
+            let b = rng.gen_range(0..hot / 4096);
+            dg.write(v, b * 4096, &[0x3c; 4096]).expect("write");
+        });
+        done.store(true, Ordering::Relaxed);
+        t
     });
     let host = total_ops * 4096;
     let st = dg.stats();
@@ -326,5 +332,24 @@ fn backend() -> IoBackend {
         Ok("threads") => IoBackend::ThreadPool,
         Ok("io_uring") => IoBackend::IoUring,
         _ => IoBackend::Auto,
+    }
+}
+
+/// With STRATA_BENCH_TRACE set, prints fill, destage and hot-data figures every second.
+fn monitor(dg: &DiskGroup, done: &std::sync::atomic::AtomicBool) {
+    if std::env::var("STRATA_BENCH_TRACE").is_err() {
+        return;
+    }
+    while !done.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_secs(1));
+        let st = dg.stats();
+        eprintln!(
+            "fill {:.2} host {} MiB destaged {} MiB kept {} MiB throttled {}",
+            st.log_fill_ratio,
+            st.host_write_bytes_total / MIB,
+            st.destaged_bytes_total / MIB,
+            st.hot_kept_bytes_total / MIB,
+            st.admission_throttled
+        );
     }
 }

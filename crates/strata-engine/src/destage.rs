@@ -116,11 +116,20 @@ impl Destager {
         let width = self.sh.caps.len();
         let mut stripe: Vec<Builder> = vec![Builder::new(self.sh.layout.geo)];
         let mut taken = 0;
-        let keep_hot = self.keep_hot_allowed();
+        if self.keep_hot_allowed() {
+            // The batches this step is likely to take: one stripe's worth of log.
+            let room = width as u64 * u64::from(self.sh.layout.geo.data_blocks);
+            let mut seen = 0;
+            let scope: Vec<&BatchMeta> = batches
+                .iter()
+                .take_while(|b| {
+                    seen += b.blocks;
+                    seen <= room
+                })
+                .collect();
+            self.keep_hot(&scope);
+        }
         for b in &batches {
-            if keep_hot {
-                self.keep_hot(b);
-            }
             let runs = live_runs(&self.sh, b);
             let blocks: u64 = runs.iter().map(|r| r.2).sum::<u64>();
             let entries = runs.len() + tombstone_count(&self.sh, b);
@@ -150,24 +159,37 @@ impl Destager {
         Ok(freed)
     }
 
-    /// Hot data stays on the fast tier only while there is room: not when draining, not
-    /// above the high mark.
+    /// Hot data stays on the fast tier only while there is room for it: not when draining,
+    /// and not above the high mark (then everything moves, oldest first).
     fn keep_hot_allowed(&self) -> bool {
         let fill = self.sh.log.lock().fill_ratio();
         !self.sh.drain.load(Ordering::Relaxed) && fill < self.sh.cfg.fill_ratio_high && !self.sh.heat.lock().is_empty()
     }
 
-    /// Writes the hot live blocks of a tail batch again at the log head instead of moving them
+    /// Writes the hot live blocks of tail batches again at the log head instead of moving them
     /// to the capacity tier: data still being rewritten stays where rewrites are cheap. Each
-    /// move halves the block's heat, so data that stops being rewritten soon goes cold.
-    fn keep_hot(&self, b: &BatchMeta) {
-        for (i, off, n) in live_runs(&self.sh, b) {
-            let r = &b.records[i];
-            for (lba, len) in self.hot_parts(r.volume, r.lba + off, n) {
-                let from = r.data_start + (lba - r.lba);
-                if self.rewrite_at_head(r.volume, lba, len, from).is_err() {
-                    return;
+    /// move halves the block's heat, so data that stops being rewritten soon goes cold. All
+    /// moves of a step go to the log writer together, so they share its group commits.
+    fn keep_hot(&self, batches: &[&BatchMeta]) {
+        let mut pending = Vec::new();
+        for b in batches {
+            for (i, off, n) in live_runs(&self.sh, b) {
+                let r = &b.records[i];
+                for (lba, len) in self.hot_parts(r.volume, r.lba + off, n) {
+                    let from = r.data_start + (lba - r.lba);
+                    match self.submit_rewrite(r.volume, lba, len, from) {
+                        Ok(Some(p)) => pending.push(p),
+                        Ok(None) => {}
+                        Err(_) => break,
+                    }
                 }
+            }
+        }
+        for (guard, wait, volume, lba, len) in pending {
+            let ok = matches!(wait.recv(), Ok(Ok(())));
+            drop(guard);
+            if ok {
+                self.cool(volume, lba, len);
             }
         }
     }
@@ -188,17 +210,18 @@ impl Destager {
         out
     }
 
-    /// Like a host writing the same data again, under the same range lock, so no host write
-    /// can slip in between; skipped when a host holds the range.
-    fn rewrite_at_head(&self, volume: u32, lba: u64, len: u64, from: u64) -> Result<(), EngineError> {
-        let Some(_g) = self.sh.ranges.try_lock(volume, lba, lba + len) else { return Ok(()) };
+    /// Like a host writing the same data again, under the same range lock (held until the
+    /// write completes), so no host write can slip in between. Skipped when a host holds the
+    /// range or the data moved meanwhile.
+    fn submit_rewrite(&self, volume: u32, lba: u64, len: u64, from: u64) -> Result<Option<Pending<'_>>, EngineError> {
+        let Some(guard) = self.sh.ranges.try_lock(volume, lba, lba + len) else { return Ok(None) };
         let still_here = {
             let idx = self.sh.index.read();
-            let Some(v) = idx.vols.get(&volume) else { return Ok(()) };
+            let Some(v) = idx.vols.get(&volume) else { return Ok(None) };
             v.map.lookup(lba, len) == vec![crate::map::Piece { lba, len, loc: Some(Loc::Fast(from)) }]
         };
         if !still_here {
-            return Ok(());
+            return Ok(None);
         }
         let mut data = AlignedBuf::new_zeroed((len * BLOCK_U64) as usize);
         self.sh.fast.read_at(&mut data, self.sh.layout.log_byte(from))?;
@@ -206,13 +229,16 @@ impl Destager {
             if crc32c::crc32c(chunk) != self.sh.fast_crcs[(from + k as u64) as usize].load(Ordering::Relaxed) {
                 // A damaged block is left for the destager, which keeps its original crc so the
                 // damage stays detectable; rewriting it here would give it a fresh, valid crc.
-                return Ok(());
+                return Ok(None);
             }
         }
         let (done, wait) = crossbeam_channel::bounded(1);
         let req = WriteReq { kind: RecordKind::Write, volume, lba, nblocks: len, data: Some(data), done, no_wait: true, relocation: true };
         self.tx.send(req).map_err(|_| EngineError::ShuttingDown)?;
-        wait.recv().unwrap_or(Err(EngineError::ShuttingDown))?;
+        Ok(Some((guard, wait, volume, lba, len)))
+    }
+
+    fn cool(&self, volume: u32, lba: u64, len: u64) {
         let mut heat = self.sh.heat.lock();
         for b in lba..lba + len {
             if let Some(h) = heat.get_mut(&(volume, b)) {
@@ -223,7 +249,6 @@ impl Destager {
             }
         }
         self.sh.counters.hot_kept_bytes.fetch_add(len * BLOCK_U64, Ordering::Relaxed);
-        Ok(())
     }
 
     fn write_and_commit(&self, stripe: Vec<Builder>) -> Result<u64, EngineError> {
@@ -360,6 +385,14 @@ impl Destager {
         Ok(plan)
     }
 }
+
+type Pending<'a> = (
+    crate::rangelock::RangeGuard<'a>,
+    crossbeam_channel::Receiver<Result<(), EngineError>>,
+    u32,
+    u64,
+    u64,
+);
 
 struct GcVictim {
     seg: u32,
@@ -509,3 +542,4 @@ fn add_seg_runs(sh: &Shared, builder: &mut Builder, seg: u32, s: &SegmentSummary
     }
     Ok(())
 }
+

@@ -211,7 +211,7 @@ impl LogWriter {
                 b.durable = true;
             }
         }
-        let bytes: u64 = batch.iter().map(|r| r.nblocks * BLOCK_U64).sum();
+        let bytes: u64 = batch.iter().filter(|r| !r.relocation).map(|r| r.nblocks * BLOCK_U64).sum();
         self.sh.counters.host_write_bytes.fetch_add(bytes, Ordering::Relaxed);
         reply_all(batch, || Ok(()));
         let fill = self.sh.log.lock().fill_ratio();
@@ -323,7 +323,8 @@ pub fn apply_records(sh: &Shared, records: &[RecMeta]) -> Vec<(u64, u64, Loc)> {
             };
             let d = v.map.set(r.lba, r.nblocks, loc);
             if r.kind == RecordKind::Write && !r.relocation {
-                rewrites.extend(d.iter().filter(|x| matches!(x.2, Loc::Fast(_))).map(|x| (r.volume, x.0, x.1)));
+                // Any overwrite is evidence of heat, wherever the old copy was.
+                rewrites.extend(d.iter().map(|x| (r.volume, x.0, x.1)));
             }
             displaced.extend(d);
         }

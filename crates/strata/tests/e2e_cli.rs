@@ -10,7 +10,10 @@ use serde_json::Value;
 fn volumes(daemon: &Daemon) -> Vec<Value> {
     let listing = daemon.cli_json(&["volume", "list"]);
     let array = listing.get("volumes").unwrap_or(&listing);
-    array.as_array().unwrap_or_else(|| panic!("volume list --json is not a list: {listing:#}")).clone()
+    array
+        .as_array()
+        .unwrap_or_else(|| panic!("volume list --json is not a list: {listing:#}"))
+        .clone()
 }
 
 fn volume<'a>(list: &'a [Value], name: &str) -> Option<&'a Value> {
@@ -18,7 +21,9 @@ fn volume<'a>(list: &'a [Value], name: &str) -> Option<&'a Value> {
 }
 
 fn size_bytes(v: &Value) -> u64 {
-    v["size_bytes"].as_u64().unwrap_or_else(|| panic!("no size_bytes in {v:#}"))
+    v["size_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no size_bytes in {v:#}"))
 }
 
 #[test]
@@ -26,40 +31,75 @@ fn volume_lifecycle_through_the_cli() {
     let daemon = Daemon::start_default();
     let list = volumes(&daemon);
     assert_eq!(list.len(), 1, "first start creates exactly vol0: {list:?}");
-    assert_eq!(size_bytes(volume(&list, VOL0).expect("vol0")), VOL0_SIZE_BYTES);
+    assert_eq!(
+        size_bytes(volume(&list, VOL0).expect("vol0")),
+        VOL0_SIZE_BYTES
+    );
 
     daemon.create_volume("alpha", "1G");
     daemon.create_volume("beta", "512M");
     let list = volumes(&daemon);
     assert_eq!(list.len(), 3, "{list:?}");
-    assert_eq!(size_bytes(volume(&list, "alpha").expect("alpha listed")), 1 << 30);
-    assert_eq!(size_bytes(volume(&list, "beta").expect("beta listed")), 512 * MIB);
+    assert_eq!(
+        size_bytes(volume(&list, "alpha").expect("alpha listed")),
+        1 << 30
+    );
+    assert_eq!(
+        size_bytes(volume(&list, "beta").expect("beta listed")),
+        512 * MIB
+    );
 
     let text = daemon.cli_ok(&["volume", "list"]);
     for name in [VOL0, "alpha", "beta"] {
-        assert!(text.contains(name), "plain `volume list` misses {name}:\n{text}");
+        assert!(
+            text.contains(name),
+            "plain `volume list` misses {name}:\n{text}"
+        );
     }
     let info = daemon.cli_json(&["volume", "info", "alpha"]);
     assert_eq!(info["name"], "alpha");
     assert_eq!(size_bytes(&info), 1 << 30);
-    assert!(daemon.cli_ok(&["volume", "info", "alpha"]).contains("alpha"));
+    assert!(daemon
+        .cli_ok(&["volume", "info", "alpha"])
+        .contains("alpha"));
 
     // Grow: the API and an NBD client both see the new size.
     daemon.cli_ok(&["volume", "resize", "alpha", "--size", "2G"]);
-    assert_eq!(size_bytes(&daemon.cli_json(&["volume", "info", "alpha"])), 2 << 30);
+    assert_eq!(
+        size_bytes(&daemon.cli_json(&["volume", "info", "alpha"])),
+        2 << 30
+    );
     if require_tool("qemu-img") {
-        let out = run_ok(&mut cmd("qemu-img", &["info", "--output=json", &daemon.nbd_uri("alpha")]), CMD_TIMEOUT);
+        let out = run_ok(
+            &mut cmd(
+                "qemu-img",
+                &["info", "--output=json", &daemon.nbd_uri("alpha")],
+            ),
+            CMD_TIMEOUT,
+        );
         let img: Value = serde_json::from_slice(&out.stdout).expect("qemu-img JSON");
         assert_eq!(img["virtual-size"].as_u64(), Some(2 << 30), "{img:#}");
     }
     // Shrinking is refused and changes nothing.
-    assert_one_line_reason("shrink", &daemon.cli(&["volume", "resize", "alpha", "--size", "1G"]));
-    assert_eq!(size_bytes(&daemon.cli_json(&["volume", "info", "alpha"])), 2 << 30);
+    assert_one_line_reason(
+        "shrink",
+        &daemon.cli(&["volume", "resize", "alpha", "--size", "1G"]),
+    );
+    assert_eq!(
+        size_bytes(&daemon.cli_json(&["volume", "info", "alpha"])),
+        2 << 30
+    );
 
     daemon.cli_ok(&["volume", "delete", "beta"]);
     let list = volumes(&daemon);
-    assert!(volume(&list, "beta").is_none(), "beta still listed after delete: {list:?}");
-    assert_one_line_reason("info after delete", &daemon.cli(&["volume", "info", "beta"]));
+    assert!(
+        volume(&list, "beta").is_none(),
+        "beta still listed after delete: {list:?}"
+    );
+    assert_one_line_reason(
+        "info after delete",
+        &daemon.cli(&["volume", "info", "beta"]),
+    );
     // The name is free again.
     daemon.create_volume("beta", "64M");
 
@@ -74,12 +114,21 @@ fn volume_lifecycle_through_the_cli() {
 fn cli_failures_give_one_line_reasons() {
     let daemon = Daemon::start_default();
     let cases: [(&str, &[&str]); 8] = [
-        ("duplicate name", &["volume", "create", VOL0, "--size", "1G"]),
+        (
+            "duplicate name",
+            &["volume", "create", VOL0, "--size", "1G"],
+        ),
         ("unknown volume info", &["volume", "info", "nope"]),
         ("unknown volume delete", &["volume", "delete", "nope"]),
-        ("unknown volume resize", &["volume", "resize", "nope", "--size", "1G"]),
+        (
+            "unknown volume resize",
+            &["volume", "resize", "nope", "--size", "1G"],
+        ),
         ("bad size unit", &["volume", "create", "x", "--size", "12Q"]),
-        ("size not a number", &["volume", "create", "x", "--size", "lots"]),
+        (
+            "size not a number",
+            &["volume", "create", "x", "--size", "lots"],
+        ),
         ("missing size", &["volume", "create", "x"]),
         ("unknown subcommand", &["volume", "explode", "x"]),
     ];
@@ -87,11 +136,25 @@ fn cli_failures_give_one_line_reasons() {
         assert_one_line_reason(what, &daemon.cli(args));
     }
     let list = volumes(&daemon);
-    assert_eq!(list.len(), 1, "a failed command created something: {list:?}");
-    assert_eq!(size_bytes(volume(&list, VOL0).expect("vol0")), VOL0_SIZE_BYTES, "duplicate create changed vol0");
+    assert_eq!(
+        list.len(),
+        1,
+        "a failed command created something: {list:?}"
+    );
+    assert_eq!(
+        size_bytes(volume(&list, VOL0).expect("vol0")),
+        VOL0_SIZE_BYTES,
+        "duplicate create changed vol0"
+    );
 
     // Nothing listens on port 1.
-    let out = run_timeout(&mut cmd(STRATA_BIN, &["--server", "http://127.0.0.1:1", "volume", "list"]), CMD_TIMEOUT);
+    let out = run_timeout(
+        &mut cmd(
+            STRATA_BIN,
+            &["--server", "http://127.0.0.1:1", "volume", "list"],
+        ),
+        CMD_TIMEOUT,
+    );
     assert_one_line_reason("unreachable server", &out);
 }
 
@@ -110,19 +173,43 @@ fn delete_is_refused_while_a_client_is_connected() {
     if let Some(n) = connections(&daemon, "busy") {
         assert_eq!(n, 1, "volume info should count the open connection");
     }
-    assert_one_line_reason("delete while connected", &daemon.cli(&["volume", "delete", "busy"]));
-    assert!(volume(&volumes(&daemon), "busy").is_some(), "refused delete removed the volume");
+    assert_one_line_reason(
+        "delete while connected",
+        &daemon.cli(&["volume", "delete", "busy"]),
+    );
+    assert!(
+        volume(&volumes(&daemon), "busy").is_some(),
+        "refused delete removed the volume"
+    );
     daemon.cli_ok(&["volume", "delete", "busy", "--force"]);
-    assert!(volume(&volumes(&daemon), "busy").is_none(), "forced delete left the volume");
+    assert!(
+        volume(&volumes(&daemon), "busy").is_none(),
+        "forced delete left the volume"
+    );
+    // The client of a force-deleted volume gets errors (or is disconnected), never stale data.
+    let mut held = held;
+    match held.read(0, 512) {
+        Ok(Ok(_)) => panic!("a read on a force-deleted volume succeeded"),
+        Ok(Err(errno)) => assert_ne!(errno, 0),
+        Err(_) => {} // disconnected
+    }
     drop(held);
 
     // Once the client goes away, a plain delete is allowed.
     let mut held = nbd::go(daemon.nbd_addr, "later").expect("NBD_OPT_GO later");
     assert_eq!(held.write(0, &[7u8; 512]).expect("io"), Ok(()));
-    assert_one_line_reason("delete while connected", &daemon.cli(&["volume", "delete", "later"]));
+    assert_one_line_reason(
+        "delete while connected",
+        &daemon.cli(&["volume", "delete", "later"]),
+    );
     held.disconnect();
-    let deleted = wait_until(Duration::from_secs(10), || daemon.cli(&["volume", "delete", "later"]).status.success());
-    assert!(deleted, "delete still refused 10 s after the client disconnected");
+    let deleted = wait_until(Duration::from_secs(10), || {
+        daemon.cli(&["volume", "delete", "later"]).status.success()
+    });
+    assert!(
+        deleted,
+        "delete still refused 10 s after the client disconnected"
+    );
     assert_fresh_client_works(&daemon);
 }
 
@@ -134,7 +221,14 @@ fn sigterm_exits_zero_and_data_survives_restart() {
     let mut daemon = Daemon::start_default();
     daemon.create_volume("kept", "256M");
     let uri = daemon.nbd_uri(VOL0);
-    qemu_io_ok(&uri, &["write -P 0x3c 0 1048576", "write -P 0x3d 4194304 512", "write -z 65536 4096"]);
+    qemu_io_ok(
+        &uri,
+        &[
+            "write -P 0x3c 0 1048576",
+            "write -P 0x3d 4194304 512",
+            "write -z 65536 4096",
+        ],
+    );
     qemu_io_ok(&daemon.nbd_uri("kept"), &["write -P 0x4e 1000 3000"]);
 
     daemon.terminate(); // asserts exit status 0
@@ -142,13 +236,28 @@ fn sigterm_exits_zero_and_data_survives_restart() {
 
     let list = volumes(&daemon);
     assert_eq!(list.len(), 2, "volumes after restart: {list:?}");
-    assert_eq!(size_bytes(volume(&list, "kept").expect("kept survives restart")), 256 * MIB);
+    assert_eq!(
+        size_bytes(volume(&list, "kept").expect("kept survives restart")),
+        256 * MIB
+    );
     let uri = daemon.nbd_uri(VOL0);
     qemu_io_ok(
         &uri,
-        &["read -P 0x3c 0 65536", "read -P 0 65536 4096", "read -P 0x3c 69632 978944", "read -P 0x3d 4194304 512"],
+        &[
+            "read -P 0x3c 0 65536",
+            "read -P 0 65536 4096",
+            "read -P 0x3c 69632 978944",
+            "read -P 0x3d 4194304 512",
+        ],
     );
-    qemu_io_ok(&daemon.nbd_uri("kept"), &["read -P 0 0 1000", "read -P 0x4e 1000 3000", "read -P 0 4000 4096"]);
+    qemu_io_ok(
+        &daemon.nbd_uri("kept"),
+        &[
+            "read -P 0 0 1000",
+            "read -P 0x4e 1000 3000",
+            "read -P 0 4000 4096",
+        ],
+    );
 }
 
 #[test]
@@ -160,9 +269,40 @@ fn serve_with_bad_flags_fails_with_one_line() {
     let nbd = ["--nbd-listen", "127.0.0.1:0"];
     let http = ["--http-listen", "127.0.0.1:0"];
     let cases: [(&str, Vec<&str>); 3] = [
-        ("unknown flag", [&["serve", "--no-such-flag", "--data-dir", data][..], &small, &nbd, &http].concat()),
-        ("bad size", [&["serve", "--data-dir", data, "--fast-size", "banana"][..], &nbd, &http].concat()),
-        ("bad address", [&["serve", "--data-dir", data, "--nbd-listen", "not-an-address"][..], &small, &http].concat()),
+        (
+            "unknown flag",
+            [
+                &["serve", "--no-such-flag", "--data-dir", data][..],
+                &small,
+                &nbd,
+                &http,
+            ]
+            .concat(),
+        ),
+        (
+            "bad size",
+            [
+                &["serve", "--data-dir", data, "--fast-size", "banana"][..],
+                &nbd,
+                &http,
+            ]
+            .concat(),
+        ),
+        (
+            "bad address",
+            [
+                &[
+                    "serve",
+                    "--data-dir",
+                    data,
+                    "--nbd-listen",
+                    "not-an-address",
+                ][..],
+                &small,
+                &http,
+            ]
+            .concat(),
+        ),
     ];
     for (what, args) in cases {
         let mut c = cmd(STRATA_BIN, &args);

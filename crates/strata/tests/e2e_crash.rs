@@ -44,8 +44,12 @@ fn region_write(uri: &str, region: &Region, pattern: u8, rng: &mut SmallRng) -> 
     let mut commands = Vec::new();
     let mut done = 0;
     while done < REGION_BYTES {
-        let len = CHUNK_SIZES_BYTES[rng.gen_range(0..CHUNK_SIZES_BYTES.len())].min(REGION_BYTES - done);
-        commands.push(format!("aio_write -P {pattern} {} {len}", region.offset + done as u64));
+        let len =
+            CHUNK_SIZES_BYTES[rng.gen_range(0..CHUNK_SIZES_BYTES.len())].min(REGION_BYTES - done);
+        commands.push(format!(
+            "aio_write -P {pattern} {} {len}",
+            region.offset + done as u64
+        ));
         done += len;
     }
     let chunks = commands.len();
@@ -99,14 +103,21 @@ fn worker(uri: String, mut regions: Vec<Region>, seed: u64, load: Load) -> Vec<R
 
 /// Runs the load until a random moment after the first acknowledged write, then kills the
 /// daemon under it. Returns the regions' state as the clients saw it.
-fn round_under_load(daemon: &mut Daemon, regions: Vec<Region>, rng: &mut SmallRng) -> (Vec<Region>, usize) {
+fn round_under_load(
+    daemon: &mut Daemon,
+    regions: Vec<Region>,
+    rng: &mut SmallRng,
+) -> (Vec<Region>, usize) {
     let stop = Arc::new(AtomicBool::new(false));
     let acks = Arc::new(AtomicUsize::new(0));
     let uri = daemon.nbd_uri(VOLUME);
     let workers: Vec<_> = regions
         .chunks(REGIONS_PER_WORKER)
         .map(|mine| {
-            let load = Load { stop: stop.clone(), acks: acks.clone() };
+            let load = Load {
+                stop: stop.clone(),
+                acks: acks.clone(),
+            };
             let (uri, mine, seed) = (uri.clone(), mine.to_vec(), rng.gen());
             thread::spawn(move || worker(uri, mine, seed, load))
         })
@@ -129,19 +140,35 @@ fn round_under_load(daemon: &mut Daemon, regions: Vec<Region>, rng: &mut SmallRn
 /// Reads the whole volume with nbdcopy and checks every region and the gaps between them.
 fn verify(daemon: &Daemon, regions: &mut [Region], round: u64) {
     let listing = daemon.cli_ok(&["volume", "list"]);
-    assert!(listing.contains(VOLUME), "round {round}: volume {VOLUME:?} is gone after the restart:\n{listing}");
+    assert!(
+        listing.contains(VOLUME),
+        "round {round}: volume {VOLUME:?} is gone after the restart:\n{listing}"
+    );
     let image = daemon.scratch_dir().join("readback.raw");
     let _ = std::fs::remove_file(&image);
-    run_ok(&mut cmd("nbdcopy", &[&daemon.nbd_uri(VOLUME), image.to_str().expect("utf-8")]), CMD_TIMEOUT);
+    run_ok(
+        &mut cmd(
+            "nbdcopy",
+            &[&daemon.nbd_uri(VOLUME), image.to_str().expect("utf-8")],
+        ),
+        CMD_TIMEOUT,
+    );
     let data = std::fs::read(&image).expect("read back");
-    assert_eq!(data.len() as u64, VOLUME_BYTES, "round {round}: volume size changed");
+    assert_eq!(
+        data.len() as u64,
+        VOLUME_BYTES,
+        "round {round}: volume size changed"
+    );
 
     let mut expected_zero = vec![true; data.len()];
     for (r, region) in regions.iter_mut().enumerate() {
         let start = region.offset as usize;
         let actual = &data[start..start + REGION_BYTES];
         expected_zero[start..start + REGION_BYTES].fill(false);
-        let bad = actual.iter().zip(&region.known).position(|(&a, &k)| a != k && Some(a) != region.in_flight);
+        let bad = actual
+            .iter()
+            .zip(&region.known)
+            .position(|(&a, &k)| a != k && Some(a) != region.in_flight);
         if let Some(i) = bad {
             let sector = i / 512;
             panic!(
@@ -153,8 +180,15 @@ fn verify(daemon: &Daemon, regions: &mut [Region], round: u64) {
         region.known.copy_from_slice(actual);
         region.in_flight = None;
     }
-    if let Some(i) = data.iter().zip(&expected_zero).position(|(&b, &z)| z && b != 0) {
-        panic!("round {round}: byte {i}, outside every region, reads {:#04x} instead of 0", data[i]);
+    if let Some(i) = data
+        .iter()
+        .zip(&expected_zero)
+        .position(|(&b, &z)| z && b != 0)
+    {
+        panic!(
+            "round {round}: byte {i}, outside every region, reads {:#04x} instead of 0",
+            data[i]
+        );
     }
 }
 
@@ -169,7 +203,11 @@ fn acknowledged_writes_survive_sigkill_under_load() {
     let mut daemon = Daemon::start_default();
     daemon.create_volume(VOLUME, "16M");
     let mut regions: Vec<Region> = (0..WORKERS * REGIONS_PER_WORKER)
-        .map(|r| Region { offset: r as u64 * REGION_STRIDE_BYTES, known: vec![0; REGION_BYTES], in_flight: None })
+        .map(|r| Region {
+            offset: r as u64 * REGION_STRIDE_BYTES,
+            known: vec![0; REGION_BYTES],
+            in_flight: None,
+        })
         .collect();
 
     let mut total_acks = 0;
@@ -178,14 +216,22 @@ fn acknowledged_writes_survive_sigkill_under_load() {
         regions = after;
         total_acks += acks;
         let in_flight = regions.iter().filter(|r| r.in_flight.is_some()).count();
-        eprintln!("round {round}: {acks} region writes acknowledged, {in_flight} in flight at SIGKILL");
+        eprintln!(
+            "round {round}: {acks} region writes acknowledged, {in_flight} in flight at SIGKILL"
+        );
         daemon.restart();
         verify(&daemon, &mut regions, round);
-        assert!(started.elapsed() < TEST_BUDGET, "crash test over budget after round {round}");
+        assert!(
+            started.elapsed() < TEST_BUDGET,
+            "crash test over budget after round {round}"
+        );
     }
     // A clean shutdown keeps everything too.
     daemon.terminate();
     daemon.restart();
     verify(&daemon, &mut regions, ROUNDS + 1);
-    eprintln!("{ROUNDS} crashes, {total_acks} acknowledged region writes verified in {:?}", started.elapsed());
+    eprintln!(
+        "{ROUNDS} crashes, {total_acks} acknowledged region writes verified in {:?}",
+        started.elapsed()
+    );
 }

@@ -1,8 +1,13 @@
 //! fio's nbd engine with data verification against a live daemon.
 mod common;
 
+use std::time::Duration;
+
 use common::*;
 use serde_json::Value;
+
+/// One fio pass over 64 MiB of small durable writes takes 5-30 s on a busy 2-core machine.
+const FIO_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// Mixed 4 KiB / 512 B random writes over a 64 MiB region, queue depth 16, every block
 /// carrying a crc32c header that fio checks on read-back.
@@ -31,13 +36,18 @@ fn fio_verify_cmd(uri: &str, out_json: &str, extra: &[&str]) -> std::process::Co
 /// fio drops verify state files into its working directory; keep them out of the repo.
 fn in_scratch(mut c: std::process::Command, out_json: &str) -> std::process::Command {
     c.arg("--verify_state_save=0");
-    c.current_dir(std::path::Path::new(out_json).parent().expect("scratch dir"));
+    c.current_dir(
+        std::path::Path::new(out_json)
+            .parent()
+            .expect("scratch dir"),
+    );
     c
 }
 
 fn fio_job(out_json: &str) -> Value {
     let text = std::fs::read_to_string(out_json).expect("fio output");
-    let report: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("fio JSON ({e}):\n{text}"));
+    let report: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("fio JSON ({e}):\n{text}"));
     report["jobs"][0].clone()
 }
 
@@ -65,25 +75,48 @@ fn fio_random_mixed_size_writes_verify_crc32c() {
     // Write every block once, then read all of it back and check each block's crc32c.
     let first = dir.join("write.json");
     let first = first.to_str().expect("utf-8");
-    let out = run_timeout(&mut fio_verify_cmd(&uri, first, &["--do_verify=1"]), CMD_TIMEOUT);
+    let out = run_timeout(
+        &mut fio_verify_cmd(&uri, first, &["--do_verify=1"]),
+        CMD_TIMEOUT,
+    );
     assert_fio_ok("write+verify", first, &out);
     let job = fio_job(first);
-    assert_eq!(job["write"]["io_bytes"].as_u64(), Some(region_bytes), "{job:#}");
-    assert_eq!(job["read"]["io_bytes"].as_u64(), Some(region_bytes), "verify pass did not read everything: {job:#}");
+    assert_eq!(
+        job["write"]["io_bytes"].as_u64(),
+        Some(region_bytes),
+        "{job:#}"
+    );
+    assert_eq!(
+        job["read"]["io_bytes"].as_u64(),
+        Some(region_bytes),
+        "verify pass did not read everything: {job:#}"
+    );
 
     // A second process on a fresh connection verifies the same blocks again.
     let second = dir.join("verify.json");
     let second = second.to_str().expect("utf-8");
-    let out = run_timeout(&mut fio_verify_cmd(&uri, second, &["--verify_only=1"]), CMD_TIMEOUT);
+    let out = run_timeout(
+        &mut fio_verify_cmd(&uri, second, &["--verify_only=1"]),
+        CMD_TIMEOUT,
+    );
     assert_fio_ok("verify_only", second, &out);
-    assert_eq!(fio_job(second)["read"]["io_bytes"].as_u64(), Some(region_bytes));
+    assert_eq!(
+        fio_job(second)["read"]["io_bytes"].as_u64(),
+        Some(region_bytes)
+    );
 
     // The check has teeth: after clobbering one block, verify_only must fail.
     qemu_io_ok(&uri, &["write -P 0 1048576 65536"]);
     let third = dir.join("corrupt.json");
     let third = third.to_str().expect("utf-8");
-    let out = run_timeout(&mut fio_verify_cmd(&uri, third, &["--verify_only=1"]), CMD_TIMEOUT);
-    assert!(!out.status.success() && fio_job(third)["error"] != 0, "fio missed a clobbered block");
+    let out = run_timeout(
+        &mut fio_verify_cmd(&uri, third, &["--verify_only=1"]),
+        CMD_TIMEOUT,
+    );
+    assert!(
+        !out.status.success() && fio_job(third)["error"] != 0,
+        "fio missed a clobbered block"
+    );
 }
 
 #[test]
@@ -97,7 +130,7 @@ fn fio_two_jobs_on_separate_connections_verify() {
     let out_json = dir.join("jobs.json");
     let out_json = out_json.to_str().expect("utf-8");
     // Two connections writing neighbouring 32 MiB ranges at once, each verifying its own.
-    let mut c = cmd(
+    let c = cmd(
         "fio",
         &[
             "--name=pair",
@@ -117,13 +150,17 @@ fn fio_two_jobs_on_separate_connections_verify() {
         ],
     );
     let mut c = in_scratch(c, out_json);
-    let out = run_timeout(&mut c, CMD_TIMEOUT);
+    let out = run_timeout(&mut c, FIO_TIMEOUT);
     let text = std::fs::read_to_string(out_json).expect("fio output");
     let report: Value = serde_json::from_str(&text).expect("fio JSON");
     let jobs = report["jobs"].as_array().expect("jobs");
     assert_eq!(jobs.len(), 2, "{report:#}");
     for job in jobs {
-        assert!(out.status.success() && job["error"] == 0, "fio job failed: {job:#}\n{}", output_report("fio", &out));
+        assert!(
+            out.status.success() && job["error"] == 0,
+            "fio job failed: {job:#}\n{}",
+            output_report("fio", &out)
+        );
         assert_eq!(job["read"]["io_bytes"].as_u64(), Some(32 * MIB), "{job:#}");
     }
 }

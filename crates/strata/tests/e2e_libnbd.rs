@@ -8,8 +8,12 @@ fn nbdinfo_json(args: &[&str]) -> Value {
     let mut all = vec!["--json"];
     all.extend_from_slice(args);
     let out = run_ok(&mut cmd("nbdinfo", &all), CMD_TIMEOUT);
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("nbdinfo {all:?}: invalid JSON ({e})\n{}", String::from_utf8_lossy(&out.stdout)))
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "nbdinfo {all:?}: invalid JSON ({e})\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
 }
 
 fn export_named<'a>(listing: &'a Value, name: &str) -> &'a Value {
@@ -29,9 +33,19 @@ fn nbdinfo_lists_every_volume_with_its_size() {
     let daemon = Daemon::start_default();
     daemon.create_volume("second", "64M");
     let listing = nbdinfo_json(&["--list", &daemon.nbd_server_uri()]);
-    assert_eq!(listing["exports"].as_array().map(Vec::len), Some(2), "{listing:#}");
-    assert_eq!(export_named(&listing, VOL0)["export-size"].as_u64(), Some(VOL0_SIZE_BYTES));
-    assert_eq!(export_named(&listing, "second")["export-size"].as_u64(), Some(64 * MIB));
+    assert_eq!(
+        listing["exports"].as_array().map(Vec::len),
+        Some(2),
+        "{listing:#}"
+    );
+    assert_eq!(
+        export_named(&listing, VOL0)["export-size"].as_u64(),
+        Some(VOL0_SIZE_BYTES)
+    );
+    assert_eq!(
+        export_named(&listing, "second")["export-size"].as_u64(),
+        Some(64 * MIB)
+    );
 }
 
 #[test]
@@ -44,18 +58,39 @@ fn nbdinfo_reports_the_negotiated_capabilities() {
     assert_eq!(info["protocol"], "newstyle-fixed", "{info:#}");
     assert_eq!(info["structured"], true, "{info:#}");
     let export = export_named(&info, VOL0);
-    for flag in ["can_flush", "can_fua", "can_trim", "can_zero", "can_fast_zero", "can_df", "can_cache", "can_multi_conn"] {
+    for flag in [
+        "can_flush",
+        "can_fua",
+        "can_trim",
+        "can_zero",
+        "can_fast_zero",
+        "can_df",
+        "can_cache",
+        "can_multi_conn",
+    ] {
         assert_eq!(export[flag], true, "{flag} not advertised: {export:#}");
     }
     assert_eq!(export["is_read_only"], false, "{export:#}");
     let contexts = export["contexts"].as_array().expect("contexts");
-    assert!(contexts.iter().any(|c| c == "base:allocation"), "{export:#}");
+    assert!(
+        contexts.iter().any(|c| c == "base:allocation"),
+        "{export:#}"
+    );
     // NBD_INFO_BLOCK_SIZE was answered with sane values.
-    let min = export["block_size_minimum"].as_u64().expect("block_size_minimum");
-    let preferred = export["block_size_preferred"].as_u64().expect("block_size_preferred");
-    let max = export["block_size_maximum"].as_u64().expect("block_size_maximum");
+    let min = export["block_size_minimum"]
+        .as_u64()
+        .expect("block_size_minimum");
+    let preferred = export["block_size_preferred"]
+        .as_u64()
+        .expect("block_size_preferred");
+    let max = export["block_size_maximum"]
+        .as_u64()
+        .expect("block_size_maximum");
     assert!(min.is_power_of_two() && min <= 4096, "{export:#}");
-    assert!(preferred.is_power_of_two() && preferred >= min, "{export:#}");
+    assert!(
+        preferred.is_power_of_two() && preferred >= min,
+        "{export:#}"
+    );
     assert!(max >= preferred && max >= 1 << 20, "{export:#}");
 }
 
@@ -67,7 +102,9 @@ fn extent_type_at(map: &Value, offset: u64) -> u64 {
         let len = e["length"].as_u64().expect("length");
         start <= offset && offset < start + len
     });
-    hit.unwrap_or_else(|| panic!("no extent covers {offset}: {map:#}"))["type"].as_u64().expect("type")
+    hit.unwrap_or_else(|| panic!("no extent covers {offset}: {map:#}"))["type"]
+        .as_u64()
+        .expect("type")
 }
 
 #[test]
@@ -79,26 +116,49 @@ fn nbdinfo_map_shows_data_and_holes() {
     let uri = daemon.nbd_uri(VOL0);
     qemu_io_ok(
         &uri,
-        &["write -P 0x1 0 1048576", "write -P 0x2 8388608 1048576", "write -z -u 8388608 524288", "discard 8912896 262144"],
+        &[
+            "write -P 0x1 0 1048576",
+            "write -P 0x2 8388608 1048576",
+            "write -z -u 8388608 524288",
+            "discard 8912896 262144",
+        ],
     );
     let map = nbdinfo_json(&["--map", &uri]);
     // The map covers the whole volume without gaps.
     let mut next = 0;
     for extent in map.as_array().expect("map array") {
-        assert_eq!(extent["offset"].as_u64(), Some(next), "gap or overlap in the map: {map:#}");
+        assert_eq!(
+            extent["offset"].as_u64(),
+            Some(next),
+            "gap or overlap in the map: {map:#}"
+        );
         next += extent["length"].as_u64().expect("length");
     }
-    assert_eq!(next, VOL0_SIZE_BYTES, "map does not cover the volume: {map:#}");
+    assert_eq!(
+        next, VOL0_SIZE_BYTES,
+        "map does not cover the volume: {map:#}"
+    );
 
     for offset in [0, 4096, 1048575, 9175040, 9437183] {
-        assert_eq!(extent_type_at(&map, offset), 0, "written data at {offset} must be data: {map:#}");
+        assert_eq!(
+            extent_type_at(&map, offset),
+            0,
+            "written data at {offset} must be data: {map:#}"
+        );
     }
     for offset in [1048576, 4 << 20, 8388607, 1 << 30, VOL0_SIZE_BYTES - 1] {
-        assert_eq!(extent_type_at(&map, offset), 3, "never-written {offset} must be hole,zero: {map:#}");
+        assert_eq!(
+            extent_type_at(&map, offset),
+            3,
+            "never-written {offset} must be hole,zero: {map:#}"
+        );
     }
     for offset in [8388608, 8650752, 8912896, 9109504] {
         let t = extent_type_at(&map, offset);
-        assert!(t & 2 != 0, "zeroed/trimmed {offset} must read as zero (type {t}): {map:#}");
+        assert!(
+            t & 2 != 0,
+            "zeroed/trimmed {offset} must read as zero (type {t}): {map:#}"
+        );
     }
 }
 
@@ -113,15 +173,29 @@ fn nbdcopy_with_four_connections_round_trips() {
     let uri = daemon.nbd_uri("copy");
     // nbdcopy only opens several connections to a server that advertises multi-conn.
     let info = nbdinfo_json(&[&uri]);
-    assert_eq!(export_named(&info, "copy")["can_multi_conn"], true, "{info:#}");
+    assert_eq!(
+        export_named(&info, "copy")["can_multi_conn"],
+        true,
+        "{info:#}"
+    );
 
     let dir = daemon.scratch_dir();
     let src = dir.join("src.raw");
     let back = dir.join("back.raw");
-    let data = write_random_file(&src, size, test_seed("nbdcopy_with_four_connections_round_trips"));
+    let data = write_random_file(
+        &src,
+        size,
+        test_seed("nbdcopy_with_four_connections_round_trips"),
+    );
     let (src, back) = (src.to_str().expect("utf-8"), back.to_str().expect("utf-8"));
-    run_ok(&mut cmd("nbdcopy", &["--connections=4", "--flush", src, &uri]), CMD_TIMEOUT);
-    run_ok(&mut cmd("nbdcopy", &["--connections=4", &uri, back]), CMD_TIMEOUT);
+    run_ok(
+        &mut cmd("nbdcopy", &["--connections=4", "--flush", src, &uri]),
+        CMD_TIMEOUT,
+    );
+    run_ok(
+        &mut cmd("nbdcopy", &["--connections=4", &uri, back]),
+        CMD_TIMEOUT,
+    );
     let copied = std::fs::read(back).expect("read copy");
     assert_same_bytes("nbdcopy round trip", &data, &copied);
     if find_tool("cmp").is_some() {
@@ -135,10 +209,19 @@ fn unknown_export_is_refused() {
         return;
     }
     let daemon = Daemon::start_default();
-    let out = run_fails(&mut cmd("nbdinfo", &[&daemon.nbd_uri("no-such-volume")]), CMD_TIMEOUT);
+    let out = run_fails(
+        &mut cmd("nbdinfo", &[&daemon.nbd_uri("no-such-volume")]),
+        CMD_TIMEOUT,
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("opt_go") || stderr.contains("export"), "unexpected nbdinfo error: {stderr}");
-    run_fails(&mut qemu_io_cmd(&daemon.nbd_uri("no-such-volume"), &["read 0 512"]), CMD_TIMEOUT);
+    assert!(
+        stderr.contains("opt_go") || stderr.contains("export"),
+        "unexpected nbdinfo error: {stderr}"
+    );
+    run_fails(
+        &mut qemu_io_cmd(&daemon.nbd_uri("no-such-volume"), &["read 0 512"]),
+        CMD_TIMEOUT,
+    );
     // The refusal cost nothing else.
     assert_fresh_client_works(&daemon);
 }

@@ -15,20 +15,28 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 fn bystander(daemon: &Daemon) -> nbd::Client {
     let mut client = nbd::go(daemon.nbd_addr, VOL0).expect("bystander NBD_OPT_GO");
     assert_eq!(client.size_bytes, VOL0_SIZE_BYTES);
-    assert_eq!(client.write(5 << 20, &[0x5b; 4096]).expect("bystander io"), Ok(()));
+    assert_eq!(
+        client.write(5 << 20, &[0x5b; 4096]).expect("bystander io"),
+        Ok(())
+    );
     client
 }
 
 fn assert_unharmed(daemon: &mut Daemon, bystander: &mut nbd::Client) {
     daemon.assert_alive();
-    let data = bystander.read(5 << 20, 4096).expect("bystander io after abuse");
+    let data = bystander
+        .read(5 << 20, 4096)
+        .expect("bystander io after abuse");
     assert_eq!(data, Ok(vec![0x5b; 4096]), "bystander read after abuse");
     assert_fresh_client_works(daemon);
 }
 
 fn assert_closed(what: &str, stream: &mut TcpStream) {
     let closed = nbd::wait_closed(stream, CLOSE_TIMEOUT);
-    assert!(matches!(closed, Closed::Yes { .. }), "{what}: connection still open after {CLOSE_TIMEOUT:?}");
+    assert!(
+        matches!(closed, Closed::Yes { .. }),
+        "{what}: connection still open after {CLOSE_TIMEOUT:?}"
+    );
 }
 
 /// A connection that completed the greeting (flags exchanged), ready for options.
@@ -97,7 +105,10 @@ fn oversized_write_length_costs_the_connection() {
     let mut client = nbd::go(daemon.nbd_addr, VOL0).expect("go");
     // A 2 GiB WRITE whose payload never comes: the server cannot resynchronise, so it must
     // drop the connection instead of buffering 2 GiB.
-    client.stream.write_all(&nbd::request_bytes(0, nbd::CMD_WRITE, 1, 0, 0x8000_0000)).expect("send");
+    client
+        .stream
+        .write_all(&nbd::request_bytes(0, nbd::CMD_WRITE, 1, 0, 0x8000_0000))
+        .expect("send");
     client.stream.write_all(&[0xee; 4096]).expect("send");
     assert_closed("oversized write length", &mut client.stream);
     // Nothing of the refused write landed.
@@ -138,16 +149,39 @@ fn error_replies_follow_the_spec() {
 
     // Unknown command: EINVAL.
     let cookie = client.send(0x42, 0, 0, &[]).expect("send");
-    assert_eq!(client.read_reply_header().expect("reply"), (nbd::EINVAL, cookie), "unknown command");
+    assert_eq!(
+        client.read_reply_header().expect("reply"),
+        (nbd::EINVAL, cookie),
+        "unknown command"
+    );
     // READ past the end: EINVAL.
-    assert_eq!(client.read(size, 512).expect("io"), Err(nbd::EINVAL), "read at the end");
-    assert_eq!(client.read(size - 512, 1024).expect("io"), Err(nbd::EINVAL), "read across the end");
+    assert_eq!(
+        client.read(size, 512).expect("io"),
+        Err(nbd::EINVAL),
+        "read at the end"
+    );
+    assert_eq!(
+        client.read(size - 512, 1024).expect("io"),
+        Err(nbd::EINVAL),
+        "read across the end"
+    );
     // WRITE past the end: ENOSPC, after the payload was consumed.
-    assert_eq!(client.write(size, &[1u8; 512]).expect("io"), Err(nbd::ENOSPC), "write at the end");
-    assert_eq!(client.write(size - 512, &[1u8; 1024]).expect("io"), Err(nbd::ENOSPC), "write across the end");
+    assert_eq!(
+        client.write(size, &[1u8; 512]).expect("io"),
+        Err(nbd::ENOSPC),
+        "write at the end"
+    );
+    assert_eq!(
+        client.write(size - 512, &[1u8; 1024]).expect("io"),
+        Err(nbd::ENOSPC),
+        "write across the end"
+    );
     // The connection is still in sync: the last sector takes a write and reads it back.
     assert_eq!(client.write(size - 512, &[9u8; 512]).expect("io"), Ok(()));
-    assert_eq!(client.read(size - 512, 512).expect("io"), Ok(vec![9u8; 512]));
+    assert_eq!(
+        client.read(size - 512, 512).expect("io"),
+        Ok(vec![9u8; 512])
+    );
     client.disconnect();
     assert_unharmed(&mut daemon, &mut other);
 }
@@ -162,18 +196,27 @@ fn disconnect_mid_payload_applies_nothing() {
     let offset = 16 << 20;
     for sent in [0usize, 1000, 65536, (1 << 20) - 1] {
         let mut client = nbd::go(daemon.nbd_addr, VOL0).expect("go");
-        client.stream.write_all(&nbd::request_bytes(0, nbd::CMD_WRITE, 1, offset, 1 << 20)).expect("send");
+        client
+            .stream
+            .write_all(&nbd::request_bytes(0, nbd::CMD_WRITE, 1, offset, 1 << 20))
+            .expect("send");
         client.stream.write_all(&vec![0xd1; sent]).expect("send");
         drop(client);
     }
     // Also mid-header.
     let mut client = nbd::go(daemon.nbd_addr, VOL0).expect("go");
-    client.stream.write_all(&nbd::request_bytes(0, nbd::CMD_WRITE, 1, offset, 4096)[..13]).expect("send");
+    client
+        .stream
+        .write_all(&nbd::request_bytes(0, nbd::CMD_WRITE, 1, offset, 4096)[..13])
+        .expect("send");
     drop(client);
     // A write whose payload never fully arrived was never acknowledged, and a server that
     // executes only complete requests leaves the range untouched.
     daemon.assert_alive();
-    qemu_io_ok(&daemon.nbd_uri(VOL0), &[&format!("read -P 0 {offset} 1048576")]);
+    qemu_io_ok(
+        &daemon.nbd_uri(VOL0),
+        &[&format!("read -P 0 {offset} 1048576")],
+    );
     assert_unharmed(&mut daemon, &mut other);
 }
 
@@ -187,13 +230,19 @@ fn unknown_option_is_unsupported_and_negotiation_continues() {
     let mut stream = negotiating(&daemon);
     nbd::send_option(&mut stream, 0x7777, b"whatever").expect("send");
     let reply = nbd::read_option_reply(&mut stream).expect("reply to unknown option");
-    assert_eq!((reply.option, reply.reply_type), (0x7777, nbd::REP_ERR_UNSUP));
+    assert_eq!(
+        (reply.option, reply.reply_type),
+        (0x7777, nbd::REP_ERR_UNSUP)
+    );
     // Unknown export: NBD_REP_ERR_UNKNOWN, and negotiation still continues.
     nbd::send_option(&mut stream, nbd::OPT_GO, &nbd::go_payload("no-such-volume")).expect("send");
     let reply = nbd::read_option_reply(&mut stream).expect("reply to GO");
     assert_eq!(reply.reply_type, nbd::REP_ERR_UNKNOWN, "unknown export");
     let mut client = nbd::go_on(stream, VOL0).expect("GO after refusals");
-    assert_eq!(client.read(5 << 20, 4096).expect("io"), Ok(vec![0x5b; 4096]));
+    assert_eq!(
+        client.read(5 << 20, 4096).expect("io"),
+        Ok(vec![0x5b; 4096])
+    );
     assert_unharmed(&mut daemon, &mut other);
 }
 
@@ -208,7 +257,8 @@ fn option_list_and_export_name_work() {
         let reply = nbd::read_option_reply(&mut stream).expect("LIST reply");
         match reply.reply_type {
             nbd::REP_SERVER => {
-                let len = u32::from_be_bytes(reply.data[0..4].try_into().expect("4 bytes")) as usize;
+                let len =
+                    u32::from_be_bytes(reply.data[0..4].try_into().expect("4 bytes")) as usize;
                 names.push(String::from_utf8(reply.data[4..4 + len].to_vec()).expect("utf-8 name"));
             }
             nbd::REP_ACK => break,
@@ -228,7 +278,10 @@ fn option_list_and_export_name_work() {
     nbd::send_option(&mut stream, nbd::OPT_EXPORT_NAME, b"other").expect("send");
     let mut answer = vec![0u8; 10];
     std::io::Read::read_exact(&mut stream, &mut answer).expect("EXPORT_NAME answer");
-    assert_eq!(u64::from_be_bytes(answer[0..8].try_into().expect("8 bytes")), 64 * MIB);
+    assert_eq!(
+        u64::from_be_bytes(answer[0..8].try_into().expect("8 bytes")),
+        64 * MIB
+    );
     if server_flags & nbd::FLAG_NO_ZEROES == 0 {
         let mut zeroes = [0u8; 124];
         std::io::Read::read_exact(&mut stream, &mut zeroes).expect("124 zero bytes");

@@ -16,11 +16,11 @@ fn patterns_sector_and_unaligned_writes_read_back() {
         &uri,
         &[
             "write -P 0x11 0 65536",
-            "write -P 0x22 512 512",    // one sector inside the first block
-            "write -P 0x5a 1000 3000",  // unaligned at both ends, overlaps the sector above
+            "write -P 0x22 512 512",     // one sector inside the first block
+            "write -P 0x5a 1000 3000",   // unaligned at both ends, overlaps the sector above
             "write -P 0x33 1048476 200", // unaligned, straddles the 4 KiB (and 1 MiB) boundary
             "write -P 0x44 3145728 1048576",
-            "write -P 0x45 3146240 1",  // a single byte
+            "write -P 0x45 3146240 1", // a single byte
         ],
     );
     // A fresh connection sees every byte where the last write put it.
@@ -42,7 +42,8 @@ fn patterns_sector_and_unaligned_writes_read_back() {
     // The verification itself can fail: a wrong pattern must be reported.
     let out = qemu_io(&uri, &["read -P 0x77 0 512"]);
     assert!(
-        !out.status.success() && String::from_utf8_lossy(&out.stdout).contains("Pattern verification failed"),
+        !out.status.success()
+            && String::from_utf8_lossy(&out.stdout).contains("Pattern verification failed"),
         "qemu-io accepted a wrong pattern\n{}",
         output_report("qemu-io read -P 0x77 0 512", &out)
     );
@@ -58,13 +59,19 @@ fn concurrent_aio_writes_into_one_block() {
     // Eight 512-byte writes into the same 4 KiB block, all in flight together, plus
     // unaligned 100-byte writes into the next block: a server doing read-modify-write
     // without serializing overlapping blocks loses some of them.
-    let mut commands: Vec<String> = (0..8u64).map(|i| format!("aio_write -P {} {} 512", 0x41 + i, 8192 + i * 512)).collect();
-    commands.extend((0..8u64).map(|i| format!("aio_write -P {} {} 100", 0x61 + i, 12288 + 7 + i * 500)));
+    let mut commands: Vec<String> = (0..8u64)
+        .map(|i| format!("aio_write -P {} {} 512", 0x41 + i, 8192 + i * 512))
+        .collect();
+    commands.extend(
+        (0..8u64).map(|i| format!("aio_write -P {} {} 100", 0x61 + i, 12288 + 7 + i * 500)),
+    );
     commands.push("aio_flush".into());
     let commands: Vec<&str> = commands.iter().map(String::as_str).collect();
     qemu_io_ok(&uri, &commands);
 
-    let mut checks: Vec<String> = (0..8u64).map(|i| format!("read -P {} {} 512", 0x41 + i, 8192 + i * 512)).collect();
+    let mut checks: Vec<String> = (0..8u64)
+        .map(|i| format!("read -P {} {} 512", 0x41 + i, 8192 + i * 512))
+        .collect();
     for i in 0..8u64 {
         let start = 12288 + 7 + i * 500;
         checks.push(format!("read -P {} {} 100", 0x61 + i, start));
@@ -110,7 +117,14 @@ fn write_zeroes_and_discard_read_back_zeros() {
         ],
     );
     // Zeroed and trimmed ranges take new data again.
-    qemu_io_ok(&uri, &["write -P 0xbb 266240 4096", "read -P 0xbb 266240 4096", "read -P 0 270336 4096"]);
+    qemu_io_ok(
+        &uri,
+        &[
+            "write -P 0xbb 266240 4096",
+            "read -P 0xbb 266240 4096",
+            "read -P 0 270336 4096",
+        ],
+    );
 }
 
 #[test]
@@ -121,7 +135,13 @@ fn reads_across_written_and_unwritten_boundaries() {
     let daemon = Daemon::start_default();
     let uri = daemon.nbd_uri(VOL0);
     let base: u64 = 2 << 20;
-    qemu_io_ok(&uri, &[&format!("write -P 0x77 {base} 4096"), &format!("write -P 0x78 {} 512", base + 12288)]);
+    qemu_io_ok(
+        &uri,
+        &[
+            &format!("write -P 0x77 {base} 4096"),
+            &format!("write -P 0x78 {} 512", base + 12288),
+        ],
+    );
     // Single requests that each span unwritten, written and unwritten space; -s/-l check
     // one part of the buffer that request returned.
     let span_start = base - 2048;
@@ -147,9 +167,19 @@ fn qemu_img_info_shows_the_volume_size() {
         return;
     }
     let daemon = Daemon::start_default();
-    let out = run_ok(&mut cmd("qemu-img", &["info", "--output=json", &daemon.nbd_uri(VOL0)]), CMD_TIMEOUT);
+    let out = run_ok(
+        &mut cmd(
+            "qemu-img",
+            &["info", "--output=json", &daemon.nbd_uri(VOL0)],
+        ),
+        CMD_TIMEOUT,
+    );
     let info: serde_json::Value = serde_json::from_slice(&out.stdout).expect("qemu-img info JSON");
-    assert_eq!(info["virtual-size"].as_u64(), Some(VOL0_SIZE_BYTES), "qemu-img info: {info}");
+    assert_eq!(
+        info["virtual-size"].as_u64(),
+        Some(VOL0_SIZE_BYTES),
+        "qemu-img info: {info}"
+    );
 }
 
 #[test]
@@ -162,15 +192,38 @@ fn qemu_img_convert_then_compare() {
     let src = daemon.scratch_dir().join("src.raw");
     write_random_file(&src, 64 << 20, test_seed("qemu_img_convert_then_compare"));
     let src = src.to_str().expect("utf-8 path");
-    run_ok(&mut cmd("qemu-img", &["convert", "-n", "-f", "raw", "-O", "raw", src, &uri]), CMD_TIMEOUT);
+    run_ok(
+        &mut cmd(
+            "qemu-img",
+            &["convert", "-n", "-f", "raw", "-O", "raw", src, &uri],
+        ),
+        CMD_TIMEOUT,
+    );
     // Without -s, compare also checks that the volume is zero past the source's end.
-    let out = run_ok(&mut cmd("qemu-img", &["compare", "-f", "raw", "-F", "raw", src, &uri]), CMD_TIMEOUT);
+    let out = run_ok(
+        &mut cmd(
+            "qemu-img",
+            &["compare", "-f", "raw", "-F", "raw", src, &uri],
+        ),
+        CMD_TIMEOUT,
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("Images are identical"));
 
     // And compare notices a single changed sector, so the pass above means something.
     qemu_io_ok(&uri, &["write -P 0xff 33554432 512"]);
-    let out = run_timeout(&mut cmd("qemu-img", &["compare", "-f", "raw", "-F", "raw", src, &uri]), CMD_TIMEOUT);
-    assert_eq!(out.status.code(), Some(1), "{}", output_report("qemu-img compare after a change", &out));
+    let out = run_timeout(
+        &mut cmd(
+            "qemu-img",
+            &["compare", "-f", "raw", "-F", "raw", src, &uri],
+        ),
+        CMD_TIMEOUT,
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        output_report("qemu-img compare after a change", &out)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("Content mismatch at offset 33554432"));
 }
 
@@ -183,9 +236,23 @@ fn read_past_the_end_fails() {
     let uri = daemon.nbd_uri(VOL0);
     let end = VOL0_SIZE_BYTES;
     let out = qemu_io(&uri, &[&format!("read {end} 512")]);
-    assert!(!out.status.success(), "read at the end succeeded\n{}", output_report("qemu-io read", &out));
+    assert!(
+        !out.status.success(),
+        "read at the end succeeded\n{}",
+        output_report("qemu-io read", &out)
+    );
     let out = qemu_io(&uri, &[&format!("read {} 1024", end - 512)]);
-    assert!(!out.status.success(), "read across the end succeeded\n{}", output_report("qemu-io read", &out));
+    assert!(
+        !out.status.success(),
+        "read across the end succeeded\n{}",
+        output_report("qemu-io read", &out)
+    );
     // The last sector itself is readable and writable.
-    qemu_io_ok(&uri, &[&format!("write -P 0x9 {} 512", end - 512), &format!("read -P 0x9 {} 512", end - 512)]);
+    qemu_io_ok(
+        &uri,
+        &[
+            &format!("write -P 0x9 {} 512", end - 512),
+            &format!("read -P 0x9 {} 512", end - 512),
+        ],
+    );
 }

@@ -43,9 +43,14 @@ const MAX_OPTION_REPLY_BYTES: u32 = 1 << 20;
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn connect(addr: SocketAddr) -> TcpStream {
-    let stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-    stream.set_read_timeout(Some(IO_TIMEOUT)).expect("read timeout");
-    stream.set_write_timeout(Some(IO_TIMEOUT)).expect("write timeout");
+    let stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT)
+        .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    stream
+        .set_read_timeout(Some(IO_TIMEOUT))
+        .expect("read timeout");
+    stream
+        .set_write_timeout(Some(IO_TIMEOUT))
+        .expect("write timeout");
     stream.set_nodelay(true).expect("nodelay");
     stream
 }
@@ -73,9 +78,15 @@ pub fn greet(stream: &mut TcpStream) -> io::Result<u16> {
     let magic = read_u64(stream)?;
     assert_eq!(magic, NBDMAGIC, "bad NBDMAGIC in greeting");
     let opt_magic = read_u64(stream)?;
-    assert_eq!(opt_magic, IHAVEOPT, "server does not speak newstyle negotiation");
+    assert_eq!(
+        opt_magic, IHAVEOPT,
+        "server does not speak newstyle negotiation"
+    );
     let server_flags = read_u16(stream)?;
-    assert!(server_flags & FLAG_FIXED_NEWSTYLE != 0, "server must offer fixed newstyle");
+    assert!(
+        server_flags & FLAG_FIXED_NEWSTYLE != 0,
+        "server must offer fixed newstyle"
+    );
     let client_flags = u32::from(server_flags & (FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES));
     stream.write_all(&client_flags.to_be_bytes())?;
     Ok(server_flags)
@@ -110,7 +121,11 @@ pub fn read_option_reply(stream: &mut TcpStream) -> io::Result<OptionReply> {
     assert!(len <= MAX_OPTION_REPLY_BYTES, "option reply of {len} bytes");
     let mut data = vec![0u8; len as usize];
     stream.read_exact(&mut data)?;
-    Ok(OptionReply { option, reply_type, data })
+    Ok(OptionReply {
+        option,
+        reply_type,
+        data,
+    })
 }
 
 /// Payload of NBD_OPT_GO / NBD_OPT_INFO: the export name and no information requests.
@@ -172,8 +187,14 @@ pub fn go_on(mut stream: TcpStream, export: &str) -> Result<Client, GoError> {
             t => panic!("unexpected reply type {t:#x} to NBD_OPT_GO"),
         }
     }
-    let (size_bytes, transmission_flags) = export_info.expect("NBD_OPT_GO must send NBD_INFO_EXPORT before ACK");
-    Ok(Client { stream, size_bytes, transmission_flags, next_cookie: 1 })
+    let (size_bytes, transmission_flags) =
+        export_info.expect("NBD_OPT_GO must send NBD_INFO_EXPORT before ACK");
+    Ok(Client {
+        stream,
+        size_bytes,
+        transmission_flags,
+        next_cookie: 1,
+    })
 }
 
 pub fn request_bytes(flags: u16, command: u16, cookie: u64, offset: u64, len: u32) -> [u8; 28] {
@@ -190,7 +211,12 @@ pub fn request_bytes(flags: u16, command: u16, cookie: u64, offset: u64, len: u3
 impl Client {
     /// Wraps a stream already in the transmission phase (e.g. after NBD_OPT_EXPORT_NAME).
     pub fn from_stream(stream: TcpStream, size_bytes: u64) -> Client {
-        Client { stream, size_bytes, transmission_flags: 0, next_cookie: 1 }
+        Client {
+            stream,
+            size_bytes,
+            transmission_flags: 0,
+            next_cookie: 1,
+        }
     }
 
     /// Sends one request header (and payload, if any); returns its cookie.
@@ -206,7 +232,10 @@ impl Client {
     /// Reads a simple reply header: (errno, cookie).
     pub fn read_reply_header(&mut self) -> io::Result<(u32, u64)> {
         let magic = read_u32(&mut self.stream)?;
-        assert_eq!(magic, SIMPLE_REPLY_MAGIC, "expected a simple reply (structured replies were not negotiated)");
+        assert_eq!(
+            magic, SIMPLE_REPLY_MAGIC,
+            "expected a simple reply (structured replies were not negotiated)"
+        );
         let errno = read_u32(&mut self.stream)?;
         let cookie = read_u64(&mut self.stream)?;
         Ok((errno, cookie))
@@ -259,13 +288,26 @@ pub fn wait_closed(stream: &mut TcpStream, timeout: Duration) -> Closed {
         }
         stream.set_read_timeout(Some(left)).expect("read timeout");
         match stream.read(&mut buf) {
-            Ok(0) => return Closed::Yes { bytes_before_close: total },
+            Ok(0) => {
+                return Closed::Yes {
+                    bytes_before_close: total,
+                }
+            }
             Ok(n) => total += n,
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
                 return Closed::StillOpen
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return Closed::Yes { bytes_before_close: total },
+            Err(_) => {
+                return Closed::Yes {
+                    bytes_before_close: total,
+                }
+            }
         }
     }
 }

@@ -1,0 +1,335 @@
+//! A live `strata serve` on a private data directory with kernel-chosen ports.
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::process::{
+    describe, die_with_parent, output_report, run_timeout, send_signal, SIGKILL, SIGTERM,
+};
+use super::STRATA_BIN;
+
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+const TERMINATE_TIMEOUT: Duration = Duration::from_secs(30);
+const CLI_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone)]
+pub struct DaemonOpts {
+    pub fast_size: String,
+    pub capacity_size: String,
+    pub extra_args: Vec<String>,
+}
+
+impl Default for DaemonOpts {
+    fn default() -> Self {
+        DaemonOpts {
+            fast_size: "256M".into(),
+            capacity_size: "2G".into(),
+            extra_args: Vec::new(),
+        }
+    }
+}
+
+/// A live `strata serve` on a private data directory with kernel-chosen ports.
+pub struct Daemon {
+    child: Option<Child>,
+    root: tempfile::TempDir,
+    opts: DaemonOpts,
+    starts: u32,
+    pub nbd_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    pub io_backend: String,
+}
+
+struct Announced {
+    nbd_addr: Option<SocketAddr>,
+    http_addr: Option<SocketAddr>,
+    io_backend: String,
+}
+
+fn after<'a>(line: &'a str, marker: &str) -> Option<&'a str> {
+    let start = line.find(marker)? + marker.len();
+    line[start..].split_whitespace().next()
+}
+
+fn parse_addr(line: &str, text: &str) -> SocketAddr {
+    let text = text.trim_start_matches("http://").trim_end_matches('/');
+    text.parse()
+        .unwrap_or_else(|e| panic!("cannot parse address {text:?} in line {line:?}: {e}"))
+}
+
+impl Daemon {
+    pub fn start(opts: DaemonOpts) -> Daemon {
+        let root = tempfile::Builder::new()
+            .prefix("strata-e2e-")
+            .tempdir()
+            .expect("tempdir");
+        let unset: SocketAddr = "0.0.0.0:0".parse().expect("addr");
+        let mut daemon = Daemon {
+            child: None,
+            root,
+            opts,
+            starts: 0,
+            nbd_addr: unset,
+            http_addr: unset,
+            io_backend: String::new(),
+        };
+        daemon.spawn();
+        daemon
+    }
+
+    pub fn start_default() -> Daemon {
+        Daemon::start(DaemonOpts::default())
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.root.path().join("data")
+    }
+
+    /// A scratch directory that lives as long as the daemon, outside its data directory.
+    pub fn scratch_dir(&self) -> PathBuf {
+        let dir = self.root.path().join("scratch");
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        dir
+    }
+
+    fn stderr_path(&self, start: u32) -> PathBuf {
+        self.root.path().join(format!("daemon-{start}.stderr"))
+    }
+
+    pub fn stderr_log(&self) -> String {
+        let mut log = String::new();
+        for start in 1..=self.starts {
+            let text = std::fs::read_to_string(self.stderr_path(start)).unwrap_or_default();
+            log.push_str(&format!("--- daemon stderr, start #{start} ---\n{text}"));
+        }
+        log
+    }
+
+    fn spawn(&mut self) {
+        assert!(self.child.is_none(), "daemon already running");
+        self.starts += 1;
+        let stderr = File::create(self.stderr_path(self.starts)).expect("stderr log");
+        let mut cmd = Command::new(STRATA_BIN);
+        cmd.arg("serve")
+            .arg("--data-dir")
+            .arg(self.data_dir())
+            .args(["--fast-size", &self.opts.fast_size])
+            .args(["--capacity-size", &self.opts.capacity_size])
+            .args([
+                "--nbd-listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+            ])
+            .args(&self.opts.extra_args)
+            .current_dir(self.root.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr);
+        let line = describe(&cmd);
+        let mut child = die_with_parent(&mut cmd)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {line}: {e}"));
+        let stdout = child.stdout.take().expect("stdout");
+        self.child = Some(child);
+        let announced = self.wait_ready(stdout);
+        let log = self.stderr_log();
+        let missing = |what: &str| -> ! {
+            panic!("daemon said ready without announcing its {what} address\n{log}")
+        };
+        self.nbd_addr = announced.nbd_addr.unwrap_or_else(|| missing("NBD"));
+        self.http_addr = announced.http_addr.unwrap_or_else(|| missing("HTTP"));
+        self.io_backend = announced.io_backend;
+    }
+
+    /// Reads the announcement lines until `strata: ready`; afterwards a thread keeps draining
+    /// stdout so the daemon never blocks on a full pipe.
+    fn wait_ready(&mut self, stdout: std::process::ChildStdout) -> Announced {
+        let (tx, rx) = mpsc::channel::<String>();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line);
+            }
+        });
+        let mut announced = Announced {
+            nbd_addr: None,
+            http_addr: None,
+            io_backend: String::new(),
+        };
+        let mut seen = Vec::new();
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left.min(Duration::from_millis(100))) {
+                Ok(line) => {
+                    if let Some(v) = after(&line, "I/O backend ") {
+                        announced.io_backend = v.to_string();
+                    }
+                    if let Some(v) = after(&line, "NBD listening on ") {
+                        announced.nbd_addr = Some(parse_addr(&line, v));
+                    }
+                    if let Some(v) = after(&line, "HTTP API listening on ") {
+                        announced.http_addr = Some(parse_addr(&line, v));
+                    }
+                    let ready = line.trim() == "strata: ready";
+                    seen.push(line);
+                    if ready {
+                        return announced;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => {}
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    self.kill_quietly();
+                    panic!(
+                        "daemon not ready after {READY_TIMEOUT:?}\nstdout so far:\n{}\n{}",
+                        seen.join("\n"),
+                        self.stderr_log()
+                    );
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = self.child.as_mut().map(|c| c.wait());
+                    self.child = None;
+                    panic!(
+                        "daemon exited before ready ({status:?})\nstdout:\n{}\n{}",
+                        seen.join("\n"),
+                        self.stderr_log()
+                    );
+                }
+            }
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("daemon not running").id()
+    }
+
+    pub fn is_alive(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => child.try_wait().expect("try_wait").is_none(),
+            None => false,
+        }
+    }
+
+    pub fn assert_alive(&mut self) {
+        if !self.is_alive() {
+            panic!("the daemon died\n{}", self.stderr_log());
+        }
+    }
+
+    pub fn nbd_uri(&self, volume: &str) -> String {
+        format!("nbd://{}/{}", self.nbd_addr, volume)
+    }
+
+    pub fn nbd_server_uri(&self) -> String {
+        format!("nbd://{}", self.nbd_addr)
+    }
+
+    pub fn http_url(&self) -> String {
+        format!("http://{}", self.http_addr)
+    }
+
+    pub fn cli_cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(STRATA_BIN);
+        c.args(["--server", &self.http_url()]).args(args);
+        c
+    }
+
+    pub fn cli(&self, args: &[&str]) -> Output {
+        run_timeout(&mut self.cli_cmd(args), CLI_TIMEOUT)
+    }
+
+    /// Runs the CLI, asserts success and returns stdout.
+    pub fn cli_ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(
+            out.status.success(),
+            "CLI failed\n{}\n{}",
+            output_report(&describe(&self.cli_cmd(args)), &out),
+            self.stderr_log()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `strata --json ARGS`, asserted successful and parsed.
+    pub fn cli_json(&self, args: &[&str]) -> serde_json::Value {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        let stdout = self.cli_ok(&all);
+        serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("`strata {all:?}` printed invalid JSON ({e}):\n{stdout}"))
+    }
+
+    pub fn create_volume(&self, name: &str, size: &str) {
+        self.cli_ok(&["volume", "create", name, "--size", size]);
+    }
+
+    /// SIGKILL, as a power cut would: nothing gets a chance to flush.
+    pub fn kill9(&mut self) {
+        let mut child = self.child.take().expect("daemon not running");
+        send_signal(child.id(), SIGKILL);
+        let _ = child.wait();
+    }
+
+    /// SIGTERM and wait: the daemon must finish in-flight work and exit 0.
+    pub fn terminate(&mut self) {
+        let mut child = self.child.take().expect("daemon not running");
+        send_signal(child.id(), SIGTERM);
+        let deadline = Instant::now() + TERMINATE_TIMEOUT;
+        let status: ExitStatus = loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "daemon did not exit within {TERMINATE_TIMEOUT:?} of SIGTERM\n{}",
+                    self.stderr_log()
+                );
+            }
+            thread::sleep(Duration::from_millis(10));
+        };
+        assert!(
+            status.success(),
+            "daemon exited with {status} after SIGTERM\n{}",
+            self.stderr_log()
+        );
+    }
+
+    /// Starts the daemon again on the same data directory (after kill9 or terminate).
+    pub fn restart(&mut self) {
+        if self.child.is_some() {
+            self.terminate();
+        }
+        self.spawn();
+    }
+
+    fn kill_quietly(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill_quietly();
+        if thread::panicking() {
+            let log = self.stderr_log();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            eprintln!(
+                "daemon data dir: {}\nlast lines of the daemon's stderr:\n{}",
+                self.data_dir().display(),
+                tail.join("\n")
+            );
+        }
+    }
+}
