@@ -163,6 +163,11 @@ impl Builder {
         self.entries.is_empty()
     }
 
+    /// Data blocks still free in the segment.
+    pub fn room_blocks(&self) -> u64 {
+        u64::from(self.geo.data_blocks - self.used)
+    }
+
     pub fn fits(&self, blocks: u64, entries: usize) -> bool {
         u64::from(self.used) + blocks <= u64::from(self.geo.data_blocks)
             && self.entries.len() + entries <= self.geo.max_entries as usize

@@ -22,6 +22,10 @@ use crate::shared::{Counters, Shared, STATE_FAILED};
 
 /// Batches handed to one destage step at most (bounds the memory of a step).
 const MAX_BATCHES_PER_STEP: usize = 4096;
+/// Stripes one destage step pipelines at most.
+const MAX_STRIPES_PER_STEP: usize = 16;
+/// Log blocks one stripe reads at most (64 MiB).
+const MAX_STEP_READ_BLOCKS: u64 = 16384;
 
 pub struct Destager {
     sh: Arc<Shared>,
@@ -53,7 +57,9 @@ impl Destager {
                 continue;
             }
             let started = Instant::now();
-            match self.step() {
+            // Flat out, a step pipelines several stripes; paced, one at a time.
+            let stripes = if duty >= 1.0 { MAX_STRIPES_PER_STEP } else { 1 };
+            match self.step(stripes) {
                 Ok(0) => self.idle(Duration::from_millis(20)),
                 Ok(_) if duty < 1.0 => {
                     let busy = started.elapsed().as_secs_f64();
@@ -102,22 +108,54 @@ impl Destager {
         segs.free_count() < gc_trigger(self.sh.caps.len())
     }
 
-    /// Moves the oldest durable batches' live data into a stripe of segments and frees their
-    /// log space. Returns the log bytes freed.
-    pub fn step(&mut self) -> Result<u64, EngineError> {
+    /// Moves the oldest durable batches' live data into stripes of segments and frees their
+    /// log space. Returns the log bytes freed. Up to `max_stripes` stripes are
+    /// pipelined: the next stripe is planned, read and built while the previous one is being
+    /// written, so the capacity devices are kept busy.
+    pub fn step(&mut self, max_stripes: usize) -> Result<u64, EngineError> {
+        let started = Instant::now();
+        let (mut freed, mut written) = (0, 0);
+        let result = std::thread::scope(|scope| -> Result<(), EngineError> {
+            let mut inflight: Option<Inflight<'_>> = None;
+            let mut skip = 0;
+            for _ in 0..max_stripes.clamp(1, MAX_STRIPES_PER_STEP) {
+                let Some((stripe, taken)) = self.next_stripe(skip)? else { break };
+                if let Some(prev) = inflight.take() {
+                    let (f, w) = self.finish(prev)?;
+                    freed += f;
+                    written += w;
+                }
+                skip = taken;
+                let placed = self.place(stripe)?;
+                let sh = &*self.sh;
+                let handle = scope.spawn(move || write_stripe(sh, &placed).map(|()| placed));
+                inflight = Some(Inflight { handle, taken });
+            }
+            if let Some(prev) = inflight.take() {
+                let (f, w) = self.finish(prev)?;
+                freed += f;
+                written += w;
+            }
+            Ok(())
+        });
+        if freed > 0 {
+            self.measure(started, freed, written);
+        }
+        result.map(|()| freed)
+    }
+
+    /// Plans and builds the next stripe from the durable batches after the first `skip`.
+    fn next_stripe(&self, skip: usize) -> Result<Option<(Vec<Builder>, usize)>, EngineError> {
         let batches: Vec<BatchMeta> = {
             let log = self.sh.log.lock();
-            log.batches.iter().take(MAX_BATCHES_PER_STEP).take_while(|b| b.durable).cloned().collect()
+            log.batches.iter().skip(skip).take(MAX_BATCHES_PER_STEP).take_while(|b| b.durable).cloned().collect()
         };
         if batches.is_empty() {
-            return Ok(0);
+            return Ok(None);
         }
-        let started = Instant::now();
         let width = self.sh.caps.len();
-        let mut stripe: Vec<Builder> = vec![Builder::new(self.sh.layout.geo)];
-        let mut taken = 0;
         if self.keep_hot_allowed() {
-            // The batches this step is likely to take: one stripe's worth of log.
+            // The batches this stripe is likely to take: one stripe's worth of log.
             let room = width as u64 * u64::from(self.sh.layout.geo.data_blocks);
             let mut seen = 0;
             let scope: Vec<&BatchMeta> = batches
@@ -129,34 +167,59 @@ impl Destager {
                 .collect();
             self.keep_hot(&scope);
         }
-        for b in &batches {
-            let runs = live_runs(&self.sh, b);
-            let blocks: u64 = runs.iter().map(|r| r.2).sum::<u64>();
-            let entries = runs.len() + tombstone_count(&self.sh, b);
-            let fits = |s: &Vec<Builder>| s.last().is_some_and(|x| x.fits(blocks, entries));
-            if !fits(&stripe) {
-                // Start the next segment of the stripe, if the stripe has room for one.
-                if stripe.len() == width {
-                    break;
-                }
-                stripe.push(Builder::new(self.sh.layout.geo));
-                if !fits(&stripe) {
-                    break;
-                }
-            }
-            if let Some(builder) = stripe.last_mut() {
-                add_batch(&self.sh, builder, b, &runs)?;
-            }
-            taken += 1;
-        }
-        stripe.retain(|b| !b.is_empty());
-        if taken == 0 {
+        let plan = self.plan(&batches, width);
+        if plan.is_empty() {
             return Err(EngineError::Failed("a log batch does not fit a segment".into()));
         }
-        let written = self.write_and_commit(stripe)?;
-        let freed = self.advance_tail(taken)?;
-        self.measure(started, freed, written);
-        Ok(freed)
+        let taken = plan.len();
+        Ok(Some((build_stripe(&self.sh, &plan, width)?, taken)))
+    }
+
+    /// Waits for an in-flight stripe, points the index at it and frees its log space.
+    fn finish(&self, f: Inflight<'_>) -> Result<(u64, u64), EngineError> {
+        let placed = match f.handle.join() {
+            Ok(Ok(placed)) => placed,
+            Ok(Err(e)) => {
+                // A summary may have reached the device. Such a segment stays allocated (never
+                // reused) until the next open, which sorts it out from its summary.
+                tracing::error!("segment write failed; its segments are set aside until restart: {e}");
+                return Err(e);
+            }
+            Err(_) => return Err(EngineError::Failed("segment writer panicked".into())),
+        };
+        let mut written = 0;
+        for (seg, b, _) in &placed {
+            commit_segment(&self.sh, *seg, b);
+            written += u64::from(b.used) * BLOCK_U64;
+        }
+        self.sh.counters.destaged_bytes.fetch_add(written, Ordering::Relaxed);
+        let freed = self.advance_tail(f.taken)?;
+        Ok((freed, written))
+    }
+
+    /// The oldest batches whose live data fits one stripe (less a margin of one entry per
+    /// segment, for runs split across segments), with their live runs.
+    fn plan<'b>(&self, batches: &'b [BatchMeta], width: usize) -> Vec<(&'b BatchMeta, Vec<(usize, u64, u64)>)> {
+        let geo = self.sh.layout.geo;
+        let cap_blocks = width as u64 * u64::from(geo.data_blocks);
+        let cap_entries = width * (geo.max_entries as usize - 1);
+        let (mut blocks, mut entries, mut log_blocks) = (0u64, 0usize, 0u64);
+        let mut plan = Vec::new();
+        for b in batches {
+            let runs = live_runs(&self.sh, b);
+            let nb: u64 = runs.iter().map(|r| r.2).sum();
+            let ne = runs.len() + tombstone_count(&self.sh, b);
+            // The batch regions are read whole; bound what one step reads.
+            let over_read = !plan.is_empty() && log_blocks + b.blocks > MAX_STEP_READ_BLOCKS;
+            if blocks + nb > cap_blocks || entries + ne > cap_entries || over_read {
+                break;
+            }
+            blocks += nb;
+            entries += ne;
+            log_blocks += b.blocks;
+            plan.push((b, runs));
+        }
+        plan
     }
 
     /// Hot data stays on the fast tier only while there is room for it: not when draining,
@@ -234,7 +297,9 @@ impl Destager {
         }
         let (done, wait) = crossbeam_channel::bounded(1);
         let req = WriteReq { kind: RecordKind::Write, volume, lba, nblocks: len, data: Some(data), done, no_wait: true, relocation: true };
-        self.tx.send(req).map_err(|_| EngineError::ShuttingDown)?;
+        // Never block on a full queue: the log writer may be waiting for space only this
+        // thread can free.
+        self.tx.try_send(req).map_err(|_| EngineError::NoSpace)?;
         Ok(Some((guard, wait, volume, lba, len)))
     }
 
@@ -251,40 +316,24 @@ impl Destager {
         self.sh.counters.hot_kept_bytes.fetch_add(len * BLOCK_U64, Ordering::Relaxed);
     }
 
-    fn write_and_commit(&self, stripe: Vec<Builder>) -> Result<u64, EngineError> {
-        if stripe.is_empty() {
-            return Ok(0);
-        }
+    /// Allocates a segment for each builder of the stripe (one per device).
+    fn place(&self, stripe: Vec<Builder>) -> Result<Vec<(u32, Builder, u64)>, EngineError> {
         let mut placed = Vec::with_capacity(stripe.len());
-        {
-            let mut segs = self.sh.segs.lock();
-            for b in stripe {
-                let Some(seg) = segs.alloc(gc_reserve(self.sh.caps.len())) else {
-                    for (s, _, _) in &placed {
-                        segs.free_segment(*s, self.sh.layout.segments[*s as usize].0);
-                    }
-                    self.sh.counters.capacity_full.store(true, Ordering::Relaxed);
-                    return Err(EngineError::NoSpace);
-                };
-                let seq = segs.next_seq;
-                segs.next_seq += 1;
-                placed.push((seg, b, seq));
-            }
+        let mut segs = self.sh.segs.lock();
+        for b in stripe {
+            let Some(seg) = segs.alloc(gc_reserve(self.sh.caps.len())) else {
+                for (s, _, _) in &placed {
+                    segs.free_segment(*s, self.sh.layout.segments[*s as usize].0);
+                }
+                self.sh.counters.capacity_full.store(true, Ordering::Relaxed);
+                return Err(EngineError::NoSpace);
+            };
+            let seq = segs.next_seq;
+            segs.next_seq += 1;
+            placed.push((seg, b, seq));
         }
         self.sh.counters.capacity_full.store(false, Ordering::Relaxed);
-        if let Err(e) = write_stripe(&self.sh, &placed) {
-            // A summary may have reached the device. Such a segment stays allocated (never
-            // reused) until the next open, which sorts it out from its summary.
-            tracing::error!("segment write failed; its segments are set aside until restart: {e}");
-            return Err(e);
-        }
-        let mut written = 0;
-        for (seg, b, _) in &placed {
-            commit_segment(&self.sh, *seg, b);
-            written += u64::from(b.used) * BLOCK_U64;
-        }
-        self.sh.counters.destaged_bytes.fetch_add(written, Ordering::Relaxed);
-        Ok(written)
+        Ok(placed)
     }
 
     /// Records the new log tail durably, then frees the log space before it.
@@ -386,6 +435,12 @@ impl Destager {
     }
 }
 
+/// A stripe being written by a scoped thread, and the log batches it empties.
+struct Inflight<'s> {
+    handle: std::thread::ScopedJoinHandle<'s, Result<Vec<(u32, Builder, u64)>, EngineError>>,
+    taken: usize,
+}
+
 type Pending<'a> = (
     crate::rangelock::RangeGuard<'a>,
     crossbeam_channel::Receiver<Result<(), EngineError>>,
@@ -464,39 +519,98 @@ fn tombstone_live(sh: &Shared, volume: u32, lba: u64, n: u64) -> bool {
     v.map.lookup(lba, n).iter().any(|p| p.loc.is_none())
 }
 
-/// Copies a batch's live data (read from the log, in address order) and its surviving
-/// tombstones into the builder.
-fn add_batch(sh: &Shared, builder: &mut Builder, b: &BatchMeta, runs: &[(usize, u64, u64)]) -> Result<(), EngineError> {
-    let mut sorted: Vec<&(usize, u64, u64)> = runs.iter().collect();
-    sorted.sort_by_key(|&&(i, off, _)| (b.records[i].volume, b.records[i].lba + off));
-    for &&(i, off, n) in &sorted {
-        let r: &RecMeta = &b.records[i];
-        let first = r.data_start + off;
-        let mut buf = AlignedBuf::new_zeroed((n * BLOCK_U64) as usize);
-        sh.fast.read_at(&mut buf, sh.layout.log_byte(first))?;
-        // The crc recorded at write time goes into the summary even if the log copy has gone
-        // bad: a damaged block then stays detectably damaged instead of becoming valid.
-        let crcs: Vec<u32> = (0..n).map(|k| sh.fast_crcs[(first + k) as usize].load(Ordering::Relaxed)).collect();
-        for (k, chunk) in buf.chunks(BLOCK).enumerate() {
-            if crc32c::crc32c(chunk) != crcs[k] {
-                sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(volume = r.volume, block = r.lba + off + k as u64, "checksum mismatch in the write log");
-            }
+/// One live run read from the log, ready to go into a segment.
+struct LiveRun<'a> {
+    volume: u32,
+    lba: u64,
+    seq: u64,
+    first: u64,
+    data: &'a [u8],
+}
+
+/// Reads each planned batch's data with one sequential read, then lays the live runs of all
+/// of them into the stripe's segments in address order (coalescing by address), followed by
+/// the surviving tombstones.
+fn build_stripe(sh: &Shared, plan: &[(&BatchMeta, Vec<(usize, u64, u64)>)], width: usize) -> Result<Vec<Builder>, EngineError> {
+    let mut bufs = Vec::with_capacity(plan.len());
+    for (b, runs) in plan {
+        if runs.is_empty() {
+            bufs.push(AlignedBuf::new_zeroed(0));
+            continue;
         }
-        builder.add_data(r.volume, r.lba + off, r.seq, &buf, &crcs, Loc::Fast(first));
-        let mut heat = sh.heat.lock();
-        if !heat.is_empty() {
-            for k in 0..n {
-                heat.remove(&(r.volume, r.lba + off + k));
+        let mut buf = AlignedBuf::new_zeroed(((b.blocks - 1) * BLOCK_U64) as usize);
+        sh.fast.read_at(&mut buf, sh.layout.log_byte(b.start + 1))?;
+        bufs.push(buf);
+    }
+    let mut live = Vec::new();
+    for ((b, runs), buf) in plan.iter().zip(&bufs) {
+        for &(i, off, n) in runs {
+            let r: &RecMeta = &b.records[i];
+            let first = r.data_start + off;
+            let at = ((first - b.start - 1) * BLOCK_U64) as usize;
+            let data = &buf[at..at + (n * BLOCK_U64) as usize];
+            live.push(LiveRun { volume: r.volume, lba: r.lba + off, seq: r.seq, first, data });
+        }
+    }
+    live.sort_by_key(|r| (r.volume, r.lba));
+    let geo = sh.layout.geo;
+    let mut stripe = vec![Builder::new(geo)];
+    for run in &live {
+        let n = (run.data.len() / BLOCK) as u64;
+        let mut done = 0;
+        while done < n {
+            let room = stripe.last().map_or(0, |s| s.room_blocks());
+            if room == 0 || !stripe.last().is_some_and(|s| s.fits(1, 1)) {
+                if stripe.len() == width {
+                    return Err(EngineError::Failed("destage plan overflowed its stripe".into()));
+                }
+                stripe.push(Builder::new(geo));
+                continue;
+            }
+            let take = room.min(n - done);
+            add_live(sh, stripe.last_mut().expect("non-empty"), run, done, take);
+            done += take;
+        }
+    }
+    for (b, _) in plan {
+        for r in b.records.iter().filter(|r| r.kind == RecordKind::Zero) {
+            if tombstone_live(sh, r.volume, r.lba, r.nblocks) {
+                if !stripe.last().is_some_and(|s| s.fits(0, 1)) {
+                    if stripe.len() == width {
+                        return Err(EngineError::Failed("destage plan overflowed its stripe".into()));
+                    }
+                    stripe.push(Builder::new(geo));
+                }
+                if let Some(s) = stripe.last_mut() {
+                    s.add_tombstone(r.volume, r.lba, r.nblocks as u32, r.seq);
+                }
             }
         }
     }
-    for r in b.records.iter().filter(|r| r.kind == RecordKind::Zero) {
-        if tombstone_live(sh, r.volume, r.lba, r.nblocks) {
-            builder.add_tombstone(r.volume, r.lba, r.nblocks as u32, r.seq);
+    stripe.retain(|b| !b.is_empty());
+    Ok(stripe)
+}
+
+/// Adds blocks `[skip, skip+n)` of a live run to a segment.
+fn add_live(sh: &Shared, builder: &mut Builder, run: &LiveRun, skip: u64, n: u64) {
+    let first = run.first + skip;
+    let bytes = &run.data[(skip * BLOCK_U64) as usize..((skip + n) * BLOCK_U64) as usize];
+    // The crc recorded at write time goes into the summary even if the log copy has gone bad:
+    // a damaged block then stays detectably damaged instead of becoming valid.
+    let crcs: Vec<u32> = (0..n).map(|k| sh.fast_crcs[(first + k) as usize].load(Ordering::Relaxed)).collect();
+    for (k, chunk) in bytes.chunks(BLOCK).enumerate() {
+        if crc32c::crc32c(chunk) != crcs[k] {
+            sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(volume = run.volume, block = run.lba + skip + k as u64, "checksum mismatch in the write log");
         }
     }
-    Ok(())
+    builder.add_data(run.volume, run.lba + skip, run.seq, bytes, &crcs, Loc::Fast(first));
+    let mut heat = sh.heat.lock();
+    if !heat.is_empty() {
+        for k in 0..n {
+            heat.remove(&(run.volume, run.lba + skip + k));
+        }
+    }
 }
 
 /// Live data of a segment: (entry index, block offset in entry, blocks).
@@ -529,16 +643,26 @@ fn live_tombstones(sh: &Shared, s: &SegmentSummary) -> Vec<(u32, u64, u32, u64)>
 }
 
 fn add_seg_runs(sh: &Shared, builder: &mut Builder, seg: u32, s: &SegmentSummary, runs: &[(usize, u64, u64)]) -> Result<(), EngineError> {
+    if runs.is_empty() {
+        return Ok(());
+    }
+    // One sequential read of the segment's data instead of one read per run.
+    let mut buf = AlignedBuf::new_zeroed(s.data_blocks_used as usize * BLOCK);
+    let (dev, off) = sh.layout.seg_data_byte(seg, 0);
+    sh.caps[dev].read_at(&mut buf, off)?;
     for &(i, off, n) in runs {
         let e = &s.entries[i];
         let block = e.data_block + off as u32;
-        let mut buf = AlignedBuf::new_zeroed((n * BLOCK_U64) as usize);
-        if let Some(bad) = read_seg_blocks(sh, seg, block, n as u32, &mut buf, &s.block_crcs)? {
-            sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(segment = seg, block = bad, "checksum mismatch while cleaning; the damage is carried, not hidden");
-        }
+        let at = block as usize * BLOCK;
+        let data = &buf[at..at + (n * BLOCK_U64) as usize];
         let crcs = &s.block_crcs[block as usize..(block as u64 + n) as usize];
-        builder.add_data(e.volume, e.lba + off, e.seq, &buf, crcs, Loc::Cap { seg, block });
+        for (k, chunk) in data.chunks(BLOCK).enumerate() {
+            if crc32c::crc32c(chunk) != crcs[k] {
+                sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(segment = seg, block = block + k as u32, "checksum mismatch while cleaning; the damage is carried, not hidden");
+            }
+        }
+        builder.add_data(e.volume, e.lba + off, e.seq, data, crcs, Loc::Cap { seg, block });
     }
     Ok(())
 }

@@ -139,7 +139,9 @@ pub struct LogWriter {
     sh: Arc<Shared>,
     rx: Receiver<WriteReq>,
     max_batch_blocks: u64,
-    held: Option<WriteReq>,
+    /// Requests taken off the queue but not yet batched, in arrival order (bounded by the
+    /// queue depth).
+    held: VecDeque<WriteReq>,
     /// Admission control: the earliest time the next batch may be written.
     next_admit: Instant,
 }
@@ -147,13 +149,13 @@ pub struct LogWriter {
 impl LogWriter {
     pub fn new(sh: Arc<Shared>, rx: Receiver<WriteReq>) -> LogWriter {
         let max_batch_blocks = (sh.cfg.max_batch_bytes as u64 / BLOCK_U64).max(2);
-        LogWriter { sh, rx, max_batch_blocks, held: None, next_admit: Instant::now() }
+        LogWriter { sh, rx, max_batch_blocks, held: VecDeque::new(), next_admit: Instant::now() }
     }
 
     /// Runs until every sender is gone and the queue is empty.
     pub fn run(mut self) {
         loop {
-            let first = match self.held.take() {
+            let first = match self.held.pop_front() {
                 Some(r) => r,
                 None => match self.rx.recv_timeout(Duration::from_millis(200)) {
                     Ok(r) => r,
@@ -170,9 +172,10 @@ impl LogWriter {
         let mut blocks = 1 + first.data_blocks();
         let mut batch = vec![first];
         while batch.len() < MAX_RECORDS_PER_BATCH {
-            let Ok(r) = self.rx.try_recv() else { break };
+            let next = self.held.pop_front().map(Ok).unwrap_or_else(|| self.rx.try_recv());
+            let Ok(r) = next else { break };
             if blocks + r.data_blocks() > self.max_batch_blocks {
-                self.held = Some(r);
+                self.held.push_front(r);
                 break;
             }
             blocks += r.data_blocks();
@@ -220,6 +223,26 @@ impl LogWriter {
         }
     }
 
+    /// While waiting for space, answers the destager's queued requests at once: it may be
+    /// waiting for them, and only it can free space. Host requests keep their order.
+    fn refuse_queued_no_wait(&mut self) {
+        while self.held.len() < QUEUE_DEPTH {
+            let Ok(r) = self.rx.try_recv() else { break };
+            if r.no_wait {
+                let _ = r.done.send(Err(EngineError::NoSpace));
+            } else {
+                self.held.push_back(r);
+            }
+        }
+        let before = self.held.len();
+        let held = std::mem::take(&mut self.held);
+        let (refused, kept): (VecDeque<_>, VecDeque<_>) = held.into_iter().partition(|r| r.no_wait);
+        self.held = kept;
+        if before != self.held.len() {
+            reply_all(refused.into_iter().collect(), || Err(EngineError::NoSpace));
+        }
+    }
+
     /// Answers NoSpace to the requests that may not wait when the batch does not fit now.
     fn drop_no_wait_if_full(&self, batch: Vec<WriteReq>) -> Vec<WriteReq> {
         if !batch.iter().any(|r| r.no_wait) {
@@ -259,7 +282,7 @@ impl LogWriter {
 
     /// Waits for log space; fails with NoSpace when the destager cannot make room because the
     /// capacity tier is full.
-    fn reserve(&self, batch: &[WriteReq], blocks: u64) -> Result<BatchMeta, EngineError> {
+    fn reserve(&mut self, batch: &[WriteReq], blocks: u64) -> Result<BatchMeta, EngineError> {
         let mut log = self.sh.log.lock();
         loop {
             self.sh.check_running().or_else(|e| match e {
@@ -276,6 +299,7 @@ impl LogWriter {
             }
             drop(log);
             self.sh.wake_destager();
+            self.refuse_queued_no_wait();
             log = self.sh.log.lock();
             self.sh.log_freed.wait_for(&mut log, Duration::from_millis(50));
         }

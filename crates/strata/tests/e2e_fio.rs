@@ -77,7 +77,7 @@ fn fio_random_mixed_size_writes_verify_crc32c() {
     let first = first.to_str().expect("utf-8");
     let out = run_timeout(
         &mut fio_verify_cmd(&uri, first, &["--do_verify=1"]),
-        CMD_TIMEOUT,
+        FIO_TIMEOUT,
     );
     assert_fio_ok("write+verify", first, &out);
     let job = fio_job(first);
@@ -97,7 +97,7 @@ fn fio_random_mixed_size_writes_verify_crc32c() {
     let second = second.to_str().expect("utf-8");
     let out = run_timeout(
         &mut fio_verify_cmd(&uri, second, &["--verify_only=1"]),
-        CMD_TIMEOUT,
+        FIO_TIMEOUT,
     );
     assert_fio_ok("verify_only", second, &out);
     assert_eq!(
@@ -111,7 +111,7 @@ fn fio_random_mixed_size_writes_verify_crc32c() {
     let third = third.to_str().expect("utf-8");
     let out = run_timeout(
         &mut fio_verify_cmd(&uri, third, &["--verify_only=1"]),
-        CMD_TIMEOUT,
+        FIO_TIMEOUT,
     );
     assert!(
         !out.status.success() && fio_job(third)["error"] != 0,
