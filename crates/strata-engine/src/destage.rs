@@ -119,12 +119,14 @@ impl Destager {
             let mut inflight: Option<Inflight<'_>> = None;
             let mut skip = 0;
             for _ in 0..max_stripes.clamp(1, MAX_STRIPES_PER_STEP) {
-                let Some((stripe, taken)) = self.next_stripe(skip)? else { break };
+                let next = self.next_stripe(skip);
                 if let Some(prev) = inflight.take() {
+                    // Commit what is already written before acting on an error.
                     let (f, w) = self.finish(prev)?;
                     freed += f;
                     written += w;
                 }
+                let Some((stripe, taken)) = next? else { break };
                 skip = taken;
                 let placed = self.place(stripe)?;
                 let sh = &*self.sh;
@@ -257,7 +259,7 @@ impl Destager {
         }
     }
 
-    /// Sub-runs of `[lba, lba+n)` whose blocks have been rewritten while in the log.
+    /// Sub-runs of `[lba, lba+n)` whose blocks were overwritten recently (have heat).
     fn hot_parts(&self, volume: u32, lba: u64, n: u64) -> Vec<(u64, u64)> {
         let heat = self.sh.heat.lock();
         let mut out: Vec<(u64, u64)> = Vec::new();
@@ -400,7 +402,7 @@ impl Destager {
                 (seg, seq)
             };
             if let Err(e) = write_segment(&self.sh, seg, &builder, seq) {
-                // Set aside until the next open, as in destage: see write_and_commit.
+                // Set aside until the next open, as in destage (see `finish`).
                 tracing::error!("GC segment write failed; segment {seg} is set aside until restart: {e}");
                 return Err(e);
             }
@@ -575,13 +577,14 @@ fn build_stripe(sh: &Shared, plan: &[(&BatchMeta, Vec<(usize, u64, u64)>)], widt
     for (b, _) in plan {
         for r in b.records.iter().filter(|r| r.kind == RecordKind::Zero) {
             if tombstone_live(sh, r.volume, r.lba, r.nblocks) {
-                if !stripe.last().is_some_and(|s| s.fits(0, 1)) {
+                // Any segment of the stripe with an entry to spare takes it.
+                if !stripe.iter().any(|s| s.fits(0, 1)) {
                     if stripe.len() == width {
                         return Err(EngineError::Failed("destage plan overflowed its stripe".into()));
                     }
                     stripe.push(Builder::new(geo));
                 }
-                if let Some(s) = stripe.last_mut() {
+                if let Some(s) = stripe.iter_mut().find(|s| s.fits(0, 1)) {
                     s.add_tombstone(r.volume, r.lba, r.nblocks as u32, r.seq);
                 }
             }

@@ -137,8 +137,9 @@ impl DiskGroup {
     ) -> Result<Arc<DiskGroup>, EngineError> {
         let (sh, report) = open::open_shared(fast, capacity, cfg, create_if_blank)?;
         let (tx, rx) = crossbeam_channel::bounded(log::QUEUE_DEPTH);
-        let writer = log::LogWriter::new(sh.clone(), rx);
-        let destager = destage::Destager::new(sh.clone(), tx.clone());
+        let (tx_hot, rx_hot) = crossbeam_channel::bounded(log::QUEUE_DEPTH);
+        let writer = log::LogWriter::new(sh.clone(), rx, rx_hot);
+        let destager = destage::Destager::new(sh.clone(), tx_hot);
         let t1 = std::thread::Builder::new().name("strata-log".into()).spawn(move || writer.run());
         let t2 = std::thread::Builder::new().name("strata-destage".into()).spawn(move || destager.run());
         let threads = [t1, t2]

@@ -1,7 +1,7 @@
 //! The write log on the fast device: a circular area of batches written with group commit.
 //!
-//! One thread owns the log head. It gathers the requests waiting in its bounded queue into a
-//! batch (one header block with up to 63 record headers, then the records' data), writes the
+//! One thread owns the log head. It gathers the requests waiting in its bounded queues into a
+//! batch (one header block with up to 62 record headers, then the records' data), writes the
 //! batch in one device write, flushes, applies it to the index and only then completes the
 //! requests. So a completed write is durable and visible to every reader.
 
@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{select, Receiver, Sender, TryRecvError};
 use strata_device::AlignedBuf;
 
 use crate::error::EngineError;
@@ -138,6 +138,9 @@ impl WriteReq {
 pub struct LogWriter {
     sh: Arc<Shared>,
     rx: Receiver<WriteReq>,
+    /// The destager's hot-data rewrites, on their own queue so they can always be answered
+    /// (refused) while host writes wait for space.
+    rx_hot: Receiver<WriteReq>,
     max_batch_blocks: u64,
     /// Requests taken off the queue but not yet batched, in arrival order (bounded by the
     /// queue depth).
@@ -147,24 +150,48 @@ pub struct LogWriter {
 }
 
 impl LogWriter {
-    pub fn new(sh: Arc<Shared>, rx: Receiver<WriteReq>) -> LogWriter {
+    pub fn new(sh: Arc<Shared>, rx: Receiver<WriteReq>, rx_hot: Receiver<WriteReq>) -> LogWriter {
         let max_batch_blocks = (sh.cfg.max_batch_bytes as u64 / BLOCK_U64).max(2);
-        LogWriter { sh, rx, max_batch_blocks, held: VecDeque::new(), next_admit: Instant::now() }
+        LogWriter { sh, rx, rx_hot, max_batch_blocks, held: VecDeque::new(), next_admit: Instant::now() }
     }
 
-    /// Runs until every sender is gone and the queue is empty.
+    /// Runs until every sender of both queues is gone and the queues are empty.
     pub fn run(mut self) {
+        let (mut host_open, mut hot_open) = (true, true);
         loop {
             let first = match self.held.pop_front() {
                 Some(r) => r,
-                None => match self.rx.recv_timeout(Duration::from_millis(200)) {
-                    Ok(r) => r,
-                    Err(RecvTimeoutError::Timeout) => continue,
-                    Err(RecvTimeoutError::Disconnected) => return,
-                },
+                None if !host_open && !hot_open => return,
+                None => {
+                    let never = crossbeam_channel::never();
+                    let host = if host_open { &self.rx } else { &never };
+                    let hot = if hot_open { &self.rx_hot } else { &never };
+                    select! {
+                        recv(host) -> r => match r {
+                            Ok(r) => r,
+                            Err(_) => { host_open = false; continue }
+                        },
+                        recv(hot) -> r => match r {
+                            Ok(r) => r,
+                            Err(_) => { hot_open = false; continue }
+                        },
+                        default(Duration::from_millis(200)) => continue,
+                    }
+                }
             };
             let batch = self.gather(first);
             self.process(batch);
+        }
+    }
+
+    /// The next waiting request: held ones first, then host writes, then hot-data rewrites.
+    fn next_waiting(&mut self) -> Option<WriteReq> {
+        if let Some(r) = self.held.pop_front() {
+            return Some(r);
+        }
+        match self.rx.try_recv() {
+            Ok(r) => Some(r),
+            Err(TryRecvError::Empty | TryRecvError::Disconnected) => self.rx_hot.try_recv().ok(),
         }
     }
 
@@ -172,8 +199,7 @@ impl LogWriter {
         let mut blocks = 1 + first.data_blocks();
         let mut batch = vec![first];
         while batch.len() < MAX_RECORDS_PER_BATCH {
-            let next = self.held.pop_front().map(Ok).unwrap_or_else(|| self.rx.try_recv());
-            let Ok(r) = next else { break };
+            let Some(r) = self.next_waiting() else { break };
             if blocks + r.data_blocks() > self.max_batch_blocks {
                 self.held.push_front(r);
                 break;
@@ -223,22 +249,16 @@ impl LogWriter {
         }
     }
 
-    /// While waiting for space, answers the destager's queued requests at once: it may be
-    /// waiting for them, and only it can free space. Host requests keep their order.
+    /// While waiting for space, answers the destager's queued rewrites at once: it may be
+    /// waiting for them, and only it can free space.
     fn refuse_queued_no_wait(&mut self) {
-        while self.held.len() < QUEUE_DEPTH {
-            let Ok(r) = self.rx.try_recv() else { break };
-            if r.no_wait {
-                let _ = r.done.send(Err(EngineError::NoSpace));
-            } else {
-                self.held.push_back(r);
-            }
+        while let Ok(r) = self.rx_hot.try_recv() {
+            let _ = r.done.send(Err(EngineError::NoSpace));
         }
-        let before = self.held.len();
-        let held = std::mem::take(&mut self.held);
-        let (refused, kept): (VecDeque<_>, VecDeque<_>) = held.into_iter().partition(|r| r.no_wait);
-        self.held = kept;
-        if before != self.held.len() {
+        if self.held.iter().any(|r| r.no_wait) {
+            let held = std::mem::take(&mut self.held);
+            let (refused, kept): (VecDeque<_>, VecDeque<_>) = held.into_iter().partition(|r| r.no_wait);
+            self.held = kept;
             reply_all(refused.into_iter().collect(), || Err(EngineError::NoSpace));
         }
     }

@@ -96,8 +96,9 @@ pub struct Shared {
     pub destager_stop: AtomicBool,
     /// Set by `destage_all`: destage regardless of fill.
     pub drain: AtomicBool,
-    /// Blocks rewritten while their previous copy was still in the log, with a saturating
-    /// count: the evidence that data is hot and should stay on the fast tier. Bounded by the
+    /// Blocks overwritten recently (wherever their previous copy was), with a saturating
+    /// count halved each time the destager keeps the block on the fast tier: the evidence that
+    /// data is hot. Bounded by the
     /// log's block count.
     pub heat: Mutex<HashMap<(u32, u64), u8>>,
     pub destage_wake: Condvar,
@@ -169,7 +170,7 @@ impl Shared {
         write_checkpoint(self.fast.as_ref(), &self.layout, &cp)
     }
 
-    /// Records that these (volume, first block, blocks) were rewritten while in the log.
+    /// Records that these (volume, first block, blocks) were overwritten.
     pub fn note_rewrites(&self, runs: &[(u32, u64, u64)]) {
         let mut heat = self.heat.lock();
         let cap = self.layout.log_blocks as usize;

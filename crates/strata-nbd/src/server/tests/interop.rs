@@ -1,33 +1,94 @@
 //! Real clients against the in-memory server: nbdinfo (libnbd) and qemu-io (QEMU's NBD
 //! client). Each test prints a notice and passes if its binary is not installed.
+//!
+//! Clients run with stdin closed and in their own process group: qemu-io switches terminal
+//! echo off when its stdin is a terminal, and if the test runs in a background process group
+//! of that terminal the kernel answers with SIGTTOU to the whole group, which would stop the
+//! test process itself, and with it every timeout here.
 
-use std::process::Output;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
 use super::backend::{Op, DISK_SIZE};
 use super::TestServer;
 
+/// How long a client may run before it is killed and the test fails.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long to wait for a client's output to end once it has exited or been killed.
+const OUTPUT_GRACE: Duration = Duration::from_secs(5);
+
+/// Looks `binary` up on PATH without starting a process.
 fn installed(binary: &str) -> bool {
-    let found = std::process::Command::new("which")
-        .arg(binary)
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let executable = |p: &Path| {
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let found = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| executable(&dir.join(binary))));
     if !found {
         println!("NOTICE: {binary} not installed; skipping this interoperability test");
     }
     found
 }
 
-/// Runs a client command with a deadline so a protocol bug fails instead of hanging.
-async fn run(program: &str, args: &[&str]) -> Output {
-    let mut command = Command::new(program);
-    command.args(args).kill_on_drop(true);
-    let output = tokio::time::timeout(Duration::from_secs(20), command.output())
-        .await
-        .unwrap_or_else(|_| panic!("{program} {args:?} timed out"))
+async fn read_all(pipe: Option<impl AsyncRead + Unpin>) -> Vec<u8> {
+    let mut buf = Vec::new();
+    if let Some(mut pipe) = pipe {
+        let _ = pipe.read_to_end(&mut buf).await;
+    }
+    buf
+}
+
+/// Runs a client to completion; if it takes longer than [`CLIENT_TIMEOUT`] it is killed
+/// and the test fails with whatever it printed. Its exit status is not checked.
+async fn output(program: &str, args: &[&str]) -> Output {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
         .unwrap_or_else(|e| panic!("{program} failed to start: {e}"));
+    // Drained while it runs, so a chatty client never blocks on a full pipe.
+    let stdout = tokio::spawn(read_all(child.stdout.take()));
+    let stderr = tokio::spawn(read_all(child.stderr.take()));
+    let status = tokio::time::timeout(CLIENT_TIMEOUT, child.wait()).await;
+    if status.is_err() {
+        let _ = child.kill().await; // SIGKILL, then reap
+    }
+    // Bounded too, in case the client left a helper process holding its pipes.
+    let collect = |pipe: tokio::task::JoinHandle<Vec<u8>>| async {
+        match tokio::time::timeout(OUTPUT_GRACE, pipe).await {
+            Ok(Ok(bytes)) => bytes,
+            _ => b"<output not collected>".to_vec(),
+        }
+    };
+    let (stdout, stderr) = (collect(stdout).await, collect(stderr).await);
+    let Ok(status) = status else {
+        panic!(
+            "{program} {args:?} timed out after {CLIENT_TIMEOUT:?} and was killed\nstdout:\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&stdout),
+            String::from_utf8_lossy(&stderr)
+        );
+    };
+    let status = status.unwrap_or_else(|e| panic!("waiting for {program}: {e}"));
+    Output {
+        status,
+        stdout,
+        stderr,
+    }
+}
+
+/// Runs a client (see [`output`]) and asserts that it succeeded.
+async fn run(program: &str, args: &[&str]) -> Output {
+    let output = output(program, args).await;
     let (stdout, stderr) = (
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr),
@@ -148,14 +209,7 @@ async fn qemu_io_sees_a_read_only_export() {
     )
     .await;
     assert!(!stdout(&output).contains("failed"));
-    let refused = Command::new("qemu-io")
-        .args(["-f", "raw", &uri, "-c", "write 0 4k"])
-        .kill_on_drop(true)
-        .output();
-    let refused = tokio::time::timeout(Duration::from_secs(60), refused)
-        .await
-        .unwrap()
-        .unwrap();
+    let refused = output("qemu-io", &["-f", "raw", &uri, "-c", "write 0 4k"]).await;
     let text = format!(
         "{}{}",
         stdout(&refused),
