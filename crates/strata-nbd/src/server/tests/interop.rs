@@ -46,7 +46,7 @@ async fn read_all(pipe: Option<impl AsyncRead + Unpin>) -> Vec<u8> {
 
 /// Runs a client to completion; if it takes longer than [`CLIENT_TIMEOUT`] it is killed
 /// and the test fails with whatever it printed. Its exit status is not checked.
-async fn output(program: &str, args: &[&str]) -> Output {
+async fn run_client(program: &str, args: &[&str]) -> Output {
     let mut child = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
@@ -86,9 +86,9 @@ async fn output(program: &str, args: &[&str]) -> Output {
     }
 }
 
-/// Runs a client (see [`output`]) and asserts that it succeeded.
+/// Runs a client (see [`run_client`]) and asserts that it succeeded.
 async fn run(program: &str, args: &[&str]) -> Output {
-    let output = output(program, args).await;
+    let output = run_client(program, args).await;
     let (stdout, stderr) = (
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr),
@@ -209,7 +209,7 @@ async fn qemu_io_sees_a_read_only_export() {
     )
     .await;
     assert!(!stdout(&output).contains("failed"));
-    let refused = output("qemu-io", &["-f", "raw", &uri, "-c", "write 0 4k"]).await;
+    let refused = run_client("qemu-io", &["-f", "raw", &uri, "-c", "write 0 4k"]).await;
     let text = format!(
         "{}{}",
         stdout(&refused),
