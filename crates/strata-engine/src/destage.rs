@@ -118,7 +118,12 @@ impl Destager {
         let result = std::thread::scope(|scope| -> Result<(), EngineError> {
             let mut inflight: Option<Inflight<'_>> = None;
             let mut skip = 0;
-            for _ in 0..max_stripes.clamp(1, MAX_STRIPES_PER_STEP) {
+            for i in 0..max_stripes.clamp(1, MAX_STRIPES_PER_STEP) {
+                // Past the first stripe, go on only while the log is still above its high mark
+                // (or draining): destaging more than needed moves data that may still be hot.
+                if i > 0 && !self.flat_out() {
+                    break;
+                }
                 let next = self.next_stripe(skip);
                 if let Some(prev) = inflight.take() {
                     // Commit what is already written before acting on an error.
@@ -144,6 +149,10 @@ impl Destager {
             self.measure(started, freed, written);
         }
         result.map(|()| freed)
+    }
+
+    fn flat_out(&self) -> bool {
+        self.sh.drain.load(Ordering::Relaxed) || self.sh.log.lock().fill_ratio() >= self.sh.cfg.fill_ratio_high
     }
 
     /// Plans and builds the next stripe from the durable batches after the first `skip`.
