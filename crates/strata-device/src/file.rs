@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::check::{check_io, check_range, io_error};
 use crate::stats::Counters;
-use crate::uring::{Op, UringEngine};
+use crate::uring::{execute_on_caller_ring, probe, Op};
 use crate::{os, Device, DeviceError, DeviceStats, BLOCK_SIZE};
 
 /// The smallest device Strata accepts: anything smaller is almost certainly a wrong path or a
@@ -68,14 +68,14 @@ enum Kind {
 }
 
 enum Engine {
-    Uring(UringEngine),
+    Uring,
     Threads,
 }
 
 /// A regular file or block device opened with O_DIRECT. See the crate documentation for the
 /// contract; discards punch holes in files and issue BLKDISCARD on block devices.
 pub struct FileDevice {
-    /// Declared before `file`: the ring thread must stop before the descriptor closes.
+    /// How I/O is issued (io_uring on the caller's thread, or plain system calls).
     engine: Engine,
     file: File,
     name: String,
@@ -99,7 +99,7 @@ impl FileDevice {
         let preallocated = options.preallocate && kind == Kind::Regular;
         let preallocated = preallocated && preallocate(path, &file, size_bytes)?;
         let name = path.display().to_string();
-        let engine = start_engine(path, &file, &name, options.backend)?;
+        let engine = start_engine(path, &name, options.backend)?;
         Ok(FileDevice {
             engine,
             file,
@@ -114,7 +114,7 @@ impl FileDevice {
     /// "io_uring" or "threads": which engine carries this device's I/O.
     pub fn io_backend_name(&self) -> &'static str {
         match self.engine {
-            Engine::Uring(_) => "io_uring",
+            Engine::Uring => "io_uring",
             Engine::Threads => "threads",
         }
     }
@@ -297,17 +297,12 @@ fn usable_size(
     Ok(size_bytes)
 }
 
-fn start_engine(
-    path: &Path,
-    file: &File,
-    name: &str,
-    backend: IoBackend,
-) -> Result<Engine, DeviceError> {
+fn start_engine(path: &Path, name: &str, backend: IoBackend) -> Result<Engine, DeviceError> {
     if backend == IoBackend::ThreadPool {
         return Ok(Engine::Threads);
     }
-    match UringEngine::start(file.as_raw_fd(), name) {
-        Ok(engine) => Ok(Engine::Uring(engine)),
+    match probe() {
+        Ok(()) => Ok(Engine::Uring),
         Err(err) if backend == IoBackend::Auto => {
             tracing::warn!(device = name, error = %err, "io_uring unavailable; using blocking threads");
             Ok(Engine::Threads)
@@ -330,12 +325,15 @@ impl Device for FileDevice {
         let result = match &self.engine {
             _ if len == 0 => Ok(()),
             // SAFETY: `buf` is borrowed mutably for the whole call, which blocks until done.
-            Engine::Uring(ring) => unsafe {
-                ring.execute(Op::Read {
-                    buf: buf.as_mut_ptr(),
-                    len,
-                    offset,
-                })
+            Engine::Uring => unsafe {
+                execute_on_caller_ring(
+                    self.fd(),
+                    Op::Read {
+                        buf: buf.as_mut_ptr(),
+                        len,
+                        offset,
+                    },
+                )
             },
             Engine::Threads => os::pread_full(self.fd(), buf, offset),
         };
@@ -348,12 +346,15 @@ impl Device for FileDevice {
         let result = match &self.engine {
             _ if len == 0 => Ok(()),
             // SAFETY: `buf` is borrowed for the whole call, which blocks until done.
-            Engine::Uring(ring) => unsafe {
-                ring.execute(Op::Write {
-                    buf: buf.as_ptr(),
-                    len,
-                    offset,
-                })
+            Engine::Uring => unsafe {
+                execute_on_caller_ring(
+                    self.fd(),
+                    Op::Write {
+                        buf: buf.as_ptr(),
+                        len,
+                        offset,
+                    },
+                )
             },
             Engine::Threads => os::pwrite_full(self.fd(), buf, offset),
         };
@@ -363,7 +364,7 @@ impl Device for FileDevice {
     fn flush(&self) -> Result<(), DeviceError> {
         let result = match &self.engine {
             // SAFETY: an fsync names no buffer.
-            Engine::Uring(ring) => unsafe { ring.execute(Op::Fsync) },
+            Engine::Uring => unsafe { execute_on_caller_ring(self.fd(), Op::Fsync) },
             Engine::Threads => os::fdatasync(self.fd()),
         };
         self.finish(result, 0, Counters::record_flush)

@@ -10,9 +10,8 @@
 //!
 //! Implementations:
 //! - [`FileDevice`] (via [`open_path`] / [`open_with`]): a regular file or block device opened
-//!   with O_DIRECT; I/O through one io_uring per device, owned by a thread that batches the
-//!   requests of all callers into shared submissions, or blocking system calls where io_uring
-//!   is unavailable ([`IoBackend`], reported by [`Device::io_backend_name`]).
+//!   with O_DIRECT; each I/O goes through a small io_uring owned by the calling thread, or
+//!   blocking system calls where io_uring is unavailable ([`IoBackend`], reported by [`Device::io_backend_name`]).
 //! - [`MemDevice`]: in memory, with a volatile write cache, seeded crash and fault simulation,
 //!   for tests.
 //! - [`Throttled`]: a wrapper limiting bandwidth and IOPS, standing in for slow media.
@@ -21,7 +20,6 @@
 
 mod aligned;
 mod check;
-mod completion;
 mod error;
 mod file;
 mod os;
