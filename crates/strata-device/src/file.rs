@@ -361,6 +361,24 @@ impl Device for FileDevice {
         self.finish(result, offset, |c| c.record_write(len as u64))
     }
 
+    /// One O_DSYNC write through io_uring instead of a write and a flush: one round trip less
+    /// for the write log's group commits. Counted as a write and a flush.
+    fn write_durable_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        if !matches!(self.engine, Engine::Uring) || buf.is_empty() {
+            self.write_at(buf, offset)?;
+            return self.flush();
+        }
+        self.validate(buf.as_ptr() as usize, buf.len(), offset)?;
+        let len = buf.len();
+        let op = Op::WriteDsync { buf: buf.as_ptr(), len, offset };
+        // SAFETY: `buf` is borrowed for the whole call, which blocks until done.
+        let result = unsafe { execute_on_caller_ring(self.fd(), op) };
+        self.finish(result, offset, |c| {
+            c.record_write(len as u64);
+            c.record_flush();
+        })
+    }
+
     fn flush(&self) -> Result<(), DeviceError> {
         let result = match &self.engine {
             // SAFETY: an fsync names no buffer.

@@ -129,6 +129,25 @@ fn data_survives_reopen_after_flush() {
 }
 
 #[test]
+fn durable_write_reads_back_and_counts_a_write_and_a_flush() {
+    for backend in backends() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dev");
+        let dev = FileDevice::open(&path, &options(4 * MIB, backend)).unwrap();
+        dev.write_durable_at(&pattern(8, 5), 2 * MIB).unwrap();
+        let stats = dev.stats();
+        assert_eq!((stats.write_ops, stats.flush_ops), (1, 1), "{backend:?}");
+        assert_eq!(stats.write_bytes, 8 * BLOCK_SIZE as u64);
+        assert!(dev.write_durable_at(&pattern(1, 1)[..100], 0).is_err(), "misaligned length accepted");
+        drop(dev);
+        let dev = FileDevice::open(&path, &OpenOptions { backend, ..OpenOptions::default() }).unwrap();
+        let mut back = AlignedBuf::new_zeroed(8 * BLOCK_SIZE);
+        dev.read_at(&mut back, 2 * MIB).unwrap();
+        assert_eq!(back, pattern(8, 5));
+    }
+}
+
+#[test]
 fn discard_punches_a_hole_that_reads_zero() {
     for backend in backends() {
         let dir = tempfile::tempdir().unwrap();

@@ -51,6 +51,13 @@ pub trait Device: Send + Sync {
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError>;
     /// Makes every completed write durable (fdatasync / device cache flush).
     fn flush(&self) -> Result<(), DeviceError>;
+    /// Writes `buf` at `offset` and returns once that write is durable. Devices that can do
+    /// both in one operation (an O_DSYNC write: the write with FUA or a flush behind it) save a
+    /// round trip; the default writes, then flushes.
+    fn write_durable_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        self.write_at(buf, offset)?;
+        self.flush()
+    }
     /// Tells the device the range holds nothing of value. A no-op where unsupported.
     fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError>;
     /// A snapshot of the counters.

@@ -198,6 +198,9 @@ impl<D: Device + ?Sized> Device for Arc<D> {
     fn flush(&self) -> Result<(), DeviceError> {
         (**self).flush()
     }
+    fn write_durable_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        (**self).write_durable_at(buf, offset)
+    }
     fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
         (**self).discard(offset, len)
     }

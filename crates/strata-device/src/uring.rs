@@ -32,6 +32,12 @@ pub(crate) enum Op {
         len: usize,
         offset: u64,
     },
+    /// A write that completes only once durable (RWF_DSYNC).
+    WriteDsync {
+        buf: *const u8,
+        len: usize,
+        offset: u64,
+    },
     Fsync,
 }
 
@@ -123,7 +129,7 @@ fn step(p: &mut Progress2, result: i32, retries: &mut u32) -> io::Result<Option<
     }
     let len = match p.op {
         Op::Fsync => return Ok(Some(())),
-        Op::Read { len, .. } | Op::Write { len, .. } => len,
+        Op::Read { len, .. } | Op::Write { len, .. } | Op::WriteDsync { len, .. } => len,
     };
     let transferred = result as usize;
     if transferred == 0 && len > p.progress_bytes {
@@ -148,6 +154,13 @@ fn build_sqe_at(fd: RawFd, op: Op, done: usize) -> squeue::Entry {
         Op::Write { buf, len, offset } => {
             let chunk = (len - done).min(MAX_SQE_BYTES) as u32;
             opcode::Write::new(fd, buf.wrapping_add(done), chunk).offset(offset + done as u64).build()
+        }
+        Op::WriteDsync { buf, len, offset } => {
+            let chunk = (len - done).min(MAX_SQE_BYTES) as u32;
+            opcode::Write::new(fd, buf.wrapping_add(done), chunk)
+                .offset(offset + done as u64)
+                .rw_flags(libc::RWF_DSYNC)
+                .build()
         }
         Op::Fsync => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
     }

@@ -331,7 +331,7 @@ impl LogWriter {
         // Transient device errors get two more tries at the same place; the batch is not yet
         // acknowledged, so rewriting it is harmless.
         for _ in 0..3 {
-            match self.sh.fast.write_at(buf, off).and_then(|_| self.sh.fast.flush()) {
+            match self.sh.fast.write_durable_at(buf, off) {
                 Ok(()) => return Ok(()),
                 Err(e) => last = Some(e),
             }
