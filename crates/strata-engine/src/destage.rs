@@ -210,7 +210,7 @@ impl Destager {
 
     /// The oldest batches whose live data fits one stripe (less a margin of one entry per
     /// segment, for runs split across segments), with their live runs.
-    fn plan<'b>(&self, batches: &'b [BatchMeta], width: usize) -> Vec<(&'b BatchMeta, Vec<(usize, u64, u64)>)> {
+    fn plan<'b>(&self, batches: &'b [BatchMeta], width: usize) -> Vec<Planned<'b>> {
         let geo = self.sh.layout.geo;
         let cap_blocks = width as u64 * u64::from(geo.data_blocks);
         let cap_entries = width * (geo.max_entries as usize - 1);
@@ -446,9 +446,16 @@ impl Destager {
     }
 }
 
+/// Live data of a log batch or segment: (record or entry index, first block in it, blocks).
+type LiveRuns = Vec<(usize, u64, u64)>;
+/// A batch chosen for a stripe, with its live runs.
+type Planned<'b> = (&'b BatchMeta, LiveRuns);
+/// A segment of a stripe: (segment, content, segment sequence number).
+type Placed = (u32, Builder, u64);
+
 /// A stripe being written by a scoped thread, and the log batches it empties.
 struct Inflight<'s> {
-    handle: std::thread::ScopedJoinHandle<'s, Result<Vec<(u32, Builder, u64)>, EngineError>>,
+    handle: std::thread::ScopedJoinHandle<'s, Result<Vec<Placed>, EngineError>>,
     taken: usize,
 }
 
@@ -542,7 +549,7 @@ struct LiveRun<'a> {
 /// Reads each planned batch's data with one sequential read, then lays the live runs of all
 /// of them into the stripe's segments in address order (coalescing by address), followed by
 /// the surviving tombstones.
-fn build_stripe(sh: &Shared, plan: &[(&BatchMeta, Vec<(usize, u64, u64)>)], width: usize) -> Result<Vec<Builder>, EngineError> {
+fn build_stripe(sh: &Shared, plan: &[Planned<'_>], width: usize) -> Result<Vec<Builder>, EngineError> {
     let mut bufs = Vec::with_capacity(plan.len());
     for (b, runs) in plan {
         if runs.is_empty() {

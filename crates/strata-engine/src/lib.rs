@@ -252,7 +252,7 @@ impl DiskGroup {
         let idx = self.sh.index.read();
         let v = idx.vols.get(&vol).ok_or_else(|| EngineError::NotFound(format!("#{vol}")))?;
         let size_bytes = v.rec.size_bytes;
-        if offset.checked_add(len).map_or(true, |e| e > size_bytes) {
+        if offset.checked_add(len).is_none_or(|e| e > size_bytes) {
             return Err(EngineError::OutOfRange { offset, len, size_bytes });
         }
         Ok(())
@@ -334,7 +334,7 @@ impl DiskGroup {
         if head != 0 {
             self.read_blocks(vol, b0, 1, &mut buf[..BLOCK])?;
         }
-        if end % BLOCK != 0 && (n > 1 || head == 0) {
+        if !end.is_multiple_of(BLOCK) && (n > 1 || head == 0) {
             let at = ((n - 1) * BLOCK_U64) as usize;
             self.read_blocks(vol, b1 - 1, 1, &mut buf[at..])?;
         }
@@ -597,7 +597,7 @@ fn validate_name(name: &str) -> Result<(), EngineError> {
 }
 
 fn validate_size(size_bytes: u64) -> Result<(), EngineError> {
-    if size_bytes == 0 || size_bytes % 512 != 0 || size_bytes > MAX_VOLUME_BYTES {
+    if size_bytes == 0 || !size_bytes.is_multiple_of(512) || size_bytes > MAX_VOLUME_BYTES {
         return Err(EngineError::InvalidArgument(format!(
             "volume size {size_bytes} must be a non-zero multiple of 512 bytes, at most {MAX_VOLUME_BYTES}"
         )));

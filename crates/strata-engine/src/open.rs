@@ -91,10 +91,10 @@ fn validate_config(cfg: &EngineConfig) -> Result<(), EngineError> {
         )));
     }
     let seg = cfg.segment_size_bytes;
-    if !(1 << 20..=1 << 30).contains(&seg) || seg % BLOCK_U64 != 0 {
+    if !(1 << 20..=1 << 30).contains(&seg) || !seg.is_multiple_of(BLOCK_U64) {
         return Err(EngineError::InvalidArgument("segment size must be a multiple of 4 KiB between 1 MiB and 1 GiB".into()));
     }
-    if cfg.max_batch_bytes < 64 * 1024 || cfg.max_batch_bytes % BLOCK != 0 {
+    if cfg.max_batch_bytes < 64 * 1024 || !cfg.max_batch_bytes.is_multiple_of(BLOCK) {
         return Err(EngineError::InvalidArgument("max batch size must be a multiple of 4 KiB, at least 64 KiB".into()));
     }
     Ok(())
