@@ -85,39 +85,41 @@ pub(crate) unsafe fn execute_on_caller_ring(fd: RawFd, op: Op) -> io::Result<()>
 }
 
 fn run_on_ring(ring: &mut IoUring, fd: RawFd, op: Op) -> io::Result<()> {
-    let mut progress = Progress2 { op, progress_bytes: 0 };
+    let mut progress = Progress { op, progress_bytes: 0 };
     let mut retries = 0;
     loop {
         let sqe = build_sqe_at(fd, op, progress.progress_bytes).user_data(1);
         // SAFETY: the SQE names the caller's buffer, which outlives this call (see above).
         unsafe { ring.submission().push(&sqe) }.map_err(|_| io::Error::other("caller ring full"))?;
+        let result = wait_completion(ring)?;
+        if step(&mut progress, result, &mut retries)?.is_some() {
+            return Ok(());
+        }
+    }
+}
+
+/// Submits what is queued and waits for the one completion, through interruptions (a
+/// retried wait submits nothing twice: the queue is already empty).
+fn wait_completion(ring: &mut IoUring) -> io::Result<i32> {
+    loop {
         match ring.submit_and_wait(1) {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
-        let Some(cqe) = ring.completion().next() else {
-            // Interrupted before the completion arrived: wait for it without resubmitting.
-            ring.submit_and_wait(1)?;
-            let cqe = ring.completion().next().ok_or_else(|| io::Error::other("no completion"))?;
-            if let Some(done) = step(&mut progress, cqe.result(), &mut retries)? {
-                return Ok(done);
-            }
-            continue;
-        };
-        if let Some(done) = step(&mut progress, cqe.result(), &mut retries)? {
-            return Ok(done);
+        if let Some(cqe) = ring.completion().next() {
+            return Ok(cqe.result());
         }
     }
 }
 
-struct Progress2 {
+struct Progress {
     op: Op,
     progress_bytes: usize,
 }
 
 /// Accounts one completion: Some(()) when the I/O is done, None to submit the rest again.
-fn step(p: &mut Progress2, result: i32, retries: &mut u32) -> io::Result<Option<()>> {
+fn step(p: &mut Progress, result: i32, retries: &mut u32) -> io::Result<Option<()>> {
     if result < 0 {
         let err = io::Error::from_raw_os_error(-result);
         let transient = matches!(-result, libc::EINTR | libc::EAGAIN);
