@@ -117,6 +117,11 @@ pub fn uuid_hex(u: &Uuid) -> String {
 }
 
 /// A fresh random disk-group UUID.
+/// Seconds since the Unix epoch; 0 if the clock is before it.
+pub fn unix_now_s() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
 pub fn new_uuid() -> Uuid {
     use std::io::Read;
     let mut u = [0u8; 16];
@@ -231,6 +236,9 @@ impl Superblock {
     }
 }
 
+/// Most devices whose wear a checkpoint carries (a bound on what a corrupt count can ask).
+pub const MAX_WEAR_DEVICES: u32 = 1024;
+
 /// One volume as the checkpoint records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeRecord {
@@ -238,6 +246,17 @@ pub struct VolumeRecord {
     pub size_bytes: u64,
     pub created_unix_s: u64,
     pub name: String,
+}
+
+/// A device's lifetime write total as of a checkpoint, for endurance accounting. Bytes are
+/// counted as the device saw them (log, checkpoints, segments, summaries, GC), so Strata's
+/// own write amplification is included. Writes after the last checkpoint are not: a crash
+/// loses at most the writes since then from the count, never data.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceWear {
+    pub bytes_written_total: u64,
+    /// When the disk group first used the device (its format time); 0 = unknown.
+    pub first_use_unix_s: u64,
 }
 
 /// The fast device's mutable metadata, stored twice (both copies on every update).
@@ -251,6 +270,9 @@ pub struct Checkpoint {
     pub log_tail_seq: u64,
     pub next_volume_id: u32,
     pub volumes: Vec<VolumeRecord>,
+    /// One per device, fast first, then the capacity devices in index order. Checkpoints
+    /// written before wear accounting have none (decoded as empty).
+    pub wear: Vec<DeviceWear>,
 }
 
 impl Checkpoint {
@@ -260,6 +282,10 @@ impl Checkpoint {
         for v in &self.volumes {
             let name = v.name.as_bytes();
             p.u32(v.id).u64(v.size_bytes).u64(v.created_unix_s).u16(name.len() as u16).bytes(name);
+        }
+        p.u32(self.wear.len() as u32);
+        for w in &self.wear {
+            p.u64(w.bytes_written_total).u64(w.first_use_unix_s);
         }
         let mut w = Writer::default();
         w.bytes(CHECKPOINT_MAGIC).u32(FORMAT_VERSION).bytes(&self.group).u64(self.generation);
@@ -320,7 +346,16 @@ impl Checkpoint {
             let name = String::from_utf8_lossy(p.bytes(len).map_err(e)?).into_owned();
             volumes.push(VolumeRecord { id, size_bytes, created_unix_s, name });
         }
-        Ok(Checkpoint { group: g, generation, log_tail_offset, log_tail_seq, next_volume_id, volumes })
+        let mut wear = Vec::new();
+        if p.pos() < payload.len() {
+            let n = p.u32().map_err(e)?;
+            for _ in 0..n.min(MAX_WEAR_DEVICES) {
+                let bytes_written_total = p.u64().map_err(e)?;
+                let first_use_unix_s = p.u64().map_err(e)?;
+                wear.push(DeviceWear { bytes_written_total, first_use_unix_s });
+            }
+        }
+        Ok(Checkpoint { group: g, generation, log_tail_offset, log_tail_seq, next_volume_id, volumes, wear })
     }
 }
 
@@ -610,6 +645,10 @@ mod tests {
             log_tail_seq: 77,
             next_volume_id: 3,
             volumes: vec![VolumeRecord { id: 2, size_bytes: 1 << 33, created_unix_s: 5, name: "vol0".into() }],
+            wear: vec![
+                DeviceWear { bytes_written_total: 1 << 40, first_use_unix_s: 1_700_000_000 },
+                DeviceWear { bytes_written_total: 12345, first_use_unix_s: 1_700_000_001 },
+            ],
         };
         let b = cp.encode(1 << 20).unwrap();
         assert_eq!(Checkpoint::decode(&b, &[1; 16]).unwrap(), cp);

@@ -151,7 +151,9 @@ pub fn format(
         write_superblock(dev.as_ref(), sb)?;
     }
     let layout = layout_from(&sbs)?;
-    let cp = Checkpoint { group, generation: 1, log_tail_offset: 0, log_tail_seq: 1, next_volume_id: 1, volumes: Vec::new() };
+    let now = crate::format::unix_now_s();
+    let wear = vec![DeviceWear { bytes_written_total: 0, first_use_unix_s: now }; 1 + caps.len()];
+    let cp = Checkpoint { group, generation: 1, log_tail_offset: 0, log_tail_seq: 1, next_volume_id: 1, volumes: Vec::new(), wear };
     write_checkpoint(fast, &layout, &cp)?;
     write_superblock(fast, &sbs[0])?;
     Ok((layout, cp))

@@ -32,6 +32,7 @@ use serde::Serialize;
 use strata_device::{AlignedBuf, Device, DeviceStats};
 
 pub use error::EngineError;
+pub use format::DeviceWear;
 pub use map::{ExtentMap, Loc};
 pub use open::OpenReport;
 
@@ -71,6 +72,14 @@ pub struct VolumeInfo {
     pub id: VolumeId,
     pub name: String,
     pub size_bytes: u64,
+}
+
+/// Bytes a volume holds on each tier. Computed by walking the volume's map, so its cost grows
+/// with the number of extents: for the admin API, not for the I/O path.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct VolumeSpace {
+    pub fast_bytes: u64,
+    pub capacity_bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
@@ -115,6 +124,10 @@ pub struct EngineStats {
     /// Hot data written again at the log head instead of being destaged.
     pub hot_kept_bytes_total: u64,
     pub checksum_errors_total: u64,
+    /// Host reads served from the fast tier, the capacity tier, and from never-written space.
+    pub read_fast_bytes_total: u64,
+    pub read_capacity_bytes_total: u64,
+    pub read_unwritten_bytes_total: u64,
     pub index_runs: u64,
     pub state: String,
 }
@@ -177,10 +190,7 @@ impl DiskGroup {
             }
             (idx.vols.values().map(|v| v.rec.clone()).collect::<Vec<_>>(), idx.next_volume_id)
         };
-        let created_unix_s = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
+        let created_unix_s = format::unix_now_s();
         let rec = VolumeRecord { id, size_bytes, created_unix_s, name: name.into() };
         volumes.push(rec.clone());
         let tail = self.sh.log.lock().tail();
@@ -248,6 +258,26 @@ impl DiskGroup {
         idx.by_name(name).map(|v| VolumeInfo { id: v.rec.id, name: v.rec.name.clone(), size_bytes: v.rec.size_bytes })
     }
 
+    /// Lifetime bytes written to each device as the device saw them (fast first, then the
+    /// capacity devices in `stats().capacity_devices` order), persisted in the checkpoint.
+    pub fn device_wear(&self) -> Vec<DeviceWear> {
+        self.sh.device_wear()
+    }
+
+    /// Bytes the volume holds on each tier; None for an unknown volume.
+    pub fn volume_space(&self, vol: VolumeId) -> Option<VolumeSpace> {
+        let idx = self.sh.index.read();
+        let v = idx.vols.get(&vol)?;
+        let mut space = VolumeSpace::default();
+        for (_, len, loc) in v.map.iter() {
+            match loc {
+                Loc::Fast(_) => space.fast_bytes += len * BLOCK_U64,
+                Loc::Cap { .. } => space.capacity_bytes += len * BLOCK_U64,
+            }
+        }
+        Some(space)
+    }
+
     fn check_range(&self, vol: VolumeId, offset: u64, len: u64) -> Result<(), EngineError> {
         let idx = self.sh.index.read();
         let v = idx.vols.get(&vol).ok_or_else(|| EngineError::NotFound(format!("#{vol}")))?;
@@ -284,9 +314,14 @@ impl DiskGroup {
         for p in pieces {
             let at = ((p.lba - lba) * BLOCK_U64) as usize;
             let dst = &mut out[at..at + (p.len * BLOCK_U64) as usize];
+            let piece_bytes = p.len * BLOCK_U64;
             match p.loc {
-                None => dst.fill(0),
+                None => {
+                    dst.fill(0);
+                    sh.counters.read_unwritten_bytes.fetch_add(piece_bytes, Ordering::Relaxed);
+                }
                 Some(Loc::Fast(b)) => {
+                    sh.counters.read_fast_bytes.fetch_add(piece_bytes, Ordering::Relaxed);
                     sh.fast.read_at(dst, sh.layout.log_byte(b))?;
                     for (i, chunk) in dst.chunks(BLOCK).enumerate() {
                         if crc32c::crc32c(chunk) != sh.fast_crcs[(b + i as u64) as usize].load(Ordering::Relaxed) {
@@ -295,6 +330,7 @@ impl DiskGroup {
                     }
                 }
                 Some(Loc::Cap { seg, block }) => {
+                    sh.counters.read_capacity_bytes.fetch_add(piece_bytes, Ordering::Relaxed);
                     let s = capacity::load_summary(sh, seg)?;
                     if let Some(bad) = capacity::read_seg_blocks(sh, seg, block, p.len as u32, dst, &s.block_crcs)? {
                         return Err(self.corrupt(vol, p.lba + u64::from(bad - block), "capacity"));
@@ -492,6 +528,9 @@ impl DiskGroup {
             gc_relocated_bytes_total: c.gc_relocated_bytes.load(Ordering::Relaxed),
             hot_kept_bytes_total: c.hot_kept_bytes.load(Ordering::Relaxed),
             checksum_errors_total: c.checksum_errors.load(Ordering::Relaxed),
+            read_fast_bytes_total: c.read_fast_bytes.load(Ordering::Relaxed),
+            read_capacity_bytes_total: c.read_capacity_bytes.load(Ordering::Relaxed),
+            read_unwritten_bytes_total: c.read_unwritten_bytes.load(Ordering::Relaxed),
             index_runs: runs,
             state: match sh.state.load(Ordering::Acquire) {
                 STATE_RUNNING => "running",

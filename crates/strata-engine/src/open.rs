@@ -154,6 +154,15 @@ fn new_shared(fast: Arc<dyn Device>, caps: Vec<Arc<dyn Device>>, cfg: EngineConf
     }
     let segs = SegTable::new(&layout.segments, caps.len());
     let fast_crcs = (0..layout.log_blocks).map(|_| AtomicU32::new(0)).collect();
+    // A checkpoint from before wear accounting (or with a device count that no longer
+    // matches) starts the count afresh from now.
+    let devices = 1 + caps.len();
+    let wear_at_open = if cp.wear.len() == devices {
+        cp.wear.clone()
+    } else {
+        vec![DeviceWear { bytes_written_total: 0, first_use_unix_s: crate::format::unix_now_s() }; devices]
+    };
+    let write_counter_at_open = std::iter::once(&fast).chain(caps.iter()).map(|d| d.stats().write_bytes).collect();
     Shared {
         cfg,
         fast,
@@ -177,6 +186,8 @@ fn new_shared(fast: Arc<dyn Device>, caps: Vec<Arc<dyn Device>>, cfg: EngineConf
         heat: Mutex::new(Default::default()),
         destage_wake: Condvar::new(),
         destage_wake_lock: Mutex::new(false),
+        wear_at_open,
+        write_counter_at_open,
     }
 }
 

@@ -12,7 +12,7 @@ use strata_device::Device;
 
 use crate::capacity::{SegTable, SummaryCache};
 use crate::error::EngineError;
-use crate::format::{Checkpoint, VolumeRecord};
+use crate::format::{Checkpoint, DeviceWear, VolumeRecord};
 use crate::layout::{write_checkpoint, Layout};
 use crate::log::LogState;
 use crate::map::{ExtentMap, Loc};
@@ -47,6 +47,11 @@ pub struct Counters {
     pub hot_kept_bytes: AtomicU64,
     pub gc_relocated_bytes: AtomicU64,
     pub checksum_errors: AtomicU64,
+    /// Host read bytes by where they were served from (4 KiB granular, before trimming to the
+    /// request): the fast tier, the capacity tier, or never written (zeros, no I/O).
+    pub read_fast_bytes: AtomicU64,
+    pub read_capacity_bytes: AtomicU64,
+    pub read_unwritten_bytes: AtomicU64,
     pub fast_live_blocks: AtomicU64,
     /// f64 bits: log space the destager frees per busy second, smoothed.
     pub destage_bw_bytes_per_s: AtomicU64,
@@ -103,6 +108,12 @@ pub struct Shared {
     pub heat: Mutex<HashMap<(u32, u64), u8>>,
     pub destage_wake: Condvar,
     pub destage_wake_lock: Mutex<bool>,
+    /// Each device's lifetime writes as of opening (fast first); the device's own counters
+    /// add what was written since.
+    pub wear_at_open: Vec<DeviceWear>,
+    /// Each device's own write counter when the group opened it (a device object may outlive
+    /// one opening, as in tests).
+    pub write_counter_at_open: Vec<u64>,
 }
 
 impl Shared {
@@ -166,6 +177,7 @@ impl Shared {
             log_tail_seq: tail.1,
             next_volume_id,
             volumes,
+            wear: self.device_wear(),
         };
         write_checkpoint(self.fast.as_ref(), &self.layout, &cp)
     }
@@ -183,6 +195,19 @@ impl Shared {
                 *h = h.saturating_add(1);
             }
         }
+    }
+
+    /// Lifetime writes of every device now (fast first, then capacity in index order).
+    pub fn device_wear(&self) -> Vec<DeviceWear> {
+        let devices = std::iter::once(&self.fast).chain(self.caps.iter());
+        devices
+            .zip(self.wear_at_open.iter().zip(&self.write_counter_at_open))
+            .map(|(dev, (base, counter_at_open))| DeviceWear {
+                bytes_written_total: base.bytes_written_total
+                    + dev.stats().write_bytes.saturating_sub(*counter_at_open),
+                first_use_unix_s: base.first_use_unix_s,
+            })
+            .collect()
     }
 
     pub fn wake_destager(&self) {

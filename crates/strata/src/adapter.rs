@@ -10,6 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
+use std::time::Instant;
+
+use crate::metrics::{IoMetrics, Kind};
 use strata_engine::{DiskGroup, EngineError, ExtentKind, VolumeId};
 use strata_nbd::{Backend, BlockStatus, Errno, Export, ExportInfo};
 
@@ -39,6 +42,9 @@ pub struct Registry {
     group: Arc<DiskGroup>,
     /// Held across open and delete so that a handle is never opened on a volume being deleted.
     gates: Mutex<HashMap<VolumeId, Arc<Gate>>>,
+    /// Request figures per volume (dropped with the volume) and for the whole node.
+    volume_io: Mutex<HashMap<VolumeId, Arc<IoMetrics>>>,
+    node_io: Arc<IoMetrics>,
 }
 
 impl Registry {
@@ -46,7 +52,19 @@ impl Registry {
         Arc::new(Registry {
             group,
             gates: Mutex::new(HashMap::new()),
+            volume_io: Mutex::new(HashMap::new()),
+            node_io: Arc::new(IoMetrics::default()),
         })
+    }
+
+    /// Request figures of every request served since the daemon started.
+    pub fn node_io(&self) -> &Arc<IoMetrics> {
+        &self.node_io
+    }
+
+    /// Request figures of a volume (zeros until its first request).
+    pub fn volume_io(&self, id: VolumeId) -> Arc<IoMetrics> {
+        self.volume_io.lock().entry(id).or_default().clone()
     }
 
     pub fn group(&self) -> &Arc<DiskGroup> {
@@ -70,7 +88,9 @@ impl Registry {
             .volume(name)
             .ok_or_else(|| EngineError::NotFound(name.to_string()))?;
         let Some(gate) = gates.get(&info.id).cloned() else {
-            return Ok(self.group.delete_volume(name)?);
+            self.group.delete_volume(name)?;
+            self.volume_io.lock().remove(&info.id);
+            return Ok(());
         };
         let connections = gate.open_handles.load(Ordering::Relaxed);
         if connections > 0 && !force {
@@ -84,6 +104,7 @@ impl Registry {
         match self.group.delete_volume(name) {
             Ok(()) => {
                 gates.remove(&info.id);
+                self.volume_io.lock().remove(&info.id);
                 if connections > 0 {
                     tracing::warn!(
                         volume = name,
@@ -137,6 +158,8 @@ impl Backend for NbdBackend {
         tracing::debug!(volume = name, "NBD handle opened");
         Some(Arc::new(VolumeExport {
             group: reg.group.clone(),
+            io: reg.volume_io(info.id),
+            node_io: reg.node_io.clone(),
             gate,
             id: info.id,
             size_bytes: info.size_bytes,
@@ -148,6 +171,8 @@ impl Backend for NbdBackend {
 /// connections made afterwards, as NBD has no way to tell a client the size changed.
 struct VolumeExport {
     group: Arc<DiskGroup>,
+    io: Arc<IoMetrics>,
+    node_io: Arc<IoMetrics>,
     gate: Arc<Gate>,
     id: VolumeId,
     size_bytes: u64,
@@ -202,6 +227,19 @@ impl VolumeExport {
     }
 }
 
+impl VolumeExport {
+    /// Times `f` and counts it in the volume's and the node's figures.
+    fn timed<T>(&self, kind: Kind, bytes: u64, f: impl FnOnce() -> Result<T, Errno>) -> Result<T, Errno> {
+        let started = Instant::now();
+        let result = f();
+        let latency = started.elapsed();
+        let ok = result.is_ok();
+        self.io.record(kind, bytes, latency, ok);
+        self.node_io.record(kind, bytes, latency, ok);
+        result
+    }
+}
+
 impl Drop for VolumeExport {
     fn drop(&mut self) {
         self.gate.open_handles.fetch_sub(1, Ordering::Relaxed);
@@ -218,31 +256,42 @@ impl Export for VolumeExport {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
-        self.guarded(Op::Read, "read", || self.group.read(self.id, offset, buf))
+        let bytes = buf.len() as u64;
+        self.timed(Kind::Read, bytes, || {
+            self.guarded(Op::Read, "read", || self.group.read(self.id, offset, buf))
+        })
     }
 
     /// The engine acknowledges a write only once it is durable, so FUA needs nothing more.
     fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), Errno> {
-        self.guarded(Op::Write, "write", || {
-            self.group.write(self.id, offset, data)
+        self.timed(Kind::Write, data.len() as u64, || {
+            self.guarded(Op::Write, "write", || {
+                self.group.write(self.id, offset, data)
+            })
         })
     }
 
     fn flush(&self) -> Result<(), Errno> {
-        self.guarded(Op::Write, "flush", || self.group.flush())
+        self.timed(Kind::Flush, 0, || {
+            self.guarded(Op::Write, "flush", || self.group.flush())
+        })
     }
 
     fn trim(&self, offset: u64, len: u64) -> Result<(), Errno> {
-        self.guarded(Op::Write, "trim", || {
-            self.group.discard(self.id, offset, len)
+        self.timed(Kind::Unmap, 0, || {
+            self.guarded(Op::Write, "trim", || {
+                self.group.discard(self.id, offset, len)
+            })
         })
     }
 
     /// The volume is thin and log-structured: no range stays "provisioned" across overwrites,
     /// so NO_HOLE (`may_trim == false`) cannot promise more than plain zeroes and is served the same.
     fn write_zeroes(&self, offset: u64, len: u64, _may_trim: bool) -> Result<(), Errno> {
-        self.guarded(Op::Write, "write_zeroes", || {
-            self.group.write_zeroes(self.id, offset, len)
+        self.timed(Kind::Unmap, 0, || {
+            self.guarded(Op::Write, "write_zeroes", || {
+                self.group.write_zeroes(self.id, offset, len)
+            })
         })
     }
 

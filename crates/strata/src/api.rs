@@ -34,6 +34,10 @@ pub struct AppState {
     pub nbd_addr: SocketAddr,
     pub http_addr: SocketAddr,
     pub io_backend: String,
+    pub history: Arc<crate::history::History>,
+    /// Checked on every mutating request when set.
+    pub token: Option<crate::config::Token>,
+    pub devices: Vec<crate::wear::DeviceIdentity>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -44,6 +48,17 @@ pub struct VolumeJson {
     /// Open NBD handles on the volume.
     pub connections: usize,
     pub export_uri: String,
+    /// The only policy so far: the fast tier is a write buffer destaged by fill level.
+    #[serde(default)]
+    pub policy: String,
+    /// Bytes the volume holds on each tier (0 when the API did not say).
+    #[serde(default)]
+    pub fast_tier_bytes: u64,
+    #[serde(default)]
+    pub capacity_tier_bytes: u64,
+    /// Requests served since the daemon started.
+    #[serde(default)]
+    pub io: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -79,6 +94,8 @@ pub struct VolumeConnectionsJson {
 #[derive(Debug, Serialize)]
 pub struct StatusJson {
     pub version: &'static str,
+    /// Host request rates: averages since start and over the last minute.
+    pub workload: crate::api_observe::WorkloadJson,
     pub uptime_s: u64,
     pub io_backend: String,
     pub nbd_listen: String,
@@ -96,7 +113,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
         ApiError {
             status,
             message: message.into(),
@@ -159,15 +176,57 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/api/v1/volumes/{name}/resize", post(resize_volume))
         .route("/api/v1/status", get(status))
+        .merge(crate::api_observe::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_token,
+        ))
         .with_state(state)
 }
 
+/// Mutating requests need `Authorization: Bearer TOKEN` when a token is configured; reads
+/// are open (the API listens on loopback unless a token is set). The token is never logged.
+async fn require_token(
+    State(state): State<Arc<AppState>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(token) = &state.token else {
+        return next.run(request).await;
+    };
+    if matches!(*request.method(), Method::GET | Method::HEAD) {
+        return next.run(request).await;
+    }
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match presented {
+        Some(p) if token.matches(p.trim()) => next.run(request).await,
+        other => {
+            let why = if other.is_some() {
+                "the access token is wrong"
+            } else {
+                "this request needs the admin access token (Authorization: Bearer ...; strata --token or STRATA_TOKEN)"
+            };
+            tracing::warn!(method = %request.method(), path = request.uri().path(), "admin request refused: bad or missing token");
+            let mut resp = ApiError::new(StatusCode::UNAUTHORIZED, why).into_response();
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+            resp
+        }
+    }
+}
+
 /// Runs a blocking engine call off the async runtime.
-async fn blocking<T, E>(f: impl FnOnce() -> Result<T, E> + Send + 'static) -> Result<T, ApiError>
+pub(crate) async fn blocking<T, E>(f: impl FnOnce() -> Result<T, E> + Send + 'static) -> Result<T, ApiError>
 where
     T: Send + 'static,
     E: Into<ApiError> + Send + 'static,
@@ -240,12 +299,18 @@ fn export_base(nbd_addr: SocketAddr, headers: &HeaderMap) -> String {
 }
 
 fn volume_json(state: &AppState, base: &str, v: VolumeInfo) -> VolumeJson {
+    let space = state.registry.group().volume_space(v.id).unwrap_or_default();
+    let io = crate::metrics::IoTotalsJson::from(&state.registry.volume_io(v.id).snapshot());
     VolumeJson {
         connections: state.registry.connections(v.id),
         export_uri: format!("{base}/{}", v.name),
         name: v.name,
         id: v.id,
         size_bytes: v.size_bytes,
+        policy: "write-buffer".into(),
+        fast_tier_bytes: space.fast_bytes,
+        capacity_tier_bytes: space.capacity_bytes,
+        io: serde_json::to_value(io).ok(),
     }
 }
 
@@ -376,6 +441,7 @@ async fn status(State(state): State<Arc<AppState>>) -> Result<Json<StatusJson>, 
     })
     .await?;
     Ok(Json(StatusJson {
+        workload: crate::api_observe::workload(&state),
         version: env!("CARGO_PKG_VERSION"),
         uptime_s: state.started.elapsed().as_secs(),
         io_backend: state.io_backend.clone(),

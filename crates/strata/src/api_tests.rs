@@ -19,6 +19,9 @@ fn app() -> (Router, Arc<AppState>) {
         nbd_addr: "127.0.0.1:10809".parse().unwrap(),
         http_addr: "127.0.0.1:9090".parse().unwrap(),
         io_backend: "threads".into(),
+        history: crate::history::History::new(),
+        token: None,
+        devices: Vec::new(),
     });
     (router(state.clone()), state)
 }

@@ -266,6 +266,10 @@ mod tests {
             size_bytes,
             connections,
             export_uri: format!("nbd://127.0.0.1:10809/{name}"),
+            policy: "write-buffer".into(),
+            fast_tier_bytes: 0,
+            capacity_tier_bytes: 0,
+            io: None,
         }
     }
 

@@ -45,7 +45,52 @@ pub struct ServeConfig {
     pub max_connections: usize,
     pub default_volume_size_bytes: u64,
     pub io_backend: IoBackendChoice,
+    /// Bearer token every mutating admin request must carry; required off loopback.
+    pub http_token: Option<Token>,
+    /// Catalog entries naming the devices, for endurance accounting.
+    pub fast_device_model: Option<String>,
+    pub capacity_device_model: Option<String>,
+    /// Extra device catalog files (TOML) beside the built-in catalog.
+    pub catalog_files: Vec<PathBuf>,
 }
+
+/// The admin API token. Its Debug form never shows the secret, so it cannot reach a log.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(String);
+
+impl Token {
+    pub fn new(secret: &str) -> Result<Token> {
+        let secret = secret.trim();
+        if secret.len() < MIN_TOKEN_LEN {
+            bail!("the HTTP API token must be at least {MIN_TOKEN_LEN} characters");
+        }
+        if !secret.chars().all(|c| c.is_ascii_graphic()) {
+            bail!("the HTTP API token must be printable ASCII without spaces");
+        }
+        Ok(Token(secret.to_string()))
+    }
+
+    /// Compares in time independent of where the first difference is.
+    pub fn matches(&self, presented: &str) -> bool {
+        let (a, b) = (self.0.as_bytes(), presented.as_bytes());
+        let mut diff = a.len() ^ b.len();
+        for i in 0..a.len().max(b.len()) {
+            let x = a.get(i).copied().unwrap_or(0);
+            let y = b.get(i).copied().unwrap_or(0);
+            diff |= usize::from(x ^ y);
+        }
+        diff == 0
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+/// Shortest admin token accepted.
+pub const MIN_TOKEN_LEN: usize = 16;
 
 /// The TOML file: the same settings as the flags, in snake_case.
 #[derive(Debug, Default, Deserialize)]
@@ -66,6 +111,14 @@ pub struct FileConfig {
     pub max_connections: Option<usize>,
     pub default_volume_size: Option<SizeValue>,
     pub io_backend: Option<String>,
+    /// Bearer token for mutating admin requests; required when http_listen is not loopback.
+    pub http_token: Option<String>,
+    /// A file holding the token (first line), instead of `http_token`.
+    pub http_token_file: Option<PathBuf>,
+    pub fast_device_model: Option<String>,
+    pub capacity_device_model: Option<String>,
+    #[serde(alias = "catalog")]
+    pub catalog_files: Option<Vec<PathBuf>>,
 }
 
 /// A size in a file: a byte count (4096) or a string with a unit ("64M").
@@ -258,6 +311,7 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig> {
 }
 
 pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
+    let http_token = resolve_token(args, &file)?;
     let data_dir = pick(
         args.data_dir.clone(),
         file.data_dir,
@@ -349,9 +403,42 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
             file.io_backend,
             "auto".into(),
         ))?,
+        http_token,
+        fast_device_model: args.fast_device_model.clone().or(file.fast_device_model),
+        capacity_device_model: args
+            .capacity_device_model
+            .clone()
+            .or(file.capacity_device_model),
+        catalog_files: if args.catalog_files.is_empty() {
+            file.catalog_files.unwrap_or_default()
+        } else {
+            args.catalog_files.clone()
+        },
     };
     validate(&config)?;
     Ok(config)
+}
+
+/// The token from `--http-token-file`, else the file's `http_token_file`, else `http_token`.
+fn resolve_token(args: &ServeArgs, file: &FileConfig) -> Result<Option<Token>> {
+    let path = args
+        .http_token_file
+        .clone()
+        .or_else(|| file.http_token_file.clone());
+    if let Some(path) = path {
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            anyhow!(
+                "cannot read the HTTP token file {}: {}",
+                path.display(),
+                crate::io_reason(&e)
+            )
+        })?;
+        let first = text.lines().next().unwrap_or("");
+        return Token::new(first)
+            .map(Some)
+            .with_context(|| format!("in {}", path.display()));
+    }
+    file.http_token.as_deref().map(Token::new).transpose()
 }
 
 fn pick<T>(flag: Option<T>, file: Option<T>, default: T) -> T {
@@ -408,6 +495,12 @@ fn validate(c: &ServeConfig) -> Result<()> {
     }
     if c.capacity_devices.is_empty() {
         bail!("at least one capacity device is needed");
+    }
+    if !c.http_listen.ip().is_loopback() && c.http_token.is_none() {
+        bail!(
+            "the admin API may listen on {} (not loopback) only with an access token: set http_token or http_token_file in the config file",
+            c.http_listen
+        );
     }
     let mut all: Vec<&PathBuf> = c.capacity_devices.iter().collect();
     all.push(&c.fast_device);

@@ -4,10 +4,15 @@
 //! `strata: <reason>`; only `strata serve` writes logs (to stderr, filtered by RUST_LOG).
 mod adapter;
 mod api;
+mod api_observe;
 mod client;
 mod config;
 mod devices;
+mod history;
+mod metrics;
+mod prom;
 mod serve;
+mod wear;
 #[cfg(test)]
 mod testutil;
 
@@ -47,6 +52,10 @@ pub enum Command {
     Volume(VolumeCommand),
     /// Show the node summary of a running daemon.
     Status,
+    /// Size a cluster for a workload: performance, endurance and capacity (no daemon needed).
+    Size(Box<strata_sizing::SizeArgs>),
+    /// Benchmark NBD exports HCIBench-style: max, ramp-up curve, VM scaling.
+    Bench(Box<strata_bench::BenchArgs>),
 }
 
 #[derive(Debug, Subcommand)]
@@ -126,6 +135,18 @@ pub struct ServeArgs {
     /// Device I/O backend: auto, io_uring or threads [default: auto].
     #[arg(long, value_name = "NAME")]
     pub io_backend: Option<String>,
+    /// File whose first line is the admin API token; required when --http-listen is not loopback.
+    #[arg(long, value_name = "FILE")]
+    pub http_token_file: Option<PathBuf>,
+    /// Device catalog entry of the fast device (see `strata size --list-devices`), for wear accounting.
+    #[arg(long, value_name = "ID")]
+    pub fast_device_model: Option<String>,
+    /// Device catalog entry of the capacity devices, for wear accounting.
+    #[arg(long, value_name = "ID")]
+    pub capacity_device_model: Option<String>,
+    /// Extra device catalog file (TOML); repeatable.
+    #[arg(long = "catalog", value_name = "FILE")]
+    pub catalog_files: Vec<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -139,6 +160,10 @@ fn main() -> ExitCode {
             client::Client::new(&cli.server, cli.json).and_then(|c| c.volume(cmd))
         }
         Command::Status => client::Client::new(&cli.server, cli.json).and_then(|c| c.status()),
+        Command::Size(args) => strata_sizing::run(&args, cli.json)
+            .map(|text| print!("{text}"))
+            .map_err(anyhow::Error::from),
+        Command::Bench(args) => strata_bench::run(&args).map_err(anyhow::Error::from),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

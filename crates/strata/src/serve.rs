@@ -16,7 +16,11 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use crate::adapter::{NbdBackend, Registry};
+use crate::history::{spawn_sampler, History};
+use crate::wear::DeviceIdentity;
 use crate::api::{self, AppState};
 use crate::config::{self, ServeConfig};
 use crate::devices;
@@ -168,12 +172,19 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
     let (group, io_backend) = open_group(&cfg).await?;
     let mut signals = Signals::new()?;
     let registry = Registry::new(group.clone());
+    let history = History::new();
+    let sampler_stop = Arc::new(AtomicBool::new(false));
+    let sampler = spawn_sampler(registry.clone(), history.clone(), sampler_stop.clone())
+        .map_err(|e| anyhow!("cannot start the sampler: {}", crate::io_reason(&e)))?;
     let state = Arc::new(AppState {
         registry: registry.clone(),
         started,
         nbd_addr,
         http_addr,
         io_backend: io_backend.clone(),
+        history,
+        token: cfg.http_token.clone(),
+        devices: device_identities(&cfg, &group)?,
     });
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -221,6 +232,8 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
         ),
     }
 
+    sampler_stop.store(true, Ordering::Relaxed);
+    let _ = tokio::task::spawn_blocking(move || sampler.join()).await;
     let g = group.clone();
     tokio::task::spawn_blocking(move || g.shutdown())
         .await
@@ -231,6 +244,26 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// Names, tiers and catalog entries of the group's devices, fast first.
+fn device_identities(cfg: &ServeConfig, group: &DiskGroup) -> Result<Vec<DeviceIdentity>> {
+    let stats = group.stats();
+    let fast = std::iter::once((stats.fast_device.name, "fast", &cfg.fast_device_model));
+    let caps = stats
+        .capacity_devices
+        .into_iter()
+        .map(|d| (d.name, "capacity", &cfg.capacity_device_model));
+    fast.chain(caps)
+        .map(|(name, tier, model)| {
+            Ok(DeviceIdentity {
+                rating: crate::wear::rating_for(model.as_deref(), &cfg.catalog_files)?,
+                model: model.clone(),
+                name,
+                tier,
+            })
+        })
+        .collect()
 }
 
 fn task_result(r: Result<Result<()>, tokio::task::JoinError>, what: &str) -> Result<()> {

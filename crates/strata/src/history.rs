@@ -1,0 +1,280 @@
+//! Once a second the sampler turns the node's counters into rates and interval percentiles and
+//! keeps the last [`HISTORY_LEN`] samples: what the dashboard draws, what `strata status` and
+//! `strata bench` read, and where the recent write rate for wear projections comes from.
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use serde::Serialize;
+use strata_engine::EngineStats;
+
+use crate::adapter::Registry;
+use crate::metrics::{IoSnapshot, LatencySnapshot, SERVICE_LEVELS_MS};
+
+/// Samples kept: 15 minutes at one per second (a few hundred bytes each).
+pub const HISTORY_LEN: usize = 900;
+pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct DeviceRate {
+    pub name: String,
+    /// "fast" or "capacity".
+    pub tier: &'static str,
+    pub read_bytes_per_s: f64,
+    pub write_bytes_per_s: f64,
+}
+
+/// One interval's figures. Latencies are over the requests that finished in the interval
+/// (None when there were none), measured in the daemon from request to engine completion.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Sample {
+    pub t_unix_ms: u64,
+    pub interval_s: f64,
+    pub read_iops: f64,
+    pub write_iops: f64,
+    pub read_bytes_per_s: f64,
+    pub write_bytes_per_s: f64,
+    pub latency_us_mean: Option<f64>,
+    pub latency_us_p50: Option<f64>,
+    pub latency_us_p99: Option<f64>,
+    pub latency_us_p999: Option<f64>,
+    pub read_latency_us_p99: Option<f64>,
+    pub write_latency_us_p99: Option<f64>,
+    /// Share of reads and writes done within 1, 2, 5, 10 and 30 ms, in that order.
+    pub service_level_shares: Option<[f64; SERVICE_LEVELS_MS.len()]>,
+    pub log_fill_ratio: f64,
+    pub fill_ratio_low: f64,
+    pub fill_ratio_high: f64,
+    pub destage_rate_bytes_per_s: f64,
+    pub destage_backlog_bytes: u64,
+    pub admission_throttled: bool,
+    /// Share of bytes read from stored data that came from the fast tier in the interval.
+    pub fast_read_hit_ratio: Option<f64>,
+    pub devices: Vec<DeviceRate>,
+}
+
+/// The counters a sample is the difference of.
+#[derive(Clone)]
+struct Reading {
+    at: Instant,
+    io: IoSnapshot,
+    engine: EngineStats,
+}
+
+pub struct History {
+    samples: Mutex<VecDeque<Sample>>,
+}
+
+impl History {
+    pub fn new() -> Arc<History> {
+        Arc::new(History {
+            samples: Mutex::new(VecDeque::with_capacity(HISTORY_LEN)),
+        })
+    }
+
+    pub fn push(&self, s: Sample) {
+        let mut q = self.samples.lock();
+        if q.len() == HISTORY_LEN {
+            q.pop_front();
+        }
+        q.push_back(s);
+    }
+
+    /// Samples taken after `since_unix_ms` (all with 0), oldest first.
+    pub fn since(&self, since_unix_ms: u64) -> Vec<Sample> {
+        self.samples
+            .lock()
+            .iter()
+            .filter(|s| s.t_unix_ms > since_unix_ms)
+            .cloned()
+            .collect()
+    }
+
+    pub fn latest(&self) -> Option<Sample> {
+        self.samples.lock().back().cloned()
+    }
+
+    /// Mean rate of host writes over the last `window`, from the samples (None when empty).
+    pub fn recent_write_bytes_per_s(&self, window: Duration) -> Option<f64> {
+        self.recent_mean(window, |s| s.write_bytes_per_s)
+    }
+
+    /// Mean write rate a device saw over the last `window` (None when no sample has it).
+    pub fn recent_device_write_bytes_per_s(&self, device: &str, window: Duration) -> Option<f64> {
+        let q = self.samples.lock();
+        let take = samples_in(window);
+        let rates: Vec<f64> = q
+            .iter()
+            .rev()
+            .take(take)
+            .filter_map(|s| s.devices.iter().find(|d| d.name == device))
+            .map(|d| d.write_bytes_per_s)
+            .collect();
+        (!rates.is_empty()).then(|| rates.iter().sum::<f64>() / rates.len() as f64)
+    }
+
+    fn recent_mean(&self, window: Duration, f: impl Fn(&Sample) -> f64) -> Option<f64> {
+        let q = self.samples.lock();
+        let take = samples_in(window).min(q.len());
+        (take > 0).then(|| q.iter().rev().take(take).map(&f).sum::<f64>() / take as f64)
+    }
+}
+
+fn samples_in(window: Duration) -> usize {
+    (window.as_secs_f64() / SAMPLE_INTERVAL.as_secs_f64()).ceil() as usize
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn read_now(registry: &Registry) -> Reading {
+    Reading {
+        at: Instant::now(),
+        io: registry.node_io().snapshot(),
+        engine: registry.group().stats(),
+    }
+}
+
+fn rate(now: u64, before: u64, secs: f64) -> f64 {
+    now.saturating_sub(before) as f64 / secs
+}
+
+/// The sample for the interval between two readings.
+fn sample(prev: &Reading, now: &Reading) -> Sample {
+    let secs = now.at.duration_since(prev.at).as_secs_f64().max(1e-3);
+    let (a, b) = (&prev.io, &now.io);
+    let mut lat: LatencySnapshot = b.read_latency.since(&a.read_latency);
+    let reads = lat;
+    let writes = b.write_latency.since(&a.write_latency);
+    lat.merge(&writes);
+    let service_level_shares = (lat.count() > 0).then(|| {
+        SERVICE_LEVELS_MS.map(|ms| lat.share_within_ms(ms).unwrap_or(0.0))
+    });
+    let (e0, e1) = (&prev.engine, &now.engine);
+    let fast = e1.read_fast_bytes_total.saturating_sub(e0.read_fast_bytes_total);
+    let cap = e1
+        .read_capacity_bytes_total
+        .saturating_sub(e0.read_capacity_bytes_total);
+    let fast_read_hit_ratio = (fast + cap > 0).then(|| fast as f64 / (fast + cap) as f64);
+    let pairs = std::iter::once((&e0.fast_device, &e1.fast_device, "fast")).chain(
+        e0.capacity_devices
+            .iter()
+            .zip(&e1.capacity_devices)
+            .map(|(x, y)| (x, y, "capacity")),
+    );
+    let devices = pairs
+        .map(|(x, y, tier)| DeviceRate {
+            name: y.name.clone(),
+            tier,
+            read_bytes_per_s: rate(y.read_bytes, x.read_bytes, secs),
+            write_bytes_per_s: rate(y.write_bytes, x.write_bytes, secs),
+        })
+        .collect();
+    Sample {
+        t_unix_ms: unix_ms(),
+        interval_s: secs,
+        read_iops: rate(b.read_ops, a.read_ops, secs),
+        write_iops: rate(b.write_ops, a.write_ops, secs),
+        read_bytes_per_s: rate(b.read_bytes, a.read_bytes, secs),
+        write_bytes_per_s: rate(b.write_bytes, a.write_bytes, secs),
+        latency_us_mean: lat.mean_us(),
+        latency_us_p50: lat.quantile_us(0.5),
+        latency_us_p99: lat.quantile_us(0.99),
+        latency_us_p999: lat.quantile_us(0.999),
+        read_latency_us_p99: reads.quantile_us(0.99),
+        write_latency_us_p99: writes.quantile_us(0.99),
+        service_level_shares,
+        log_fill_ratio: e1.log_fill_ratio,
+        fill_ratio_low: e1.fill_ratio_low,
+        fill_ratio_high: e1.fill_ratio_high,
+        destage_rate_bytes_per_s: e1.destage_rate_bytes_per_s,
+        destage_backlog_bytes: e1.destage_backlog_bytes,
+        admission_throttled: e1.admission_throttled,
+        fast_read_hit_ratio,
+        devices,
+    }
+}
+
+/// Samples once a second until `stop` is set; runs on its own thread (the engine's stats
+/// take locks that are not for the async runtime's threads).
+pub fn spawn_sampler(
+    registry: Arc<Registry>,
+    history: Arc<History>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("strata-sampler".into())
+        .spawn(move || {
+            use std::sync::atomic::Ordering;
+            let mut prev = read_now(&registry);
+            let mut next = prev.at + SAMPLE_INTERVAL;
+            while !stop.load(Ordering::Relaxed) {
+                let now = Instant::now();
+                if now < next {
+                    std::thread::sleep((next - now).min(Duration::from_millis(100)));
+                    continue;
+                }
+                next += SAMPLE_INTERVAL;
+                if next < now {
+                    next = now + SAMPLE_INTERVAL;
+                }
+                let cur = read_now(&registry);
+                history.push(sample(&prev, &cur));
+                prev = cur;
+            }
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::{IoMetrics, Kind};
+    use crate::testutil::test_group;
+
+    #[test]
+    fn a_sample_is_the_rate_over_its_interval() {
+        let registry = Registry::new(test_group());
+        let before = read_now(&registry);
+        let io: &IoMetrics = registry.node_io();
+        for _ in 0..10 {
+            io.record(Kind::Write, 4096, Duration::from_micros(1_500), true);
+        }
+        io.record(Kind::Read, 8192, Duration::from_millis(20), true);
+        let mut after = read_now(&registry);
+        after.at = before.at + Duration::from_secs(2);
+        let s = sample(&before, &after);
+        assert_eq!(s.interval_s, 2.0);
+        assert_eq!(s.write_iops, 5.0);
+        assert_eq!(s.write_bytes_per_s, 20480.0);
+        assert_eq!(s.read_iops, 0.5);
+        let shares = s.service_level_shares.unwrap();
+        assert_eq!(shares[0], 0.0, "none within 1 ms");
+        assert!((shares[1] - 10.0 / 11.0).abs() < 1e-9, "{shares:?}");
+        assert_eq!(shares[4], 1.0, "all within 30 ms");
+        assert_eq!(s.devices.len(), 2, "fast + one capacity device");
+        assert_eq!(s.devices[0].tier, "fast");
+    }
+
+    #[test]
+    fn history_keeps_a_bounded_window() {
+        let registry = Registry::new(test_group());
+        let r = read_now(&registry);
+        let h = History::new();
+        for i in 0..HISTORY_LEN + 10 {
+            let mut s = sample(&r, &r);
+            s.t_unix_ms = i as u64 + 1;
+            s.write_bytes_per_s = i as f64;
+            h.push(s);
+        }
+        assert_eq!(h.since(0).len(), HISTORY_LEN);
+        assert_eq!(h.since(0)[0].t_unix_ms, 11);
+        assert_eq!(h.since(HISTORY_LEN as u64 + 8).len(), 2);
+        let last = (HISTORY_LEN + 9) as f64;
+        assert_eq!(h.recent_write_bytes_per_s(Duration::from_secs(2)), Some(last - 0.5));
+    }
+}

@@ -1,0 +1,159 @@
+//! Device wear as the daemon reports it: lifetime bytes written (persisted by the engine),
+//! average and recent write rates, drive writes per day and, when the device names a catalog
+//! entry, the share of its rated endurance used and when it would wear out.
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::history::History;
+
+/// Window of the "recent" write rate.
+pub const RECENT_WINDOW: Duration = Duration::from_secs(300);
+const SECONDS_PER_DAY: f64 = 86_400.0;
+const SECONDS_PER_YEAR: f64 = 365.0 * SECONDS_PER_DAY;
+
+/// A device of the disk group as configured: which tier, which file, which catalog entry.
+#[derive(Debug, Clone)]
+pub struct DeviceIdentity {
+    pub name: String,
+    pub tier: &'static str,
+    pub model: Option<String>,
+    pub rating: Option<Rating>,
+}
+
+/// Rated endurance from the device catalog.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rating {
+    pub endurance_bytes: f64,
+    pub warranty_years: f64,
+}
+
+/// The rating of a catalog entry; None without a model. An unknown model is an error.
+pub fn rating_for(model: Option<&str>, catalog_files: &[std::path::PathBuf]) -> anyhow::Result<Option<Rating>> {
+    let Some(model) = model else { return Ok(None) };
+    let _ = catalog_files;
+    anyhow::bail!("device model {model:?}: the device catalog is not available yet")
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct WearJson {
+    pub bytes_written_total: u64,
+    pub first_use_unix_s: u64,
+    pub write_bytes_per_s_avg: f64,
+    pub write_bytes_per_s_recent: Option<f64>,
+    pub drive_writes_per_day: f64,
+    pub model: Option<String>,
+    pub rated_endurance_bytes: Option<f64>,
+    pub endurance_used_ratio: Option<f64>,
+    pub warranty_end_unix_s: Option<u64>,
+    /// When the rated endurance runs out at the average write rate.
+    pub projected_wear_out_unix_s: Option<u64>,
+    /// The average rate would use up the rated endurance before the warranty ends.
+    pub wears_out_before_warranty: bool,
+}
+
+/// The wear of one device at `now_unix_s`.
+pub fn wear(
+    id: &DeviceIdentity,
+    size_bytes: u64,
+    w: strata_engine::DeviceWear,
+    now_unix_s: u64,
+    history: &History,
+) -> WearJson {
+    let age_s = now_unix_s.saturating_sub(w.first_use_unix_s).max(1) as f64;
+    let avg = w.bytes_written_total as f64 / age_s;
+    let recent = history.recent_device_write_bytes_per_s(&id.name, RECENT_WINDOW);
+    let drive_writes_per_day = if size_bytes == 0 {
+        0.0
+    } else {
+        avg * SECONDS_PER_DAY / size_bytes as f64
+    };
+    let mut out = WearJson {
+        bytes_written_total: w.bytes_written_total,
+        first_use_unix_s: w.first_use_unix_s,
+        write_bytes_per_s_avg: avg,
+        write_bytes_per_s_recent: recent,
+        drive_writes_per_day,
+        model: id.model.clone(),
+        rated_endurance_bytes: None,
+        endurance_used_ratio: None,
+        warranty_end_unix_s: None,
+        projected_wear_out_unix_s: None,
+        wears_out_before_warranty: false,
+    };
+    if let Some(r) = id.rating.filter(|r| r.endurance_bytes > 0.0) {
+        let warranty_end = w.first_use_unix_s as f64 + r.warranty_years * SECONDS_PER_YEAR;
+        out.rated_endurance_bytes = Some(r.endurance_bytes);
+        out.endurance_used_ratio = Some(w.bytes_written_total as f64 / r.endurance_bytes);
+        out.warranty_end_unix_s = Some(warranty_end as u64);
+        if avg > 0.0 {
+            let left = (r.endurance_bytes - w.bytes_written_total as f64).max(0.0);
+            let wear_out = now_unix_s as f64 + left / avg;
+            out.projected_wear_out_unix_s = Some(wear_out.min(u64::MAX as f64) as u64);
+            out.wears_out_before_warranty = wear_out < warranty_end;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(rating: Option<Rating>) -> DeviceIdentity {
+        DeviceIdentity {
+            name: "fast".into(),
+            tier: "fast",
+            model: rating.map(|_| "test-800g".into()),
+            rating,
+        }
+    }
+
+    const GB: f64 = 1e9;
+    const DAY: u64 = 86_400;
+
+    #[test]
+    fn drive_writes_per_day_from_the_average_rate() {
+        let h = History::new();
+        let size = 800_000_000_000u64;
+        // Ten days, 3 full drive writes per day.
+        let w = strata_engine::DeviceWear {
+            bytes_written_total: 30 * size,
+            first_use_unix_s: 1_000,
+        };
+        let j = wear(&id(None), size, w, 1_000 + 10 * DAY, &h);
+        assert!((j.drive_writes_per_day - 3.0).abs() < 1e-9, "{j:?}");
+        assert_eq!(j.endurance_used_ratio, None);
+        assert!(!j.wears_out_before_warranty);
+    }
+
+    #[test]
+    fn a_device_written_at_twice_its_rating_is_flagged() {
+        let h = History::new();
+        let size = 800_000_000_000u64;
+        // 3 DWPD for 5 years.
+        let rating = Rating {
+            endurance_bytes: 3.0 * 800.0 * GB * 365.0 * 5.0,
+            warranty_years: 5.0,
+        };
+        let at_rating = strata_engine::DeviceWear {
+            bytes_written_total: 3 * size * 100,
+            first_use_unix_s: 0,
+        };
+        let j = wear(&id(Some(rating)), size, at_rating, 100 * DAY, &h);
+        assert!(!j.wears_out_before_warranty, "{j:?}");
+        let wear_out = j.projected_wear_out_unix_s.unwrap() as f64;
+        let warranty = j.warranty_end_unix_s.unwrap() as f64;
+        assert!((wear_out - warranty).abs() < 2.0 * DAY as f64, "{wear_out} vs {warranty}");
+        let twice = strata_engine::DeviceWear {
+            bytes_written_total: 6 * size * 100,
+            first_use_unix_s: 0,
+        };
+        let j = wear(&id(Some(rating)), size, twice, 100 * DAY, &h);
+        assert!(j.wears_out_before_warranty);
+        let used = j.endurance_used_ratio.unwrap();
+        assert!((used - 600.0 / (3.0 * 365.0 * 5.0)).abs() < 1e-9);
+        let half_life = j.projected_wear_out_unix_s.unwrap() as f64 / SECONDS_PER_YEAR;
+        assert!((half_life - 2.5).abs() < 0.01, "{half_life}");
+    }
+}
