@@ -1,13 +1,20 @@
 //! The capacity store: log-structured segments, written whole (data, flush, summary, flush),
-//! spread across the capacity devices, cleaned by cost-benefit garbage collection.
+//! spread across the capacity devices, cleaned by cost-benefit garbage collection; and the
+//! segment table that says what each segment holds.
+//!
+//! A segment that stops being referenced is not reusable at once: the durable index (the last
+//! flushed tree) may still point into it, and recovery applies the summaries of recently
+//! sealed segments over that index. So it waits as `PendingFree` until the next index flush
+//! makes a tree without references to it durable.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
 use strata_device::AlignedBuf;
 
+use crate::ctree::page::{SegRecord, SEGTAB_PER_PAGE};
+use crate::ctree::PagePtr;
 use crate::error::EngineError;
 use crate::format::*;
 use crate::map::Loc;
@@ -16,44 +23,92 @@ use crate::shared::{bounded_insert, Shared};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SegState {
     Free,
-    /// Allocated to a writer, not yet sealed.
+    /// Being written (data), or set aside after a failed write until the next open.
     Open,
+    /// Holds data blocks the index may reference.
     Sealed,
+    /// Holds index pages (a page stream writes into it, or did).
+    Meta,
+    /// Unreferenced; reusable once the next index flush is durable.
+    PendingFree,
 }
 
 #[derive(Debug, Clone, Copy)]
 pub struct SegInfo {
     pub state: SegState,
+    /// Data: blocks the index references. Meta: pages the index references.
     pub live_blocks: u32,
+    /// Data: blocks written. Meta: blocks handed out to pages.
     pub used_blocks: u32,
-    pub has_tombstones: bool,
-    pub sealed_at: Instant,
+    pub sealed_unix_s: u32,
 }
+
+const FREE_INFO: SegInfo = SegInfo { state: SegState::Free, live_blocks: 0, used_blocks: 0, sealed_unix_s: 0 };
 
 /// Segment bookkeeping. Protected by `Shared::segs`.
 pub struct SegTable {
     pub segs: Vec<SegInfo>,
+    dev_of: Vec<usize>,
     free: Vec<BTreeSet<u32>>,
     next_dev: usize,
     pub next_seq: u64,
+    /// Data segments sealed since the last index flush (their summaries are replayed over
+    /// the durable index at recovery).
+    pub recent: Vec<u32>,
+    /// Segment-table pages whose content changed since the last index flush.
+    pub dirty_pages: BTreeSet<usize>,
+    /// Where each segment-table page lives as of the last index flush.
+    pub page_ptrs: Vec<Option<PagePtr>>,
+    /// Index page streams A and B as they are now (a flush in progress advances them) ...
+    pub streams: [StreamPos; 2],
+    /// ... and as of the last completed index flush (what checkpoints record).
+    pub durable_streams: [StreamPos; 2],
+    segment_blocks: u32,
 }
 
 impl SegTable {
-    pub fn new(layout_segments: &[(usize, u64)], devices: usize) -> SegTable {
-        let now = Instant::now();
-        let info = SegInfo { state: SegState::Free, live_blocks: 0, used_blocks: 0, has_tombstones: false, sealed_at: now };
+    pub fn new(layout_segments: &[(usize, u64)], devices: usize, segment_blocks: u32) -> SegTable {
         let mut free = vec![BTreeSet::new(); devices];
         for (i, &(dev, _)) in layout_segments.iter().enumerate() {
             free[dev].insert(i as u32);
         }
-        SegTable { segs: vec![info; layout_segments.len()], free, next_dev: 0, next_seq: 1 }
+        SegTable {
+            segs: vec![FREE_INFO; layout_segments.len()],
+            dev_of: layout_segments.iter().map(|s| s.0).collect(),
+            free,
+            next_dev: 0,
+            next_seq: 1,
+            recent: Vec::new(),
+            dirty_pages: BTreeSet::new(),
+            page_ptrs: vec![None; layout_segments.len().div_ceil(SEGTAB_PER_PAGE)],
+            streams: [StreamPos::NONE; 2],
+            durable_streams: [StreamPos::NONE; 2],
+            segment_blocks,
+        }
+    }
+
+    pub fn page_count(&self) -> usize {
+        self.page_ptrs.len()
+    }
+
+    pub fn device_of(&self, seg: u32) -> usize {
+        self.dev_of[seg as usize]
+    }
+
+    fn touch(&mut self, seg: u32) {
+        self.dirty_pages.insert(seg as usize / SEGTAB_PER_PAGE);
     }
 
     pub fn free_count(&self) -> usize {
         self.free.iter().map(|f| f.len()).sum()
     }
 
-    /// Takes a free segment, rotating across devices; `reserve` segments are kept back for GC.
+    pub fn pending_count(&self) -> usize {
+        self.segs.iter().filter(|s| s.state == SegState::PendingFree).count()
+    }
+
+    /// Takes a free data segment, rotating across devices; `reserve` segments are kept back
+    /// (for GC and index pages).
     pub fn alloc(&mut self, reserve: usize) -> Option<u32> {
         if self.free_count() <= reserve {
             return None;
@@ -61,8 +116,7 @@ impl SegTable {
         let n = self.free.len();
         for k in 0..n {
             let dev = (self.next_dev + k) % n;
-            if let Some(&seg) = self.free[dev].iter().next() {
-                self.free[dev].remove(&seg);
+            if let Some(seg) = self.take_free(dev) {
                 self.next_dev = (dev + 1) % n;
                 self.segs[seg as usize].state = SegState::Open;
                 return Some(seg);
@@ -71,34 +125,205 @@ impl SegTable {
         None
     }
 
-    pub fn seal(&mut self, seg: u32, used: u32, live: u32, tombstones: bool) {
-        let s = &mut self.segs[seg as usize];
-        *s = SegInfo { state: SegState::Sealed, live_blocks: live, used_blocks: used, has_tombstones: tombstones, sealed_at: Instant::now() };
-    }
-
-    pub fn mark_sealed_recovered(&mut self, seg: u32, dev: usize, used: u32, tombstones: bool, seq: u64) {
+    fn take_free(&mut self, dev: usize) -> Option<u32> {
+        let seg = *self.free[dev].iter().next()?;
         self.free[dev].remove(&seg);
-        self.seal(seg, used, 0, tombstones);
-        self.next_seq = self.next_seq.max(seq + 1);
+        Some(seg)
     }
 
-    pub fn free_segment(&mut self, seg: u32, dev: usize) {
-        let s = &mut self.segs[seg as usize];
-        s.state = SegState::Free;
-        s.live_blocks = 0;
-        s.used_blocks = 0;
-        s.has_tombstones = false;
-        self.free[dev].insert(seg);
+    /// Takes a free segment for index pages, on another device than `avoid` when possible.
+    fn alloc_meta(&mut self, avoid: Option<usize>) -> Option<u32> {
+        let n = self.free.len();
+        let order = (0..n).map(|k| (self.next_dev + k) % n);
+        let dev = order.clone().find(|&d| Some(d) != avoid && !self.free[d].is_empty()).or_else(|| order.clone().find(|&d| !self.free[d].is_empty()))?;
+        let seg = self.take_free(dev)?;
+        self.segs[seg as usize] = SegInfo { state: SegState::Meta, live_blocks: 0, used_blocks: 0, sealed_unix_s: unix_now_s() as u32 };
+        self.touch(seg);
+        Some(seg)
     }
 
+    /// Hands out the next page address of stream `s` (0 = A, 1 = B), opening a new segment
+    /// when the current one is full.
+    pub fn alloc_page(&mut self, s: usize) -> Result<u64, EngineError> {
+        let pos = self.streams[s];
+        if pos.seg == u32::MAX || pos.next_block >= self.segment_blocks {
+            let other = self.streams[1 - s].seg;
+            let avoid = (other != u32::MAX).then(|| self.dev_of[other as usize]);
+            let seg = self.alloc_meta(avoid).ok_or(EngineError::NoSpace)?;
+            self.streams[s] = StreamPos { seg, next_block: 0 };
+        }
+        let pos = &mut self.streams[s];
+        let addr = (u64::from(pos.seg) << 32) | u64::from(pos.next_block);
+        pos.next_block += 1;
+        let seg = pos.seg;
+        let info = &mut self.segs[seg as usize];
+        info.live_blocks += 1;
+        info.used_blocks = info.used_blocks.max((addr as u32) + 1);
+        Ok(addr)
+    }
+
+    /// A page copy stopped being referenced.
+    pub fn page_freed(&mut self, addr: u64) {
+        let seg = (addr >> 32) as u32;
+        let Some(info) = self.segs.get_mut(seg as usize) else { return };
+        debug_assert!(info.state == SegState::Meta && info.live_blocks > 0, "page {addr:#x} freed twice");
+        info.live_blocks = info.live_blocks.saturating_sub(1);
+        let streaming = self.streams.iter().any(|s| s.seg == seg);
+        if info.live_blocks == 0 && info.state == SegState::Meta && !streaming {
+            info.state = SegState::PendingFree;
+            self.touch(seg);
+        }
+    }
+
+    /// Counts a live page copy found at open (meta live counts are recomputed, not stored).
+    pub fn page_in_use(&mut self, addr: u64) {
+        let seg = (addr >> 32) as u32;
+        if let Some(&dev) = self.dev_of.get(seg as usize) {
+            self.free[dev].remove(&seg);
+        }
+        if let Some(info) = self.segs.get_mut(seg as usize) {
+            info.state = SegState::Meta;
+            info.live_blocks += 1;
+            info.used_blocks = info.used_blocks.max((addr as u32) + 1);
+        }
+    }
+
+    /// The segment a page stream writes into, as a checkpoint names it.
+    pub fn page_in_use_stream(&mut self, seg: u32, next_block: u32) {
+        if let Some(&dev) = self.dev_of.get(seg as usize) {
+            self.free[dev].remove(&seg);
+        }
+        if let Some(info) = self.segs.get_mut(seg as usize) {
+            info.state = SegState::Meta;
+            info.used_blocks = info.used_blocks.max(next_block);
+        }
+        self.touch(seg);
+    }
+
+    /// Seals a data segment just written with `live` blocks the index now references.
+    pub fn seal(&mut self, seg: u32, used: u32, live: u32) {
+        let state = if live == 0 { SegState::PendingFree } else { SegState::Sealed };
+        self.segs[seg as usize] = SegInfo { state, live_blocks: live, used_blocks: used, sealed_unix_s: unix_now_s() as u32 };
+        self.recent.push(seg);
+        self.touch(seg);
+    }
+
+    /// A segment whose write failed: never reused before the next open.
+    pub fn set_aside(&mut self, seg: u32) {
+        self.segs[seg as usize].state = SegState::Open;
+    }
+
+    /// Gives back an allocated segment that was never written.
+    pub fn unallocate(&mut self, seg: u32) {
+        self.segs[seg as usize] = FREE_INFO;
+        self.free[self.dev_of[seg as usize]].insert(seg);
+    }
+
+    /// `blocks` of the segment stopped being referenced.
     pub fn release(&mut self, seg: u32, blocks: u32) {
         let s = &mut self.segs[seg as usize];
         debug_assert!(s.live_blocks >= blocks, "segment {seg} live count underflow");
         s.live_blocks = s.live_blocks.saturating_sub(blocks);
+        if s.live_blocks == 0 && s.state == SegState::Sealed {
+            s.state = SegState::PendingFree;
+        }
+        self.touch(seg);
+    }
+
+    /// `blocks` of the segment became referenced (recovery applying summaries).
+    pub fn add_live(&mut self, seg: u32, blocks: u32) {
+        let s = &mut self.segs[seg as usize];
+        s.live_blocks += blocks;
+        if s.state == SegState::PendingFree {
+            s.state = SegState::Sealed;
+        }
+        self.touch(seg);
+    }
+
+    /// After an index flush is durable: pending segments become free. Returns them (to discard).
+    pub fn release_pending(&mut self) -> Vec<u32> {
+        let mut out = Vec::new();
+        for (i, s) in self.segs.iter_mut().enumerate() {
+            if s.state == SegState::PendingFree {
+                *s = FREE_INFO;
+                out.push(i as u32);
+            }
+        }
+        for &seg in &out {
+            self.free[self.dev_of[seg as usize]].insert(seg);
+        }
+        self.recent.clear();
+        out
+    }
+
+    /// What the segment-table page `page` stores now (pending and open segments as free).
+    pub fn page_records(&self, page: usize) -> Vec<SegRecord> {
+        let from = page * SEGTAB_PER_PAGE;
+        let to = (from + SEGTAB_PER_PAGE).min(self.segs.len());
+        self.segs[from..to]
+            .iter()
+            .map(|s| match s.state {
+                SegState::Sealed => SegRecord { state: 1, live: s.live_blocks, used: s.used_blocks, sealed_unix_s: s.sealed_unix_s },
+                // Meta live counts are recounted from the index at open.
+                SegState::Meta => SegRecord { state: 2, live: 0, used: s.used_blocks, sealed_unix_s: s.sealed_unix_s },
+                _ => SegRecord::default(),
+            })
+            .collect()
+    }
+
+    /// Loads one page of records read at open.
+    pub fn load_page(&mut self, page: usize, records: &[SegRecord]) {
+        for (i, r) in records.iter().enumerate() {
+            let seg = page * SEGTAB_PER_PAGE + i;
+            if seg >= self.segs.len() {
+                break;
+            }
+            let state = match r.state {
+                1 => SegState::Sealed,
+                2 => SegState::Meta,
+                _ => continue,
+            };
+            self.free[self.dev_of[seg]].remove(&(seg as u32));
+            let live = if state == SegState::Meta { 0 } else { r.live };
+            self.segs[seg] = SegInfo { state, live_blocks: live, used_blocks: r.used, sealed_unix_s: r.sealed_unix_s };
+        }
+    }
+
+    /// Index segments nothing references any more (after the open-time recount) become free.
+    pub fn free_unused_meta(&mut self) {
+        for i in 0..self.segs.len() {
+            let s = self.segs[i];
+            let streaming = self.streams.iter().any(|p| p.seg == i as u32);
+            if s.state == SegState::Meta && s.live_blocks == 0 && !streaming {
+                self.segs[i] = FREE_INFO;
+                self.free[self.dev_of[i]].insert(i as u32);
+                self.touch(i as u32);
+            }
+        }
+    }
+
+    /// Marks a segment sealed for recovery (a recent segment whose summary is being applied).
+    pub fn mark_recovered(&mut self, seg: u32, used: u32, seq: u64) {
+        self.free[self.dev_of[seg as usize]].remove(&seg);
+        self.segs[seg as usize] = SegInfo { state: SegState::PendingFree, live_blocks: 0, used_blocks: used, sealed_unix_s: unix_now_s() as u32 };
+        self.next_seq = self.next_seq.max(seq + 1);
+        self.touch(seg);
     }
 
     pub fn live_blocks_total(&self) -> u64 {
-        self.segs.iter().map(|s| u64::from(s.live_blocks)).sum()
+        self.segs.iter().filter(|s| s.state == SegState::Sealed).map(|s| u64::from(s.live_blocks)).sum()
+    }
+
+    pub fn count(&self, state: SegState) -> usize {
+        self.segs.iter().filter(|s| s.state == state).count()
+    }
+
+    /// Index pages referenced, and blocks handed out in index segments.
+    pub fn meta_pages(&self) -> (u64, u64) {
+        self.segs
+            .iter()
+            .filter(|s| s.state == SegState::Meta)
+            .fold((0, 0), |(l, u), s| (l + u64::from(s.live_blocks), u + u64::from(s.used_blocks)))
     }
 }
 
@@ -130,11 +355,21 @@ pub fn read_summary(sh: &Shared, seg: u32) -> Result<Option<SegmentSummary>, Eng
 /// A block range moving into a segment being built, from wherever it is now.
 #[derive(Debug, Clone, Copy)]
 pub struct Move {
-    pub volume: u32,
+    pub layer: u32,
     pub lba: u64,
     pub nblocks: u64,
     pub from: Loc,
     pub to_block: u32,
+}
+
+/// A zero record moving into a segment: the blocks of its range that still read as zeros
+/// because of it.
+#[derive(Debug, Clone, Copy)]
+pub struct ZeroMove {
+    pub layer: u32,
+    pub lba: u64,
+    pub nblocks: u64,
+    pub seq: u64,
 }
 
 /// Accumulates one segment's content in memory (bounded by the segment size).
@@ -144,6 +379,7 @@ pub struct Builder {
     pub entries: Vec<SummaryEntry>,
     pub crcs: Vec<u32>,
     pub moves: Vec<Move>,
+    pub zeros: Vec<ZeroMove>,
     geo: SegmentGeometry,
 }
 
@@ -155,6 +391,7 @@ impl Builder {
             entries: Vec::new(),
             crcs: Vec::new(),
             moves: Vec::new(),
+            zeros: Vec::new(),
             geo,
         }
     }
@@ -174,31 +411,28 @@ impl Builder {
     }
 
     /// Adds `data` (whole blocks, with their crcs) as the newest copy of `lba..` at `seq`.
-    pub fn add_data(&mut self, volume: u32, lba: u64, seq: u64, data: &[u8], crcs: &[u32], from: Loc) {
+    pub fn add_data(&mut self, layer: u32, lba: u64, seq: u64, data: &[u8], crcs: &[u32], from: Loc) {
         let n = crcs.len() as u32;
         let at = self.used as usize * BLOCK;
         self.data[at..at + data.len()].copy_from_slice(data);
         self.crcs.extend_from_slice(crcs);
         let extend = matches!(self.entries.last(), Some(e) if e.kind == RecordKind::Write
-            && e.volume == volume && e.seq == seq && e.lba + u64::from(e.nblocks) == lba
+            && e.layer == layer && e.seq == seq && e.lba + u64::from(e.nblocks) == lba
             && e.data_block + e.nblocks == self.used);
         if extend {
             if let Some(e) = self.entries.last_mut() {
                 e.nblocks += n;
             }
         } else {
-            self.entries.push(SummaryEntry { kind: RecordKind::Write, volume, lba, nblocks: n, seq, data_block: self.used });
+            self.entries.push(SummaryEntry { kind: RecordKind::Write, layer, lba, nblocks: n, seq, data_block: self.used });
         }
-        self.moves.push(Move { volume, lba, nblocks: u64::from(n), from, to_block: self.used });
+        self.moves.push(Move { layer, lba, nblocks: u64::from(n), from, to_block: self.used });
         self.used += n;
     }
 
-    pub fn add_tombstone(&mut self, volume: u32, lba: u64, nblocks: u32, seq: u64) {
-        self.entries.push(SummaryEntry { kind: RecordKind::Zero, volume, lba, nblocks, seq, data_block: 0 });
-    }
-
-    pub fn has_tombstones(&self) -> bool {
-        self.entries.iter().any(|e| e.kind == RecordKind::Zero)
+    pub fn add_tombstone(&mut self, layer: u32, lba: u64, nblocks: u32, seq: u64) {
+        self.entries.push(SummaryEntry { kind: RecordKind::Zero, layer, lba, nblocks, seq, data_block: 0 });
+        self.zeros.push(ZeroMove { layer, lba, nblocks: u64::from(nblocks), seq });
     }
 }
 
@@ -250,36 +484,8 @@ pub fn write_stripe(sh: &Shared, stripe: &[(u32, Builder, u64)]) -> Result<(), E
     })
 }
 
-/// Points the index at the segment's new copies (where they were not rewritten meanwhile) and
-/// seals the segment with its live count.
-pub fn commit_segment(sh: &Shared, seg: u32, b: &Builder) {
-    let mut moved_from_fast = 0;
-    let mut released = Vec::new();
-    let mut live = 0u64;
-    {
-        let mut idx = sh.index.write();
-        for m in &b.moves {
-            let Some(v) = idx.vols.get_mut(&m.volume) else { continue };
-            let n = v.map.relocate(m.lba, m.nblocks, m.from, Loc::Cap { seg, block: m.to_block });
-            live += n;
-            match m.from {
-                Loc::Fast(_) => moved_from_fast += n,
-                Loc::Cap { .. } => released.push((m.lba, n, m.from)),
-            }
-        }
-        let mut segs = sh.segs.lock();
-        segs.seal(seg, b.used, live as u32, b.has_tombstones());
-        for &(_, n, from) in &released {
-            if let Loc::Cap { seg: old, .. } = from {
-                segs.release(old, n as u32);
-            }
-        }
-    }
-    sh.counters.fast_live_blocks.fetch_sub(moved_from_fast, Ordering::Relaxed);
-}
-
-/// Reads `n` blocks of segment data and checks them against the summary's crcs. A mismatch
-/// is counted and logged; the caller decides what it means.
+/// Reads `n` blocks of segment data and checks them against the summary's crcs. Returns the
+/// first block that does not match; the caller decides what it means.
 pub fn read_seg_blocks(sh: &Shared, seg: u32, block: u32, n: u32, out: &mut [u8], crcs: &[u32]) -> Result<Option<u32>, EngineError> {
     let (dev, off) = sh.layout.seg_data_byte(seg, block);
     sh.caps[dev].read_at(&mut out[..n as usize * BLOCK], off)?;
@@ -292,34 +498,18 @@ pub fn read_seg_blocks(sh: &Shared, seg: u32, block: u32, n: u32, out: &mut [u8]
     Ok(None)
 }
 
-/// Frees segments whose content is gone from the index, after readers are done with them.
-pub fn free_segments(sh: &Shared, victims: &[u32]) {
-    if victims.is_empty() {
-        return;
-    }
+/// Discards segments that just became free (their old content is of no value).
+pub fn discard_segments(sh: &Shared, segs: &[u32]) {
     {
-        // Past this barrier no reader holds a location in the victims, and the index has none.
-        let _excl = sh.reclaim.write();
-        let mut segs = sh.segs.lock();
         let mut cache = sh.summaries.lock();
-        for &v in victims {
-            segs.segs[v as usize].state = SegState::Open;
-            cache.remove(&v);
+        for s in segs {
+            cache.remove(s);
         }
     }
-    for &v in victims {
+    for &v in segs {
         let (dev, off) = sh.layout.segments[v as usize];
-        // Discard drops the old summary too; where unsupported the stale summary is harmless
-        // (everything in it is older than what the index holds, see docs/FORMAT.md). It runs
-        // before the segment is free again, so it can never hit a new segment's data.
         if let Err(e) = sh.caps[dev].discard(off, sh.layout.segment_size_bytes) {
             tracing::debug!("discard of segment {v} failed: {e}");
         }
     }
-    let mut segs = sh.segs.lock();
-    for &v in victims {
-        segs.free_segment(v, sh.layout.segments[v as usize].0);
-    }
-    drop(segs);
-    sh.counters.gc_segments_cleaned.fetch_add(victims.len() as u64, Ordering::Relaxed);
 }

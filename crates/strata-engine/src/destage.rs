@@ -1,5 +1,6 @@
 //! The destager: moves data from the log to capacity segments under a fill-level controller,
-//! and runs garbage collection when free segments run low.
+//! runs garbage collection when free segments run low, and does the index's housekeeping
+//! (see `maint.rs`). It is the only thread that changes the capacity index.
 //!
 //! Controller: below the low mark it idles. Between the marks it runs a duty cycle set by a PI
 //! term on fill (so the rate is a share of the bandwidth the devices really deliver, and rises
@@ -13,12 +14,15 @@ use std::time::{Duration, Instant};
 use strata_device::AlignedBuf;
 
 use crate::capacity::*;
+use crate::ctree::page::key_of;
+use crate::ctree::Entry;
 use crate::error::EngineError;
 use crate::format::*;
 use crate::log::{BatchMeta, RecMeta, WriteReq};
-use crossbeam_channel::Sender;
 use crate::map::Loc;
+use crate::meta;
 use crate::shared::{Counters, Shared, STATE_FAILED};
+use crossbeam_channel::Sender;
 
 /// Batches handed to one destage step at most (bounds the memory of a step).
 const MAX_BATCHES_PER_STEP: usize = 4096;
@@ -28,16 +32,18 @@ const MAX_STRIPES_PER_STEP: usize = 16;
 const MAX_STEP_READ_BLOCKS: u64 = 16384;
 
 pub struct Destager {
-    sh: Arc<Shared>,
+    pub(crate) sh: Arc<Shared>,
     tx: Sender<WriteReq>,
     integral: f64,
     last: Instant,
     gc_backoff_until: Instant,
+    pub(crate) maint: crate::maint::Maint,
 }
 
 impl Destager {
     pub fn new(sh: Arc<Shared>, tx: Sender<WriteReq>) -> Destager {
-        Destager { sh, tx, integral: 0.0, last: Instant::now(), gc_backoff_until: Instant::now() }
+        let maint = crate::maint::Maint::new(&sh);
+        Destager { sh, tx, integral: 0.0, last: Instant::now(), gc_backoff_until: Instant::now(), maint }
     }
 
     pub fn run(mut self) {
@@ -46,12 +52,11 @@ impl Destager {
             if stop || self.sh.state.load(Ordering::Acquire) == STATE_FAILED {
                 return;
             }
-            let duty = self.duty_cycle();
-            if self.gc_needed() {
-                if let Err(e) = self.gc_step() {
-                    tracing::error!("garbage collection: {e}");
-                }
+            if let Err(e) = self.housekeeping() {
+                tracing::error!("index housekeeping: {e}");
+                self.idle(Duration::from_millis(200));
             }
+            let duty = self.duty_cycle();
             if duty <= 0.0 {
                 self.idle(Duration::from_millis(50));
                 continue;
@@ -67,7 +72,18 @@ impl Destager {
                     self.idle(Duration::from_secs_f64(pause.min(1.0)));
                 }
                 Ok(_) => {}
-                Err(EngineError::NoSpace) => self.idle(Duration::from_millis(100)),
+                Err(EngineError::NoSpace) => match self.make_room() {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        self.sh.counters.capacity_full.store(true, Ordering::Relaxed);
+                        self.sh.log_freed.notify_all();
+                        self.idle(Duration::from_millis(100));
+                    }
+                    Err(e) => {
+                        tracing::error!("making room on the capacity tier: {e}");
+                        self.idle(Duration::from_millis(200));
+                    }
+                },
                 Err(e) => {
                     tracing::error!("destage: {e}");
                     self.idle(Duration::from_millis(200));
@@ -76,12 +92,27 @@ impl Destager {
         }
     }
 
-    fn idle(&self, d: Duration) {
+    /// GC when free segments run low, then the index's own upkeep.
+    fn housekeeping(&mut self) -> Result<(), EngineError> {
+        if self.gc_needed() {
+            if let Err(e) = self.gc_step() {
+                tracing::error!("garbage collection: {e}");
+            }
+        }
+        crate::maint::run(self)
+    }
+
+    pub(crate) fn idle(&self, d: Duration) {
         let mut w = self.sh.destage_wake_lock.lock();
         if !*w {
             self.sh.destage_wake.wait_for(&mut w, d);
         }
         *w = false;
+    }
+
+    /// Destage regardless of fill: draining, or a deleted snapshot waits for its log data.
+    fn forced(&self) -> bool {
+        self.sh.drain.load(Ordering::Relaxed) || self.maint.merge_waits_for_log
     }
 
     /// The share of time to spend destaging, 0..=1.
@@ -91,7 +122,7 @@ impl Destager {
         let now = Instant::now();
         let dt = now.duration_since(self.last).as_secs_f64().min(1.0);
         self.last = now;
-        if self.sh.drain.load(Ordering::Relaxed) || fill >= high {
+        if self.forced() || fill >= high {
             return 1.0;
         }
         if fill < low {
@@ -105,7 +136,19 @@ impl Destager {
 
     fn gc_needed(&self) -> bool {
         let segs = self.sh.segs.lock();
-        segs.free_count() < gc_trigger(self.sh.caps.len())
+        segs.free_count() < gc_trigger(&self.sh)
+    }
+
+    /// After destage found no free segment: makes pending segments reusable (an index flush)
+    /// or cleans some. Only when neither helps is the capacity tier full (then host writes
+    /// that need log space fail with ENOSPC).
+    fn make_room(&mut self) -> Result<bool, EngineError> {
+        if self.sh.segs.lock().pending_count() > 0 {
+            crate::maint::flush(self)?;
+            return Ok(true);
+        }
+        self.gc_backoff_until = Instant::now();
+        self.gc_step()
     }
 
     /// Moves the oldest durable batches' live data into stripes of segments and frees their
@@ -152,7 +195,7 @@ impl Destager {
     }
 
     fn flat_out(&self) -> bool {
-        self.sh.drain.load(Ordering::Relaxed) || self.sh.log.lock().fill_ratio() >= self.sh.cfg.fill_ratio_high
+        self.forced() || self.sh.log.lock().fill_ratio() >= self.sh.cfg.fill_ratio_high
     }
 
     /// Plans and builds the next stripe from the durable batches after the first `skip`.
@@ -191,8 +234,9 @@ impl Destager {
         let placed = match f.handle.join() {
             Ok(Ok(placed)) => placed,
             Ok(Err(e)) => {
-                // A summary may have reached the device. Such a segment stays allocated (never
-                // reused) until the next open, which sorts it out from its summary.
+                // A summary may have reached the device; such a segment is never reused before
+                // the next open (it is not in any checkpoint's recent list, so recovery
+                // ignores it).
                 tracing::error!("segment write failed; its segments are set aside until restart: {e}");
                 return Err(e);
             }
@@ -200,11 +244,15 @@ impl Destager {
         };
         let mut written = 0;
         for (seg, b, _) in &placed {
-            commit_segment(&self.sh, *seg, b);
+            commit_destage(&self.sh, *seg, b)?;
             written += u64::from(b.used) * BLOCK_U64;
         }
         self.sh.counters.destaged_bytes.fetch_add(written, Ordering::Relaxed);
         let freed = self.advance_tail(f.taken)?;
+        // What one flush writes stays within the reserve: at most one stripe over the limit.
+        if self.sh.tree.read().counts().dirty_nodes >= self.sh.index_dirty_limit {
+            meta::flush_index(&self.sh)?;
+        }
         Ok((freed, written))
     }
 
@@ -219,7 +267,7 @@ impl Destager {
         for b in batches {
             let runs = live_runs(&self.sh, b);
             let nb: u64 = runs.iter().map(|r| r.2).sum();
-            let ne = runs.len() + tombstone_count(&self.sh, b);
+            let ne = runs.len() + live_zero_records(&self.sh, b).len();
             // The batch regions are read whole; bound what one step reads.
             let over_read = !plan.is_empty() && log_blocks + b.blocks > MAX_STEP_READ_BLOCKS;
             if blocks + nb > cap_blocks || entries + ne > cap_entries || over_read {
@@ -237,7 +285,7 @@ impl Destager {
     /// and not above the high mark (then everything moves, oldest first).
     fn keep_hot_allowed(&self) -> bool {
         let fill = self.sh.log.lock().fill_ratio();
-        !self.sh.drain.load(Ordering::Relaxed) && fill < self.sh.cfg.fill_ratio_high && !self.sh.heat.lock().is_empty()
+        !self.forced() && fill < self.sh.cfg.fill_ratio_high && !self.sh.heat.lock().is_empty()
     }
 
     /// Writes the hot live blocks of tail batches again at the log head instead of moving them
@@ -249,9 +297,9 @@ impl Destager {
         for b in batches {
             for (i, off, n) in live_runs(&self.sh, b) {
                 let r = &b.records[i];
-                for (lba, len) in self.hot_parts(r.volume, r.lba + off, n) {
+                for (lba, len) in self.hot_parts(r.layer, r.lba + off, n) {
                     let from = r.data_start + (lba - r.lba);
-                    match self.submit_rewrite(r.volume, lba, len, from) {
+                    match self.submit_rewrite(r.layer, lba, len, from) {
                         Ok(Some(p)) => pending.push(p),
                         Ok(None) => {}
                         Err(_) => break,
@@ -259,21 +307,21 @@ impl Destager {
                 }
             }
         }
-        for (guard, wait, volume, lba, len) in pending {
+        for (guard, wait, layer, lba, len) in pending {
             let ok = matches!(wait.recv(), Ok(Ok(())));
             drop(guard);
             if ok {
-                self.cool(volume, lba, len);
+                self.cool(layer, lba, len);
             }
         }
     }
 
     /// Sub-runs of `[lba, lba+n)` whose blocks were overwritten recently (have heat).
-    fn hot_parts(&self, volume: u32, lba: u64, n: u64) -> Vec<(u64, u64)> {
+    fn hot_parts(&self, layer: u32, lba: u64, n: u64) -> Vec<(u64, u64)> {
         let heat = self.sh.heat.lock();
         let mut out: Vec<(u64, u64)> = Vec::new();
         for b in lba..lba + n {
-            if heat.get(&(volume, b)).copied().unwrap_or(0) == 0 {
+            if heat.get(&(layer, b)).copied().unwrap_or(0) == 0 {
                 continue;
             }
             match out.last_mut() {
@@ -287,12 +335,12 @@ impl Destager {
     /// Like a host writing the same data again, under the same range lock (held until the
     /// write completes), so no host write can slip in between. Skipped when a host holds the
     /// range or the data moved meanwhile.
-    fn submit_rewrite(&self, volume: u32, lba: u64, len: u64, from: u64) -> Result<Option<Pending<'_>>, EngineError> {
-        let Some(guard) = self.sh.ranges.try_lock(volume, lba, lba + len) else { return Ok(None) };
+    fn submit_rewrite(&self, layer: u32, lba: u64, len: u64, from: u64) -> Result<Option<Pending<'_>>, EngineError> {
+        let Some(guard) = self.sh.ranges.try_lock(layer, lba, lba + len) else { return Ok(None) };
         let still_here = {
             let idx = self.sh.index.read();
-            let Some(v) = idx.vols.get(&volume) else { return Ok(None) };
-            v.map.lookup(lba, len) == vec![crate::map::Piece { lba, len, loc: Some(Loc::Fast(from)) }]
+            let Some(l) = idx.layers.get(&layer) else { return Ok(None) };
+            l.fast.lookup(lba, len) == vec![crate::map::Piece { lba, len, loc: Some(Loc::Fast(from)) }]
         };
         if !still_here {
             return Ok(None);
@@ -307,20 +355,20 @@ impl Destager {
             }
         }
         let (done, wait) = crossbeam_channel::bounded(1);
-        let req = WriteReq { kind: RecordKind::Write, volume, lba, nblocks: len, data: Some(data), done, no_wait: true, relocation: true };
+        let req = WriteReq { kind: RecordKind::Write, layer, lba, nblocks: len, data: Some(data), done, no_wait: true, relocation: true };
         // Never block on a full queue: the log writer may be waiting for space only this
         // thread can free.
         self.tx.try_send(req).map_err(|_| EngineError::NoSpace)?;
-        Ok(Some((guard, wait, volume, lba, len)))
+        Ok(Some((guard, wait, layer, lba, len)))
     }
 
-    fn cool(&self, volume: u32, lba: u64, len: u64) {
+    fn cool(&self, layer: u32, lba: u64, len: u64) {
         let mut heat = self.sh.heat.lock();
         for b in lba..lba + len {
-            if let Some(h) = heat.get_mut(&(volume, b)) {
+            if let Some(h) = heat.get_mut(&(layer, b)) {
                 *h /= 2;
                 if *h == 0 {
-                    heat.remove(&(volume, b));
+                    heat.remove(&(layer, b));
                 }
             }
         }
@@ -332,11 +380,10 @@ impl Destager {
         let mut placed = Vec::with_capacity(stripe.len());
         let mut segs = self.sh.segs.lock();
         for b in stripe {
-            let Some(seg) = segs.alloc(gc_reserve(self.sh.caps.len())) else {
+            let Some(seg) = segs.alloc(gc_reserve(&self.sh)) else {
                 for (s, _, _) in &placed {
-                    segs.free_segment(*s, self.sh.layout.segments[*s as usize].0);
+                    segs.unallocate(*s);
                 }
-                self.sh.counters.capacity_full.store(true, Ordering::Relaxed);
                 return Err(EngineError::NoSpace);
             };
             let seq = segs.next_seq;
@@ -349,7 +396,7 @@ impl Destager {
 
     /// Records the new log tail durably, then frees the log space before it.
     fn advance_tail(&self, batches: usize) -> Result<u64, EngineError> {
-        let mut generation = self.sh.meta.lock();
+        let mut d = self.sh.durable.lock();
         let tail = {
             let log = self.sh.log.lock();
             match log.batches.get(batches) {
@@ -357,7 +404,8 @@ impl Destager {
                 None => (log.head, log.next_seq),
             }
         };
-        self.sh.write_checkpoint_locked(&mut generation, tail)?;
+        self.sh.write_checkpoint_locked(&mut d, tail)?;
+        drop(d);
         let _excl = self.sh.reclaim.write();
         let mut log = self.sh.log.lock();
         let mut freed = 0;
@@ -383,13 +431,14 @@ impl Destager {
     }
 
     /// One round of cost-benefit cleaning: packs the live data of the best victims into one
-    /// new segment, then frees the victims. Returns whether it freed anything.
+    /// new segment; the victims become free once the index no longer needs them. Returns
+    /// whether it cleaned anything.
     pub fn gc_step(&mut self) -> Result<bool, EngineError> {
         if Instant::now() < self.gc_backoff_until {
             return Ok(false);
         }
         let plan = self.gc_plan()?;
-        let worthwhile = plan.len() >= 2 || plan.first().is_some_and(|p| p.runs.is_empty() && p.tombs.is_empty());
+        let worthwhile = plan.len() >= 2 || plan.first().is_some_and(|p| p.runs.is_empty());
         if !worthwhile {
             // Nothing to gain now; look again after the index has had time to change.
             self.gc_backoff_until = Instant::now() + Duration::from_millis(200);
@@ -398,29 +447,36 @@ impl Destager {
         let mut builder = Builder::new(self.sh.layout.geo);
         for p in &plan {
             add_seg_runs(&self.sh, &mut builder, p.seg, &p.summary, &p.runs)?;
-            for &(v, lba, n, seq) in &p.tombs {
-                builder.add_tombstone(v, lba, n, seq);
-            }
         }
         if !builder.is_empty() {
             let (seg, seq) = {
                 let mut segs = self.sh.segs.lock();
-                let Some(seg) = segs.alloc(0) else { return Ok(false) };
+                // GC may dip into the index's reserve: the flush after it frees more than it used.
+                let Some(seg) = segs.alloc(self.sh.meta_reserve / 2) else { return Ok(false) };
                 let seq = segs.next_seq;
                 segs.next_seq += 1;
                 (seg, seq)
             };
             if let Err(e) = write_segment(&self.sh, seg, &builder, seq) {
-                // Set aside until the next open, as in destage (see `finish`).
+                self.sh.segs.lock().set_aside(seg);
                 tracing::error!("GC segment write failed; segment {seg} is set aside until restart: {e}");
                 return Err(e);
             }
-            commit_segment(&self.sh, seg, &builder);
+            commit_relocation(&self.sh, seg, &builder)?;
             self.sh.counters.gc_relocated_bytes.fetch_add(u64::from(builder.used) * BLOCK_U64, Ordering::Relaxed);
         }
-        let victims: Vec<u32> = plan.iter().map(|p| p.seg).collect();
-        free_segments(&self.sh, &victims);
-        self.sh.counters.capacity_full.store(false, Ordering::Relaxed);
+        let mut segs = self.sh.segs.lock();
+        for p in &plan {
+            let s = &segs.segs[p.seg as usize];
+            debug_assert!(s.live_blocks == 0, "GC victim {} still has {} live blocks", p.seg, s.live_blocks);
+            if s.state == SegState::Sealed && s.live_blocks == 0 {
+                segs.release(p.seg, 0);
+            }
+        }
+        drop(segs);
+        self.sh.counters.gc_segments_cleaned.fetch_add(plan.len() as u64, Ordering::Relaxed);
+        // The victims are reusable once an index without references to them is durable.
+        self.maint.want_flush = true;
         Ok(true)
     }
 
@@ -430,17 +486,20 @@ impl Destager {
         let (mut blocks, mut entries) = (0u64, 0usize);
         let mut plan = Vec::new();
         for seg in gc_candidates(&self.sh).into_iter().take(64) {
+            let live = u64::from(self.sh.segs.lock().segs[seg as usize].live_blocks);
+            if blocks + live > u64::from(geo.data_blocks) {
+                continue;
+            }
             let summary = load_summary(&self.sh, seg)?;
-            let runs = live_seg_runs(&self.sh, seg, &summary);
-            let tombs = live_tombstones(&self.sh, &summary);
+            let runs = live_seg_runs(&self.sh, seg, &summary)?;
             let b: u64 = runs.iter().map(|r| r.2).sum();
-            let e = runs.len() + tombs.len();
-            if blocks + b > u64::from(geo.data_blocks) || entries + e > geo.max_entries as usize {
-                break;
+            if blocks + b > u64::from(geo.data_blocks) || entries + runs.len() > geo.max_entries as usize {
+                // Another candidate may still fit.
+                continue;
             }
             blocks += b;
-            entries += e;
-            plan.push(GcVictim { seg, summary, runs, tombs });
+            entries += runs.len();
+            plan.push(GcVictim { seg, summary, runs });
         }
         Ok(plan)
     }
@@ -471,33 +530,34 @@ struct GcVictim {
     seg: u32,
     summary: Arc<SegmentSummary>,
     runs: Vec<(usize, u64, u64)>,
-    tombs: Vec<(u32, u64, u32, u64)>,
 }
 
 /// Free segments below which GC runs.
-pub fn gc_trigger(devices: usize) -> usize {
-    4 + 2 * devices
+pub fn gc_trigger(sh: &Shared) -> usize {
+    gc_reserve(sh) + 1 + sh.caps.len()
 }
 
-/// Free segments kept back from destage so GC always has somewhere to write.
-pub fn gc_reserve(devices: usize) -> usize {
-    1 + devices
+/// Free segments kept back from destage so GC and the index always have somewhere to write.
+pub fn gc_reserve(sh: &Shared) -> usize {
+    sh.meta_reserve + 1
 }
 
-/// Sealed segments worth cleaning, best first: LFS's benefit/cost = (1-u) * age / (1+u).
+/// Sealed data segments worth cleaning, best first: LFS's benefit/cost = (1-u) * age / (1+u);
+/// when space is short, the emptiest first (what frees the most now).
 fn gc_candidates(sh: &Shared) -> Vec<u32> {
+    let short = sh.segs.lock().free_count() <= gc_reserve(sh);
     let segs = sh.segs.lock();
-    let now = Instant::now();
+    let now = unix_now_s() as f64;
     let mut scored: Vec<(f64, u32)> = segs
         .segs
         .iter()
         .enumerate()
-        .filter(|(_, s)| s.state == SegState::Sealed)
-        .filter(|(_, s)| s.live_blocks < sh.layout.geo.data_blocks || s.has_tombstones)
+        .filter(|(_, s)| s.state == SegState::Sealed && s.live_blocks < sh.layout.geo.data_blocks)
         .map(|(i, s)| {
             let u = f64::from(s.live_blocks) / f64::from(sh.layout.geo.data_blocks.max(1));
-            let age = now.duration_since(s.sealed_at).as_secs_f64() + 1.0;
-            ((1.0 - u) * age / (1.0 + u), i as u32)
+            let age = (now - f64::from(s.sealed_unix_s)).max(0.0) + 1.0;
+            let score = if short { 1.0 - u } else { (1.0 - u) * age / (1.0 + u) };
+            (score, i as u32)
         })
         .collect();
     scored.sort_by(|a, b| b.0.total_cmp(&a.0));
@@ -509,11 +569,11 @@ fn live_runs(sh: &Shared, b: &BatchMeta) -> Vec<(usize, u64, u64)> {
     let idx = sh.index.read();
     let mut out = Vec::new();
     for (i, r) in b.records.iter().enumerate() {
-        if r.kind != RecordKind::Write {
+        if r.kind != RecordKind::Write || !idx.layer_live(r.layer) {
             continue;
         }
-        let Some(v) = idx.vols.get(&r.volume) else { continue };
-        for p in v.map.lookup(r.lba, r.nblocks) {
+        let Some(l) = idx.layers.get(&r.layer) else { continue };
+        for p in l.fast.lookup(r.lba, r.nblocks) {
             let off = p.lba - r.lba;
             if p.loc == Some(Loc::Fast(r.data_start + off)) {
                 out.push((i, off, p.len));
@@ -523,23 +583,22 @@ fn live_runs(sh: &Shared, b: &BatchMeta) -> Vec<(usize, u64, u64)> {
     out
 }
 
-/// Zero records still worth keeping: those whose range still reads as zeros somewhere.
-fn tombstone_count(sh: &Shared, b: &BatchMeta) -> usize {
-    b.records.iter().filter(|r| r.kind == RecordKind::Zero && tombstone_live(sh, r.volume, r.lba, r.nblocks)).count()
-}
-
-/// A tombstone matters while some block of its range still reads as zeros. It is kept whole:
-/// blocks of the range written since carry a newer sequence number, so replaying the whole
-/// tombstone first and the newer data after gives the right answer.
-fn tombstone_live(sh: &Shared, volume: u32, lba: u64, n: u64) -> bool {
+/// Zero records of a batch that still make some block read as zeros.
+fn live_zero_records<'b>(sh: &Shared, b: &'b BatchMeta) -> Vec<&'b RecMeta> {
     let idx = sh.index.read();
-    let Some(v) = idx.vols.get(&volume) else { return false };
-    v.map.lookup(lba, n).iter().any(|p| p.loc.is_none())
+    b.records
+        .iter()
+        .filter(|r| r.kind == RecordKind::Zero && idx.layer_live(r.layer))
+        .filter(|r| {
+            let Some(l) = idx.layers.get(&r.layer) else { return false };
+            l.fast.lookup(r.lba, r.nblocks).iter().any(|p| p.loc == Some(Loc::Zero(r.seq)))
+        })
+        .collect()
 }
 
 /// One live run read from the log, ready to go into a segment.
 struct LiveRun<'a> {
-    volume: u32,
+    layer: u32,
     lba: u64,
     seq: u64,
     first: u64,
@@ -548,7 +607,8 @@ struct LiveRun<'a> {
 
 /// Reads each planned batch's data with one sequential read, then lays the live runs of all
 /// of them into the stripe's segments in address order (coalescing by address), followed by
-/// the surviving tombstones.
+/// the zero records still in effect (whole: recovery applies them in sequence order, so newer
+/// data over part of one still wins).
 fn build_stripe(sh: &Shared, plan: &[Planned<'_>], width: usize) -> Result<Vec<Builder>, EngineError> {
     let mut bufs = Vec::with_capacity(plan.len());
     for (b, runs) in plan {
@@ -567,10 +627,10 @@ fn build_stripe(sh: &Shared, plan: &[Planned<'_>], width: usize) -> Result<Vec<B
             let first = r.data_start + off;
             let at = ((first - b.start - 1) * BLOCK_U64) as usize;
             let data = &buf[at..at + (n * BLOCK_U64) as usize];
-            live.push(LiveRun { volume: r.volume, lba: r.lba + off, seq: r.seq, first, data });
+            live.push(LiveRun { layer: r.layer, lba: r.lba + off, seq: r.seq, first, data });
         }
     }
-    live.sort_by_key(|r| (r.volume, r.lba));
+    live.sort_by_key(|r| (r.layer, r.lba));
     let geo = sh.layout.geo;
     let mut stripe = vec![Builder::new(geo)];
     for run in &live {
@@ -591,18 +651,16 @@ fn build_stripe(sh: &Shared, plan: &[Planned<'_>], width: usize) -> Result<Vec<B
         }
     }
     for (b, _) in plan {
-        for r in b.records.iter().filter(|r| r.kind == RecordKind::Zero) {
-            if tombstone_live(sh, r.volume, r.lba, r.nblocks) {
-                // Any segment of the stripe with an entry to spare takes it.
-                if !stripe.iter().any(|s| s.fits(0, 1)) {
-                    if stripe.len() == width {
-                        return Err(EngineError::Failed("destage plan overflowed its stripe".into()));
-                    }
-                    stripe.push(Builder::new(geo));
+        for r in live_zero_records(sh, b) {
+            // Any segment of the stripe with an entry to spare takes it.
+            if !stripe.iter().any(|s| s.fits(0, 1)) {
+                if stripe.len() == width {
+                    return Err(EngineError::Failed("destage plan overflowed its stripe".into()));
                 }
-                if let Some(s) = stripe.iter_mut().find(|s| s.fits(0, 1)) {
-                    s.add_tombstone(r.volume, r.lba, r.nblocks as u32, r.seq);
-                }
+                stripe.push(Builder::new(geo));
+            }
+            if let Some(s) = stripe.iter_mut().find(|s| s.fits(0, 1)) {
+                s.add_tombstone(r.layer, r.lba, r.nblocks as u32, r.seq);
             }
         }
     }
@@ -620,45 +678,156 @@ fn add_live(sh: &Shared, builder: &mut Builder, run: &LiveRun, skip: u64, n: u64
     for (k, chunk) in bytes.chunks(BLOCK).enumerate() {
         if crc32c::crc32c(chunk) != crcs[k] {
             sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(volume = run.volume, block = run.lba + skip + k as u64, "checksum mismatch in the write log");
+            tracing::error!(layer = run.layer, block = run.lba + skip + k as u64, "checksum mismatch in the write log");
         }
     }
-    builder.add_data(run.volume, run.lba + skip, run.seq, bytes, &crcs, Loc::Fast(first));
+    builder.add_data(run.layer, run.lba + skip, run.seq, bytes, &crcs, Loc::Fast(first));
     let mut heat = sh.heat.lock();
     if !heat.is_empty() {
         for k in 0..n {
-            heat.remove(&(run.volume, run.lba + skip + k));
+            heat.remove(&(run.layer, run.lba + skip + k));
         }
     }
 }
 
-/// Live data of a segment: (entry index, block offset in entry, blocks).
-fn live_seg_runs(sh: &Shared, seg: u32, s: &SegmentSummary) -> Vec<(usize, u64, u64)> {
-    let idx = sh.index.read();
+/// A change of the capacity tree that commits a segment: `[lba, lba+len)` of `layer` to
+/// `loc` (None: nothing, for a zero run in a layer without a parent).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TreeSet {
+    pub layer: u32,
+    pub lba: u64,
+    pub len: u64,
+    pub loc: Option<Loc>,
+}
+
+/// Applies tree changes (loading the pages they need first) and keeps segment live counts in
+/// step: what they displace is released, and, with `count_new`, what they add is counted
+/// (destage and GC count a new segment's blocks when they seal it).
+pub(crate) fn apply_tree_sets(sh: &Shared, sets: &[TreeSet], count_new: bool) -> Result<(), EngineError> {
+    let ranges: Vec<(u128, u128)> = sets.iter().map(|s| (key_of(s.layer, s.lba), key_of(s.layer, s.lba + s.len))).collect();
+    meta::with_tree_read(sh, |t| ranges.iter().try_for_each(|&(a, b)| t.ensure_resident(a, b)))?;
+    let mut displaced: Vec<Entry> = Vec::new();
+    {
+        let mut tree = sh.tree.write();
+        for (s, &(a, b)) in sets.iter().zip(&ranges) {
+            match tree.set(a, b, s.loc) {
+                Ok(d) => displaced.extend(d),
+                Err(_) => {
+                    // Evicted meanwhile (should not happen: only this thread evicts); redo alone.
+                    drop(tree);
+                    displaced.extend(meta::with_tree(sh, |t| t.set(a, b, s.loc))?);
+                    tree = sh.tree.write();
+                }
+            }
+        }
+    }
+    let mut segs = sh.segs.lock();
+    if count_new {
+        for s in sets {
+            if let Some(Loc::Cap { seg, .. }) = s.loc {
+                segs.add_live(seg, s.len as u32);
+            }
+        }
+    }
+    for d in displaced {
+        if let Loc::Cap { seg, .. } = d.loc {
+            segs.release(seg, d.len as u32);
+        }
+    }
+    Ok(())
+}
+
+/// Points the index at a destaged segment's copies (where the log copies are still the
+/// current ones), then drops those log copies from the fast maps.
+fn commit_destage(sh: &Shared, seg: u32, b: &Builder) -> Result<(), EngineError> {
+    let mut sets = Vec::new();
+    let mut live = 0u64;
+    {
+        let idx = sh.index.read();
+        for m in &b.moves {
+            let Some(l) = idx.layers.get(&m.layer).filter(|_| idx.layer_live(m.layer)) else { continue };
+            for p in l.fast.lookup(m.lba, m.nblocks) {
+                let off = p.lba - m.lba;
+                if p.loc == Some(m.from.advance(off)) {
+                    let loc = Loc::Cap { seg, block: m.to_block + off as u32 };
+                    sets.push(TreeSet { layer: m.layer, lba: p.lba, len: p.len, loc: Some(loc) });
+                    live += p.len;
+                }
+            }
+        }
+        for z in &b.zeros {
+            let Some(l) = idx.layers.get(&z.layer).filter(|_| idx.layer_live(z.layer)) else { continue };
+            let zero = if l.rec.parent != 0 { Some(Loc::Zero(0)) } else { None };
+            for p in l.fast.lookup(z.lba, z.nblocks) {
+                if p.loc == Some(Loc::Zero(z.seq)) {
+                    sets.push(TreeSet { layer: z.layer, lba: p.lba, len: p.len, loc: zero });
+                }
+            }
+        }
+    }
+    sh.segs.lock().seal(seg, b.used, live as u32);
+    apply_tree_sets(sh, &sets, false)?;
+    let mut removed = 0;
+    {
+        let mut idx = sh.index.write();
+        for m in &b.moves {
+            if let Some(l) = idx.layers.get_mut(&m.layer) {
+                removed += l.fast.remove_if_at(m.lba, m.nblocks, m.from);
+            }
+        }
+        for z in &b.zeros {
+            if let Some(l) = idx.layers.get_mut(&z.layer) {
+                l.fast.remove_if_at(z.lba, z.nblocks, Loc::Zero(z.seq));
+            }
+        }
+    }
+    sh.counters.fast_live_blocks.fetch_sub(removed, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Points the index at relocated copies (GC) where it still points at the old ones.
+fn commit_relocation(sh: &Shared, seg: u32, b: &Builder) -> Result<(), EngineError> {
+    let mut sets = Vec::new();
+    let mut live = 0u64;
+    for m in &b.moves {
+        let (a, z) = (key_of(m.layer, m.lba), key_of(m.layer, m.lba + m.nblocks));
+        let found = meta::with_tree_read(sh, |t| {
+            let mut v = Vec::new();
+            t.lookup(a, z, &mut v).map(|()| v)
+        })?;
+        for e in found {
+            let off = (e.key - a) as u64;
+            if e.loc == m.from.advance(off) {
+                let loc = Loc::Cap { seg, block: m.to_block + off as u32 };
+                sets.push(TreeSet { layer: m.layer, lba: m.lba + off, len: e.len, loc: Some(loc) });
+                live += e.len;
+            }
+        }
+    }
+    sh.segs.lock().seal(seg, b.used, live as u32);
+    apply_tree_sets(sh, &sets, false)
+}
+
+/// Live data of a segment per the index: (entry index, block offset in entry, blocks).
+fn live_seg_runs(sh: &Shared, seg: u32, s: &SegmentSummary) -> Result<Vec<(usize, u64, u64)>, EngineError> {
     let mut out = Vec::new();
     for (i, e) in s.entries.iter().enumerate() {
         if e.kind != RecordKind::Write {
             continue;
         }
-        let Some(v) = idx.vols.get(&e.volume) else { continue };
-        for p in v.map.lookup(e.lba, u64::from(e.nblocks)) {
-            let off = p.lba - e.lba;
-            if p.loc == Some(Loc::Cap { seg, block: e.data_block + off as u32 }) {
-                out.push((i, off, p.len));
+        let (a, z) = (key_of(e.layer, e.lba), key_of(e.layer, e.lba + u64::from(e.nblocks)));
+        let found = meta::with_tree_read(sh, |t| {
+            let mut v = Vec::new();
+            t.lookup(a, z, &mut v).map(|()| v)
+        })?;
+        for h in found {
+            let off = (h.key - a) as u64;
+            if h.loc == (Loc::Cap { seg, block: e.data_block + off as u32 }) {
+                out.push((i, off, h.len));
             }
         }
     }
-    out
-}
-
-fn live_tombstones(sh: &Shared, s: &SegmentSummary) -> Vec<(u32, u64, u32, u64)> {
-    let mut out = Vec::new();
-    for e in s.entries.iter().filter(|e| e.kind == RecordKind::Zero) {
-        if tombstone_live(sh, e.volume, e.lba, u64::from(e.nblocks)) {
-            out.push((e.volume, e.lba, e.nblocks, e.seq));
-        }
-    }
-    out
+    Ok(out)
 }
 
 fn add_seg_runs(sh: &Shared, builder: &mut Builder, seg: u32, s: &SegmentSummary, runs: &[(usize, u64, u64)]) -> Result<(), EngineError> {
@@ -681,8 +850,7 @@ fn add_seg_runs(sh: &Shared, builder: &mut Builder, seg: u32, s: &SegmentSummary
                 tracing::error!(segment = seg, block = block + k as u32, "checksum mismatch while cleaning; the damage is carried, not hidden");
             }
         }
-        builder.add_data(e.volume, e.lba + off, e.seq, data, crcs, Loc::Cap { seg, block });
+        builder.add_data(e.layer, e.lba + off, e.seq, data, crcs, Loc::Cap { seg, block });
     }
     Ok(())
 }
-

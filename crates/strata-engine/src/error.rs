@@ -17,6 +17,10 @@ pub enum EngineError {
     Corrupt(String),
     #[error("device error: {0}")]
     Device(#[from] DeviceError),
+    #[error("{0} is read-only")]
+    ReadOnly(String),
+    #[error("{0}")]
+    InUse(String),
     #[error("the disk group is shutting down")]
     ShuttingDown,
     #[error("the disk group is offline after a fast-device failure: {0}")]

@@ -8,7 +8,7 @@ use crate::error::EngineError;
 
 pub const BLOCK: usize = strata_device::BLOCK_SIZE;
 pub const BLOCK_U64: u64 = BLOCK as u64;
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 pub const SUPERBLOCK_MAGIC: &[u8; 8] = b"STRATASB";
 pub const CHECKPOINT_MAGIC: &[u8; 8] = b"STRATACP";
@@ -202,7 +202,12 @@ impl Superblock {
         let version = r.u32()?;
         if version > FORMAT_VERSION {
             return Err(EngineError::Format(format!(
-                "formatted by a newer Strata (format version {version}; this build reads up to {FORMAT_VERSION})"
+                "formatted by a newer Strata (format version {version}; this build reads format {FORMAT_VERSION})"
+            )));
+        }
+        if version < FORMAT_VERSION {
+            return Err(EngineError::Format(format!(
+                "formatted by an older Strata (format version {version}; this build reads format {FORMAT_VERSION}): copy the volumes off with the older build, then reformat"
             )));
         }
         if b.len() < BLOCK || !check_crc(&b[..BLOCK], BLOCK - 4) {
@@ -238,20 +243,59 @@ impl Superblock {
 
 /// Most devices whose wear a checkpoint carries (a bound on what a corrupt count can ask).
 pub const MAX_WEAR_DEVICES: u32 = 1024;
+/// Bounds on what a checkpoint may list (a corrupt count cannot make the decoder allocate more).
+pub const MAX_LAYERS: u32 = 65_536;
+pub const MAX_RECORDS: u32 = 65_536;
+pub const MAX_RECENT_SEGMENTS: u32 = 4096;
+pub const MAX_SEGTAB_PAGES: u32 = 60_000;
+pub const MAX_POLICY_BYTES: usize = 1024;
+
+/// A page written twice (copy A and copy B), as (segment << 32) | block for each copy.
+pub use crate::ctree::PagePtr;
+
+/// One layer: a set of blocks over an optional parent (a volume's head, a snapshot, a
+/// clone's base). Log records and segment summaries name layers, not volumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerRecord {
+    pub id: u32,
+    /// 0: none.
+    pub parent: u32,
+    pub flags: u32,
+}
+
+/// The layer is being removed: its blocks are being released (no volume or snapshot uses it).
+pub const LAYER_DELETED: u32 = 1;
+/// The layer's blocks are moving into its only child (a deleted snapshot under a live one).
+pub const LAYER_MERGING: u32 = 2;
 
 /// One volume as the checkpoint records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeRecord {
     pub id: u32,
+    /// The layer writes go to.
+    pub head: u32,
+    pub size_bytes: u64,
+    pub created_unix_s: u64,
+    pub name: String,
+    /// The volume's tiering policy, encoded by the engine (empty: defaults).
+    pub policy: Vec<u8>,
+}
+
+/// A read-only, point-in-time image of a volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotRecord {
+    pub id: u32,
+    pub volume: u32,
+    pub layer: u32,
     pub size_bytes: u64,
     pub created_unix_s: u64,
     pub name: String,
 }
 
 /// A device's lifetime write total as of a checkpoint, for endurance accounting. Bytes are
-/// counted as the device saw them (log, checkpoints, segments, summaries, GC), so Strata's
-/// own write amplification is included. Writes after the last checkpoint are not: a crash
-/// loses at most the writes since then from the count, never data.
+/// counted as the device saw them (log, checkpoints, segments, summaries, index pages, GC), so
+/// Strata's own write amplification is included. Writes after the last checkpoint are not: a
+/// crash loses at most the writes since then from the count, never data.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DeviceWear {
     pub bytes_written_total: u64,
@@ -259,34 +303,118 @@ pub struct DeviceWear {
     pub first_use_unix_s: u64,
 }
 
-/// The fast device's mutable metadata, stored twice (both copies on every update).
+/// Where an index page stream appends next: (segment, next block). u32::MAX: no segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamPos {
+    pub seg: u32,
+    pub next_block: u32,
+}
+
+impl StreamPos {
+    pub const NONE: StreamPos = StreamPos { seg: u32::MAX, next_block: 0 };
+}
+
+/// The fast device's mutable metadata, stored twice (both copies on every update). It is the
+/// commit point of everything: the log tail, the durable index, and the volume table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checkpoint {
     pub group: Uuid,
     pub generation: u64,
     /// Recovery starts replaying the log here (a byte offset inside the log area) ...
     pub log_tail_offset: u64,
-    /// ... expecting a batch whose first record has this sequence number.
+    /// ... expecting a batch whose first record has this sequence number ...
     pub log_tail_seq: u64,
-    pub next_volume_id: u32,
+    /// ... and batches whose epoch never decreases (bumped at every open).
+    pub epoch: u32,
+    pub next_id: u32,
+    /// How many index flushes made this index (1 at format).
+    pub index_generation: u64,
+    pub next_segment_seq: u64,
+    /// The index tree's root page; None: empty.
+    pub index_root: Option<PagePtr>,
+    /// The segment table's pages, in order; None: all free.
+    pub segtab: Vec<Option<PagePtr>>,
+    /// Index page streams A and B.
+    pub streams: [StreamPos; 2],
+    /// Data segments sealed since the index was last written: recovery applies their
+    /// summaries over the index.
+    pub recent: Vec<u32>,
+    pub layers: Vec<LayerRecord>,
     pub volumes: Vec<VolumeRecord>,
-    /// One per device, fast first, then the capacity devices in index order. Checkpoints
-    /// written before wear accounting have none (decoded as empty).
+    pub snapshots: Vec<SnapshotRecord>,
+    /// One per device, fast first, then the capacity devices in index order.
     pub wear: Vec<DeviceWear>,
 }
 
+fn put_name(p: &mut Writer, name: &str) {
+    let b = name.as_bytes();
+    p.u16(b.len() as u16).bytes(b);
+}
+
+fn get_name(p: &mut Reader<'_>) -> Result<String, EngineError> {
+    let len = p.u16()? as usize;
+    Ok(String::from_utf8_lossy(p.bytes(len)?).into_owned())
+}
+
+fn put_ptr(p: &mut Writer, ptr: Option<PagePtr>) {
+    let ptr = ptr.unwrap_or(PagePtr { a: u64::MAX, b: u64::MAX });
+    p.u64(ptr.a).u64(ptr.b);
+}
+
+fn get_ptr(p: &mut Reader<'_>) -> Result<Option<PagePtr>, EngineError> {
+    let (a, b) = (p.u64()?, p.u64()?);
+    Ok((a != u64::MAX).then_some(PagePtr { a, b }))
+}
+
+/// A count read from a checkpoint, refused above `max`.
+fn get_count(p: &mut Reader<'_>, max: u32, what: &str) -> Result<u32, EngineError> {
+    let n = p.u32()?;
+    if n > max {
+        return Err(EngineError::Format(format!("{what} count {n} is beyond the limit {max}")));
+    }
+    Ok(n)
+}
+
 impl Checkpoint {
-    pub fn encode(&self, area_bytes: usize) -> Result<Vec<u8>, EngineError> {
+    fn encode_payload(&self) -> Writer {
         let mut p = Writer::default();
-        p.u32(self.next_volume_id).u32(self.volumes.len() as u32);
+        p.u32(self.next_id).u32(self.epoch).u64(self.index_generation).u64(self.next_segment_seq);
+        put_ptr(&mut p, self.index_root);
+        for s in &self.streams {
+            p.u32(s.seg).u32(s.next_block);
+        }
+        p.u32(self.segtab.len() as u32);
+        for ptr in &self.segtab {
+            put_ptr(&mut p, *ptr);
+        }
+        p.u32(self.recent.len() as u32);
+        for s in &self.recent {
+            p.u32(*s);
+        }
+        p.u32(self.layers.len() as u32);
+        for l in &self.layers {
+            p.u32(l.id).u32(l.parent).u32(l.flags);
+        }
+        p.u32(self.volumes.len() as u32);
         for v in &self.volumes {
-            let name = v.name.as_bytes();
-            p.u32(v.id).u64(v.size_bytes).u64(v.created_unix_s).u16(name.len() as u16).bytes(name);
+            p.u32(v.id).u32(v.head).u64(v.size_bytes).u64(v.created_unix_s);
+            put_name(&mut p, &v.name);
+            p.u16(v.policy.len() as u16).bytes(&v.policy);
+        }
+        p.u32(self.snapshots.len() as u32);
+        for s in &self.snapshots {
+            p.u32(s.id).u32(s.volume).u32(s.layer).u64(s.size_bytes).u64(s.created_unix_s);
+            put_name(&mut p, &s.name);
         }
         p.u32(self.wear.len() as u32);
         for w in &self.wear {
             p.u64(w.bytes_written_total).u64(w.first_use_unix_s);
         }
+        p
+    }
+
+    pub fn encode(&self, area_bytes: usize) -> Result<Vec<u8>, EngineError> {
+        let p = self.encode_payload();
         let mut w = Writer::default();
         w.bytes(CHECKPOINT_MAGIC).u32(FORMAT_VERSION).bytes(&self.group).u64(self.generation);
         w.u64(self.log_tail_offset).u64(self.log_tail_seq);
@@ -295,7 +423,7 @@ impl Checkpoint {
         w.bytes(&p.buf);
         let total = w.buf.len().div_ceil(BLOCK) * BLOCK;
         if total > area_bytes {
-            return Err(EngineError::InvalidArgument("volume table does not fit the metadata area".into()));
+            return Err(EngineError::InvalidArgument("the volume table does not fit the metadata area".into()));
         }
         let mut b = w.pad_to(total).buf.clone();
         // The header crc covers the header only; the payload has its own crc.
@@ -313,8 +441,8 @@ impl Checkpoint {
             return Err("bad magic".into());
         }
         let version = r.u32().map_err(e)?;
-        if version > FORMAT_VERSION {
-            return Err(format!("newer format version {version}"));
+        if version != FORMAT_VERSION {
+            return Err(format!("format version {version}, this build reads {FORMAT_VERSION}"));
         }
         let g = r.uuid().map_err(e)?;
         let generation = r.u64().map_err(e)?;
@@ -334,28 +462,71 @@ impl Checkpoint {
         if crc32c::crc32c(payload) != payload_crc {
             return Err("payload checksum mismatch".into());
         }
+        let mut cp = Checkpoint::decode_payload(payload).map_err(e)?;
+        cp.group = g;
+        cp.generation = generation;
+        cp.log_tail_offset = log_tail_offset;
+        cp.log_tail_seq = log_tail_seq;
+        Ok(cp)
+    }
+
+    fn decode_payload(payload: &[u8]) -> Result<Checkpoint, EngineError> {
         let mut p = Reader::new(payload);
-        let next_volume_id = p.u32().map_err(e)?;
-        let n = p.u32().map_err(e)?;
-        let mut volumes = Vec::new();
+        let (next_id, epoch) = (p.u32()?, p.u32()?);
+        let (index_generation, next_segment_seq) = (p.u64()?, p.u64()?);
+        let index_root = get_ptr(&mut p)?;
+        let mut streams = [StreamPos::NONE; 2];
+        for s in &mut streams {
+            *s = StreamPos { seg: p.u32()?, next_block: p.u32()? };
+        }
+        let n = get_count(&mut p, MAX_SEGTAB_PAGES, "segment table page")?;
+        let segtab = (0..n).map(|_| get_ptr(&mut p)).collect::<Result<Vec<_>, _>>()?;
+        let n = get_count(&mut p, MAX_RECENT_SEGMENTS, "recent segment")?;
+        let recent = (0..n).map(|_| p.u32()).collect::<Result<Vec<_>, _>>()?;
+        let n = get_count(&mut p, MAX_LAYERS, "layer")?;
+        let layers = (0..n)
+            .map(|_| Ok(LayerRecord { id: p.u32()?, parent: p.u32()?, flags: p.u32()? }))
+            .collect::<Result<Vec<_>, EngineError>>()?;
+        let n = get_count(&mut p, MAX_RECORDS, "volume")?;
+        let mut volumes = Vec::with_capacity(n as usize);
         for _ in 0..n {
-            let id = p.u32().map_err(e)?;
-            let size_bytes = p.u64().map_err(e)?;
-            let created_unix_s = p.u64().map_err(e)?;
-            let len = p.u16().map_err(e)? as usize;
-            let name = String::from_utf8_lossy(p.bytes(len).map_err(e)?).into_owned();
-            volumes.push(VolumeRecord { id, size_bytes, created_unix_s, name });
-        }
-        let mut wear = Vec::new();
-        if p.pos() < payload.len() {
-            let n = p.u32().map_err(e)?;
-            for _ in 0..n.min(MAX_WEAR_DEVICES) {
-                let bytes_written_total = p.u64().map_err(e)?;
-                let first_use_unix_s = p.u64().map_err(e)?;
-                wear.push(DeviceWear { bytes_written_total, first_use_unix_s });
+            let (id, head, size_bytes, created_unix_s) = (p.u32()?, p.u32()?, p.u64()?, p.u64()?);
+            let name = get_name(&mut p)?;
+            let plen = p.u16()? as usize;
+            if plen > MAX_POLICY_BYTES {
+                return Err(EngineError::Format(format!("volume policy of {plen} bytes is beyond the limit")));
             }
+            let policy = p.bytes(plen)?.to_vec();
+            volumes.push(VolumeRecord { id, head, size_bytes, created_unix_s, name, policy });
         }
-        Ok(Checkpoint { group: g, generation, log_tail_offset, log_tail_seq, next_volume_id, volumes, wear })
+        let n = get_count(&mut p, MAX_RECORDS, "snapshot")?;
+        let mut snapshots = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            let (id, volume, layer, size_bytes, created_unix_s) = (p.u32()?, p.u32()?, p.u32()?, p.u64()?, p.u64()?);
+            snapshots.push(SnapshotRecord { id, volume, layer, size_bytes, created_unix_s, name: get_name(&mut p)? });
+        }
+        let n = get_count(&mut p, MAX_WEAR_DEVICES, "device")?;
+        let wear = (0..n)
+            .map(|_| Ok(DeviceWear { bytes_written_total: p.u64()?, first_use_unix_s: p.u64()? }))
+            .collect::<Result<Vec<_>, EngineError>>()?;
+        Ok(Checkpoint {
+            group: [0; 16],
+            generation: 0,
+            log_tail_offset: 0,
+            log_tail_seq: 0,
+            epoch,
+            next_id,
+            index_generation,
+            next_segment_seq,
+            index_root,
+            segtab,
+            streams,
+            recent,
+            layers,
+            volumes,
+            snapshots,
+            wear,
+        })
     }
 }
 
@@ -372,7 +543,8 @@ pub enum RecordKind {
 pub struct RecordHeader {
     pub kind: RecordKind,
     pub seq: u64,
-    pub volume: u32,
+    /// The layer the record belongs to (a volume's head layer when it was written).
+    pub layer: u32,
     pub offset_bytes: u64,
     pub len_bytes: u64,
     pub data_crc: u32,
@@ -387,7 +559,7 @@ impl RecordHeader {
     pub fn encode(&self, out: &mut [u8]) {
         let mut w = Writer::default();
         w.u32(RECORD_MAGIC).u16(FORMAT_VERSION as u16).u16(self.kind as u16).u64(self.seq);
-        w.u32(self.volume).u32(0).u64(self.offset_bytes).u64(self.len_bytes).u32(self.data_crc);
+        w.u32(self.layer).u32(0).u64(self.offset_bytes).u64(self.len_bytes).u32(self.data_crc);
         let mut b = w.pad_to(RECORD_HEADER_BYTES).buf.clone();
         seal_crc(&mut b, RECORD_HEADER_BYTES - 4);
         out[..RECORD_HEADER_BYTES].copy_from_slice(&b);
@@ -398,7 +570,7 @@ impl RecordHeader {
             return None;
         }
         let mut r = Reader::new(b);
-        if r.u32().ok()? != RECORD_MAGIC || u32::from(r.u16().ok()?) > FORMAT_VERSION {
+        if r.u32().ok()? != RECORD_MAGIC || u32::from(r.u16().ok()?) != FORMAT_VERSION {
             return None;
         }
         let kind = match r.u16().ok()? {
@@ -407,7 +579,7 @@ impl RecordHeader {
             _ => return None,
         };
         let seq = r.u64().ok()?;
-        let volume = r.u32().ok()?;
+        let layer = r.u32().ok()?;
         let _ = r.u32().ok()?;
         let offset_bytes = r.u64().ok()?;
         let len_bytes = r.u64().ok()?;
@@ -415,7 +587,7 @@ impl RecordHeader {
         if offset_bytes % BLOCK_U64 != 0 || len_bytes % BLOCK_U64 != 0 || len_bytes == 0 {
             return None;
         }
-        Some(RecordHeader { kind, seq, volume, offset_bytes, len_bytes, data_crc })
+        Some(RecordHeader { kind, seq, layer, offset_bytes, len_bytes, data_crc })
     }
 
     pub fn data_blocks(&self) -> u64 {
@@ -430,6 +602,8 @@ impl RecordHeader {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchHeader {
     pub group: Uuid,
+    /// The epoch of the opening that wrote it (see `Checkpoint::epoch`).
+    pub epoch: u32,
     pub first_seq: u64,
     /// Blocks the batch occupies, header block included.
     pub total_blocks: u32,
@@ -441,7 +615,7 @@ impl BatchHeader {
         let mut b = vec![0u8; BLOCK];
         let mut w = Writer::default();
         w.bytes(BATCH_MAGIC).u32(FORMAT_VERSION).bytes(&self.group).u64(self.first_seq);
-        w.u32(self.total_blocks).u32(self.records.len() as u32).u32(0);
+        w.u32(self.total_blocks).u32(self.records.len() as u32).u32(self.epoch);
         b[..w.buf.len()].copy_from_slice(&w.buf);
         for (i, rec) in self.records.iter().enumerate() {
             let at = BATCH_HEADER_BYTES + i * RECORD_HEADER_BYTES;
@@ -457,12 +631,13 @@ impl BatchHeader {
             return None;
         }
         let mut r = Reader::new(b);
-        if r.bytes(8).ok()? != BATCH_MAGIC || r.u32().ok()? > FORMAT_VERSION || &r.uuid().ok()? != group {
+        if r.bytes(8).ok()? != BATCH_MAGIC || r.u32().ok()? != FORMAT_VERSION || &r.uuid().ok()? != group {
             return None;
         }
         let first_seq = r.u64().ok()?;
         let total_blocks = r.u32().ok()?;
         let n = r.u32().ok()? as usize;
+        let epoch = r.u32().ok()?;
         if n == 0 || n > MAX_RECORDS_PER_BATCH {
             return None;
         }
@@ -479,7 +654,7 @@ impl BatchHeader {
         if data + 1 != u64::from(total_blocks) {
             return None;
         }
-        Some(BatchHeader { group: *group, first_seq, total_blocks, records })
+        Some(BatchHeader { group: *group, epoch, first_seq, total_blocks, records })
     }
 }
 
@@ -488,7 +663,7 @@ impl BatchHeader {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SummaryEntry {
     pub kind: RecordKind,
-    pub volume: u32,
+    pub layer: u32,
     pub lba: u64,
     pub nblocks: u32,
     pub seq: u64,
@@ -545,7 +720,7 @@ impl SegmentSummary {
         w.u32(self.segment_index).u32(self.data_blocks_used).u32(self.entries.len() as u32).u32(0);
         w.pad_to(SUMMARY_HEADER_BYTES);
         for e in &self.entries {
-            w.u8(e.kind as u8).u8(0).u16(0).u32(e.volume).u64(e.lba).u32(e.nblocks).u64(e.seq);
+            w.u8(e.kind as u8).u8(0).u16(0).u32(e.layer).u64(e.lba).u32(e.nblocks).u64(e.seq);
             w.u32(e.data_block);
         }
         for c in &self.block_crcs {
@@ -562,7 +737,7 @@ impl SegmentSummary {
             return None;
         }
         let mut r = Reader::new(b);
-        if r.bytes(8).ok()? != SUMMARY_MAGIC || r.u32().ok()? > FORMAT_VERSION || &r.uuid().ok()? != group {
+        if r.bytes(8).ok()? != SUMMARY_MAGIC || r.u32().ok()? != FORMAT_VERSION || &r.uuid().ok()? != group {
             return None;
         }
         let segment_seq = r.u64().ok()?;
@@ -583,7 +758,7 @@ impl SegmentSummary {
             r.bytes(3).ok()?;
             let e = SummaryEntry {
                 kind,
-                volume: r.u32().ok()?,
+                layer: r.u32().ok()?,
                 lba: r.u64().ok()?,
                 nblocks: r.u32().ok()?,
                 seq: r.u64().ok()?,
@@ -643,8 +818,17 @@ mod tests {
             generation: 9,
             log_tail_offset: 4096 * 10,
             log_tail_seq: 77,
-            next_volume_id: 3,
-            volumes: vec![VolumeRecord { id: 2, size_bytes: 1 << 33, created_unix_s: 5, name: "vol0".into() }],
+            epoch: 4,
+            next_id: 9,
+            index_generation: 12,
+            next_segment_seq: 99,
+            index_root: Some(PagePtr { a: 1 << 32, b: 7 }),
+            segtab: vec![Some(PagePtr { a: 3, b: 4 }), None],
+            streams: [StreamPos { seg: 5, next_block: 6 }, StreamPos::NONE],
+            recent: vec![8, 2],
+            layers: vec![LayerRecord { id: 2, parent: 0, flags: 0 }, LayerRecord { id: 5, parent: 2, flags: LAYER_DELETED }],
+            volumes: vec![VolumeRecord { id: 1, head: 5, size_bytes: 1 << 33, created_unix_s: 5, name: "vol0".into(), policy: vec![1, 2] }],
+            snapshots: vec![SnapshotRecord { id: 3, volume: 1, layer: 2, size_bytes: 1 << 33, created_unix_s: 6, name: "s1".into() }],
             wear: vec![
                 DeviceWear { bytes_written_total: 1 << 40, first_use_unix_s: 1_700_000_000 },
                 DeviceWear { bytes_written_total: 12345, first_use_unix_s: 1_700_000_001 },
@@ -661,10 +845,10 @@ mod tests {
     #[test]
     fn batch_header_round_trip_and_torn_detection() {
         let recs = vec![
-            RecordHeader { kind: RecordKind::Write, seq: 10, volume: 1, offset_bytes: 8192, len_bytes: 8192, data_crc: 5 },
-            RecordHeader { kind: RecordKind::Zero, seq: 11, volume: 1, offset_bytes: 0, len_bytes: 4096, data_crc: 0 },
+            RecordHeader { kind: RecordKind::Write, seq: 10, layer: 1, offset_bytes: 8192, len_bytes: 8192, data_crc: 5 },
+            RecordHeader { kind: RecordKind::Zero, seq: 11, layer: 1, offset_bytes: 0, len_bytes: 4096, data_crc: 0 },
         ];
-        let h = BatchHeader { group: [3; 16], first_seq: 10, total_blocks: 3, records: recs };
+        let h = BatchHeader { group: [3; 16], epoch: 2, first_seq: 10, total_blocks: 3, records: recs };
         let b = h.encode();
         assert_eq!(BatchHeader::decode(&b, &[3; 16]).unwrap(), h);
         assert!(BatchHeader::decode(&b, &[4; 16]).is_none());
@@ -676,9 +860,9 @@ mod tests {
     #[test]
     fn a_full_batch_header_round_trips() {
         let recs: Vec<_> = (0..MAX_RECORDS_PER_BATCH as u64)
-            .map(|i| RecordHeader { kind: RecordKind::Write, seq: 5 + i, volume: 1, offset_bytes: i * 4096, len_bytes: 4096, data_crc: i as u32 })
+            .map(|i| RecordHeader { kind: RecordKind::Write, seq: 5 + i, layer: 1, offset_bytes: i * 4096, len_bytes: 4096, data_crc: i as u32 })
             .collect();
-        let h = BatchHeader { group: [3; 16], first_seq: 5, total_blocks: 1 + recs.len() as u32, records: recs };
+        let h = BatchHeader { group: [3; 16], epoch: 1, first_seq: 5, total_blocks: 1 + recs.len() as u32, records: recs };
         assert_eq!(BatchHeader::decode(&h.encode(), &[3; 16]).unwrap(), h);
     }
 
@@ -691,7 +875,7 @@ mod tests {
             segment_seq: 4,
             segment_index: 12,
             data_blocks_used: 2,
-            entries: vec![SummaryEntry { kind: RecordKind::Write, volume: 1, lba: 5, nblocks: 2, seq: 99, data_block: 0 }],
+            entries: vec![SummaryEntry { kind: RecordKind::Write, layer: 1, lba: 5, nblocks: 2, seq: 99, data_block: 0 }],
             block_crcs: vec![1, 2],
         };
         let b = s.encode(&geo);

@@ -153,7 +153,24 @@ pub fn format(
     let layout = layout_from(&sbs)?;
     let now = crate::format::unix_now_s();
     let wear = vec![DeviceWear { bytes_written_total: 0, first_use_unix_s: now }; 1 + caps.len()];
-    let cp = Checkpoint { group, generation: 1, log_tail_offset: 0, log_tail_seq: 1, next_volume_id: 1, volumes: Vec::new(), wear };
+    let cp = Checkpoint {
+        group,
+        generation: 1,
+        log_tail_offset: 0,
+        log_tail_seq: 1,
+        epoch: 1,
+        next_id: 1,
+        index_generation: 0,
+        next_segment_seq: 1,
+        index_root: None,
+        segtab: Vec::new(),
+        streams: [StreamPos::NONE; 2],
+        recent: Vec::new(),
+        layers: Vec::new(),
+        volumes: Vec::new(),
+        snapshots: Vec::new(),
+        wear,
+    };
     write_checkpoint(fast, &layout, &cp)?;
     write_superblock(fast, &sbs[0])?;
     Ok((layout, cp))

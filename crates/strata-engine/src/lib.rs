@@ -1,25 +1,34 @@
 //! Strata's tier engine: one disk group = one fast device holding a durable write log, plus
-//! capacity devices holding log-structured segments.
+//! capacity devices holding log-structured segments and the paged index that finds them.
 //!
 //! Guarantees (see docs/FORMAT.md for how they are kept):
 //! - `write`, `write_zeroes` and `discard` return only once the change is durable on the fast
 //!   device and visible to every reader;
 //! - reads return the newest completed copy from either tier, zeros where nothing was written,
 //!   and an error, never wrong data, when a checksum does not match;
+//! - a snapshot holds exactly the writes completed before it was taken;
 //! - after a crash or power loss, `open` restores every completed write.
 
 mod capacity;
+mod ctree;
 mod destage;
 mod error;
 pub mod format;
 mod layout;
 mod log;
+mod maint;
 mod map;
+mod meta;
 mod open;
 mod rangelock;
+mod resolve;
 mod shared;
+mod space;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_snap;
+mod volumes;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -35,16 +44,20 @@ pub use error::EngineError;
 pub use format::DeviceWear;
 pub use map::{ExtentMap, Loc};
 pub use open::OpenReport;
+pub use space::SpaceReport;
+pub use volumes::{SnapshotInfo, ViewInfo};
 
-use format::{RecordKind, VolumeRecord, BLOCK, BLOCK_U64};
+use format::{RecordKind, BLOCK, BLOCK_U64};
 use log::WriteReq;
 use shared::{Shared, STATE_RUNNING, STATE_STOPPING};
 
+/// A volume or snapshot id (ids are never reused).
 pub type VolumeId = u32;
 
 /// Largest volume Strata creates (256 TiB).
 pub const MAX_VOLUME_BYTES: u64 = 256 << 40;
 pub const MAX_VOLUMES: usize = 4096;
+pub const MAX_SNAPSHOTS: usize = 16384;
 pub const MAX_VOLUME_NAME: usize = 64;
 /// Largest data record the log takes; bigger writes are split.
 const MAX_RECORD_BLOCKS: u64 = 256;
@@ -59,11 +72,20 @@ pub struct EngineConfig {
     pub fill_ratio_high: f64,
     /// Largest group-commit batch, header block included.
     pub max_batch_bytes: usize,
+    /// Clean index leaves kept in memory (bytes of 4 KiB pages; the bound on the capacity
+    /// index's RAM besides its inner nodes).
+    pub index_cache_bytes: u64,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { segment_size_bytes: 8 << 20, fill_ratio_low: 0.30, fill_ratio_high: 0.70, max_batch_bytes: 2 << 20 }
+        EngineConfig {
+            segment_size_bytes: 8 << 20,
+            fill_ratio_low: 0.30,
+            fill_ratio_high: 0.70,
+            max_batch_bytes: 2 << 20,
+            index_cache_bytes: 64 << 20,
+        }
     }
 }
 
@@ -72,14 +94,6 @@ pub struct VolumeInfo {
     pub id: VolumeId,
     pub name: String,
     pub size_bytes: u64,
-}
-
-/// Bytes a volume holds on each tier. Computed by walking the volume's map, so its cost grows
-/// with the number of extents: for the admin API, not for the I/O path.
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
-pub struct VolumeSpace {
-    pub fast_bytes: u64,
-    pub capacity_bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
@@ -128,7 +142,16 @@ pub struct EngineStats {
     pub read_fast_bytes_total: u64,
     pub read_capacity_bytes_total: u64,
     pub read_unwritten_bytes_total: u64,
+    /// Entries of the fast-tier maps.
     pub index_runs: u64,
+    /// The capacity index: pages on the devices, leaves and inner nodes in memory, flushes.
+    pub index_pages_bytes: u64,
+    pub index_resident_leaves: u64,
+    pub index_resident_inner: u64,
+    pub index_dirty_nodes: u64,
+    pub index_flushes_total: u64,
+    pub index_page_reads_total: u64,
+    pub index_pages_written_total: u64,
     pub state: String,
 }
 
@@ -141,7 +164,7 @@ pub struct DiskGroup {
 
 impl DiskGroup {
     /// Opens the disk group on these devices, recovering it; formats blank devices when
-    /// `create_if_blank`. Refuses devices of another group or a newer format.
+    /// `create_if_blank`. Refuses devices of another group or another format.
     pub fn open(
         fast: Arc<dyn Device>,
         capacity: Vec<Arc<dyn Device>>,
@@ -163,7 +186,7 @@ impl DiskGroup {
             formatted = report.formatted,
             replayed_batches = report.replayed_batches,
             replayed_records = report.replayed_records,
-            segments_in_use = report.segments_in_use,
+            recent_segments = report.recent_segments,
             "disk group open"
         );
         Ok(Arc::new(DiskGroup { sh, tx: Mutex::new(Some(tx)), threads: Mutex::new(threads), report }))
@@ -173,150 +196,56 @@ impl DiskGroup {
         &self.report
     }
 
-    pub fn create_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo, EngineError> {
-        validate_name(name)?;
-        validate_size(size_bytes)?;
-        let mut generation = self.sh.meta.lock();
-        let (mut volumes, id) = {
-            let idx = self.sh.index.read();
-            if idx.by_name(name).is_some() {
-                return Err(EngineError::AlreadyExists(name.into()));
-            }
-            if idx.vols.len() >= MAX_VOLUMES {
-                return Err(EngineError::InvalidArgument(format!("at most {MAX_VOLUMES} volumes")));
-            }
-            if idx.next_volume_id == u32::MAX {
-                return Err(EngineError::InvalidArgument("volume ids are exhausted".into()));
-            }
-            (idx.vols.values().map(|v| v.rec.clone()).collect::<Vec<_>>(), idx.next_volume_id)
-        };
-        let created_unix_s = format::unix_now_s();
-        let rec = VolumeRecord { id, size_bytes, created_unix_s, name: name.into() };
-        volumes.push(rec.clone());
-        let tail = self.sh.log.lock().tail();
-        self.sh.write_checkpoint_with(&mut generation, tail, volumes, id + 1)?;
-        let mut idx = self.sh.index.write();
-        idx.next_volume_id = id + 1;
-        idx.vols.insert(id, shared::VolState { rec, map: ExtentMap::default() });
-        Ok(VolumeInfo { id, name: name.into(), size_bytes })
-    }
-
-    /// Deletes a volume; its space on both tiers becomes free.
-    pub fn delete_volume(&self, name: &str) -> Result<(), EngineError> {
-        let mut generation = self.sh.meta.lock();
-        let (volumes, id, next) = {
-            let idx = self.sh.index.read();
-            let id = idx.by_name(name).map(|v| v.rec.id).ok_or_else(|| EngineError::NotFound(name.into()))?;
-            let rest = idx.vols.values().filter(|v| v.rec.id != id).map(|v| v.rec.clone()).collect::<Vec<_>>();
-            (rest, id, idx.next_volume_id)
-        };
-        let tail = self.sh.log.lock().tail();
-        self.sh.write_checkpoint_with(&mut generation, tail, volumes, next)?;
-        let removed = self.sh.index.write().vols.remove(&id);
-        if let Some(v) = removed {
-            let displaced: Vec<_> = v.map.iter().collect();
-            self.sh.release(&displaced);
-        }
-        Ok(())
-    }
-
-    /// Grows a volume; shrinking is refused.
-    pub fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo, EngineError> {
-        validate_size(size_bytes)?;
-        let mut generation = self.sh.meta.lock();
-        let (volumes, id, next) = {
-            let idx = self.sh.index.read();
-            let v = idx.by_name(name).ok_or_else(|| EngineError::NotFound(name.into()))?;
-            if size_bytes < v.rec.size_bytes {
-                return Err(EngineError::InvalidArgument(format!(
-                    "volume {name:?} is {} bytes; shrinking to {size_bytes} is not supported",
-                    v.rec.size_bytes
-                )));
-            }
-            let id = v.rec.id;
-            let mut all = idx.vols.values().map(|v| v.rec.clone()).collect::<Vec<_>>();
-            for r in all.iter_mut().filter(|r| r.id == id) {
-                r.size_bytes = size_bytes;
-            }
-            (all, id, idx.next_volume_id)
-        };
-        let tail = self.sh.log.lock().tail();
-        self.sh.write_checkpoint_with(&mut generation, tail, volumes, next)?;
-        let mut idx = self.sh.index.write();
-        let v = idx.vols.get_mut(&id).ok_or_else(|| EngineError::NotFound(name.into()))?;
-        v.rec.size_bytes = size_bytes;
-        Ok(VolumeInfo { id, name: name.into(), size_bytes })
-    }
-
-    pub fn volumes(&self) -> Vec<VolumeInfo> {
-        let idx = self.sh.index.read();
-        idx.vols.values().map(|v| VolumeInfo { id: v.rec.id, name: v.rec.name.clone(), size_bytes: v.rec.size_bytes }).collect()
-    }
-
-    pub fn volume(&self, name: &str) -> Option<VolumeInfo> {
-        let idx = self.sh.index.read();
-        idx.by_name(name).map(|v| VolumeInfo { id: v.rec.id, name: v.rec.name.clone(), size_bytes: v.rec.size_bytes })
-    }
-
     /// Lifetime bytes written to each device as the device saw them (fast first, then the
     /// capacity devices in `stats().capacity_devices` order), persisted in the checkpoint.
     pub fn device_wear(&self) -> Vec<DeviceWear> {
         self.sh.device_wear()
     }
 
-    /// Bytes the volume holds on each tier; None for an unknown volume.
-    pub fn volume_space(&self, vol: VolumeId) -> Option<VolumeSpace> {
+    /// Checks a view's range; returns (top layer, read_only).
+    fn view_range(&self, view: VolumeId, offset: u64, len: u64) -> Result<(u32, bool), EngineError> {
         let idx = self.sh.index.read();
-        let v = idx.vols.get(&vol)?;
-        let mut space = VolumeSpace::default();
-        for (_, len, loc) in v.map.iter() {
-            match loc {
-                Loc::Fast(_) => space.fast_bytes += len * BLOCK_U64,
-                Loc::Cap { .. } => space.capacity_bytes += len * BLOCK_U64,
-            }
+        let v = idx.view(view)?;
+        if offset.checked_add(len).is_none_or(|e| e > v.size_bytes) {
+            return Err(EngineError::OutOfRange { offset, len, size_bytes: v.size_bytes });
         }
-        Some(space)
+        Ok((v.chain.first().copied().unwrap_or(0), v.read_only))
     }
 
-    fn check_range(&self, vol: VolumeId, offset: u64, len: u64) -> Result<(), EngineError> {
-        let idx = self.sh.index.read();
-        let v = idx.vols.get(&vol).ok_or_else(|| EngineError::NotFound(format!("#{vol}")))?;
-        let size_bytes = v.rec.size_bytes;
-        if offset.checked_add(len).is_none_or(|e| e > size_bytes) {
-            return Err(EngineError::OutOfRange { offset, len, size_bytes });
+    /// The head layer of a volume for a write of `[offset, offset+len)`.
+    fn writable_head(&self, vol: VolumeId, offset: u64, len: u64) -> Result<u32, EngineError> {
+        let (head, read_only) = self.view_range(vol, offset, len)?;
+        if read_only {
+            return Err(EngineError::ReadOnly(format!("snapshot #{vol}")));
         }
-        Ok(())
+        Ok(head)
     }
 
-    /// Fills `buf` from the volume at byte `offset`.
-    pub fn read(&self, vol: VolumeId, offset: u64, buf: &mut [u8]) -> Result<(), EngineError> {
-        self.check_range(vol, offset, buf.len() as u64)?;
+    /// Fills `buf` from the view (volume or snapshot) at byte `offset`.
+    pub fn read(&self, view: VolumeId, offset: u64, buf: &mut [u8]) -> Result<(), EngineError> {
+        self.view_range(view, offset, buf.len() as u64)?;
         if buf.is_empty() {
             return Ok(());
         }
         let (b0, b1) = block_span(offset, buf.len() as u64);
         let mut tmp = AlignedBuf::new_zeroed(((b1 - b0) * BLOCK_U64) as usize);
-        self.read_blocks(vol, b0, b1 - b0, &mut tmp)?;
+        self.read_blocks(view, b0, b1 - b0, &mut tmp)?;
         let at = (offset - b0 * BLOCK_U64) as usize;
         buf.copy_from_slice(&tmp[at..at + buf.len()]);
         self.sh.counters.host_read_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
-    fn read_blocks(&self, vol: VolumeId, lba: u64, n: u64, out: &mut [u8]) -> Result<(), EngineError> {
+    fn read_blocks(&self, view: VolumeId, lba: u64, n: u64, out: &mut [u8]) -> Result<(), EngineError> {
         let sh = &self.sh;
         let _shared = sh.reclaim.read();
-        let pieces = {
-            let idx = sh.index.read();
-            let v = idx.vols.get(&vol).ok_or_else(|| EngineError::NotFound(format!("#{vol}")))?;
-            v.map.lookup(lba, n)
-        };
+        let pieces = resolve::resolve_view(sh, view, lba, n)?;
         for p in pieces {
             let at = ((p.lba - lba) * BLOCK_U64) as usize;
             let dst = &mut out[at..at + (p.len * BLOCK_U64) as usize];
             let piece_bytes = p.len * BLOCK_U64;
             match p.loc {
-                None => {
+                None | Some(Loc::Zero(_)) => {
                     dst.fill(0);
                     sh.counters.read_unwritten_bytes.fetch_add(piece_bytes, Ordering::Relaxed);
                 }
@@ -325,7 +254,7 @@ impl DiskGroup {
                     sh.fast.read_at(dst, sh.layout.log_byte(b))?;
                     for (i, chunk) in dst.chunks(BLOCK).enumerate() {
                         if crc32c::crc32c(chunk) != sh.fast_crcs[(b + i as u64) as usize].load(Ordering::Relaxed) {
-                            return Err(self.corrupt(vol, p.lba + i as u64, "fast"));
+                            return Err(self.corrupt(view, p.lba + i as u64, "fast"));
                         }
                     }
                 }
@@ -333,7 +262,7 @@ impl DiskGroup {
                     sh.counters.read_capacity_bytes.fetch_add(piece_bytes, Ordering::Relaxed);
                     let s = capacity::load_summary(sh, seg)?;
                     if let Some(bad) = capacity::read_seg_blocks(sh, seg, block, p.len as u32, dst, &s.block_crcs)? {
-                        return Err(self.corrupt(vol, p.lba + u64::from(bad - block), "capacity"));
+                        return Err(self.corrupt(view, p.lba + u64::from(bad - block), "capacity"));
                     }
                 }
             }
@@ -341,40 +270,42 @@ impl DiskGroup {
         Ok(())
     }
 
-    fn corrupt(&self, vol: VolumeId, lba: u64, tier: &str) -> EngineError {
+    fn corrupt(&self, view: VolumeId, lba: u64, tier: &str) -> EngineError {
         self.sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
         let offset = lba * BLOCK_U64;
-        tracing::error!(volume = vol, offset, tier, "checksum mismatch: returning an I/O error");
-        EngineError::Corrupt(format!("volume #{vol} offset {offset} ({tier} tier)"))
+        tracing::error!(volume = view, offset, tier, "checksum mismatch: returning an I/O error");
+        EngineError::Corrupt(format!("volume #{view} offset {offset} ({tier} tier)"))
     }
 
-    /// Writes `data` at byte `offset`; returns once it is durable on the fast tier.
+    /// Writes `data` at byte `offset` of a volume; returns once it is durable on the fast tier.
     pub fn write(&self, vol: VolumeId, offset: u64, data: &[u8]) -> Result<(), EngineError> {
         self.sh.check_running()?;
-        self.check_range(vol, offset, data.len() as u64)?;
+        let gate = self.sh.gate(vol);
+        let _g = gate.read();
+        let head = self.writable_head(vol, offset, data.len() as u64)?;
         if data.is_empty() {
             return Ok(());
         }
         let (b0, b1) = block_span(offset, data.len() as u64);
-        let _g = self.sh.ranges.lock(vol, b0, b1);
-        self.write_locked(vol, offset, data)
+        let _r = self.sh.ranges.lock(head, b0, b1);
+        self.write_locked(vol, head, offset, data)
     }
 
     /// Read-modify-write of the partial blocks at either end, then the whole blocks.
-    fn write_locked(&self, vol: VolumeId, offset: u64, data: &[u8]) -> Result<(), EngineError> {
+    fn write_locked(&self, vol: VolumeId, head: u32, offset: u64, data: &[u8]) -> Result<(), EngineError> {
         let (b0, b1) = block_span(offset, data.len() as u64);
         let n = b1 - b0;
         let mut buf = AlignedBuf::new_zeroed((n * BLOCK_U64) as usize);
-        let head = (offset - b0 * BLOCK_U64) as usize;
-        let end = head + data.len();
-        if head != 0 {
+        let head_gap = (offset - b0 * BLOCK_U64) as usize;
+        let end = head_gap + data.len();
+        if head_gap != 0 {
             self.read_blocks(vol, b0, 1, &mut buf[..BLOCK])?;
         }
-        if !end.is_multiple_of(BLOCK) && (n > 1 || head == 0) {
+        if !end.is_multiple_of(BLOCK) && (n > 1 || head_gap == 0) {
             let at = ((n - 1) * BLOCK_U64) as usize;
             self.read_blocks(vol, b1 - 1, 1, &mut buf[at..])?;
         }
-        buf[head..end].copy_from_slice(data);
+        buf[head_gap..end].copy_from_slice(data);
         let mut waits = Vec::new();
         let mut lba = b0;
         // A record, with its batch header, must fit one batch and so one segment.
@@ -383,7 +314,7 @@ impl DiskGroup {
             let mut d = AlignedBuf::new_zeroed(chunk.len());
             d.copy_from_slice(chunk);
             let nb = chunk.len() as u64 / BLOCK_U64;
-            waits.push(self.submit(RecordKind::Write, vol, lba, nb, Some(d))?);
+            waits.push(self.submit(RecordKind::Write, head, lba, nb, Some(d))?);
             lba += nb;
         }
         wait_all(waits)
@@ -392,55 +323,53 @@ impl DiskGroup {
     fn submit(
         &self,
         kind: RecordKind,
-        volume: u32,
+        layer: u32,
         lba: u64,
         nblocks: u64,
         data: Option<AlignedBuf>,
     ) -> Result<crossbeam_channel::Receiver<Result<(), EngineError>>, EngineError> {
         let (done, wait) = crossbeam_channel::bounded(1);
         let tx = self.tx.lock().clone().ok_or(EngineError::ShuttingDown)?;
-        tx.send(WriteReq { kind, volume, lba, nblocks, data, done, no_wait: false, relocation: false }).map_err(|_| EngineError::ShuttingDown)?;
+        tx.send(WriteReq { kind, layer, lba, nblocks, data, done, no_wait: false, relocation: false }).map_err(|_| EngineError::ShuttingDown)?;
         Ok(wait)
     }
 
-    /// Makes the range read as zeros. Whole blocks are a metadata record, not data.
+    /// Makes the range of a volume read as zeros. Whole blocks are a metadata record, not data.
     pub fn write_zeroes(&self, vol: VolumeId, offset: u64, len: u64) -> Result<(), EngineError> {
         self.sh.check_running()?;
-        self.check_range(vol, offset, len)?;
+        let gate = self.sh.gate(vol);
+        let _g = gate.read();
+        let head = self.writable_head(vol, offset, len)?;
         if len == 0 {
             return Ok(());
         }
         let end = offset + len;
         let (b0, b1) = block_span(offset, len);
-        let _g = self.sh.ranges.lock(vol, b0, b1);
+        let _r = self.sh.ranges.lock(head, b0, b1);
         let full0 = offset.div_ceil(BLOCK_U64);
         let full1 = end / BLOCK_U64;
         if full0 >= full1 {
-            return self.write_locked(vol, offset, &vec![0u8; len as usize]);
+            return self.write_locked(vol, head, offset, &vec![0u8; len as usize]);
         }
         if offset < full0 * BLOCK_U64 {
-            self.write_locked(vol, offset, &vec![0u8; (full0 * BLOCK_U64 - offset) as usize])?;
+            self.write_locked(vol, head, offset, &vec![0u8; (full0 * BLOCK_U64 - offset) as usize])?;
         }
         if end > full1 * BLOCK_U64 {
-            self.write_locked(vol, full1 * BLOCK_U64, &vec![0u8; (end - full1 * BLOCK_U64) as usize])?;
+            self.write_locked(vol, head, full1 * BLOCK_U64, &vec![0u8; (end - full1 * BLOCK_U64) as usize])?;
         }
         // Only the span that holds something needs a record: zeros already read as zeros.
-        let present = {
-            let idx = self.sh.index.read();
-            let v = idx.vols.get(&vol).ok_or_else(|| EngineError::NotFound(format!("#{vol}")))?;
-            let pieces = v.map.lookup(full0, full1 - full0);
-            let mut it = pieces.iter().filter(|p| p.loc.is_some());
-            it.next().map(|first| {
-                let last = pieces.iter().rev().find(|p| p.loc.is_some()).unwrap_or(first);
-                (first.lba, last.lba + last.len)
-            })
-        };
+        let pieces = resolve::resolve_view(&self.sh, vol, full0, full1 - full0)?;
+        let mut data = pieces.iter().filter(|p| p.loc.is_some());
+        let present = data.next().map(|first| {
+            let last = pieces.iter().rev().find(|p| p.loc.is_some()).unwrap_or(first);
+            (first.lba, last.lba + last.len)
+        });
         if let Some((s, e)) = present {
             let mut waits = Vec::new();
             let mut at = s;
             while at < e {
                 let n = (e - at).min(u64::from(u32::MAX));
-                waits.push(self.submit(RecordKind::Zero, vol, at, n, None)?);
+                waits.push(self.submit(RecordKind::Zero, head, at, n, None)?);
                 at += n;
             }
             wait_all(waits)?;
@@ -461,18 +390,14 @@ impl DiskGroup {
         }
     }
 
-    /// Allocation map of a byte range: data or zero, adjacent extents of one kind merged.
-    pub fn extents(&self, vol: VolumeId, offset: u64, len: u64) -> Result<Vec<Extent>, EngineError> {
-        self.check_range(vol, offset, len)?;
+    /// Allocation map of a byte range of a view: data or zero, adjacent extents of one kind merged.
+    pub fn extents(&self, view: VolumeId, offset: u64, len: u64) -> Result<Vec<Extent>, EngineError> {
+        self.view_range(view, offset, len)?;
         if len == 0 {
             return Ok(Vec::new());
         }
         let (b0, b1) = block_span(offset, len);
-        let pieces = {
-            let idx = self.sh.index.read();
-            let v = idx.vols.get(&vol).ok_or_else(|| EngineError::NotFound(format!("#{vol}")))?;
-            v.map.lookup(b0, b1 - b0)
-        };
+        let pieces = resolve::resolve_view(&self.sh, view, b0, b1 - b0)?;
         let end = offset + len;
         let mut out: Vec<Extent> = Vec::new();
         for p in pieces {
@@ -494,12 +419,14 @@ impl DiskGroup {
             let log = sh.log.lock();
             (log.used_blocks * BLOCK_U64, log.batches.iter().map(|b| b.blocks * BLOCK_U64).sum())
         };
-        let (seg_total, seg_free, live_blocks, used_segs) = {
+        let (seg_total, seg_free, live_blocks, data_segs, meta_blocks) = {
             let s = sh.segs.lock();
-            let used_segs = s.segs.iter().filter(|x| x.state != capacity::SegState::Free).count() as u64;
-            (s.segs.len() as u64, s.free_count() as u64, s.live_blocks_total(), used_segs)
+            let data = s.count(capacity::SegState::Sealed) + s.count(capacity::SegState::Open) + s.count(capacity::SegState::PendingFree);
+            let (meta_live, _) = s.meta_pages();
+            (s.segs.len() as u64, s.free_count() as u64, s.live_blocks_total(), data as u64, meta_live)
         };
-        let runs = sh.index.read().vols.values().map(|v| v.map.run_count() as u64).sum();
+        let runs = sh.index.read().layers.values().map(|l| l.fast.run_count() as u64).sum();
+        let tc = sh.tree.read().counts();
         let log_cap = sh.layout.log_blocks * BLOCK_U64;
         EngineStats {
             io_backend: String::new(),
@@ -520,7 +447,7 @@ impl DiskGroup {
             capacity_full: c.capacity_full.load(Ordering::Relaxed),
             fast_resident_bytes: c.fast_live_blocks.load(Ordering::Relaxed) * BLOCK_U64,
             capacity_total_bytes: seg_total * sh.layout.segment_size_bytes,
-            capacity_used_bytes: used_segs * sh.layout.segment_size_bytes,
+            capacity_used_bytes: data_segs * sh.layout.segment_size_bytes + meta_blocks * BLOCK_U64,
             capacity_live_bytes: live_blocks * BLOCK_U64,
             segments_total: seg_total,
             segments_free: seg_free,
@@ -532,6 +459,13 @@ impl DiskGroup {
             read_capacity_bytes_total: c.read_capacity_bytes.load(Ordering::Relaxed),
             read_unwritten_bytes_total: c.read_unwritten_bytes.load(Ordering::Relaxed),
             index_runs: runs,
+            index_pages_bytes: meta_blocks * BLOCK_U64,
+            index_resident_leaves: tc.resident_leaves as u64,
+            index_resident_inner: tc.resident_inner as u64,
+            index_dirty_nodes: tc.dirty_nodes as u64,
+            index_flushes_total: c.index_flushes.load(Ordering::Relaxed),
+            index_page_reads_total: c.index_page_reads.load(Ordering::Relaxed),
+            index_pages_written_total: c.index_pages_written.load(Ordering::Relaxed),
             state: match sh.state.load(Ordering::Acquire) {
                 STATE_RUNNING => "running",
                 STATE_STOPPING => "stopping",
@@ -559,15 +493,32 @@ impl DiskGroup {
         done
     }
 
+    /// Waits until background work owed to deleted volumes and snapshots (releasing their
+    /// blocks, folding deleted snapshots into their successors) is done; returns whether it
+    /// finished within `timeout`.
+    pub fn settle(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            let pending = {
+                let idx = self.sh.index.read();
+                idx.layers.values().any(|l| l.rec.flags & (format::LAYER_DELETED | format::LAYER_MERGING) != 0)
+            };
+            if !pending {
+                return true;
+            }
+            self.sh.wake_destager();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
+    }
+
     /// Stops background work and makes everything durable: completed writes stay in the log
-    /// and are replayed on the next open.
+    /// and are replayed on the next open; the index is written so the next open is quick.
     pub fn shutdown(&self) -> Result<(), EngineError> {
         let _ = self.sh.state.compare_exchange(STATE_RUNNING, STATE_STOPPING, Ordering::AcqRel, Ordering::Acquire);
         self.stop_threads();
-        let mut generation = self.sh.meta.lock();
-        let tail = self.sh.log.lock().tail();
         if self.sh.state.load(Ordering::Acquire) != shared::STATE_FAILED {
-            self.sh.write_checkpoint_locked(&mut generation, tail)?;
+            meta::flush_index(&self.sh)?;
         }
         for d in &self.sh.caps {
             d.flush()?;
@@ -621,7 +572,7 @@ fn block_span(offset: u64, len: u64) -> (u64, u64) {
     (offset / BLOCK_U64, (offset + len).div_ceil(BLOCK_U64))
 }
 
-fn validate_name(name: &str) -> Result<(), EngineError> {
+fn validate_name(name: &str, what: &str) -> Result<(), EngineError> {
     let ok = !name.is_empty()
         && name.len() <= MAX_VOLUME_NAME
         && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
@@ -630,7 +581,7 @@ fn validate_name(name: &str) -> Result<(), EngineError> {
         Ok(())
     } else {
         Err(EngineError::InvalidArgument(format!(
-            "volume name {name:?} must be 1-{MAX_VOLUME_NAME} characters of letters, digits, '.', '_' or '-', starting with a letter or digit"
+            "{what} name {name:?} must be 1-{MAX_VOLUME_NAME} characters of letters, digits, '.', '_' or '-', starting with a letter or digit"
         )))
     }
 }

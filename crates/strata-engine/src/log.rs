@@ -22,7 +22,7 @@ use crate::shared::{Counters, Shared};
 #[derive(Debug, Clone, Copy)]
 pub struct RecMeta {
     pub kind: RecordKind,
-    pub volume: u32,
+    pub layer: u32,
     pub lba: u64,
     pub nblocks: u64,
     pub seq: u64,
@@ -112,7 +112,7 @@ impl LogState {
 /// A request to the log writer.
 pub struct WriteReq {
     pub kind: RecordKind,
-    pub volume: u32,
+    pub layer: u32,
     pub lba: u64,
     pub nblocks: u64,
     /// `nblocks` blocks of data for Write records.
@@ -147,12 +147,15 @@ pub struct LogWriter {
     held: VecDeque<WriteReq>,
     /// Admission control: the earliest time the next batch may be written.
     next_admit: Instant,
+    /// This opening's epoch, written into every batch header.
+    epoch: u32,
 }
 
 impl LogWriter {
     pub fn new(sh: Arc<Shared>, rx: Receiver<WriteReq>, rx_hot: Receiver<WriteReq>) -> LogWriter {
         let max_batch_blocks = (sh.cfg.max_batch_bytes as u64 / BLOCK_U64).max(2);
-        LogWriter { sh, rx, rx_hot, max_batch_blocks, held: VecDeque::new(), next_admit: Instant::now() }
+        let epoch = sh.durable.lock().epoch;
+        LogWriter { sh, rx, rx_hot, max_batch_blocks, held: VecDeque::new(), next_admit: Instant::now(), epoch }
     }
 
     /// Runs until every sender of both queues is gone and the queues are empty.
@@ -228,7 +231,7 @@ impl LogWriter {
             Ok(m) => m,
             Err(e) => return reply_all(batch, || clone_err(&e)),
         };
-        let (buf, crcs) = build_batch(&self.sh.layout.group, &meta, &batch);
+        let (buf, crcs) = build_batch(&self.sh.layout.group, self.epoch, &meta, &batch);
         if let Err(e) = self.write_durably(&buf, meta.start) {
             self.sh.fail(format!("write log: {e}"));
             return reply_all(batch, || Err(EngineError::Failed(e.to_string())));
@@ -348,8 +351,8 @@ impl LogWriter {
     }
 }
 
-/// Points the index at the records (in order); records of deleted volumes are ignored.
-/// Returns what the records displaced.
+/// Points the fast maps at the records (in order); records of deleted layers are ignored.
+/// Returns what the records displaced there.
 pub fn apply_records(sh: &Shared, records: &[RecMeta]) -> Vec<(u64, u64, Loc)> {
     let mut displaced = Vec::new();
     let mut rewrites = Vec::new();
@@ -357,18 +360,21 @@ pub fn apply_records(sh: &Shared, records: &[RecMeta]) -> Vec<(u64, u64, Loc)> {
     {
         let mut idx = sh.index.write();
         for r in records {
-            let Some(v) = idx.vols.get_mut(&r.volume) else { continue };
+            if !idx.layer_live(r.layer) {
+                continue;
+            }
+            let Some(l) = idx.layers.get_mut(&r.layer) else { continue };
             let loc = match r.kind {
                 RecordKind::Write => {
                     added += r.nblocks;
-                    Some(Loc::Fast(r.data_start))
+                    Loc::Fast(r.data_start)
                 }
-                RecordKind::Zero => None,
+                RecordKind::Zero => Loc::Zero(r.seq),
             };
-            let d = v.map.set(r.lba, r.nblocks, loc);
+            let d = l.fast.set(r.lba, r.nblocks, Some(loc));
             if r.kind == RecordKind::Write && !r.relocation {
-                // Any overwrite is evidence of heat, wherever the old copy was.
-                rewrites.extend(d.iter().map(|x| (r.volume, x.0, x.1)));
+                // An overwrite of data still on the fast tier is evidence of heat.
+                rewrites.extend(d.iter().filter(|x| matches!(x.2, Loc::Fast(_))).map(|x| (r.layer, x.0, x.1)));
             }
             displaced.extend(d);
         }
@@ -388,7 +394,7 @@ fn describe(batch: &[WriteReq], start: u64, skip: u64, blocks: u64, first_seq: u
         .map(|(i, r)| {
             let m = RecMeta {
                 kind: r.kind,
-                volume: r.volume,
+                layer: r.layer,
                 lba: r.lba,
                 nblocks: r.nblocks,
                 seq: first_seq + i as u64,
@@ -403,7 +409,7 @@ fn describe(batch: &[WriteReq], start: u64, skip: u64, blocks: u64, first_seq: u
 }
 
 /// The batch as it goes to the device, and the crc of each data block.
-fn build_batch(group: &Uuid, meta: &BatchMeta, batch: &[WriteReq]) -> (AlignedBuf, Vec<u32>) {
+fn build_batch(group: &Uuid, epoch: u32, meta: &BatchMeta, batch: &[WriteReq]) -> (AlignedBuf, Vec<u32>) {
     let mut buf = AlignedBuf::new_zeroed((meta.blocks * BLOCK_U64) as usize);
     let mut crcs = Vec::with_capacity(meta.blocks as usize - 1);
     let mut headers = Vec::with_capacity(batch.len());
@@ -420,13 +426,13 @@ fn build_batch(group: &Uuid, meta: &BatchMeta, batch: &[WriteReq]) -> (AlignedBu
         headers.push(RecordHeader {
             kind: r.kind,
             seq: m.seq,
-            volume: r.volume,
+            layer: r.layer,
             offset_bytes: r.lba * BLOCK_U64,
             len_bytes: r.nblocks * BLOCK_U64,
             data_crc,
         });
     }
-    let h = BatchHeader { group: *group, first_seq: meta.first_seq, total_blocks: meta.blocks as u32, records: headers };
+    let h = BatchHeader { group: *group, epoch, first_seq: meta.first_seq, total_blocks: meta.blocks as u32, records: headers };
     buf[..BLOCK].copy_from_slice(&h.encode());
     (buf, crcs)
 }
@@ -457,20 +463,23 @@ pub struct Replay {
 }
 
 /// Replays the log from the checkpoint's tail: every complete batch with the expected sequence
-/// number, in order. Stops at the first batch that is missing, torn or stale.
+/// number and an epoch no older than the batch before it, in order. Stops at the first batch
+/// that is missing, torn or stale (a batch of an earlier opening left behind a torn one).
 pub fn replay(sh: &Shared, tail_block: u64, tail_seq: u64) -> Result<Replay, EngineError> {
     let l = sh.layout.log_blocks;
     let mut state = LogState::new(l, tail_block % l, tail_seq);
     let mut out = Replay { state: LogState::new(l, 0, 0), batches: 0, records: 0, crcs: Vec::new() };
+    let mut epoch = 0;
     loop {
         let pos = state.head;
-        let found = read_batch(sh, pos, state.next_seq)?.map(|b| (b, pos, 0));
+        let found = read_batch(sh, pos, state.next_seq, epoch)?.map(|b| (b, pos, 0));
         let found = match found {
             Some(f) => Some(f),
-            None if pos != 0 => read_batch(sh, 0, state.next_seq)?.map(|b| (b, 0, l - pos)),
+            None if pos != 0 => read_batch(sh, 0, state.next_seq, epoch)?.map(|b| (b, 0, l - pos)),
             None => None,
         };
         let Some(((header, data), start, skip)) = found else { break };
+        epoch = header.epoch;
         let blocks = u64::from(header.total_blocks);
         if state.used_blocks + blocks + skip > l {
             break;
@@ -480,7 +489,7 @@ pub fn replay(sh: &Shared, tail_block: u64, tail_seq: u64) -> Result<Replay, Eng
         for (i, r) in header.records.iter().enumerate() {
             meta.records.push(RecMeta {
                 kind: r.kind,
-                volume: r.volume,
+                layer: r.layer,
                 lba: r.offset_bytes / BLOCK_U64,
                 nblocks: r.len_bytes / BLOCK_U64,
                 seq: header.first_seq + i as u64,
@@ -502,8 +511,9 @@ pub fn replay(sh: &Shared, tail_block: u64, tail_seq: u64) -> Result<Replay, Eng
     Ok(out)
 }
 
-/// Reads the batch at `pos` if it is complete, of this group and starts with `seq`.
-fn read_batch(sh: &Shared, pos: u64, seq: u64) -> Result<Option<(BatchHeader, AlignedBuf)>, EngineError> {
+/// Reads the batch at `pos` if it is complete, of this group, starts with `seq` and is of
+/// epoch `min_epoch` or later.
+fn read_batch(sh: &Shared, pos: u64, seq: u64, min_epoch: u32) -> Result<Option<(BatchHeader, AlignedBuf)>, EngineError> {
     let l = sh.layout.log_blocks;
     if pos >= l {
         return Ok(None);
@@ -511,7 +521,7 @@ fn read_batch(sh: &Shared, pos: u64, seq: u64) -> Result<Option<(BatchHeader, Al
     let mut hb = AlignedBuf::new_zeroed(BLOCK);
     sh.fast.read_at(&mut hb, sh.layout.log_byte(pos))?;
     let Some(h) = BatchHeader::decode(&hb, &sh.layout.group) else { return Ok(None) };
-    if h.first_seq != seq || pos + u64::from(h.total_blocks) > l {
+    if h.first_seq != seq || h.epoch < min_epoch || pos + u64::from(h.total_blocks) > l {
         return Ok(None);
     }
     let data_blocks = u64::from(h.total_blocks) - 1;

@@ -13,6 +13,10 @@ pub enum Loc {
     Fast(u64),
     /// Block `block` of the data area of capacity segment `seg`.
     Cap { seg: u32, block: u32 },
+    /// Reads as zeros, hiding whatever older layers hold. In a fast map it carries the
+    /// sequence number of the Zero record that made it (so destage can tell whose it is); in
+    /// the capacity tree the number is 0.
+    Zero(u64),
 }
 
 impl Loc {
@@ -21,7 +25,13 @@ impl Loc {
         match self {
             Loc::Fast(b) => Loc::Fast(b + n),
             Loc::Cap { seg, block } => Loc::Cap { seg, block: block + n as u32 },
+            Loc::Zero(s) => Loc::Zero(s),
         }
+    }
+
+    /// Whether blocks at this location hold data (rather than zeros).
+    pub fn is_data(self) -> bool {
+        !matches!(self, Loc::Zero(_))
     }
 }
 
@@ -110,6 +120,24 @@ impl ExtentMap {
         moved
     }
 
+    /// Removes the blocks of `[lba, lba+len)` that are still at `at..` (consecutive from
+    /// `lba`); returns how many it removed.
+    pub fn remove_if_at(&mut self, lba: u64, len: u64, at: Loc) -> u64 {
+        let mut removed = 0;
+        for p in self.lookup(lba, len) {
+            let off = p.lba - lba;
+            if p.loc == Some(at.advance(off)) {
+                self.set(p.lba, p.len, None);
+                removed += p.len;
+            }
+        }
+        removed
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (u64, u64, Loc)> + '_ {
         self.runs.iter().map(|(&k, &(l, loc))| (k, l, loc))
     }
@@ -141,10 +169,13 @@ impl ExtentMap {
     }
 }
 
-fn same_area(a: Loc, b: Loc) -> bool {
+/// Whether two runs may merge into one entry: same device area (one segment, or the log),
+/// or the same zero record.
+pub fn same_area(a: Loc, b: Loc) -> bool {
     match (a, b) {
         (Loc::Fast(_), Loc::Fast(_)) => true,
         (Loc::Cap { seg: s1, .. }, Loc::Cap { seg: s2, .. }) => s1 == s2,
+        (Loc::Zero(s1), Loc::Zero(s2)) => s1 == s2,
         _ => false,
     }
 }

@@ -1,5 +1,5 @@
-//! Opening a disk group: identify the devices, format blank ones, and rebuild the index from
-//! the capacity segments' summaries and the log.
+//! Opening a disk group: identify the devices, format blank ones, and recover: the durable
+//! index and segment table, the summaries of segments sealed after them, then the log.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
@@ -9,11 +9,15 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use strata_device::Device;
 
 use crate::capacity::{read_summary, SegTable};
+use crate::ctree::page::PageBody;
+use crate::ctree::CTree;
+use crate::destage::{apply_tree_sets, TreeSet};
 use crate::error::EngineError;
 use crate::format::*;
 use crate::layout::*;
 use crate::log::{replay, LogState};
 use crate::map::{ExtentMap, Loc};
+use crate::meta;
 use crate::shared::*;
 use crate::EngineConfig;
 
@@ -23,7 +27,8 @@ pub struct OpenReport {
     pub formatted: bool,
     pub replayed_batches: usize,
     pub replayed_records: usize,
-    pub segments_in_use: usize,
+    /// Segments sealed after the last index flush whose summaries were applied.
+    pub recent_segments: usize,
 }
 
 pub fn open_shared(
@@ -69,8 +74,9 @@ pub fn open_shared(
         ));
     }
     let sh = Arc::new(new_shared(fast, caps, cfg, layout, &checkpoint));
-    *sh.meta.lock() = checkpoint.generation;
-    report.segments_in_use = rebuild_capacity(&sh)?;
+    load_segment_table(&sh, &checkpoint)?;
+    recount_index_pages(&sh, &checkpoint)?;
+    report.recent_segments = apply_recent(&sh, &checkpoint.recent)?;
     let r = replay(&sh, checkpoint.log_tail_offset / BLOCK_U64, checkpoint.log_tail_seq)?;
     for &(b, c) in &r.crcs {
         sh.fast_crcs[b as usize].store(c, Ordering::Relaxed);
@@ -78,7 +84,11 @@ pub fn open_shared(
     report.replayed_batches = r.batches;
     report.replayed_records = r.records;
     *sh.log.lock() = r.state;
-    count_live(&sh);
+    count_fast_live(&sh);
+    // A new epoch before anything new reaches the log, and an index without recent segments:
+    // the next open starts from here.
+    sh.durable.lock().epoch = checkpoint.epoch + 1;
+    meta::flush_index(&sh)?;
     Ok((sh, report))
 }
 
@@ -148,35 +158,42 @@ fn identify(fast_sb: &Superblock, fast: &dyn Device, caps: &[Arc<dyn Device>]) -
 }
 
 fn new_shared(fast: Arc<dyn Device>, caps: Vec<Arc<dyn Device>>, cfg: EngineConfig, layout: Layout, cp: &Checkpoint) -> Shared {
-    let mut index = Index { vols: BTreeMap::new(), next_volume_id: cp.next_volume_id };
-    for v in &cp.volumes {
-        index.vols.insert(v.id, VolState { rec: v.clone(), map: ExtentMap::default() });
+    let mut index = Index { layers: BTreeMap::new(), volumes: BTreeMap::new(), snapshots: BTreeMap::new(), next_id: cp.next_id };
+    for l in &cp.layers {
+        index.layers.insert(l.id, LayerState { rec: *l, fast: ExtentMap::default() });
     }
-    let segs = SegTable::new(&layout.segments, caps.len());
+    index.volumes = cp.volumes.iter().map(|v| (v.id, v.clone())).collect();
+    index.snapshots = cp.snapshots.iter().map(|s| (s.id, s.clone())).collect();
+    let seg_blocks = (layout.segment_size_bytes / BLOCK_U64) as u32;
+    let mut segs = SegTable::new(&layout.segments, caps.len(), seg_blocks);
+    segs.next_seq = cp.next_segment_seq.max(1);
     let fast_crcs = (0..layout.log_blocks).map(|_| AtomicU32::new(0)).collect();
-    // A checkpoint from before wear accounting (or with a device count that no longer
-    // matches) starts the count afresh from now.
+    // A checkpoint with a device count that no longer matches starts the count afresh.
     let devices = 1 + caps.len();
     let wear_at_open = if cp.wear.len() == devices {
         cp.wear.clone()
     } else {
-        vec![DeviceWear { bytes_written_total: 0, first_use_unix_s: crate::format::unix_now_s() }; devices]
+        vec![DeviceWear { bytes_written_total: 0, first_use_unix_s: unix_now_s() }; devices]
     };
     let write_counter_at_open = std::iter::once(&fast).chain(caps.iter()).map(|d| d.stats().write_bytes).collect();
+    let (index_dirty_limit, meta_reserve) = crate::maint::index_limits(&cfg, &layout, caps.len());
+    let durable = Durable { generation: cp.generation, epoch: cp.epoch, index_root: cp.index_root, index_generation: cp.index_generation };
     Shared {
         cfg,
         fast,
         caps,
         log: Mutex::new(LogState::new(layout.log_blocks, 0, 1)),
         layout,
-        meta: Mutex::new(0),
+        durable: Mutex::new(durable),
         reclaim: RwLock::new(()),
         log_freed: Condvar::new(),
         index: RwLock::new(index),
+        tree: RwLock::new(CTree::open(cp.index_root)),
         segs: Mutex::new(segs),
         summaries: Mutex::new(Default::default()),
         fast_crcs,
         ranges: Default::default(),
+        gates: Mutex::new(Default::default()),
         counters: Default::default(),
         state: AtomicU8::new(STATE_RUNNING),
         failure: Mutex::new(None),
@@ -188,58 +205,91 @@ fn new_shared(fast: Arc<dyn Device>, caps: Vec<Arc<dyn Device>>, cfg: EngineConf
         destage_wake_lock: Mutex::new(false),
         wear_at_open,
         write_counter_at_open,
+        meta_reserve,
+        index_dirty_limit,
     }
 }
 
-/// Reads every segment summary and applies their entries oldest first (by record sequence,
-/// then segment sequence, so a relocated copy wins over the copy it was moved from).
-fn rebuild_capacity(sh: &Shared) -> Result<usize, EngineError> {
+/// Reads the segment table pages the checkpoint names.
+fn load_segment_table(sh: &Shared, cp: &Checkpoint) -> Result<(), EngineError> {
+    let mut segs = sh.segs.lock();
+    if cp.segtab.len() > segs.page_count() {
+        return Err(EngineError::Format(format!("the checkpoint names {} segment table pages; the devices hold {}", cp.segtab.len(), segs.page_count())));
+    }
+    for (page, ptr) in cp.segtab.iter().enumerate() {
+        let Some(ptr) = ptr else { continue };
+        match meta::read_page(sh, *ptr)? {
+            PageBody::SegTable(records) => segs.load_page(page, &records),
+            _ => return Err(EngineError::Corrupt(format!("segment table page {page} holds something else"))),
+        }
+        segs.page_ptrs[page] = Some(*ptr);
+    }
+    Ok(())
+}
+
+/// Index segments' live page counts are not stored: they are counted from the index (every
+/// inner node is read, which also tells where every leaf lives) and the segment table.
+fn recount_index_pages(sh: &Shared, cp: &Checkpoint) -> Result<(), EngineError> {
+    meta::with_tree(sh, |t| t.redirty(&|_| false))?;
+    let mut pages = Vec::new();
+    sh.tree.read().known_pages(&mut pages);
+    pages.extend(cp.segtab.iter().flatten().copied());
+    let mut segs = sh.segs.lock();
+    for p in pages {
+        segs.page_in_use(p.a);
+        segs.page_in_use(p.b);
+    }
+    for s in cp.streams.iter().filter(|s| s.seg != u32::MAX) {
+        segs.page_in_use_stream(s.seg, s.next_block);
+    }
+    segs.streams = cp.streams;
+    segs.durable_streams = cp.streams;
+    segs.free_unused_meta();
+    Ok(())
+}
+
+/// Applies the summaries of segments sealed after the durable index, oldest record first
+/// (by record sequence, then segment sequence, so a relocated copy wins over the copy it was
+/// moved from). Returns how many segments were applied.
+fn apply_recent(sh: &Shared, recent: &[u32]) -> Result<usize, EngineError> {
     let mut all = Vec::new();
-    let mut in_use = 0;
-    for seg in 0..sh.layout.segment_count() {
-        let Some(s) = read_summary(sh, seg)? else { continue };
-        in_use += 1;
-        let tombstones = s.entries.iter().any(|e| e.kind == RecordKind::Zero);
-        let dev = sh.layout.segments[seg as usize].0;
-        sh.segs.lock().mark_sealed_recovered(seg, dev, s.data_blocks_used, tombstones, s.segment_seq);
+    for &seg in recent {
+        if seg >= sh.layout.segment_count() {
+            return Err(EngineError::Format(format!("the checkpoint names segment {seg}, which does not exist")));
+        }
+        let s = read_summary(sh, seg)?.ok_or_else(|| {
+            sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+            EngineError::Corrupt(format!(
+                "the summary of capacity segment {seg}, sealed after the last index write, is damaged: data written since may be lost; refusing to open"
+            ))
+        })?;
+        sh.segs.lock().mark_recovered(seg, s.data_blocks_used, s.segment_seq);
         for e in &s.entries {
             all.push((e.seq, s.segment_seq, seg, *e));
         }
     }
     all.sort_by_key(|&(seq, sseq, _, _)| (seq, sseq));
-    let mut idx = sh.index.write();
     for (_, _, seg, e) in all {
-        let Some(v) = idx.vols.get_mut(&e.volume) else { continue };
+        let (live, parent) = {
+            let idx = sh.index.read();
+            (idx.layer_live(e.layer), idx.has_parent(e.layer))
+        };
+        if !live {
+            continue;
+        }
         let loc = match e.kind {
             RecordKind::Write => Some(Loc::Cap { seg, block: e.data_block }),
+            RecordKind::Zero if parent => Some(Loc::Zero(0)),
             RecordKind::Zero => None,
         };
-        v.map.set(e.lba, u64::from(e.nblocks), loc);
+        apply_tree_sets(sh, &[TreeSet { layer: e.layer, lba: e.lba, len: u64::from(e.nblocks), loc }], true)?;
     }
-    Ok(in_use)
+    Ok(recent.len())
 }
 
-/// Recomputes live counts from the index; sealed segments nothing points at are freed.
-fn count_live(sh: &Shared) {
+/// The fast tier's live block count, from the fast maps.
+fn count_fast_live(sh: &Shared) {
     let idx = sh.index.read();
-    let mut segs = sh.segs.lock();
-    let mut fast = 0u64;
-    let mut live = vec![0u32; segs.segs.len()];
-    for v in idx.vols.values() {
-        for (_, len, loc) in v.map.iter() {
-            match loc {
-                Loc::Fast(_) => fast += len,
-                Loc::Cap { seg, .. } => live[seg as usize] += len as u32,
-            }
-        }
-    }
-    for (i, n) in live.into_iter().enumerate() {
-        let s = &mut segs.segs[i];
-        s.live_blocks = n;
-        if s.state == crate::capacity::SegState::Sealed && n == 0 && !s.has_tombstones {
-            let dev = sh.layout.segments[i].0;
-            segs.free_segment(i as u32, dev);
-        }
-    }
+    let fast: u64 = idx.layers.values().flat_map(|l| l.fast.iter()).filter(|r| matches!(r.2, Loc::Fast(_))).map(|r| r.1).sum();
     sh.counters.fast_live_blocks.store(fast, Ordering::Relaxed);
 }

@@ -1,7 +1,8 @@
 //! State shared by the caller threads, the log writer and the destager.
 //!
 //! Lock order (never take an earlier one while holding a later one):
-//! `meta` -> `reclaim` -> `log` -> `index` -> `segs` -> `summaries`.
+//! `durable` -> `reclaim` -> `log` -> `index` -> `tree` -> `segs` -> `summaries`.
+//! Gates (per volume) come before all of them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -11,28 +12,89 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use strata_device::Device;
 
 use crate::capacity::{SegTable, SummaryCache};
+use crate::ctree::{CTree, PagePtr};
 use crate::error::EngineError;
-use crate::format::{Checkpoint, DeviceWear, VolumeRecord};
+use crate::format::*;
 use crate::layout::{write_checkpoint, Layout};
 use crate::log::LogState;
 use crate::map::{ExtentMap, Loc};
 use crate::rangelock::RangeLocks;
+use crate::volumes::Tables;
 use crate::EngineConfig;
 
-pub struct VolState {
-    pub rec: VolumeRecord,
-    pub map: ExtentMap,
+/// A layer and the part of it that lives on the fast tier.
+pub struct LayerState {
+    pub rec: LayerRecord,
+    /// Blocks whose newest copy of this layer is in the log (`Loc::Fast`) or a zero record
+    /// still there (`Loc::Zero(seq)`). Rebuilt by log replay; bounded by the log's blocks.
+    pub fast: ExtentMap,
 }
 
+/// The volume table and the fast-tier maps. Protected by `Shared::index`.
 #[derive(Default)]
 pub struct Index {
-    pub vols: BTreeMap<u32, VolState>,
-    pub next_volume_id: u32,
+    pub layers: BTreeMap<u32, LayerState>,
+    pub volumes: BTreeMap<u32, VolumeRecord>,
+    pub snapshots: BTreeMap<u32, SnapshotRecord>,
+    pub next_id: u32,
+}
+
+/// Longest parent chain followed (a bound against a damaged layer table).
+pub const MAX_CHAIN: usize = 4096;
+
+/// What a view (a volume or a snapshot) reads through.
+#[derive(Debug, Clone)]
+pub struct ViewLayers {
+    pub size_bytes: u64,
+    pub read_only: bool,
+    /// Top layer first.
+    pub chain: Vec<u32>,
 }
 
 impl Index {
-    pub fn by_name(&self, name: &str) -> Option<&VolState> {
-        self.vols.values().find(|v| v.rec.name == name)
+    pub fn volume_by_name(&self, name: &str) -> Option<&VolumeRecord> {
+        self.volumes.values().find(|v| v.name == name)
+    }
+
+    pub fn snapshot_by_name(&self, volume: u32, name: &str) -> Option<&SnapshotRecord> {
+        self.snapshots.values().find(|s| s.volume == volume && s.name == name)
+    }
+
+    /// The layers a read of `top` goes through, top first.
+    pub fn chain(&self, top: u32) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut at = top;
+        while at != 0 && out.len() < MAX_CHAIN {
+            let Some(l) = self.layers.get(&at) else { break };
+            out.push(at);
+            at = l.rec.parent;
+        }
+        out
+    }
+
+    /// The view with this id: a volume (writable) or a snapshot (read-only).
+    pub fn view(&self, id: u32) -> Result<ViewLayers, EngineError> {
+        if let Some(v) = self.volumes.get(&id) {
+            return Ok(ViewLayers { size_bytes: v.size_bytes, read_only: false, chain: self.chain(v.head) });
+        }
+        if let Some(s) = self.snapshots.get(&id) {
+            return Ok(ViewLayers { size_bytes: s.size_bytes, read_only: true, chain: self.chain(s.layer) });
+        }
+        Err(EngineError::NotFound(format!("#{id}")))
+    }
+
+    /// Whether records of this layer still matter (it exists and is not being removed).
+    pub fn layer_live(&self, id: u32) -> bool {
+        self.layers.get(&id).is_some_and(|l| l.rec.flags & LAYER_DELETED == 0)
+    }
+
+    pub fn has_parent(&self, id: u32) -> bool {
+        self.layers.get(&id).is_some_and(|l| l.rec.parent != 0)
+    }
+
+    /// Layers whose parent is `id`.
+    pub fn children(&self, id: u32) -> Vec<u32> {
+        self.layers.values().filter(|l| l.rec.parent == id).map(|l| l.rec.id).collect()
     }
 }
 
@@ -59,6 +121,11 @@ pub struct Counters {
     pub destage_rate_bytes_per_s: AtomicU64,
     pub throttled: AtomicBool,
     pub capacity_full: AtomicBool,
+    pub index_flushes: AtomicU64,
+    pub index_pages_written: AtomicU64,
+    pub index_page_reads: AtomicU64,
+    /// Index pages whose copy A was damaged (copy B served the read).
+    pub index_copy_repairs_needed: AtomicU64,
 }
 
 impl Counters {
@@ -74,24 +141,45 @@ pub const STATE_RUNNING: u8 = 0;
 pub const STATE_STOPPING: u8 = 1;
 pub const STATE_FAILED: u8 = 2;
 
+/// What the last checkpoint made durable (and the counter of checkpoints). Protected by
+/// `Shared::durable`, which also serialises checkpoint writes.
+pub struct Durable {
+    pub generation: u64,
+    pub epoch: u32,
+    pub index_root: Option<PagePtr>,
+    pub index_generation: u64,
+}
+
+/// The index part of a checkpoint.
+pub struct IndexParts {
+    pub root: Option<PagePtr>,
+    pub generation: u64,
+    pub segtab: Vec<Option<PagePtr>>,
+    pub streams: [StreamPos; 2],
+    pub recent: Vec<u32>,
+}
+
 pub struct Shared {
     pub cfg: EngineConfig,
     pub fast: Arc<dyn Device>,
     pub caps: Vec<Arc<dyn Device>>,
     pub layout: Layout,
-    /// Serialises checkpoint writes and the log-tail moves they record.
-    pub meta: Mutex<u64>,
+    pub durable: Mutex<Durable>,
     /// Readers hold it shared while they read from a location; space is freed under it
     /// exclusively, so a location found in the index stays valid for the whole read.
     pub reclaim: RwLock<()>,
     pub log: Mutex<LogState>,
     pub log_freed: Condvar,
     pub index: RwLock<Index>,
+    pub tree: RwLock<CTree>,
     pub segs: Mutex<SegTable>,
     pub summaries: Mutex<SummaryCache>,
     /// crc32c of every block in the log area, as written.
     pub fast_crcs: Vec<AtomicU32>,
     pub ranges: RangeLocks,
+    /// Per volume: writes hold it shared from choosing the head layer until they complete;
+    /// snapshot and rollback hold it exclusively while they switch layers.
+    pub gates: Mutex<HashMap<u32, Arc<RwLock<()>>>>,
     pub counters: Counters,
     pub state: AtomicU8,
     pub failure: Mutex<Option<String>>,
@@ -103,14 +191,17 @@ pub struct Shared {
     pub drain: AtomicBool,
     /// Blocks overwritten recently (wherever their previous copy was), with a saturating
     /// count halved each time the destager keeps the block on the fast tier: the evidence that
-    /// data is hot. Bounded by the
-    /// log's block count.
+    /// data is hot. Keyed by (layer, lba); bounded by the log's block count.
     pub heat: Mutex<HashMap<(u32, u64), u8>>,
     pub destage_wake: Condvar,
     pub destage_wake_lock: Mutex<bool>,
     /// Each device's lifetime writes as of opening (fast first); the device's own counters
     /// add what was written since.
     pub wear_at_open: Vec<DeviceWear>,
+    /// Free segments kept for index flushes (two streams of pages; see `maint::meta_reserve`).
+    pub meta_reserve: usize,
+    /// Dirty index nodes that trigger a flush (what one flush may write is bounded by it).
+    pub index_dirty_limit: usize,
     /// Each device's own write counter when the group opened it (a device object may outlive
     /// one opening, as in tests).
     pub write_counter_at_open: Vec<u64>,
@@ -134,6 +225,11 @@ impl Shared {
         self.log_freed.notify_all();
     }
 
+    /// The gate of a volume.
+    pub fn gate(&self, volume: u32) -> Arc<RwLock<()>> {
+        self.gates.lock().entry(volume).or_default().clone()
+    }
+
     /// Accounts for index entries that stopped pointing somewhere.
     pub fn release(&self, displaced: &[(u64, u64, Loc)]) {
         let mut fast = 0;
@@ -145,6 +241,7 @@ impl Shared {
                     let t = segs.get_or_insert_with(|| self.segs.lock());
                     t.release(seg, len as u32);
                 }
+                Loc::Zero(_) => {}
             }
         }
         if fast > 0 {
@@ -152,46 +249,69 @@ impl Shared {
         }
     }
 
-    /// Writes the checkpoint: the volume table and where log replay must start.
-    /// The caller holds `meta` (passed in as its generation counter).
-    pub fn write_checkpoint_locked(&self, generation: &mut u64, tail: (u64, u64)) -> Result<(), EngineError> {
-        let (volumes, next_volume_id) = {
-            let idx = self.index.read();
-            (idx.vols.values().map(|v| v.rec.clone()).collect::<Vec<_>>(), idx.next_volume_id)
-        };
-        self.write_checkpoint_with(generation, tail, volumes, next_volume_id)
+    /// The index part of a checkpoint as the last flush left it.
+    pub fn durable_parts(&self, d: &Durable) -> IndexParts {
+        let segs = self.segs.lock();
+        IndexParts {
+            root: d.index_root,
+            generation: d.index_generation,
+            segtab: segs.page_ptrs.clone(),
+            streams: segs.durable_streams,
+            recent: segs.recent.clone(),
+        }
     }
 
-    pub fn write_checkpoint_with(
-        &self,
-        generation: &mut u64,
-        tail: (u64, u64),
-        volumes: Vec<VolumeRecord>,
-        next_volume_id: u32,
-    ) -> Result<(), EngineError> {
-        *generation += 1;
+    /// Writes the checkpoint with the durable index and volume table as they stand. The
+    /// caller holds `durable`.
+    pub fn write_checkpoint_locked(&self, d: &mut Durable, tail: (u64, u64)) -> Result<(), EngineError> {
+        let parts = self.durable_parts(d);
+        let t = self.tables();
+        self.write_checkpoint_full(d, tail, &parts, &t)
+    }
+
+    /// Writes the checkpoint with the given index and the current volume table.
+    pub fn write_checkpoint_parts(&self, d: &mut Durable, tail: (u64, u64), parts: &IndexParts) -> Result<(), EngineError> {
+        let t = self.tables();
+        self.write_checkpoint_full(d, tail, parts, &t)
+    }
+
+    /// Writes the checkpoint: the log tail, the given index and volume table. The caller
+    /// holds `durable` (every change of the volume table does too).
+    pub fn write_checkpoint_full(&self, d: &mut Durable, tail: (u64, u64), parts: &IndexParts, t: &Tables) -> Result<(), EngineError> {
+        let next_segment_seq = self.segs.lock().next_seq;
         let cp = Checkpoint {
             group: self.layout.group,
-            generation: *generation,
-            log_tail_offset: tail.0 * crate::format::BLOCK_U64,
+            generation: d.generation + 1,
+            log_tail_offset: tail.0 * BLOCK_U64,
             log_tail_seq: tail.1,
-            next_volume_id,
-            volumes,
+            epoch: d.epoch,
+            next_id: t.next_id,
+            index_generation: parts.generation,
+            next_segment_seq,
+            index_root: parts.root,
+            segtab: parts.segtab.clone(),
+            streams: parts.streams,
+            recent: parts.recent.clone(),
+            layers: t.layers.values().copied().collect(),
+            volumes: t.volumes.values().cloned().collect(),
+            snapshots: t.snapshots.values().cloned().collect(),
             wear: self.device_wear(),
         };
-        write_checkpoint(self.fast.as_ref(), &self.layout, &cp)
+        write_checkpoint(self.fast.as_ref(), &self.layout, &cp)?;
+        d.generation += 1;
+        Ok(())
     }
 
-    /// Records that these (volume, first block, blocks) were overwritten.
+    /// Records that these (layer, first block, blocks) were overwritten.
     pub fn note_rewrites(&self, runs: &[(u32, u64, u64)]) {
         let mut heat = self.heat.lock();
         let cap = self.layout.log_blocks as usize;
-        for &(vol, lba, n) in runs {
+        for &(layer, lba, n) in runs {
             for b in lba..lba + n {
-                if heat.len() >= cap && !heat.contains_key(&(vol, b)) {
+                if heat.len() >= cap && !heat.contains_key(&(layer, b)) {
                     return;
                 }
-                let h = heat.entry((vol, b)).or_insert(0);
+                let h = heat.entry((layer, b)).or_insert(0);
                 *h = h.saturating_add(1);
             }
         }
@@ -203,8 +323,7 @@ impl Shared {
         devices
             .zip(self.wear_at_open.iter().zip(&self.write_counter_at_open))
             .map(|(dev, (base, counter_at_open))| DeviceWear {
-                bytes_written_total: base.bytes_written_total
-                    + dev.stats().write_bytes.saturating_sub(*counter_at_open),
+                bytes_written_total: base.bytes_written_total + dev.stats().write_bytes.saturating_sub(*counter_at_open),
                 first_use_unix_s: base.first_use_unix_s,
             })
             .collect()

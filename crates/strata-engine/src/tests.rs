@@ -127,7 +127,7 @@ impl Rig {
 }
 
 fn small_cfg() -> EngineConfig {
-    EngineConfig { segment_size_bytes: MIB, fill_ratio_low: 0.3, fill_ratio_high: 0.7, max_batch_bytes: 256 * 1024 }
+    EngineConfig { segment_size_bytes: MIB, fill_ratio_low: 0.3, fill_ratio_high: 0.7, max_batch_bytes: 256 * 1024, index_cache_bytes: 64 * 1024 }
 }
 
 fn seed_for(test: &str) -> u64 {
@@ -203,7 +203,8 @@ fn volumes_survive_restart_and_delete_frees_space() {
     assert!(rig.dg().destage_all(Duration::from_secs(10)));
     let live_before = rig.dg().stats().capacity_live_bytes;
     assert_eq!(live_before, 8 * MIB);
-    rig.dg().delete_volume("a").unwrap();
+    rig.dg().delete_volume("a", false).unwrap();
+    assert!(rig.dg().settle(Duration::from_secs(10)), "the deleted volume's blocks were not released");
     assert_eq!(rig.dg().stats().capacity_live_bytes, 4 * MIB);
     rig.power_cut_and_restart();
     let names: Vec<_> = rig.dg().volumes().into_iter().map(|v| v.name).collect();
@@ -307,7 +308,7 @@ fn model_eager_destage_two_capacity_devices_tight_space() {
 fn stress_hot_set_overwrites_with_destage_and_gc() {
     let seed = seed_for("stress_hot_set_overwrites_with_destage_and_gc");
     let cfg = EngineConfig { fill_ratio_low: 0.05, fill_ratio_high: 0.3, ..small_cfg() };
-    let rig = Rig::new(24 * MIB, &[20 * MIB], cfg, seed);
+    let rig = Rig::new(24 * MIB, &[32 * MIB], cfg, seed);
     let dg = rig.dg.clone().expect("running");
     let size = 8 * MIB;
     let v = dg.create_volume("hot", size).unwrap().id;
@@ -324,7 +325,7 @@ fn stress_hot_set_overwrites_with_destage_and_gc() {
                     let blocks = rng.gen_range(1..8u64);
                     let off = base + rng.gen_range(0..(size / 4 / 4096 - blocks)) * 4096;
                     let data = vec![(i as u8).wrapping_add(t as u8 * 64); (blocks * 4096) as usize];
-                    dg.write(v, off, &data).expect("write");
+                    if let Err(e) = dg.write(v, off, &data) { panic!("write: {e}: {:?}", dg.stats()) }
                     model.lock()[off as usize..(off + blocks * 4096) as usize].copy_from_slice(&data);
                 }
             })

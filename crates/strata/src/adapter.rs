@@ -88,7 +88,7 @@ impl Registry {
             .volume(name)
             .ok_or_else(|| EngineError::NotFound(name.to_string()))?;
         let Some(gate) = gates.get(&info.id).cloned() else {
-            self.group.delete_volume(name)?;
+            self.group.delete_volume(name, false)?;
             self.volume_io.lock().remove(&info.id);
             return Ok(());
         };
@@ -101,7 +101,7 @@ impl Registry {
         }
         let mut alive = gate.alive.write();
         *alive = false;
-        match self.group.delete_volume(name) {
+        match self.group.delete_volume(name, false) {
             Ok(()) => {
                 gates.remove(&info.id);
                 self.volume_io.lock().remove(&info.id);
@@ -191,7 +191,8 @@ pub fn errno_for(op: Op, e: &EngineError) -> Errno {
         EngineError::OutOfRange { .. } if op == Op::Read => Errno::Inval,
         EngineError::OutOfRange { .. } => Errno::NoSpc,
         EngineError::NoSpace => Errno::NoSpc,
-        EngineError::InvalidArgument(_) => Errno::Inval,
+        EngineError::InvalidArgument(_) | EngineError::InUse(_) => Errno::Inval,
+        EngineError::ReadOnly(_) => Errno::Perm,
         EngineError::ShuttingDown => Errno::Shutdown,
         // The volume went away under the client (deleted).
         EngineError::NotFound(_) => Errno::Shutdown,

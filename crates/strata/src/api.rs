@@ -138,7 +138,8 @@ impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> ApiError {
         let status = match &e {
             EngineError::NotFound(_) => StatusCode::NOT_FOUND,
-            EngineError::AlreadyExists(_) => StatusCode::CONFLICT,
+            EngineError::AlreadyExists(_) | EngineError::InUse(_) => StatusCode::CONFLICT,
+            EngineError::ReadOnly(_) => StatusCode::BAD_REQUEST,
             EngineError::InvalidArgument(_) | EngineError::OutOfRange { .. } => {
                 StatusCode::BAD_REQUEST
             }
@@ -299,7 +300,7 @@ fn export_base(nbd_addr: SocketAddr, headers: &HeaderMap) -> String {
 }
 
 fn volume_json(state: &AppState, base: &str, v: VolumeInfo) -> VolumeJson {
-    let space = state.registry.group().volume_space(v.id).unwrap_or_default();
+    let space = state.registry.group().space(v.id).unwrap_or_default();
     let io = crate::metrics::IoTotalsJson::from(&state.registry.volume_io(v.id).snapshot());
     VolumeJson {
         connections: state.registry.connections(v.id),
@@ -308,8 +309,8 @@ fn volume_json(state: &AppState, base: &str, v: VolumeInfo) -> VolumeJson {
         id: v.id,
         size_bytes: v.size_bytes,
         policy: "write-buffer".into(),
-        fast_tier_bytes: space.fast_bytes,
-        capacity_tier_bytes: space.capacity_bytes,
+        fast_tier_bytes: space.exclusive_fast_bytes + space.shared_fast_bytes,
+        capacity_tier_bytes: space.exclusive_capacity_bytes + space.shared_capacity_bytes,
         io: serde_json::to_value(io).ok(),
     }
 }

@@ -110,6 +110,7 @@ pub struct FileConfig {
     pub max_batch_size: Option<SizeValue>,
     pub max_connections: Option<usize>,
     pub default_volume_size: Option<SizeValue>,
+    pub index_cache: Option<SizeValue>,
     pub io_backend: Option<String>,
     /// Bearer token for mutating admin requests; required when http_listen is not loopback.
     pub http_token: Option<String>,
@@ -377,6 +378,12 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
             defaults.max_batch_bytes as u64,
         )?)
         .context("max_batch_size is too large")?,
+        index_cache_bytes: size(
+            args.index_cache,
+            &file.index_cache,
+            "index_cache",
+            defaults.index_cache_bytes,
+        )?,
     };
     let config = ServeConfig {
         data_dir,

@@ -132,6 +132,9 @@ pub struct ServeArgs {
     /// Size of the volume `vol0` created on first start when there is no volume; 0 creates none [default: 8G].
     #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
     pub default_volume_size: Option<u64>,
+    /// Memory for index pages of data on the capacity tier (the capacity index's RAM bound) [default: 64M].
+    #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
+    pub index_cache: Option<u64>,
     /// Device I/O backend: auto, io_uring or threads [default: auto].
     #[arg(long, value_name = "NAME")]
     pub io_backend: Option<String>,

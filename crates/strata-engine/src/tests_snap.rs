@@ -1,0 +1,1 @@
+//! Snapshots, clones and rollback against a reference model.
