@@ -170,7 +170,7 @@ fn device_of(e: Entry, origin: &str) -> Result<Device, String> {
     }
     let at = |r: Result<f64, String>| r.map_err(|m| format!("device {id}: {m}"));
     let capacity_bytes = (at(positive("capacity_gb", e.capacity_gb))? * BYTES_PER_GB) as u64;
-    if e.preferred_write_bytes == 0 || e.preferred_write_bytes % 512 != 0 {
+    if e.preferred_write_bytes == 0 || !e.preferred_write_bytes.is_multiple_of(512) {
         return Err(format!(
             "device {id}: preferred_write_bytes must be a positive multiple of 512, got {}",
             e.preferred_write_bytes

@@ -41,9 +41,9 @@ fn count(v: f64) -> String {
 
 fn size_label(bytes: u64) -> String {
     let kib = bytes / 1024;
-    if bytes % 1024 == 0 && kib < 1024 {
+    if bytes.is_multiple_of(1024) && kib < 1024 {
         format!("{kib} KiB")
-    } else if bytes % (1 << 20) == 0 {
+    } else if bytes.is_multiple_of(1 << 20) {
         format!("{} MiB", bytes >> 20)
     } else {
         format!("{bytes} B")
@@ -141,10 +141,13 @@ fn opt<T>(v: Option<T>, f: impl Fn(T) -> String) -> String {
     v.map_or_else(|| "not rated".into(), f)
 }
 
+/// How one row of the per-device table reads a load.
+type Column = fn(&DeviceLoad) -> String;
+
 fn loads_section(out: &mut String, r: &Report) {
     let (c, k) = (&r.evaluation.cache, &r.evaluation.capacity);
     let w = &r.workload;
-    let rows: [(String, fn(&DeviceLoad) -> String); 9] = [
+    let rows: [(String, Column); 9] = [
         ("writes per device, average".into(), |l| mib_s(l.write_bytes_per_s_avg)),
         ("writes per device, peak".into(), |l| mib_s(l.write_bytes_per_s_peak)),
         ("drive writes per day".into(), |l| format!("{:.2}", l.drive_writes_per_day)),
@@ -230,8 +233,9 @@ fn smallest_section(out: &mut String, r: &Report) {
         Some(h) => {
             let _ = writeln!(
                 out,
-                "Smallest cluster meeting all: {h} hosts ({} binds; {each})",
-                s.binding.join(" and ")
+                "Smallest cluster meeting all: {h} hosts ({} {}; {each})",
+                s.binding.join(" and "),
+                if s.binding.len() > 1 { "bind" } else { "binds" }
             );
         }
         None => {
