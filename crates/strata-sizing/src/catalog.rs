@@ -114,7 +114,8 @@ impl Device {
     /// The rated endurance as drive writes per day, for display.
     pub fn rated_dwpd(&self, sequential: bool) -> Option<f64> {
         let e = self.endurance?;
-        let per_s = formulas::sustained_write_bytes_per_s(e.budget_bytes(sequential), e.warranty_years);
+        let per_s =
+            formulas::sustained_write_bytes_per_s(e.budget_bytes(sequential), e.warranty_years);
         Some(formulas::drive_writes_per_day(per_s, self.capacity_bytes))
     }
 }
@@ -128,7 +129,10 @@ fn positive(what: &str, v: f64) -> Result<f64, String> {
 }
 
 fn endurance_of(e: &Entry, capacity_bytes: u64) -> Result<Option<Endurance>, String> {
-    let years = e.warranty_years.map(|y| positive("warranty_years", y)).transpose()?;
+    let years = e
+        .warranty_years
+        .map(|y| positive("warranty_years", y))
+        .transpose()?;
     let endurance_bytes = match (e.dwpd, e.tbw, years) {
         (None, None, _) => {
             if e.dwpd_sequential.is_some() {
@@ -162,7 +166,11 @@ fn endurance_of(e: &Entry, capacity_bytes: u64) -> Result<Option<Endurance>, Str
 
 fn device_of(e: Entry, origin: &str) -> Result<Device, String> {
     let id = e.id.trim().to_ascii_lowercase();
-    if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+    if id.is_empty()
+        || !id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
         return Err(format!(
             "id {:?} must be letters, digits, '-', '_' or '.'",
             e.id
@@ -183,7 +191,8 @@ fn device_of(e: Entry, origin: &str) -> Result<Device, String> {
         media: e.media,
         capacity_bytes,
         endurance,
-        seq_read_bytes_per_s: at(positive("seq_read_mb_per_s", e.seq_read_mb_per_s))? * BYTES_PER_MB,
+        seq_read_bytes_per_s: at(positive("seq_read_mb_per_s", e.seq_read_mb_per_s))?
+            * BYTES_PER_MB,
         seq_write_bytes_per_s: at(positive("seq_write_mb_per_s", e.seq_write_mb_per_s))?
             * BYTES_PER_MB,
         random_read_iops: at(positive("random_read_iops", e.random_read_iops))?,
@@ -222,7 +231,8 @@ pub struct Catalog {
 impl Catalog {
     pub fn builtin() -> Catalog {
         // The built-in file is checked by a unit test; a broken one is a build defect.
-        let devices = parse(BUILTIN_TOML, "built-in").unwrap_or_else(|e| panic!("built-in catalog: {e}"));
+        let devices =
+            parse(BUILTIN_TOML, "built-in").unwrap_or_else(|e| panic!("built-in catalog: {e}"));
         Catalog {
             devices: devices.into_iter().map(|d| (d.id.clone(), d)).collect(),
         }
@@ -242,7 +252,9 @@ impl Catalog {
             path: path.display().to_string(),
             reason,
         };
-        let len = std::fs::metadata(path).map_err(|e| err(crate::io_reason(&e)))?.len();
+        let len = std::fs::metadata(path)
+            .map_err(|e| err(crate::io_reason(&e)))?
+            .len();
         if len > MAX_CATALOG_FILE_BYTES {
             return Err(err(format!("larger than {MAX_CATALOG_FILE_BYTES} bytes")));
         }
@@ -260,10 +272,12 @@ impl Catalog {
     /// The entry with this id (case-insensitive); an unknown id lists close matches.
     pub fn get(&self, id: &str) -> Result<&Device, SizingError> {
         let key = id.trim().to_ascii_lowercase();
-        self.devices.get(&key).ok_or_else(|| SizingError::UnknownDevice {
-            id: id.to_string(),
-            hint: self.suggestions(&key),
-        })
+        self.devices
+            .get(&key)
+            .ok_or_else(|| SizingError::UnknownDevice {
+                id: id.to_string(),
+                hint: self.suggestions(&key),
+            })
     }
 
     fn suggestions(&self, key: &str) -> String {
@@ -274,11 +288,18 @@ impl Catalog {
             .filter(|(d, id)| *d <= 3 + id.len() / 4)
             .collect();
         scored.sort();
-        let close: Vec<&str> = scored.iter().take(MAX_SUGGESTIONS).map(|(_, id)| *id).collect();
+        let close: Vec<&str> = scored
+            .iter()
+            .take(MAX_SUGGESTIONS)
+            .map(|(_, id)| *id)
+            .collect();
         if close.is_empty() {
             " (see `strata size --list-devices`)".to_string()
         } else {
-            format!(" (did you mean {}? see `strata size --list-devices`)", close.join(", "))
+            format!(
+                " (did you mean {}? see `strata size --list-devices`)",
+                close.join(", ")
+            )
         }
     }
 }

@@ -55,7 +55,10 @@ fn builtin_ratings_convert_to_bytes() {
     // Section 3: 100 DWPD at 400 GB is about 16x the endurance of 3 DWPD at 800 GB.
     let sas = c.get("sas-800g-mu-3dwpd").unwrap().endurance.unwrap();
     let ratio = e.endurance_bytes / sas.endurance_bytes;
-    assert!((ratio - 100.0 * 400.0 / (3.0 * 800.0)).abs() < 1e-9 && ratio > 16.0, "{ratio}");
+    assert!(
+        (ratio - 100.0 * 400.0 / (3.0 * 800.0)).abs() < 1e-9 && ratio > 16.0,
+        "{ratio}"
+    );
     let qlc = c.get("d5-p4320-7.68t").unwrap();
     let qe = qlc.endurance.unwrap();
     assert!((qe.budget_bytes(false) - 7.68e12 * 0.2 * 365.0 * 5.0).abs() < 1.0);
@@ -81,7 +84,10 @@ fn user_file_adds_and_overrides_entries() {
     // 1825 TBW over 5 years is 1 DWPD of 1 TB.
     assert!((mine.rated_dwpd(false).unwrap() - 1.0).abs() < 1e-9);
     assert_eq!(c.get("OPTANE-P5800X-400G").unwrap().name, "replaced");
-    assert_eq!(c.devices().count(), Catalog::builtin().devices().count() + 1);
+    assert_eq!(
+        c.devices().count(),
+        Catalog::builtin().devices().count() + 1
+    );
 }
 
 #[test]
@@ -89,12 +95,36 @@ fn malformed_files_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let cases = [
         ("syntax.toml", "[[device]\nid = ".to_string(), "syntax.toml"),
-        ("unknown.toml", USER_ENTRY.replace("media = \"tlc\"", "media = \"tlc\"\ncolour = 1"), "colour"),
-        ("media.toml", USER_ENTRY.replace("\"tlc\"", "\"plc\""), "plc"),
-        ("both.toml", USER_ENTRY.replace("tbw = 1825", "tbw = 1825\ndwpd = 1"), "not both"),
-        ("years.toml", USER_ENTRY.replace("warranty_years = 5", ""), "warranty_years"),
-        ("negative.toml", USER_ENTRY.replace("capacity_gb = 1000", "capacity_gb = -1"), "capacity_gb"),
-        ("unit.toml", USER_ENTRY.replace("4096", "1000"), "multiple of 512"),
+        (
+            "unknown.toml",
+            USER_ENTRY.replace("media = \"tlc\"", "media = \"tlc\"\ncolour = 1"),
+            "colour",
+        ),
+        (
+            "media.toml",
+            USER_ENTRY.replace("\"tlc\"", "\"plc\""),
+            "plc",
+        ),
+        (
+            "both.toml",
+            USER_ENTRY.replace("tbw = 1825", "tbw = 1825\ndwpd = 1"),
+            "not both",
+        ),
+        (
+            "years.toml",
+            USER_ENTRY.replace("warranty_years = 5", ""),
+            "warranty_years",
+        ),
+        (
+            "negative.toml",
+            USER_ENTRY.replace("capacity_gb = 1000", "capacity_gb = -1"),
+            "capacity_gb",
+        ),
+        (
+            "unit.toml",
+            USER_ENTRY.replace("4096", "1000"),
+            "multiple of 512",
+        ),
         ("twice.toml", format!("{USER_ENTRY}{USER_ENTRY}"), "twice"),
         ("id.toml", USER_ENTRY.replace("My-Cache", "my cache"), "id"),
     ];
@@ -116,7 +146,16 @@ fn unknown_ids_list_close_matches() {
     let e = c.get("optane-p5800x-40g").unwrap_err().to_string();
     assert!(e.contains("did you mean optane-p5800x-400g"), "{e}");
     let e = c.get("p4800x").unwrap_err().to_string();
-    assert!(e.contains("optane-p4800x-375g") && e.contains("optane-p4800x-750g"), "{e}");
-    let e = c.get("zzzzzzzzzzzzzzzzzzzzzzzzzzzzzz").unwrap_err().to_string();
-    assert!(!e.contains("did you mean") && e.contains("--list-devices"), "{e}");
+    assert!(
+        e.contains("optane-p4800x-375g") && e.contains("optane-p4800x-750g"),
+        "{e}"
+    );
+    let e = c
+        .get("zzzzzzzzzzzzzzzzzzzzzzzzzzzzzz")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        !e.contains("did you mean") && e.contains("--list-devices"),
+        "{e}"
+    );
 }

@@ -115,7 +115,11 @@ mod tests {
     #[test]
     fn random_rate_is_iops_bound_until_bandwidth_bound() {
         // 500K IOPS x 4 KiB = 2.05 GB/s, under a 3 GB/s sequential rate.
-        assert!(close(random_bytes_per_s(500_000.0, 3e9, 4096), 2_048_000_000.0, 1e-3));
+        assert!(close(
+            random_bytes_per_s(500_000.0, 3e9, 4096),
+            2_048_000_000.0,
+            1e-3
+        ));
         // At 32 KiB the same IOPS would be 16 GB/s: the 3 GB/s rate binds.
         assert_eq!(random_bytes_per_s(500_000.0, 3e9, 32768), 3e9);
     }

@@ -131,7 +131,8 @@ fn workload(args: &SizeArgs) -> Result<Workload, SizingError> {
     if let Some(url) = &args.from_metrics {
         if read_ratio >= 1.0 {
             return Err(SizingError::Invalid(
-                "--from-metrics needs --read-pct below 100: IOPS are derived from the write rate".into(),
+                "--from-metrics needs --read-pct below 100: IOPS are derived from the write rate"
+                    .into(),
             ));
         }
         let rate = metrics::measured_write_bytes_per_s(url)?;
@@ -160,7 +161,9 @@ fn design(args: &SizeArgs, catalog: &Catalog) -> Result<Design, SizingError> {
     Ok(Design {
         hosts: required(&args.hosts, "--hosts")?,
         protection: args.protection,
-        cache_device: catalog.get(&required(&args.cache_device, "--cache-device")?)?.clone(),
+        cache_device: catalog
+            .get(&required(&args.cache_device, "--cache-device")?)?
+            .clone(),
         cache_per_host: args.cache_per_host.max(1),
         capacity_device: catalog
             .get(&required(&args.capacity_device, "--capacity-device")?)?

@@ -18,21 +18,31 @@ pub fn measured_write_bytes_per_s(url: &str) -> Result<f64, SizingError> {
         reason,
     };
     if !base.starts_with("http://") {
-        return Err(err("the URL must start with http:// (the daemon's admin API)".into()));
+        return Err(err(
+            "the URL must start with http:// (the daemon's admin API)".into(),
+        ));
     }
     let agent = ureq::AgentBuilder::new().timeout(TIMEOUT).build();
-    let response = agent.get(&format!("{base}{STATUS_PATH}")).call().map_err(|e| match e {
-        ureq::Error::Status(code, _) => err(format!("{STATUS_PATH} answered HTTP {code}")),
-        ureq::Error::Transport(t) => err(format!("cannot reach the daemon: {}", transport_reason(&t))),
-    })?;
+    let response = agent
+        .get(&format!("{base}{STATUS_PATH}"))
+        .call()
+        .map_err(|e| match e {
+            ureq::Error::Status(code, _) => err(format!("{STATUS_PATH} answered HTTP {code}")),
+            ureq::Error::Transport(t) => {
+                err(format!("cannot reach the daemon: {}", transport_reason(&t)))
+            }
+        })?;
     let mut body = String::new();
     std::io::Read::read_to_string(
         &mut std::io::Read::take(response.into_reader(), MAX_STATUS_BYTES),
         &mut body,
     )
     .map_err(|e| err(format!("reading {STATUS_PATH}: {}", crate::io_reason(&e))))?;
-    let doc: serde_json::Value = serde_json::from_str(&body)
-        .map_err(|_| err(format!("{STATUS_PATH} is not JSON: is this a Strata daemon?")))?;
+    let doc: serde_json::Value = serde_json::from_str(&body).map_err(|_| {
+        err(format!(
+            "{STATUS_PATH} is not JSON: is this a Strata daemon?"
+        ))
+    })?;
     let rate = doc
         .pointer(WRITE_RATE_POINTER)
         .and_then(serde_json::Value::as_f64)

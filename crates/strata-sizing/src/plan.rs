@@ -51,7 +51,11 @@ impl Workload {
             block_size_bytes,
             capacity_per_vm_bytes,
             peak_to_average,
-            vm_write_bytes_per_s_avg: formulas::write_bytes_per_s(iops_avg, read_ratio, block_size_bytes),
+            vm_write_bytes_per_s_avg: formulas::write_bytes_per_s(
+                iops_avg,
+                read_ratio,
+                block_size_bytes,
+            ),
             source: RateSource::Estimate { iops_per_vm },
         }
     }
@@ -68,13 +72,19 @@ impl Workload {
     ) -> Workload {
         Workload {
             vms,
-            iops_avg: formulas::iops_for_write_rate(vm_write_bytes_per_s_avg, read_ratio, block_size_bytes),
+            iops_avg: formulas::iops_for_write_rate(
+                vm_write_bytes_per_s_avg,
+                read_ratio,
+                block_size_bytes,
+            ),
             read_ratio,
             block_size_bytes,
             capacity_per_vm_bytes,
             peak_to_average,
             vm_write_bytes_per_s_avg,
-            source: RateSource::Measured { url: url.to_string() },
+            source: RateSource::Measured {
+                url: url.to_string(),
+            },
         }
     }
 
@@ -166,8 +176,11 @@ fn endurance_fields(load: &mut DeviceLoad, dev: &Device, tier: Tier, w: &Workloa
     load.rated_drive_writes_per_day = dev.rated_dwpd(sequential);
     load.endurance_write_bytes_per_s = Some(rate);
     load.endurance_vm_write_bytes_per_s = Some(vm_rate);
-    load.endurance_vm_iops =
-        Some(formulas::iops_for_write_rate(vm_rate, w.read_ratio, w.block_size_bytes));
+    load.endurance_vm_iops = Some(formulas::iops_for_write_rate(
+        vm_rate,
+        w.read_ratio,
+        w.block_size_bytes,
+    ));
     load.endurance_load_ratio = Some(if rate > 0.0 {
         load.write_bytes_per_s_avg / rate
     } else {
@@ -175,7 +188,14 @@ fn endurance_fields(load: &mut DeviceLoad, dev: &Device, tier: Tier, w: &Workloa
     });
 }
 
-fn device_load(dev: &Device, count: u32, tier: Tier, w: &Workload, amp: f64, share: f64) -> DeviceLoad {
+fn device_load(
+    dev: &Device,
+    count: u32,
+    tier: Tier,
+    w: &Workload,
+    amp: f64,
+    share: f64,
+) -> DeviceLoad {
     let avg = w.vm_write_bytes_per_s_avg * amp * share;
     let peak = w.vm_write_bytes_per_s_peak() * amp * share;
     let bs = w.block_size_bytes;
@@ -191,7 +211,8 @@ fn device_load(dev: &Device, count: u32, tier: Tier, w: &Workload, amp: f64, sha
         Tier::Capacity => {
             let read_bytes_per_s = w.read_iops_peak() * share * bs as f64;
             peak / dev.seq_write_bytes_per_s
-                + read_bytes_per_s / random_bytes_per_s(dev.random_read_iops, dev.seq_read_bytes_per_s, bs)
+                + read_bytes_per_s
+                    / random_bytes_per_s(dev.random_read_iops, dev.seq_read_bytes_per_s, bs)
         }
     };
     let mut load = DeviceLoad {
@@ -219,8 +240,22 @@ pub fn evaluate(w: &Workload, d: &Design, hosts: u32) -> Evaluation {
     let capacity_count = hosts * d.capacity_per_host;
     let cache_share = 1.0 / (hosts_f * f64::from(d.cache_per_host));
     let capacity_share = 1.0 / (hosts_f * f64::from(d.capacity_per_host));
-    let cache = device_load(&d.cache_device, cache_count, Tier::Cache, w, amp, cache_share);
-    let capacity = device_load(&d.capacity_device, capacity_count, Tier::Capacity, w, amp, capacity_share);
+    let cache = device_load(
+        &d.cache_device,
+        cache_count,
+        Tier::Cache,
+        w,
+        amp,
+        cache_share,
+    );
+    let capacity = device_load(
+        &d.capacity_device,
+        capacity_count,
+        Tier::Capacity,
+        w,
+        amp,
+        capacity_share,
+    );
     let capacity_needed_bytes = f64::from(w.vms) * w.capacity_per_vm_bytes as f64 * amp;
     let capacity_usable_bytes =
         f64::from(capacity_count) * d.capacity_device.capacity_bytes as f64 * d.capacity_fill_max;
@@ -291,8 +326,16 @@ pub fn smallest_cluster(w: &Workload, d: &Design) -> SmallestCluster {
         .iter()
         .try_fold(0u32, |acc, (_, h)| h.map(|h| acc.max(h)));
     let binding = match hosts {
-        Some(n) => each.iter().filter(|(_, h)| *h == Some(n)).map(|(name, _)| *name).collect(),
-        None => each.iter().filter(|(_, h)| h.is_none()).map(|(name, _)| *name).collect(),
+        Some(n) => each
+            .iter()
+            .filter(|(_, h)| *h == Some(n))
+            .map(|(name, _)| *name)
+            .collect(),
+        None => each
+            .iter()
+            .filter(|(_, h)| h.is_none())
+            .map(|(name, _)| *name)
+            .collect(),
     };
     SmallestCluster {
         performance_hosts,

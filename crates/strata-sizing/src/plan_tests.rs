@@ -92,7 +92,10 @@ fn hand_computed_design() {
     assert!(near(e.cache.write_bytes_per_s_avg, 245_760_000.0));
     assert!(near(e.cache.write_bytes_per_s_peak, 491_520_000.0));
     assert!(near(e.cache.drive_writes_per_day, 21.233_664));
-    assert!(near(e.cache.endurance_write_bytes_per_s.unwrap(), 1e13 / 86_400.0));
+    assert!(near(
+        e.cache.endurance_write_bytes_per_s.unwrap(),
+        1e13 / 86_400.0
+    ));
     assert!(near(e.cache.endurance_load_ratio.unwrap(), 2.123_366_4));
     // Peak writes over min(100K x 32 KiB, 2 GB/s) plus destage reads over 4 GB/s.
     assert!(near(e.cache.utilization_peak, 0.24576 + 0.12288));
@@ -100,7 +103,10 @@ fn hand_computed_design() {
     // over min(10K x 32 KiB, 1 GB/s).
     assert!(near(e.capacity.utilization_peak, 0.24576 + 0.875));
     assert_eq!(e.capacity.endurance_load_ratio, None);
-    assert!(near(e.capacity_needed_bytes, 2.0 * 100.0 * 100.0 * GIB as f64));
+    assert!(near(
+        e.capacity_needed_bytes,
+        2.0 * 100.0 * 100.0 * GIB as f64
+    ));
     assert!(near(e.capacity_usable_bytes, 16.0 * 1e13 * 0.8));
     assert_eq!(
         e.checks,
@@ -126,7 +132,9 @@ fn smallest_cluster_names_the_binding_constraint() {
     assert_eq!(s.binding, vec!["endurance"]);
     let at = evaluate(&w, &design(9, Protection::Mirror { ftt: 1 }), 9);
     assert!(at.checks.all_ok(), "{:?}", at.checks);
-    assert!(!evaluate(&w, &design(8, Protection::Mirror { ftt: 1 }), 8).checks.all_ok());
+    assert!(!evaluate(&w, &design(8, Protection::Mirror { ftt: 1 }), 8)
+        .checks
+        .all_ok());
 }
 
 #[test]
@@ -184,7 +192,15 @@ fn sequential_rating_applies_to_the_capacity_tier() {
 
 #[test]
 fn measured_rates_derive_iops() {
-    let w = Workload::measured("http://127.0.0.1:9090", 14_745_600.0, 10, 0.7, 32 * 1024, GIB, 2.0);
+    let w = Workload::measured(
+        "http://127.0.0.1:9090",
+        14_745_600.0,
+        10,
+        0.7,
+        32 * 1024,
+        GIB,
+        2.0,
+    );
     assert!(near(w.iops_avg, 1500.0));
     assert!(near(w.read_iops_peak(), 1500.0 * 0.7 * 2.0));
     assert!(near(w.vm_write_bytes_per_s_peak(), 2.0 * 14_745_600.0));

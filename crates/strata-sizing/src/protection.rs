@@ -28,7 +28,9 @@ impl Protection {
         }
         if let Some(n) = t.strip_prefix("ftt=") {
             let ftt: u32 = n.parse().map_err(|_| bad())?;
-            return (ftt <= MAX_FTT).then_some(Protection::Mirror { ftt }).ok_or_else(bad);
+            return (ftt <= MAX_FTT)
+                .then_some(Protection::Mirror { ftt })
+                .ok_or_else(bad);
         }
         let spec = t.strip_prefix("ec=").ok_or_else(bad)?;
         let (k, m) = spec.split_once('+').ok_or_else(bad)?;
@@ -73,15 +75,29 @@ mod tests {
 
     #[test]
     fn parses_the_policies() {
-        assert_eq!(Protection::parse("raid1"), Ok(Protection::Mirror { ftt: 1 }));
-        assert_eq!(Protection::parse("RAID-1"), Ok(Protection::Mirror { ftt: 1 }));
-        assert_eq!(Protection::parse("ftt=2"), Ok(Protection::Mirror { ftt: 2 }));
-        assert_eq!(Protection::parse("ftt=0"), Ok(Protection::Mirror { ftt: 0 }));
+        assert_eq!(
+            Protection::parse("raid1"),
+            Ok(Protection::Mirror { ftt: 1 })
+        );
+        assert_eq!(
+            Protection::parse("RAID-1"),
+            Ok(Protection::Mirror { ftt: 1 })
+        );
+        assert_eq!(
+            Protection::parse("ftt=2"),
+            Ok(Protection::Mirror { ftt: 2 })
+        );
+        assert_eq!(
+            Protection::parse("ftt=0"),
+            Ok(Protection::Mirror { ftt: 0 })
+        );
         assert_eq!(
             Protection::parse("ec=4+2"),
             Ok(Protection::Erasure { data: 4, parity: 2 })
         );
-        for bad in ["raid5", "ftt=", "ftt=-1", "ftt=9", "ec=4", "ec=0+1", "ec=4+0", "ec=a+b", ""] {
+        for bad in [
+            "raid5", "ftt=", "ftt=-1", "ftt=9", "ec=4", "ec=0+1", "ec=4+0", "ec=a+b", "",
+        ] {
             assert!(Protection::parse(bad).is_err(), "{bad:?} accepted");
         }
     }

@@ -28,7 +28,9 @@ fn count(v: f64) -> String {
         return "unlimited".into();
     }
     let digits = format!("{:.0}", v.round());
-    let (sign, digits) = digits.strip_prefix('-').map_or(("", digits.as_str()), |d| ("-", d));
+    let (sign, digits) = digits
+        .strip_prefix('-')
+        .map_or(("", digits.as_str()), |d| ("-", d));
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
         if i > 0 && (digits.len() - i) % 3 == 0 {
@@ -53,8 +55,16 @@ fn size_label(bytes: u64) -> String {
 fn rating_label(d: &Device, sequential: bool) -> String {
     match (d.endurance, d.rated_dwpd(sequential)) {
         (Some(e), Some(dwpd)) => {
-            let kind = if sequential && e.sequential_endurance_bytes.is_some() { " sequential" } else { "" };
-            format!("{}{kind} DWPD x {} years", trim_float(dwpd), trim_float(e.warranty_years))
+            let kind = if sequential && e.sequential_endurance_bytes.is_some() {
+                " sequential"
+            } else {
+                ""
+            };
+            format!(
+                "{}{kind} DWPD x {} years",
+                trim_float(dwpd),
+                trim_float(e.warranty_years)
+            )
         }
         _ => "no write-endurance rating".into(),
     }
@@ -90,7 +100,11 @@ fn device_line(d: &Device, per_host: u32, sequential: bool) -> String {
 
 fn workload_section(out: &mut String, r: &Report) {
     let w = &r.workload;
-    let mix = format!("{:.0}/{:.0}", w.read_ratio * 100.0, (1.0 - w.read_ratio) * 100.0);
+    let mix = format!(
+        "{:.0}/{:.0}",
+        w.read_ratio * 100.0,
+        (1.0 - w.read_ratio) * 100.0
+    );
     match &w.source {
         RateSource::Estimate { iops_per_vm } => {
             let _ = writeln!(
@@ -113,7 +127,12 @@ fn workload_section(out: &mut String, r: &Report) {
     }
     let e = &r.evaluation;
     let peak = format!("VM writes, peak (x{})", trim_float(w.peak_to_average));
-    let _ = writeln!(out, "  {:<30}{}", "VM writes, average", mib_s(e.vm_write_bytes_per_s_avg));
+    let _ = writeln!(
+        out,
+        "  {:<30}{}",
+        "VM writes, average",
+        mib_s(e.vm_write_bytes_per_s_avg)
+    );
     let _ = writeln!(out, "  {peak:<30}{}", mib_s(e.vm_write_bytes_per_s_peak));
     let _ = writeln!(
         out,
@@ -133,8 +152,16 @@ fn design_section(out: &mut String, r: &Report) {
         d.protection.label(),
         r.evaluation.write_amplification
     );
-    let _ = writeln!(out, "  cache     {}", device_line(&d.cache_device, d.cache_per_host, false));
-    let _ = writeln!(out, "  capacity  {}\n", device_line(&d.capacity_device, d.capacity_per_host, true));
+    let _ = writeln!(
+        out,
+        "  cache     {}",
+        device_line(&d.cache_device, d.cache_per_host, false)
+    );
+    let _ = writeln!(
+        out,
+        "  capacity  {}\n",
+        device_line(&d.capacity_device, d.capacity_per_host, true)
+    );
 }
 
 fn opt<T>(v: Option<T>, f: impl Fn(T) -> String) -> String {
@@ -148,12 +175,24 @@ fn loads_section(out: &mut String, r: &Report) {
     let (c, k) = (&r.evaluation.cache, &r.evaluation.capacity);
     let w = &r.workload;
     let rows: [(String, Column); 9] = [
-        ("writes per device, average".into(), |l| mib_s(l.write_bytes_per_s_avg)),
-        ("writes per device, peak".into(), |l| mib_s(l.write_bytes_per_s_peak)),
-        ("drive writes per day".into(), |l| format!("{:.2}", l.drive_writes_per_day)),
-        ("rated drive writes per day".into(), |l| opt(l.rated_drive_writes_per_day, trim_float)),
-        ("endurance rate (for the warranty)".into(), |l| opt(l.endurance_write_bytes_per_s, mib_s)),
-        ("  = VM writes after protection".into(), |l| opt(l.endurance_vm_write_bytes_per_s, mib_s)),
+        ("writes per device, average".into(), |l| {
+            mib_s(l.write_bytes_per_s_avg)
+        }),
+        ("writes per device, peak".into(), |l| {
+            mib_s(l.write_bytes_per_s_peak)
+        }),
+        ("drive writes per day".into(), |l| {
+            format!("{:.2}", l.drive_writes_per_day)
+        }),
+        ("rated drive writes per day".into(), |l| {
+            opt(l.rated_drive_writes_per_day, trim_float)
+        }),
+        ("endurance rate (for the warranty)".into(), |l| {
+            opt(l.endurance_write_bytes_per_s, mib_s)
+        }),
+        ("  = VM writes after protection".into(), |l| {
+            opt(l.endurance_vm_write_bytes_per_s, mib_s)
+        }),
         (
             format!(
                 "  = IOPS at {:.0}/{:.0}, {}",
@@ -163,10 +202,16 @@ fn loads_section(out: &mut String, r: &Report) {
             ),
             |l| opt(l.endurance_vm_iops, count),
         ),
-        ("average writes / endurance rate".into(), |l| opt(l.endurance_load_ratio, pct)),
+        ("average writes / endurance rate".into(), |l| {
+            opt(l.endurance_load_ratio, pct)
+        }),
         ("busy at peak".into(), |l| pct(l.utilization_peak)),
     ];
-    let _ = writeln!(out, "  {:<36}{:>18}{:>18}", "per device", "cache", "capacity");
+    let _ = writeln!(
+        out,
+        "  {:<36}{:>18}{:>18}",
+        "per device", "cache", "capacity"
+    );
     for (label, f) in rows {
         let _ = writeln!(out, "  {label:<36}{:>18}{:>18}", f(c), f(k));
     }
@@ -269,7 +314,8 @@ pub fn json(r: &Report) -> String {
 pub fn device_list(catalog: &Catalog, json: bool) -> String {
     if json {
         let devices: Vec<&Device> = catalog.devices().collect();
-        let mut text = serde_json::to_string_pretty(&serde_json::json!({ "devices": devices })).unwrap_or_default();
+        let mut text = serde_json::to_string_pretty(&serde_json::json!({ "devices": devices }))
+            .unwrap_or_default();
         text.push('\n');
         return text;
     }
@@ -290,7 +336,11 @@ pub fn device_list(catalog: &Catalog, json: bool) -> String {
                 d.seq_read_bytes_per_s / BYTES_PER_MB,
                 d.seq_write_bytes_per_s / BYTES_PER_MB
             ),
-            format!("{}/{}", count(d.random_read_iops), count(d.random_write_iops)),
+            format!(
+                "{}/{}",
+                count(d.random_read_iops),
+                count(d.random_write_iops)
+            ),
             d.name
         );
     }

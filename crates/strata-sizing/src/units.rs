@@ -6,9 +6,11 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     let split = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(s.len());
-    let number: f64 = s[..split]
-        .parse()
-        .map_err(|_| format!("invalid size {text:?}: expected a number with an optional unit such as 32K, 300G, 2T"))?;
+    let number: f64 = s[..split].parse().map_err(|_| {
+        format!(
+            "invalid size {text:?}: expected a number with an optional unit such as 32K, 300G, 2T"
+        )
+    })?;
     let shift = match s[split..].trim().to_ascii_lowercase().as_str() {
         "" | "b" => 0,
         "k" | "kb" | "kib" => 10,
@@ -16,7 +18,11 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "g" | "gb" | "gib" => 30,
         "t" | "tb" | "tib" => 40,
         "p" | "pb" | "pib" => 50,
-        unit => return Err(format!("invalid size {text:?}: unknown unit {unit:?} (use K, M, G, T or P)")),
+        unit => {
+            return Err(format!(
+                "invalid size {text:?}: unknown unit {unit:?} (use K, M, G, T or P)"
+            ))
+        }
     };
     let bytes = number * (1u64 << shift) as f64;
     if !bytes.is_finite() || bytes >= u64::MAX as f64 {
@@ -28,7 +34,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 pub fn parse_block_size(text: &str) -> Result<u64, String> {
     let bytes = parse_size(text)?;
     if !(512..=(16 << 20)).contains(&bytes) {
-        return Err(format!("block size {text} is out of range: use 512 bytes to 16M"));
+        return Err(format!(
+            "block size {text} is out of range: use 512 bytes to 16M"
+        ));
     }
     Ok(bytes)
 }
@@ -70,7 +78,9 @@ pub fn parse_read_pct(text: &str) -> Result<f64, String> {
 pub fn parse_peak(text: &str) -> Result<f64, String> {
     let v = parse_number(text, "peak-to-average factor")?;
     if !(1.0..=1000.0).contains(&v) {
-        return Err(format!("peak-to-average factor {text} is out of range: use 1 (flat) to 1000"));
+        return Err(format!(
+            "peak-to-average factor {text} is out of range: use 1 (flat) to 1000"
+        ));
     }
     Ok(v)
 }
@@ -83,7 +93,9 @@ pub fn parse_fill(text: &str) -> Result<f64, String> {
         None => parse_number(s, "fill ratio")?,
     };
     if !(v > 0.0 && v <= 1.0) {
-        return Err(format!("fill ratio {text} is out of range: use a ratio in (0, 1] or a percentage like 80%"));
+        return Err(format!(
+            "fill ratio {text} is out of range: use a ratio in (0, 1] or a percentage like 80%"
+        ));
     }
     Ok(v)
 }
@@ -100,7 +112,9 @@ mod tests {
         assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
         assert!(parse_size("12Q").unwrap_err().contains("unknown unit"));
         assert!(parse_size("lots").is_err());
-        assert!(parse_size("99999999999P").unwrap_err().contains("too large"));
+        assert!(parse_size("99999999999P")
+            .unwrap_err()
+            .contains("too large"));
         assert!(parse_block_size("256").is_err());
         assert!(parse_block_size("64M").is_err());
         assert!(parse_capacity("0").is_err());

@@ -260,14 +260,23 @@ fn device_ratings(cfg: &ServeConfig) -> Result<DeviceRatings> {
     let catalog = crate::wear::load_catalog(&cfg.catalog_files)?;
     Ok(DeviceRatings {
         fast: crate::wear::rating_for(&catalog, cfg.fast_device_model.as_deref(), "fast")?,
-        capacity: crate::wear::rating_for(&catalog, cfg.capacity_device_model.as_deref(), "capacity")?,
+        capacity: crate::wear::rating_for(
+            &catalog,
+            cfg.capacity_device_model.as_deref(),
+            "capacity",
+        )?,
     })
 }
 
 /// Names, tiers and catalog entries of the group's devices, fast first.
-fn device_identities(cfg: &ServeConfig, group: &DiskGroup, ratings: &DeviceRatings) -> Vec<DeviceIdentity> {
+fn device_identities(
+    cfg: &ServeConfig,
+    group: &DiskGroup,
+    ratings: &DeviceRatings,
+) -> Vec<DeviceIdentity> {
     let stats = group.stats();
-    let fast = std::iter::once((stats.fast_device.name, "fast", &cfg.fast_device_model, ratings.fast));
+    let fast_model = &cfg.fast_device_model;
+    let fast = std::iter::once((stats.fast_device.name, "fast", fast_model, ratings.fast));
     let caps = stats
         .capacity_devices
         .into_iter()
