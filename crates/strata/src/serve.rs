@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::adapter::{NbdBackend, Registry};
 use crate::history::{spawn_sampler, History};
-use crate::wear::DeviceIdentity;
+use crate::wear::{self, DeviceIdentity};
 use crate::api::{self, AppState};
 use crate::config::{self, ServeConfig};
 use crate::devices;
@@ -169,6 +169,7 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
         .local_addr()
         .context("HTTP listener address")?;
 
+    let ratings = device_ratings(&cfg)?;
     let (group, io_backend) = open_group(&cfg).await?;
     let mut signals = Signals::new()?;
     let registry = Registry::new(group.clone());
@@ -184,11 +185,12 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
         io_backend: io_backend.clone(),
         history,
         token: cfg.http_token.clone(),
-        devices: device_identities(&cfg, &group)?,
+        devices: device_identities(&cfg, &group, &ratings),
     });
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut nbd_task = spawn_nbd(nbd_listener, registry, cfg.max_connections, stop_rx.clone());
+    let wear_task = spawn_wear_check(state.clone(), stop_rx.clone());
     let mut http_task = spawn_http(http_listener, state, stop_rx);
     tracing::info!(%nbd_addr, %http_addr, volumes = group.volumes().len(), "serving");
     announce(&io_backend, nbd_addr, http_addr);
@@ -202,6 +204,7 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
         r = &mut http_task => { http_done = true; failure = Some(task_failure(r, "HTTP server")); }
     }
     let _ = stop_tx.send(true);
+    wear_task.abort();
     tokio::spawn(async move {
         let name = signals.next().await;
         eprintln!("strata: {name} during shutdown, exiting at once");
@@ -246,24 +249,83 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
     }
 }
 
+/// The catalog ratings of the fast and the capacity devices, looked up before any device is
+/// touched: an unknown model or a broken catalog file stops start-up and changes nothing.
+struct DeviceRatings {
+    fast: Option<crate::wear::Rating>,
+    capacity: Option<crate::wear::Rating>,
+}
+
+fn device_ratings(cfg: &ServeConfig) -> Result<DeviceRatings> {
+    let catalog = crate::wear::load_catalog(&cfg.catalog_files)?;
+    Ok(DeviceRatings {
+        fast: crate::wear::rating_for(&catalog, cfg.fast_device_model.as_deref(), "fast")?,
+        capacity: crate::wear::rating_for(
+            &catalog,
+            cfg.capacity_device_model.as_deref(),
+            "capacity",
+        )?,
+    })
+}
+
 /// Names, tiers and catalog entries of the group's devices, fast first.
-fn device_identities(cfg: &ServeConfig, group: &DiskGroup) -> Result<Vec<DeviceIdentity>> {
+fn device_identities(
+    cfg: &ServeConfig,
+    group: &DiskGroup,
+    ratings: &DeviceRatings,
+) -> Vec<DeviceIdentity> {
     let stats = group.stats();
-    let fast = std::iter::once((stats.fast_device.name, "fast", &cfg.fast_device_model));
+    let fast_model = &cfg.fast_device_model;
+    let fast = std::iter::once((stats.fast_device.name, "fast", fast_model, ratings.fast));
     let caps = stats
         .capacity_devices
         .into_iter()
-        .map(|d| (d.name, "capacity", &cfg.capacity_device_model));
+        .map(|d| (d.name, "capacity", &cfg.capacity_device_model, ratings.capacity));
     fast.chain(caps)
-        .map(|(name, tier, model)| {
-            Ok(DeviceIdentity {
-                rating: crate::wear::rating_for(model.as_deref(), &cfg.catalog_files)?,
-                model: model.clone(),
-                name,
-                tier,
-            })
+        .map(|(name, tier, model, rating)| DeviceIdentity {
+            rating,
+            model: model.clone(),
+            name,
+            tier,
         })
         .collect()
+}
+
+/// Looks at every device's wear each [`wear::CHECK_INTERVAL`] and logs a warning when a device
+/// would wear out before its warranty ends at its average write rate: at once, then at most
+/// hourly per device while it still would.
+fn spawn_wear_check(state: Arc<AppState>, stop: watch::Receiver<bool>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut limiter = wear::WarningLimiter::default();
+        let mut tick = tokio::time::interval(wear::CHECK_INTERVAL);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown_requested(stop.clone()) => return,
+            }
+            let s = state.clone();
+            let Ok(devices) =
+                tokio::task::spawn_blocking(move || crate::api_observe::device_list(&s)).await
+            else {
+                continue;
+            };
+            for d in devices {
+                let w = &d.wear;
+                if limiter.should_warn(&d.name, w.wears_out_before_warranty, Instant::now()) {
+                    tracing::warn!(
+                        device = %d.name,
+                        tier = d.tier,
+                        model = w.model.as_deref().unwrap_or("?"),
+                        write_bytes_per_s_avg = w.write_bytes_per_s_avg,
+                        drive_writes_per_day = w.drive_writes_per_day,
+                        projected_wear_out_unix_s = w.projected_wear_out_unix_s,
+                        warranty_end_unix_s = w.warranty_end_unix_s,
+                        "device would wear out before its warranty ends at its average write rate"
+                    );
+                }
+            }
+        }
+    })
 }
 
 fn task_result(r: Result<Result<()>, tokio::task::JoinError>, what: &str) -> Result<()> {

@@ -1,7 +1,9 @@
 //! Device wear as the daemon reports it: lifetime bytes written (persisted by the engine),
 //! average and recent write rates, drive writes per day and, when the device names a catalog
 //! entry, the share of its rated endurance used and when it would wear out.
-use std::time::Duration;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -28,11 +30,59 @@ pub struct Rating {
     pub warranty_years: f64,
 }
 
-/// The rating of a catalog entry; None without a model. An unknown model is an error.
-pub fn rating_for(model: Option<&str>, catalog_files: &[std::path::PathBuf]) -> anyhow::Result<Option<Rating>> {
+/// The device catalog the daemon rates its devices with: the built-in one plus `catalog_files`.
+pub fn load_catalog(catalog_files: &[PathBuf]) -> anyhow::Result<strata_sizing::Catalog> {
+    Ok(strata_sizing::Catalog::load(catalog_files)?)
+}
+
+/// The rating of a catalog entry; None without a model, or for a device the catalog lists
+/// without a write-endurance rating (a hard disk). An unknown model is an error.
+///
+/// Strata writes its capacity devices in large sequential segments, so a capacity device with a
+/// separate sequential rating (QLC drives have one) is held to that rating.
+pub fn rating_for(
+    catalog: &strata_sizing::Catalog,
+    model: Option<&str>,
+    tier: &str,
+) -> anyhow::Result<Option<Rating>> {
     let Some(model) = model else { return Ok(None) };
-    let _ = catalog_files;
-    anyhow::bail!("device model {model:?}: the device catalog is not available yet")
+    let device = catalog
+        .get(model)
+        .map_err(|e| anyhow::anyhow!("{tier} device model: {e}"))?;
+    Ok(device.endurance.map(|e| Rating {
+        endurance_bytes: e.budget_bytes(tier == "capacity"),
+        warranty_years: e.warranty_years,
+    }))
+}
+
+/// How often the daemon looks at its devices' wear.
+pub const CHECK_INTERVAL: Duration = Duration::from_secs(5);
+/// A device that keeps wearing too fast is logged again at most this often.
+pub const WARNING_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// Rate limit of the wear warnings in the log: the first time a device is found wearing out
+/// before its warranty, then at most once per [`WARNING_INTERVAL`] while it still is.
+#[derive(Debug, Default)]
+pub struct WarningLimiter {
+    last_warned: HashMap<String, Instant>,
+}
+
+impl WarningLimiter {
+    /// Whether to log a warning for `device` now; a device found healthy is forgotten, so it
+    /// is reported at once if it starts wearing too fast again.
+    pub fn should_warn(&mut self, device: &str, wears_out_early: bool, now: Instant) -> bool {
+        if !wears_out_early {
+            self.last_warned.remove(device);
+            return false;
+        }
+        match self.last_warned.get(device) {
+            Some(at) if now.saturating_duration_since(*at) < WARNING_INTERVAL => false,
+            _ => {
+                self.last_warned.insert(device.to_string(), now);
+                true
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -155,5 +205,39 @@ mod tests {
         assert!((used - 600.0 / (3.0 * 365.0 * 5.0)).abs() < 1e-9);
         let half_life = j.projected_wear_out_unix_s.unwrap() as f64 / SECONDS_PER_YEAR;
         assert!((half_life - 2.5).abs() < 0.01, "{half_life}");
+    }
+
+    #[test]
+    fn ratings_come_from_the_catalog() {
+        let catalog = strata_sizing::Catalog::builtin();
+        assert_eq!(rating_for(&catalog, None, "fast").unwrap(), None);
+        let r = rating_for(&catalog, Some("optane-p5800x-400g"), "fast").unwrap().unwrap();
+        // 100 DWPD x 400 GB x 365 x 5 years.
+        assert!((r.endurance_bytes - 100.0 * 400.0 * GB * 365.0 * 5.0).abs() < 1.0);
+        assert_eq!(r.warranty_years, 5.0);
+        // A QLC capacity device is held to its sequential rating, as a fast device to the other.
+        let seq = rating_for(&catalog, Some("d5-p4320-7.68t"), "capacity").unwrap().unwrap();
+        let random = rating_for(&catalog, Some("d5-p4320-7.68t"), "fast").unwrap().unwrap();
+        assert!((seq.endurance_bytes / random.endurance_bytes - 4.5).abs() < 1e-9);
+        // A disk has no write-endurance rating.
+        assert_eq!(rating_for(&catalog, Some("hdd-1.2t-10k-sas"), "capacity").unwrap(), None);
+        let e = rating_for(&catalog, Some("optane-p5800x"), "fast").unwrap_err().to_string();
+        assert!(e.contains("fast device model") && e.contains("optane-p5800x-400g"), "{e}");
+    }
+
+    #[test]
+    fn warnings_once_then_at_most_hourly() {
+        let mut limiter = WarningLimiter::default();
+        let t0 = Instant::now();
+        assert!(limiter.should_warn("fast", true, t0));
+        assert!(!limiter.should_warn("fast", true, t0 + Duration::from_secs(5)));
+        // Another device has its own clock.
+        assert!(limiter.should_warn("cap", true, t0 + Duration::from_secs(5)));
+        assert!(!limiter.should_warn("fast", true, t0 + WARNING_INTERVAL - Duration::from_secs(1)));
+        assert!(limiter.should_warn("fast", true, t0 + WARNING_INTERVAL));
+        // Healthy again, then too fast again: reported at once.
+        let t1 = t0 + WARNING_INTERVAL + Duration::from_secs(10);
+        assert!(!limiter.should_warn("fast", false, t1));
+        assert!(limiter.should_warn("fast", true, t1 + Duration::from_secs(5)));
     }
 }

@@ -1,0 +1,161 @@
+use super::*;
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write catalog");
+    path
+}
+
+const USER_ENTRY: &str = r#"
+[[device]]
+id = "My-Cache"
+name = "lab cache"
+media = "tlc"
+capacity_gb = 1000
+tbw = 1825
+warranty_years = 5
+seq_read_mb_per_s = 3000
+seq_write_mb_per_s = 1500
+random_read_iops = 400000
+random_write_iops = 100000
+preferred_write_bytes = 4096
+"#;
+
+#[test]
+fn builtin_catalog_has_the_devices_of_the_source_material() {
+    let c = Catalog::builtin();
+    let ids: Vec<&str> = c.devices().map(|d| d.id.as_str()).collect();
+    for id in [
+        "optane-p5800x-400g",
+        "optane-p4800x-375g",
+        "optane-p4800x-750g",
+        "sas-800g-mu-3dwpd",
+        "nvme-1600g-mu-3dwpd",
+        "d7-p5510-3.84t",
+        "d5-p4320-7.68t",
+        "hdd-1.2t-10k-sas",
+    ] {
+        assert!(ids.contains(&id), "{id} missing from {ids:?}");
+    }
+    for d in c.devices() {
+        assert!(d.source.is_some(), "{} has no source", d.id);
+        assert_eq!(d.origin, "built-in");
+    }
+}
+
+#[test]
+fn builtin_ratings_convert_to_bytes() {
+    let c = Catalog::builtin();
+    let p5800x = c.get("optane-p5800x-400g").unwrap();
+    assert_eq!(p5800x.capacity_bytes, 400_000_000_000);
+    // 100 DWPD x 400 GB x 365 x 5 = 73 PB.
+    let e = p5800x.endurance.unwrap();
+    assert!((e.endurance_bytes - 73e15).abs() < 1.0, "{e:?}");
+    assert_eq!(p5800x.media, MediaKind::Scm);
+    // Section 3: 100 DWPD at 400 GB is about 16x the endurance of 3 DWPD at 800 GB.
+    let sas = c.get("sas-800g-mu-3dwpd").unwrap().endurance.unwrap();
+    let ratio = e.endurance_bytes / sas.endurance_bytes;
+    assert!(
+        (ratio - 100.0 * 400.0 / (3.0 * 800.0)).abs() < 1e-9 && ratio > 16.0,
+        "{ratio}"
+    );
+    let qlc = c.get("d5-p4320-7.68t").unwrap();
+    let qe = qlc.endurance.unwrap();
+    assert!((qe.budget_bytes(false) - 7.68e12 * 0.2 * 365.0 * 5.0).abs() < 1.0);
+    assert!((qe.budget_bytes(true) - 7.68e12 * 0.9 * 365.0 * 5.0).abs() < 1.0);
+    assert!((qlc.rated_dwpd(true).unwrap() - 0.9).abs() < 1e-9);
+    assert_eq!(c.get("hdd-1.2t-10k-sas").unwrap().endurance, None);
+    assert!((c.get("sas-800g-mu-3dwpd").unwrap().seq_write_bytes_per_s - 1e9).abs() < 1e-3);
+}
+
+#[test]
+fn user_file_adds_and_overrides_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let added = write(dir.path(), "add.toml", USER_ENTRY);
+    let override_text = USER_ENTRY
+        .replace("My-Cache", "optane-p5800x-400g")
+        .replace("lab cache", "replaced");
+    let replaced = write(dir.path(), "override.toml", &override_text);
+    let c = Catalog::load(&[added.clone(), replaced]).unwrap();
+    // Ids are case-insensitive.
+    let mine = c.get("my-cache").unwrap();
+    assert_eq!(mine.id, "my-cache");
+    assert_eq!(mine.origin, added.display().to_string());
+    // 1825 TBW over 5 years is 1 DWPD of 1 TB.
+    assert!((mine.rated_dwpd(false).unwrap() - 1.0).abs() < 1e-9);
+    assert_eq!(c.get("OPTANE-P5800X-400G").unwrap().name, "replaced");
+    assert_eq!(
+        c.devices().count(),
+        Catalog::builtin().devices().count() + 1
+    );
+}
+
+#[test]
+fn malformed_files_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("syntax.toml", "[[device]\nid = ".to_string(), "syntax.toml"),
+        (
+            "unknown.toml",
+            USER_ENTRY.replace("media = \"tlc\"", "media = \"tlc\"\ncolour = 1"),
+            "colour",
+        ),
+        (
+            "media.toml",
+            USER_ENTRY.replace("\"tlc\"", "\"plc\""),
+            "plc",
+        ),
+        (
+            "both.toml",
+            USER_ENTRY.replace("tbw = 1825", "tbw = 1825\ndwpd = 1"),
+            "not both",
+        ),
+        (
+            "years.toml",
+            USER_ENTRY.replace("warranty_years = 5", ""),
+            "warranty_years",
+        ),
+        (
+            "negative.toml",
+            USER_ENTRY.replace("capacity_gb = 1000", "capacity_gb = -1"),
+            "capacity_gb",
+        ),
+        (
+            "unit.toml",
+            USER_ENTRY.replace("4096", "1000"),
+            "multiple of 512",
+        ),
+        ("twice.toml", format!("{USER_ENTRY}{USER_ENTRY}"), "twice"),
+        ("id.toml", USER_ENTRY.replace("My-Cache", "my cache"), "id"),
+    ];
+    for (name, text, needle) in cases {
+        let path = write(dir.path(), name, &text);
+        let e = Catalog::load(&[path]).unwrap_err().to_string();
+        assert!(e.contains(name), "{name}: {e}");
+        assert!(e.contains(needle), "{name}: {e}");
+        assert!(!e.contains('\n'), "{name}: not one line: {e}");
+    }
+    let missing = dir.path().join("missing.toml");
+    let e = Catalog::load(&[missing]).unwrap_err().to_string();
+    assert!(e.contains("missing.toml: no such file"), "{e}");
+}
+
+#[test]
+fn unknown_ids_list_close_matches() {
+    let c = Catalog::builtin();
+    let e = c.get("optane-p5800x-40g").unwrap_err().to_string();
+    assert!(e.contains("did you mean optane-p5800x-400g"), "{e}");
+    let e = c.get("p4800x").unwrap_err().to_string();
+    assert!(
+        e.contains("optane-p4800x-375g") && e.contains("optane-p4800x-750g"),
+        "{e}"
+    );
+    let e = c
+        .get("zzzzzzzzzzzzzzzzzzzzzzzzzzzzzz")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        !e.contains("did you mean") && e.contains("--list-devices"),
+        "{e}"
+    );
+}

@@ -1,0 +1,365 @@
+//! The output of `strata size`: a table for people, JSON for scripts. Rates print in MiB/s
+//! (2^20 bytes/s), capacities of a design in TiB; device capacities as their makers state them
+//! (decimal GB).
+use std::fmt::Write;
+
+use crate::catalog::{Catalog, Device};
+use crate::formulas::{BYTES_PER_GB, BYTES_PER_MB, BYTES_PER_MIB};
+use crate::plan::{DeviceLoad, RateSource};
+use crate::Report;
+
+const TIB: f64 = (1u64 << 40) as f64;
+
+fn mib_s(bytes_per_s: f64) -> String {
+    format!("{:.2} MiB/s", bytes_per_s / BYTES_PER_MIB)
+}
+
+fn tib(bytes: f64) -> String {
+    format!("{:.2} TiB", bytes / TIB)
+}
+
+fn pct(ratio: f64) -> String {
+    format!("{:.0}%", ratio * 100.0)
+}
+
+/// A count with thousands separators: 1,517.
+fn count(v: f64) -> String {
+    if !v.is_finite() {
+        return "unlimited".into();
+    }
+    let digits = format!("{:.0}", v.round());
+    let (sign, digits) = digits
+        .strip_prefix('-')
+        .map_or(("", digits.as_str()), |d| ("-", d));
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    format!("{sign}{out}")
+}
+
+fn size_label(bytes: u64) -> String {
+    let kib = bytes / 1024;
+    if bytes.is_multiple_of(1024) && kib < 1024 {
+        format!("{kib} KiB")
+    } else if bytes.is_multiple_of(1 << 20) {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+fn rating_label(d: &Device, sequential: bool) -> String {
+    match (d.endurance, d.rated_dwpd(sequential)) {
+        (Some(e), Some(dwpd)) => {
+            let kind = if sequential && e.sequential_endurance_bytes.is_some() {
+                " sequential"
+            } else {
+                ""
+            };
+            format!(
+                "{}{kind} DWPD x {} years",
+                trim_float(dwpd),
+                trim_float(e.warranty_years)
+            )
+        }
+        _ => "no write-endurance rating".into(),
+    }
+}
+
+/// "0.2 DWPD (0.9 sequential) x 5 years".
+fn list_rating(d: &Device) -> String {
+    match (d.endurance, d.rated_dwpd(false), d.rated_dwpd(true)) {
+        (Some(e), Some(random), Some(seq)) if e.sequential_endurance_bytes.is_some() => format!(
+            "{} DWPD ({} seq) x {} years",
+            trim_float(random),
+            trim_float(seq),
+            trim_float(e.warranty_years)
+        ),
+        _ => rating_label(d, false),
+    }
+}
+
+fn trim_float(v: f64) -> String {
+    let s = format!("{v:.2}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+fn device_line(d: &Device, per_host: u32, sequential: bool) -> String {
+    format!(
+        "{per_host} x {} per host ({} GB {}, {})",
+        d.id,
+        trim_float(d.capacity_bytes as f64 / BYTES_PER_GB),
+        d.media.label(),
+        rating_label(d, sequential)
+    )
+}
+
+fn workload_section(out: &mut String, r: &Report) {
+    let w = &r.workload;
+    let mix = format!(
+        "{:.0}/{:.0}",
+        w.read_ratio * 100.0,
+        (1.0 - w.read_ratio) * 100.0
+    );
+    match &w.source {
+        RateSource::Estimate { iops_per_vm } => {
+            let _ = writeln!(
+                out,
+                "Workload: {} VMs x {} IOPS, {mix} read/write, {} I/O (estimated)",
+                w.vms,
+                count(*iops_per_vm),
+                size_label(w.block_size_bytes)
+            );
+        }
+        RateSource::Measured { url } => {
+            let _ = writeln!(
+                out,
+                "Workload: {} VMs; VM write rate MEASURED by the daemon at {url} (average host writes since it started);\n  {} IOPS derived at {mix} read/write, {} I/O",
+                w.vms,
+                count(w.iops_avg),
+                size_label(w.block_size_bytes)
+            );
+        }
+    }
+    let e = &r.evaluation;
+    let peak = format!("VM writes, peak (x{})", trim_float(w.peak_to_average));
+    let _ = writeln!(
+        out,
+        "  {:<30}{}",
+        "VM writes, average",
+        mib_s(e.vm_write_bytes_per_s_avg)
+    );
+    let _ = writeln!(out, "  {peak:<30}{}", mib_s(e.vm_write_bytes_per_s_peak));
+    let _ = writeln!(
+        out,
+        "  {:<30}{} logical, {} with protection\n",
+        "capacity",
+        tib(f64::from(w.vms) * w.capacity_per_vm_bytes as f64),
+        tib(e.capacity_needed_bytes)
+    );
+}
+
+fn design_section(out: &mut String, r: &Report) {
+    let d = &r.design;
+    let _ = writeln!(
+        out,
+        "Design: {} hosts, {}: write amplification {:.2}",
+        d.hosts,
+        d.protection.label(),
+        r.evaluation.write_amplification
+    );
+    let _ = writeln!(
+        out,
+        "  cache     {}",
+        device_line(&d.cache_device, d.cache_per_host, false)
+    );
+    let _ = writeln!(
+        out,
+        "  capacity  {}\n",
+        device_line(&d.capacity_device, d.capacity_per_host, true)
+    );
+}
+
+fn opt<T>(v: Option<T>, f: impl Fn(T) -> String) -> String {
+    v.map_or_else(|| "not rated".into(), f)
+}
+
+/// How one row of the per-device table reads a load.
+type Column = fn(&DeviceLoad) -> String;
+
+fn loads_section(out: &mut String, r: &Report) {
+    let (c, k) = (&r.evaluation.cache, &r.evaluation.capacity);
+    let w = &r.workload;
+    let rows: [(String, Column); 9] = [
+        ("writes per device, average".into(), |l| {
+            mib_s(l.write_bytes_per_s_avg)
+        }),
+        ("writes per device, peak".into(), |l| {
+            mib_s(l.write_bytes_per_s_peak)
+        }),
+        ("drive writes per day".into(), |l| {
+            format!("{:.2}", l.drive_writes_per_day)
+        }),
+        ("rated drive writes per day".into(), |l| {
+            opt(l.rated_drive_writes_per_day, trim_float)
+        }),
+        ("endurance rate (for the warranty)".into(), |l| {
+            opt(l.endurance_write_bytes_per_s, mib_s)
+        }),
+        ("  = VM writes after protection".into(), |l| {
+            opt(l.endurance_vm_write_bytes_per_s, mib_s)
+        }),
+        (
+            format!(
+                "  = IOPS at {:.0}/{:.0}, {}",
+                w.read_ratio * 100.0,
+                (1.0 - w.read_ratio) * 100.0,
+                size_label(w.block_size_bytes)
+            ),
+            |l| opt(l.endurance_vm_iops, count),
+        ),
+        ("average writes / endurance rate".into(), |l| {
+            opt(l.endurance_load_ratio, pct)
+        }),
+        ("busy at peak".into(), |l| pct(l.utilization_peak)),
+    ];
+    let _ = writeln!(
+        out,
+        "  {:<36}{:>18}{:>18}",
+        "per device", "cache", "capacity"
+    );
+    for (label, f) in rows {
+        let _ = writeln!(out, "  {label:<36}{:>18}{:>18}", f(c), f(k));
+    }
+    out.push('\n');
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "ok  "
+    } else {
+        "FAIL"
+    }
+}
+
+fn checks_section(out: &mut String, r: &Report) {
+    let e = &r.evaluation;
+    let d = &r.design;
+    let _ = writeln!(out, "Checks at {} hosts", e.hosts);
+    let _ = writeln!(
+        out,
+        "  performance (peak)    {}  cache devices {} busy, capacity devices {} busy",
+        verdict(e.checks.performance_ok),
+        pct(e.cache.utilization_peak),
+        pct(e.capacity.utilization_peak)
+    );
+    let ratio = |l: &DeviceLoad| opt(l.endurance_load_ratio, pct);
+    let _ = writeln!(
+        out,
+        "  endurance (average)   {}  cache devices at {} of their endurance rate, capacity devices at {}",
+        verdict(e.checks.endurance_ok),
+        ratio(&e.cache),
+        ratio(&e.capacity)
+    );
+    let raw = e.capacity_usable_bytes / d.capacity_fill_max;
+    let _ = writeln!(
+        out,
+        "  capacity              {}  {} needed, {} usable ({} of {} raw)",
+        verdict(e.checks.capacity_ok),
+        tib(e.capacity_needed_bytes),
+        tib(e.capacity_usable_bytes),
+        pct(d.capacity_fill_max),
+        tib(raw)
+    );
+    let _ = writeln!(
+        out,
+        "  protection            {}  {} needs at least {} hosts\n",
+        verdict(e.checks.protection_ok),
+        d.protection.label(),
+        d.protection.min_hosts()
+    );
+}
+
+fn smallest_section(out: &mut String, r: &Report) {
+    let s = &r.smallest_cluster;
+    let n = |h: Option<u32>| h.map_or_else(|| "unreachable".to_string(), |h| h.to_string());
+    let each = format!(
+        "performance {}, endurance {}, capacity {}, protection {}",
+        n(s.performance_hosts),
+        n(s.endurance_hosts),
+        n(s.capacity_hosts),
+        s.protection_hosts
+    );
+    match s.hosts {
+        Some(h) => {
+            let _ = writeln!(
+                out,
+                "Smallest cluster meeting all: {h} hosts ({} {}; {each})",
+                s.binding.join(" and "),
+                if s.binding.len() > 1 { "bind" } else { "binds" }
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "No cluster of up to {} hosts meets {} with these devices ({each})",
+                crate::plan::MAX_HOSTS,
+                s.binding.join(" and ")
+            );
+        }
+    }
+}
+
+pub fn table(r: &Report) -> String {
+    let mut out = String::new();
+    workload_section(&mut out, r);
+    design_section(&mut out, r);
+    loads_section(&mut out, r);
+    checks_section(&mut out, r);
+    smallest_section(&mut out, r);
+    out
+}
+
+pub fn json(r: &Report) -> String {
+    // Serialising plain data structures cannot fail.
+    let mut text = serde_json::to_string_pretty(r).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+pub fn device_list(catalog: &Catalog, json: bool) -> String {
+    if json {
+        let devices: Vec<&Device> = catalog.devices().collect();
+        let mut text = serde_json::to_string_pretty(&serde_json::json!({ "devices": devices }))
+            .unwrap_or_default();
+        text.push('\n');
+        return text;
+    }
+    let mut out = format!(
+        "{:<22}{:<6}{:>9}  {:<30}{:>13}{:>22}  {}\n",
+        "ID", "MEDIA", "GB", "ENDURANCE", "SEQ R/W MB/s", "4K R/W IOPS", "NAME"
+    );
+    for d in catalog.devices() {
+        let _ = writeln!(
+            out,
+            "{:<22}{:<6}{:>9}  {:<30}{:>13}{:>22}  {}",
+            d.id,
+            d.media.label(),
+            trim_float(d.capacity_bytes as f64 / BYTES_PER_GB),
+            list_rating(d),
+            format!(
+                "{:.0}/{:.0}",
+                d.seq_read_bytes_per_s / BYTES_PER_MB,
+                d.seq_write_bytes_per_s / BYTES_PER_MB
+            ),
+            format!(
+                "{}/{}",
+                count(d.random_read_iops),
+                count(d.random_write_iops)
+            ),
+            d.name
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_have_separators() {
+        assert_eq!(count(1517.4), "1,517");
+        assert_eq!(count(999.0), "999");
+        assert_eq!(count(1_500_000.0), "1,500,000");
+        assert_eq!(count(f64::INFINITY), "unlimited");
+        assert_eq!(trim_float(3.0), "3");
+        assert_eq!(trim_float(0.25), "0.25");
+        assert_eq!(size_label(32768), "32 KiB");
+        assert_eq!(size_label(4 << 20), "4 MiB");
+    }
+}
