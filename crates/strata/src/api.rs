@@ -265,7 +265,7 @@ pub fn validate_name(name: &str) -> Result<(), ApiError> {
 }
 
 pub fn validate_size(size_bytes: u64) -> Result<(), ApiError> {
-    if size_bytes == 0 || size_bytes % VOLUME_SIZE_ALIGN_BYTES != 0 {
+    if size_bytes == 0 || !size_bytes.is_multiple_of(VOLUME_SIZE_ALIGN_BYTES) {
         return Err(ApiError::bad_request(format!(
             "size_bytes ({size_bytes}) must be a positive multiple of 4096"
         )));

@@ -15,6 +15,9 @@ use crate::metrics::{IoSnapshot, LATENCY_BOUNDS_US};
 use crate::prom::{Exposition, Type};
 use crate::wear::WearJson;
 
+/// A metric family rendered from each item: name, help, and how to read its value.
+type Family<T, V> = (&'static str, &'static str, fn(&T) -> V);
+
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
     let text = blocking(move || Ok::<_, ApiError>(render_metrics(&state))).await?;
     Ok(([(header::CONTENT_TYPE, crate::prom::CONTENT_TYPE)], text).into_response())
@@ -71,7 +74,7 @@ struct VolumeRow {
 }
 
 fn render_volumes(e: &mut Exposition, vols: &[VolumeRow]) {
-    let counters: [(&str, &str, fn(&IoSnapshot) -> u64); 7] = [
+    let counters: [Family<IoSnapshot, u64>; 7] = [
         ("strata_volume_read_operations_total", "Read requests served.", |s| s.read_ops),
         ("strata_volume_read_bytes_total", "Bytes read by clients.", |s| s.read_bytes),
         ("strata_volume_write_operations_total", "Write requests served.", |s| s.write_ops),
@@ -125,7 +128,7 @@ fn render_volumes(e: &mut Exposition, vols: &[VolumeRow]) {
 }
 
 fn render_devices(e: &mut Exposition, devices: &[DeviceJson]) {
-    let counters: [(&str, &str, fn(&DeviceStats) -> u64); 8] = [
+    let counters: [Family<DeviceStats, u64>; 8] = [
         ("strata_device_read_bytes_total", "Bytes read, as the device saw them.", |d| d.read_bytes),
         ("strata_device_read_operations_total", "Reads issued to the device.", |d| d.read_ops),
         ("strata_device_written_bytes_total", "Bytes written since start, as the device saw them.", |d| d.write_bytes),
@@ -178,7 +181,7 @@ fn render_wear(e: &mut Exposition, devices: &[DeviceJson]) {
     for d in devices {
         e.sample(name, &[("device", &d.stats.name), ("tier", d.tier)], d.wear.bytes_written_total as f64);
     }
-    let gauges: [(&str, &str, fn(&WearJson) -> Option<f64>); 6] = [
+    let gauges: [Family<WearJson, Option<f64>>; 6] = [
         ("strata_device_write_rate_average_bytes_per_second", "Lifetime average write rate.", |w| Some(w.write_bytes_per_s_avg)),
         ("strata_device_drive_writes_per_day", "Drive writes per day at the average rate.", |w| Some(w.drive_writes_per_day)),
         ("strata_device_endurance_used_ratio", "Share of the rated endurance used (catalog devices only).", |w| w.endurance_used_ratio),
