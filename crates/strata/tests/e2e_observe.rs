@@ -112,6 +112,8 @@ fn fio_mixed(uri: &str, dir: &std::path::Path) -> (f64, f64, f64, f64) {
             "--size=24m",
             "--iodepth=8",
             "--randseed=11",
+            // One process: a timeout's kill of the process group then ends the job too.
+            "--thread",
             "--output-format=json",
             &format!("--output={}", out_json.display()),
         ],

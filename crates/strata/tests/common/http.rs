@@ -91,6 +91,9 @@ pub fn background_load(uri: &str, runtime_s: u32, scratch: &std::path::Path) -> 
             // Reads and writes per second: enough to see, little enough for a shared 2-core VM.
             "--rate_iops=400,200",
             "--randseed=7",
+            // The job runs as a thread of this one process: fio's forked job processes start
+            // sessions of their own, which a kill of the process group would not reach.
+            "--thread",
             "--output=/dev/null",
         ],
     );
