@@ -120,8 +120,15 @@ fn fio_mixed(uri: &str, dir: &std::path::Path) -> (f64, f64, f64, f64) {
     );
     c.current_dir(dir);
     run_ok(&mut c, FIO_TIMEOUT);
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&out_json).expect("fio json"))
-        .expect("fio JSON");
+    let text = std::fs::read_to_string(&out_json).expect("fio json");
+    // As a thread, the nbd engine's "connected" note lands in the report file before the JSON.
+    let json_start = if text.starts_with('{') {
+        0
+    } else {
+        text.find("\n{").map_or(0, |i| i + 1)
+    };
+    let report: Value = serde_json::from_str(&text[json_start..])
+        .unwrap_or_else(|e| panic!("fio JSON ({e}):\n{text}"));
     let job = &report["jobs"][0];
     let f = |v: &Value| v.as_f64().expect("fio number");
     (
