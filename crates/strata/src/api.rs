@@ -1,6 +1,8 @@
-//! The admin HTTP API under `/api/v1/`: volumes and the node status, JSON in and out.
-//! Errors are `{"error": "..."}` with 400 (bad input), 404 (unknown), 409 (exists or busy),
-//! 507 (no space), 503 (shutting down) or 500.
+//! The admin HTTP API under `/api/v1/`: volumes (and the place of snapshots), the router with
+//! its token check, JSON in and out. What the node shows about itself lives in
+//! `api_observe.rs`. Errors are `{"error": "..."}` with 400 (bad input), 401 (token), 404
+//! (unknown), 409 (exists or busy), 501 (not yet available), 507 (no space), 503 (shutting
+//! down) or 500.
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,14 +12,15 @@ use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use strata_engine::{EngineError, EngineStats, VolumeInfo};
+use strata_engine::{EngineError, VolumeInfo};
 use tower::limit::GlobalConcurrencyLimitLayer;
 
 use crate::adapter::{DeleteError, Registry};
 use crate::config::format_size;
+use crate::metrics::IoTotalsJson;
+use crate::routes::Routes;
 
 /// Largest request body accepted; every request of this API is a few dozen bytes.
 pub const MAX_BODY_BYTES: usize = 64 << 10;
@@ -40,7 +43,7 @@ pub struct AppState {
     pub devices: Vec<crate::wear::DeviceIdentity>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct VolumeJson {
     pub name: String,
     pub id: u32,
@@ -48,18 +51,18 @@ pub struct VolumeJson {
     /// Open NBD handles on the volume.
     pub connections: usize,
     pub export_uri: String,
-    /// The only policy so far: the fast tier is a write buffer destaged by fill level.
-    #[serde(default)]
+    /// Tiering policy. The only one so far is `cache`: the fast tier is a write buffer
+    /// destaged by fill level (per-volume policies come later).
     pub policy: String,
-    /// Bytes the volume holds on each tier (0 when the API did not say).
-    #[serde(default)]
+    /// Bytes of the volume's data held on each tier.
     pub fast_tier_bytes: u64,
-    #[serde(default)]
     pub capacity_tier_bytes: u64,
     /// Requests served since the daemon started.
-    #[serde(default)]
-    pub io: Option<serde_json::Value>,
+    pub io: IoTotalsJson,
 }
+
+/// The policy every volume has until per-volume policies exist.
+pub const DEFAULT_POLICY: &str = "cache";
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct VolumeListJson {
@@ -83,27 +86,6 @@ pub struct ResizeRequest {
 pub struct DeleteParams {
     #[serde(default)]
     pub force: bool,
-}
-
-#[derive(Debug, Serialize)]
-pub struct VolumeConnectionsJson {
-    pub name: String,
-    pub connections: usize,
-}
-
-#[derive(Debug, Serialize)]
-pub struct StatusJson {
-    pub version: &'static str,
-    /// Host request rates: averages since start and over the last minute.
-    pub workload: crate::api_observe::WorkloadJson,
-    pub uptime_s: u64,
-    pub io_backend: String,
-    pub nbd_listen: String,
-    pub http_listen: String,
-    pub volume_count: usize,
-    pub nbd_connections_total: usize,
-    pub volumes: Vec<VolumeConnectionsJson>,
-    pub engine: EngineStats,
 }
 
 #[derive(Debug)]
@@ -168,16 +150,30 @@ impl From<DeleteError> for ApiError {
     }
 }
 
-pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/api/v1/volumes", get(list_volumes).post(create_volume))
-        .route(
-            "/api/v1/volumes/{name}",
-            get(get_volume).delete(delete_volume),
-        )
-        .route("/api/v1/volumes/{name}/resize", post(resize_volume))
-        .route("/api/v1/status", get(status))
+/// Every route of the admin port, recorded as it is added.
+fn routes() -> Routes<Arc<AppState>> {
+    Routes::new()
+        .get("/api/v1/volumes", list_volumes)
+        .post("/api/v1/volumes", create_volume)
+        .get("/api/v1/volumes/{name}", get_volume)
+        .delete("/api/v1/volumes/{name}", delete_volume)
+        .post("/api/v1/volumes/{name}/resize", resize_volume)
+        // Snapshots: the engine is gaining them; their routes keep their place meanwhile.
+        .get("/api/v1/snapshots", snapshots_not_yet)
+        .get("/api/v1/volumes/{name}/snapshots", snapshots_not_yet)
+        .post("/api/v1/volumes/{name}/snapshots", snapshots_not_yet)
         .merge(crate::api_observe::routes())
+}
+
+/// The (method, path) pairs the admin port serves, sorted.
+#[cfg(test)]
+pub fn served_routes() -> Vec<crate::routes::Route> {
+    routes().served()
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    routes()
+        .into_router()
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -213,7 +209,7 @@ async fn require_token(
             let why = if other.is_some() {
                 "the access token is wrong"
             } else {
-                "this request needs the admin access token (Authorization: Bearer ...; strata --token or STRATA_TOKEN)"
+                "this request needs the admin access token (Authorization: Bearer ...; strata --token-file FILE or STRATA_TOKEN)"
             };
             tracing::warn!(method = %request.method(), path = request.uri().path(), "admin request refused: bad or missing token");
             let mut resp = ApiError::new(StatusCode::UNAUTHORIZED, why).into_response();
@@ -270,7 +266,7 @@ pub fn validate_name(name: &str) -> Result<(), ApiError> {
 }
 
 pub fn validate_size(size_bytes: u64) -> Result<(), ApiError> {
-    if size_bytes == 0 || size_bytes % VOLUME_SIZE_ALIGN_BYTES != 0 {
+    if size_bytes == 0 || !size_bytes.is_multiple_of(VOLUME_SIZE_ALIGN_BYTES) {
         return Err(ApiError::bad_request(format!(
             "size_bytes ({size_bytes}) must be a positive multiple of 4096"
         )));
@@ -285,7 +281,7 @@ pub fn validate_size(size_bytes: u64) -> Result<(), ApiError> {
 
 /// `nbd://HOST:PORT`: the bound NBD address, or the host the client used to reach this API
 /// when NBD listens on a wildcard address.
-fn export_base(nbd_addr: SocketAddr, headers: &HeaderMap) -> String {
+pub fn export_base(nbd_addr: SocketAddr, headers: &HeaderMap) -> String {
     let port = nbd_addr.port();
     if !nbd_addr.ip().is_unspecified() {
         return format!("nbd://{nbd_addr}");
@@ -299,20 +295,28 @@ fn export_base(nbd_addr: SocketAddr, headers: &HeaderMap) -> String {
     format!("nbd://{host}:{port}")
 }
 
-fn volume_json(state: &AppState, base: &str, v: VolumeInfo) -> VolumeJson {
+/// A volume as the API shows it (blocking: walks the volume's index for its space per tier).
+pub fn volume_json(state: &AppState, base: &str, v: VolumeInfo) -> VolumeJson {
     let space = state.registry.group().space(v.id).unwrap_or_default();
-    let io = crate::metrics::IoTotalsJson::from(&state.registry.volume_io(v.id).snapshot());
+    let io = IoTotalsJson::from(&state.registry.volume_io(v.id).snapshot());
     VolumeJson {
         connections: state.registry.connections(v.id),
         export_uri: format!("{base}/{}", v.name),
         name: v.name,
         id: v.id,
         size_bytes: v.size_bytes,
-        policy: "write-buffer".into(),
+        policy: DEFAULT_POLICY.into(),
         fast_tier_bytes: space.exclusive_fast_bytes + space.shared_fast_bytes,
         capacity_tier_bytes: space.exclusive_capacity_bytes + space.shared_capacity_bytes,
-        io: serde_json::to_value(io).ok(),
+        io,
     }
+}
+
+/// Every volume, sorted by name (blocking).
+pub fn all_volumes(state: &AppState, base: &str) -> Vec<VolumeJson> {
+    let mut vols = state.registry.group().volumes();
+    vols.sort_by(|a, b| a.name.cmp(&b.name));
+    vols.into_iter().map(|v| volume_json(state, base, v)).collect()
 }
 
 async fn list_volumes(
@@ -320,17 +324,7 @@ async fn list_volumes(
     headers: HeaderMap,
 ) -> Result<Json<VolumeListJson>, ApiError> {
     let base = export_base(state.nbd_addr, &headers);
-    let s = state.clone();
-    let volumes = blocking(move || {
-        let mut vols = s.registry.group().volumes();
-        vols.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok::<_, ApiError>(
-            vols.into_iter()
-                .map(|v| volume_json(&s, &base, v))
-                .collect(),
-        )
-    })
-    .await?;
+    let volumes = blocking(move || Ok::<_, ApiError>(all_volumes(&state, &base))).await?;
     Ok(Json(VolumeListJson { volumes }))
 }
 
@@ -426,33 +420,13 @@ async fn delete_volume(
     Ok(Json(serde_json::json!({ "deleted": deleted })))
 }
 
-async fn status(State(state): State<Arc<AppState>>) -> Result<Json<StatusJson>, ApiError> {
-    let s = state.clone();
-    let (engine, volumes) = blocking(move || {
-        let mut vols = s.registry.group().volumes();
-        vols.sort_by(|a, b| a.name.cmp(&b.name));
-        let volumes: Vec<VolumeConnectionsJson> = vols
-            .into_iter()
-            .map(|v| VolumeConnectionsJson {
-                connections: s.registry.connections(v.id),
-                name: v.name,
-            })
-            .collect();
-        Ok::<_, ApiError>((s.registry.group().stats(), volumes))
-    })
-    .await?;
-    Ok(Json(StatusJson {
-        workload: crate::api_observe::workload(&state),
-        version: env!("CARGO_PKG_VERSION"),
-        uptime_s: state.started.elapsed().as_secs(),
-        io_backend: state.io_backend.clone(),
-        nbd_listen: state.nbd_addr.to_string(),
-        http_listen: state.http_addr.to_string(),
-        volume_count: volumes.len(),
-        nbd_connections_total: volumes.iter().map(|v| v.connections).sum(),
-        volumes,
-        engine,
-    }))
+/// Snapshots are being built in the engine; until they exist their routes answer 501, so
+/// clients and the OpenAPI document already know where they will be.
+async fn snapshots_not_yet() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        "snapshots are not available yet in this version of strata",
+    )
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {

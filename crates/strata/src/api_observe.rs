@@ -1,42 +1,50 @@
-//! What the admin port shows about a running node: `/metrics` for Prometheus, the read-only
-//! JSON resources (node, disk groups, devices, history), the OpenAPI document, and the
-//! dashboard at `/`.
+//! What the admin port shows about a running node: the read-only JSON resources (node, disk
+//! groups, devices, history, and the whole-node status), the OpenAPI document, `/metrics`
+//! (rendered in `metrics_page.rs`) and the dashboard at `/`.
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Query, State};
-use axum::http::header;
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use serde::{Deserialize, Serialize};
-use strata_device::{DeviceStats, IO_SIZE_BUCKETS};
+use strata_device::DeviceStats;
 use strata_engine::EngineStats;
 
-use crate::api::{blocking, ApiError, AppState};
+use crate::api::{all_volumes, blocking, export_base, ApiError, AppState, VolumeJson};
 use crate::history::Sample;
-use crate::metrics::{IoSnapshot, LATENCY_BOUNDS_US};
-use crate::prom::{Exposition, Type};
+use crate::metrics::IoTotalsJson;
+use crate::routes::Routes;
 use crate::wear::{self, WearJson};
 
 const DASHBOARD_HTML: &str = include_str!("dashboard.html");
-const OPENAPI_JSON: &str = include_str!("../../../docs/openapi.json");
+pub const OPENAPI_JSON: &str = include_str!("../../../docs/openapi.json");
 /// Window of the "recent" host write rate.
 const RECENT_WORKLOAD_WINDOW: Duration = Duration::from_secs(60);
+/// The one disk group a node has so far.
+pub const DISK_GROUP_ID: &str = "dg0";
+/// Capacity-tier use above which `warnings` speaks up.
+const CAPACITY_WARN_RATIO: f64 = 0.9;
 
-pub fn routes() -> Router<Arc<AppState>> {
-    Router::new()
-        .route("/", get(dashboard))
-        .route("/metrics", get(metrics))
-        .route("/api/v1/node", get(node))
-        .route("/api/v1/diskgroups", get(disk_groups))
-        .route("/api/v1/devices", get(devices))
-        .route("/api/v1/history", get(history))
-        .route("/api/v1/openapi.json", get(openapi))
+pub fn routes() -> Routes<Arc<AppState>> {
+    Routes::new()
+        .get("/", dashboard)
+        .get("/metrics", crate::metrics_page::metrics)
+        .get("/api/v1/status", status)
+        .get("/api/v1/node", node)
+        .get("/api/v1/diskgroups", disk_groups)
+        .get("/api/v1/devices", devices)
+        .get("/api/v1/history", history)
+        .get("/api/v1/openapi.json", openapi)
 }
 
-async fn dashboard() -> Html<&'static str> {
-    Html(DASHBOARD_HTML)
+async fn dashboard() -> Response {
+    (
+        [(header::CACHE_CONTROL, "no-cache")],
+        Html(DASHBOARD_HTML),
+    )
+        .into_response()
 }
 
 async fn openapi() -> Response {
@@ -78,32 +86,40 @@ pub struct NodeJson {
     pub nbd_listen: String,
     pub http_listen: String,
     pub volume_count: usize,
+    pub nbd_connections_total: usize,
     pub disk_group_count: usize,
     pub workload: WorkloadJson,
-    pub io: crate::metrics::IoTotalsJson,
+    pub io: IoTotalsJson,
     pub warnings: Vec<String>,
 }
 
-async fn node(State(state): State<Arc<AppState>>) -> Result<Json<NodeJson>, ApiError> {
-    let s = state.clone();
-    let (stats, volume_count, devices) = blocking(move || {
-        let g = s.registry.group();
-        Ok::<_, ApiError>((g.stats(), g.volumes().len(), device_list(&s)))
-    })
-    .await?;
-    Ok(Json(NodeJson {
+/// The node summary from a consistent set of readings (blocking).
+fn node_json(state: &AppState, stats: &EngineStats, devices: &[DeviceJson]) -> NodeJson {
+    let volumes = state.registry.group().volumes();
+    NodeJson {
         version: env!("CARGO_PKG_VERSION"),
         uptime_s: state.started.elapsed().as_secs(),
         state: stats.state.clone(),
         io_backend: state.io_backend.clone(),
         nbd_listen: state.nbd_addr.to_string(),
         http_listen: state.http_addr.to_string(),
-        volume_count,
+        volume_count: volumes.len(),
+        nbd_connections_total: volumes.iter().map(|v| state.registry.connections(v.id)).sum(),
         disk_group_count: 1,
-        workload: workload(&state),
+        workload: workload(state),
         io: (&state.registry.node_io().snapshot()).into(),
-        warnings: warnings(&stats, &devices),
-    }))
+        warnings: warnings(stats, devices),
+    }
+}
+
+async fn node(State(state): State<Arc<AppState>>) -> Result<Json<NodeJson>, ApiError> {
+    let node = blocking(move || {
+        let stats = state.registry.group().stats();
+        let devices = device_list(&state);
+        Ok::<_, ApiError>(node_json(&state, &stats, &devices))
+    })
+    .await?;
+    Ok(Json(node))
 }
 
 /// What an administrator should act on, one sentence each.
@@ -112,8 +128,20 @@ pub fn warnings(stats: &EngineStats, devices: &[DeviceJson]) -> Vec<String> {
     if stats.state != "running" {
         out.push(format!("the disk group is {}", stats.state));
     }
+    if stats.admission_throttled {
+        out.push(format!(
+            "the write log is {:.0}% full, above the high mark of {:.0}%: host writes are paced to the destage rate",
+            stats.log_fill_ratio * 100.0,
+            stats.fill_ratio_high * 100.0
+        ));
+    }
     if stats.capacity_full {
         out.push("the capacity tier is full: writes fail with ENOSPC once the log fills".into());
+    } else if stats.capacity_total_bytes > 0 {
+        let used = stats.capacity_used_bytes as f64 / stats.capacity_total_bytes as f64;
+        if used > CAPACITY_WARN_RATIO {
+            out.push(format!("the capacity tier is {:.0}% used", used * 100.0));
+        }
     }
     if stats.checksum_errors_total > 0 {
         out.push(format!(
@@ -122,10 +150,13 @@ pub fn warnings(stats: &EngineStats, devices: &[DeviceJson]) -> Vec<String> {
         ));
     }
     for d in devices {
+        if d.stats.errors > 0 {
+            out.push(format!("device {} reported {} I/O error(s)", d.stats.name, d.stats.errors));
+        }
         if d.wear.wears_out_before_warranty {
             out.push(format!(
                 "device {} ({}) would wear out before its warranty ends at its average write rate",
-                d.name,
+                d.stats.name,
                 d.wear.model.as_deref().unwrap_or("?")
             ));
         }
@@ -157,12 +188,13 @@ pub struct DiskGroupJson {
     pub segments_free: u64,
     pub gc_segments_cleaned_total: u64,
     pub gc_relocated_bytes_total: u64,
+    pub hot_kept_bytes_total: u64,
     pub checksum_errors_total: u64,
     /// Share of stored-data reads served by the fast tier since start (None before any).
     pub fast_read_hit_ratio: Option<f64>,
 }
 
-fn fast_read_hit_ratio(e: &EngineStats) -> Option<f64> {
+pub fn fast_read_hit_ratio(e: &EngineStats) -> Option<f64> {
     let total = e.read_fast_bytes_total + e.read_capacity_bytes_total;
     (total > 0).then(|| e.read_fast_bytes_total as f64 / total as f64)
 }
@@ -173,7 +205,7 @@ fn disk_group_json(e: &EngineStats) -> DiskGroupJson {
         .map(|d| d.name.clone())
         .collect();
     DiskGroupJson {
-        id: "dg0",
+        id: DISK_GROUP_ID,
         state: e.state.clone(),
         devices,
         log_capacity_bytes: e.log_capacity_bytes,
@@ -195,6 +227,7 @@ fn disk_group_json(e: &EngineStats) -> DiskGroupJson {
         segments_free: e.segments_free,
         gc_segments_cleaned_total: e.gc_segments_cleaned_total,
         gc_relocated_bytes_total: e.gc_relocated_bytes_total,
+        hot_kept_bytes_total: e.hot_kept_bytes_total,
         checksum_errors_total: e.checksum_errors_total,
         fast_read_hit_ratio: fast_read_hit_ratio(e),
     }
@@ -214,9 +247,9 @@ async fn disk_groups(
     }))
 }
 
+/// A device: its counters (with its `name`) flattened in, plus tier and wear.
 #[derive(Debug, Serialize)]
 pub struct DeviceJson {
-    pub name: String,
     pub tier: &'static str,
     pub disk_group: &'static str,
     #[serde(flatten)]
@@ -246,9 +279,8 @@ pub fn device_list(state: &AppState) -> Vec<DeviceJson> {
         .zip(g.device_wear())
         .zip(&state.devices)
         .map(|((st, w), id)| DeviceJson {
-            name: st.name.clone(),
             tier: id.tier,
-            disk_group: "dg0",
+            disk_group: DISK_GROUP_ID,
             wear: wear::wear(id, st.size_bytes, w, now, &state.history),
             stats: st,
         })
@@ -261,6 +293,7 @@ async fn devices(State(state): State<Arc<AppState>>) -> Result<Json<DeviceListJs
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct HistoryParams {
     /// Only samples taken after this time (Unix milliseconds).
     #[serde(default)]
@@ -278,10 +311,7 @@ async fn history(
     params: Result<Query<HistoryParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<HistoryJson>, ApiError> {
     let Query(params) = params.map_err(|e| {
-        ApiError::new(
-            axum::http::StatusCode::BAD_REQUEST,
-            crate::one_line(&e.body_text()),
-        )
+        ApiError::new(StatusCode::BAD_REQUEST, crate::one_line(&e.body_text()))
     })?;
     Ok(Json(HistoryJson {
         interval_s: crate::history::SAMPLE_INTERVAL.as_secs_f64(),
@@ -289,217 +319,38 @@ async fn history(
     }))
 }
 
-async fn metrics(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
-    let text = blocking(move || Ok::<_, ApiError>(render_metrics(&state))).await?;
-    Ok(([(header::CONTENT_TYPE, crate::prom::CONTENT_TYPE)], text).into_response())
+/// Everything about the node in one document: what `strata status --json` prints.
+#[derive(Debug, Serialize)]
+pub struct StatusJson {
+    #[serde(flatten)]
+    pub node: NodeJson,
+    /// The sampler's last interval (rates, latency percentiles, service levels); None in the
+    /// first second.
+    pub latest: Option<Sample>,
+    pub disk_groups: Vec<DiskGroupJson>,
+    pub devices: Vec<DeviceJson>,
+    pub volumes: Vec<VolumeJson>,
+    /// The engine's raw statistics.
+    pub engine: EngineStats,
 }
 
-/// The whole `/metrics` page (blocking: reads engine state).
-pub fn render_metrics(state: &AppState) -> String {
-    let g = state.registry.group();
-    let stats = g.stats();
-    let mut volumes = g.volumes();
-    volumes.sort_by(|a, b| a.name.cmp(&b.name));
-    let vols: Vec<(String, u64, usize, IoSnapshot)> = volumes
-        .iter()
-        .map(|v| {
-            (
-                v.name.clone(),
-                v.size_bytes,
-                state.registry.connections(v.id),
-                state.registry.volume_io(v.id).snapshot(),
-            )
+async fn status(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> Result<Json<StatusJson>, ApiError> {
+    let base = export_base(state.nbd_addr, &headers);
+    let status = blocking(move || {
+        let stats = state.registry.group().stats();
+        let devices = device_list(&state);
+        Ok::<_, ApiError>(StatusJson {
+            node: node_json(&state, &stats, &devices),
+            latest: state.history.latest(),
+            disk_groups: vec![disk_group_json(&stats)],
+            volumes: all_volumes(&state, &base),
+            devices,
+            engine: stats,
         })
-        .collect();
-    let devices = device_list(state);
-    let mut e = Exposition::default();
-    e.family("strata_build_info", Type::Gauge, "Strata version (always 1).")
-        .sample(
-            "strata_build_info",
-            &[("version", env!("CARGO_PKG_VERSION"))],
-            1.0,
-        );
-    e.single(
-        "strata_uptime_seconds",
-        Type::Gauge,
-        "Seconds since the daemon started.",
-        state.started.elapsed().as_secs_f64(),
-    );
-    e.single(
-        "strata_disk_group_up",
-        Type::Gauge,
-        "1 while the disk group is running, 0 when stopping or failed.",
-        if stats.state == "running" { 1.0 } else { 0.0 },
-    );
-    render_volumes(&mut e, &vols);
-    render_devices(&mut e, &devices);
-    render_engine(&mut e, &stats);
-    e.finish()
-}
-
-type VolumeRow = (String, u64, usize, IoSnapshot);
-
-fn render_volumes(e: &mut Exposition, vols: &[VolumeRow]) {
-    let counters: [(&str, &str, fn(&IoSnapshot) -> u64); 7] = [
-        ("strata_volume_read_operations_total", "Read requests served.", |s| s.read_ops),
-        ("strata_volume_read_bytes_total", "Bytes read by clients.", |s| s.read_bytes),
-        ("strata_volume_write_operations_total", "Write requests served.", |s| s.write_ops),
-        ("strata_volume_write_bytes_total", "Bytes written by clients.", |s| s.write_bytes),
-        ("strata_volume_unmap_operations_total", "TRIM and WRITE_ZEROES requests served.", |s| s.unmap_ops),
-        ("strata_volume_flush_operations_total", "FLUSH requests served.", |s| s.flush_ops),
-        ("strata_volume_request_errors_total", "Requests answered with an error.", |s| s.errors),
-    ];
-    for (name, help, get) in counters {
-        e.family(name, Type::Counter, help);
-        for (v, _, _, s) in vols {
-            e.sample(name, &[("volume", v)], get(s) as f64);
-        }
-    }
-    e.family("strata_volume_size_bytes", Type::Gauge, "Volume size.");
-    for (v, size, _, _) in vols {
-        e.sample("strata_volume_size_bytes", &[("volume", v)], *size as f64);
-    }
-    e.family("strata_volume_connections", Type::Gauge, "Open NBD handles on the volume.");
-    for (v, _, conns, _) in vols {
-        e.sample("strata_volume_connections", &[("volume", v)], *conns as f64);
-    }
-    let bounds: Vec<f64> = LATENCY_BOUNDS_US.iter().map(|&us| us as f64 / 1e6).collect();
-    let name = "strata_volume_request_duration_seconds";
-    e.family(
-        name,
-        Type::Histogram,
-        "Time from a request reaching the volume to its completion (durable, for writes).",
-    );
-    for (v, _, _, s) in vols {
-        for (op, h) in [("read", &s.read_latency), ("write", &s.write_latency)] {
-            e.histogram(
-                name,
-                &[("volume", v), ("op", op)],
-                &bounds,
-                &h.cumulative(),
-                h.sum_us as f64 / 1e6,
-            );
-        }
-    }
-}
-
-fn render_devices(e: &mut Exposition, devices: &[DeviceJson]) {
-    let counters: [(&str, &str, fn(&DeviceStats) -> u64); 8] = [
-        ("strata_device_read_bytes_total", "Bytes read, as the device saw them.", |d| d.read_bytes),
-        ("strata_device_read_operations_total", "Reads issued to the device.", |d| d.read_ops),
-        ("strata_device_written_bytes_total", "Bytes written since start, as the device saw them.", |d| d.write_bytes),
-        ("strata_device_write_operations_total", "Writes issued to the device.", |d| d.write_ops),
-        ("strata_device_flush_operations_total", "Cache flushes issued to the device.", |d| d.flush_ops),
-        ("strata_device_discard_operations_total", "Discards issued to the device.", |d| d.discard_ops),
-        ("strata_device_discarded_bytes_total", "Bytes discarded.", |d| d.discard_bytes),
-        ("strata_device_errors_total", "Failed device calls.", |d| d.errors),
-    ];
-    for (name, help, get) in counters {
-        e.family(name, Type::Counter, help);
-        for d in devices {
-            e.sample(name, &[("device", &d.name), ("tier", d.tier)], get(&d.stats) as f64);
-        }
-    }
-    e.family("strata_device_size_bytes", Type::Gauge, "Device size.");
-    for d in devices {
-        let l = [("device", d.name.as_str()), ("tier", d.tier)];
-        e.sample("strata_device_size_bytes", &l, d.stats.size_bytes as f64);
-    }
-    let bounds: Vec<f64> = (0..IO_SIZE_BUCKETS - 1).map(|i| (1u64 << i) as f64).collect();
-    for (name, help, read) in [
-        ("strata_device_read_size_bytes", "Sizes of device reads.", true),
-        ("strata_device_write_size_bytes", "Sizes of device writes.", false),
-    ] {
-        e.family(name, Type::Histogram, help);
-        for d in devices {
-            let (h, sum) = if read {
-                (&d.stats.read_sizes, d.stats.read_bytes)
-            } else {
-                (&d.stats.write_sizes, d.stats.write_bytes)
-            };
-            let mut acc = 0;
-            let cumulative: Vec<u64> = (0..IO_SIZE_BUCKETS)
-                .map(|i| {
-                    acc += h.buckets.get(i).copied().unwrap_or(0);
-                    acc
-                })
-                .collect();
-            let l = [("device", d.name.as_str()), ("tier", d.tier)];
-            e.histogram(name, &l, &bounds, &cumulative, sum as f64);
-        }
-    }
-    render_wear(e, devices);
-}
-
-fn render_wear(e: &mut Exposition, devices: &[DeviceJson]) {
-    let gauges: [(&str, &str, fn(&WearJson) -> Option<f64>); 7] = [
-        ("strata_device_lifetime_written_bytes", "Bytes the device received from this disk group over its life (persisted).", |w| Some(w.bytes_written_total as f64)),
-        ("strata_device_write_rate_average_bytes_per_second", "Lifetime average write rate.", |w| Some(w.write_bytes_per_s_avg)),
-        ("strata_device_drive_writes_per_day", "Drive writes per day at the average rate.", |w| Some(w.drive_writes_per_day)),
-        ("strata_device_endurance_used_ratio", "Share of the rated endurance used (catalog devices only).", |w| w.endurance_used_ratio),
-        ("strata_device_warranty_end_timestamp_seconds", "End of the warranty (catalog devices only).", |w| w.warranty_end_unix_s.map(|t| t as f64)),
-        ("strata_device_projected_wear_out_timestamp_seconds", "When the rated endurance runs out at the average rate.", |w| w.projected_wear_out_unix_s.map(|t| t as f64)),
-        ("strata_device_wear_out_before_warranty", "1 when the average rate wears the device out before its warranty ends.", |w| Some(if w.wears_out_before_warranty { 1.0 } else { 0.0 })),
-    ];
-    for (name, help, get) in gauges {
-        e.family(name, Type::Gauge, help);
-        for d in devices {
-            if let Some(v) = get(&d.wear) {
-                e.sample(name, &[("device", &d.name), ("tier", d.tier)], v);
-            }
-        }
-    }
-}
-
-fn render_engine(e: &mut Exposition, s: &EngineStats) {
-    let gauges: [(&str, &str, f64); 15] = [
-        ("strata_log_fill_ratio", "Share of the fast-tier write log in use.", s.log_fill_ratio),
-        ("strata_log_fill_ratio_low", "Fill below which the destager idles.", s.fill_ratio_low),
-        ("strata_log_fill_ratio_high", "Fill above which the destager runs flat out and admission follows it.", s.fill_ratio_high),
-        ("strata_log_capacity_bytes", "Size of the write log.", s.log_capacity_bytes as f64),
-        ("strata_log_used_bytes", "Bytes of the write log in use.", s.log_used_bytes as f64),
-        ("strata_destage_rate_bytes_per_second", "Capacity-tier bytes written by the destager per second, smoothed.", s.destage_rate_bytes_per_s),
-        ("strata_destage_bandwidth_bytes_per_second", "Log space the destager frees per busy second, smoothed.", s.destage_bandwidth_bytes_per_s),
-        ("strata_destage_backlog_bytes", "Bytes in the log waiting to be destaged.", s.destage_backlog_bytes as f64),
-        ("strata_admission_throttled", "1 while host writes are paced to the destage rate.", if s.admission_throttled { 1.0 } else { 0.0 }),
-        ("strata_fast_tier_resident_bytes", "Live bytes held on the fast tier.", s.fast_resident_bytes as f64),
-        ("strata_capacity_total_bytes", "Capacity-tier space in segments.", s.capacity_total_bytes as f64),
-        ("strata_capacity_used_bytes", "Capacity-tier space in used segments.", s.capacity_used_bytes as f64),
-        ("strata_capacity_live_bytes", "Live data on the capacity tier.", s.capacity_live_bytes as f64),
-        ("strata_capacity_segments_free", "Free capacity segments.", s.segments_free as f64),
-        ("strata_capacity_full", "1 when the capacity tier has no free segment.", if s.capacity_full { 1.0 } else { 0.0 }),
-    ];
-    for (name, help, v) in gauges {
-        e.single(name, Type::Gauge, help, v);
-    }
-    let counters: [(&str, &str, u64); 6] = [
-        ("strata_destaged_bytes_total", "Bytes moved from the log to the capacity tier.", s.destaged_bytes_total),
-        ("strata_gc_segments_cleaned_total", "Capacity segments reclaimed by garbage collection.", s.gc_segments_cleaned_total),
-        ("strata_gc_relocated_bytes_total", "Live bytes garbage collection moved.", s.gc_relocated_bytes_total),
-        ("strata_hot_kept_bytes_total", "Recently overwritten bytes kept on the fast tier instead of destaged.", s.hot_kept_bytes_total),
-        ("strata_checksum_errors_total", "Blocks whose checksum failed on read (both tiers).", s.checksum_errors_total),
-        ("strata_index_runs", "Extents in the in-memory index (a gauge of its size).", s.index_runs),
-    ];
-    for (name, help, v) in counters {
-        let kind = if name.ends_with("_total") { Type::Counter } else { Type::Gauge };
-        e.single(name, kind, help, v as f64);
-    }
-    e.family(
-        "strata_read_bytes_total",
-        Type::Counter,
-        "Host reads by where they were served from: fast tier, capacity tier, or unwritten space.",
-    );
-    for (source, v) in [
-        ("fast", s.read_fast_bytes_total),
-        ("capacity", s.read_capacity_bytes_total),
-        ("unwritten", s.read_unwritten_bytes_total),
-    ] {
-        e.sample("strata_read_bytes_total", &[("source", source)], v as f64);
-    }
-    e.single(
-        "strata_fast_read_hit_ratio",
-        Type::Gauge,
-        "Share of stored-data reads served by the fast tier since start (0 before any read).",
-        fast_read_hit_ratio(s).unwrap_or(0.0),
-    );
+    })
+    .await?;
+    Ok(Json(status))
 }

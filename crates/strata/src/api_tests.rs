@@ -261,9 +261,72 @@ async fn status_summarizes_the_node() {
     assert_eq!(v["nbd_listen"], "127.0.0.1:10809");
     assert_eq!(v["volume_count"], 1);
     assert_eq!(v["nbd_connections_total"], 1);
-    assert_eq!(v["volumes"][0], json!({"name": "v", "connections": 1}));
+    assert_eq!(v["volumes"][0]["name"], "v");
+    assert_eq!(v["volumes"][0]["connections"], 1);
+    assert_eq!(v["volumes"][0]["policy"], "cache");
     assert!(v["engine"]["log_fill_ratio"].is_number());
     assert!(v["engine"]["fast_device"].is_object());
+    assert_eq!(v["disk_groups"][0]["id"], "dg0");
+    assert!(v["warnings"].as_array().unwrap().is_empty(), "{v}");
+}
+
+/// The routes of the OpenAPI document, as (METHOD, path) pairs, sorted.
+fn documented_routes() -> Vec<(String, String)> {
+    let doc: Value = serde_json::from_str(crate::api_observe::OPENAPI_JSON)
+        .expect("docs/openapi.json is JSON");
+    let mut out = Vec::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for method in item.as_object().expect("path item").keys() {
+            if ["get", "put", "post", "delete", "patch", "head", "options"].contains(&method.as_str()) {
+                out.push((method.to_uppercase(), path.clone()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn every_served_route_is_documented_and_every_documented_one_served() {
+    let served: Vec<(String, String)> = served_routes()
+        .iter()
+        .map(|r| (r.method.to_string(), r.path.to_string()))
+        .collect();
+    let documented = documented_routes();
+    let undocumented: Vec<_> = served.iter().filter(|r| !documented.contains(r)).collect();
+    let unserved: Vec<_> = documented.iter().filter(|r| !served.contains(r)).collect();
+    assert!(
+        undocumented.is_empty() && unserved.is_empty(),
+        "served but not in docs/openapi.json: {undocumented:?}; documented but not served: {unserved:?}"
+    );
+    assert!(served.len() >= 16, "{served:?}");
+}
+
+#[tokio::test]
+async fn snapshot_routes_keep_their_place_with_501() {
+    let (app, _) = app();
+    for (method, uri) in [
+        ("GET", "/api/v1/snapshots"),
+        ("GET", "/api/v1/volumes/vol0/snapshots"),
+        ("POST", "/api/v1/volumes/vol0/snapshots"),
+    ] {
+        let (s, v) = call(&app, method, uri, None).await;
+        assert_eq!(s, StatusCode::NOT_IMPLEMENTED, "{method} {uri}: {v}");
+        assert!(v["error"].as_str().unwrap().contains("snapshots"), "{v}");
+    }
+}
+
+#[test]
+fn the_dashboard_is_one_self_contained_page() {
+    let html = include_str!("dashboard.html");
+    assert!(html.len() > 10_000, "the dashboard is missing");
+    let lower = html.to_ascii_lowercase();
+    for forbidden in ["<script src", "<link", "@import", "http://", "https://", "url("] {
+        assert!(!lower.contains(forbidden), "the dashboard must embed every asset; found {forbidden:?}");
+    }
+    for endpoint in ["/api/v1/history", "/api/v1/devices", "/api/v1/volumes", "/api/v1/diskgroups", "/api/v1/node"] {
+        assert!(html.contains(endpoint), "the dashboard does not poll {endpoint}");
+    }
 }
 
 #[test]

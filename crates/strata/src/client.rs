@@ -1,5 +1,8 @@
-//! The CLI side of the admin API: `strata volume ...` and `strata status`.
+//! The CLI side of the admin API: `strata volume ...` and `strata status`. Requests carry the
+//! admin token (`--token-file` or `STRATA_TOKEN`) when one is given; the daemon checks it on
+//! every mutating request.
 use std::io::Read;
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
@@ -18,6 +21,39 @@ pub struct Client {
     base: String,
     json: bool,
     agent: ureq::Agent,
+    /// `Bearer TOKEN`, sent with every request.
+    authorization: Option<String>,
+}
+
+/// Largest token file read; a token is one short line.
+const MAX_TOKEN_FILE_BYTES: u64 = 4096;
+
+/// The admin token: the first line of `token_file`, else `env_token` (STRATA_TOKEN). Errors
+/// name the file, never the token.
+pub fn load_token(token_file: Option<&Path>, env_token: Option<&str>) -> Result<Option<String>> {
+    let (secret, origin) = match token_file {
+        Some(path) => {
+            let mut text = String::new();
+            std::fs::File::open(path)
+                .and_then(|f| f.take(MAX_TOKEN_FILE_BYTES).read_to_string(&mut text))
+                .map_err(|e| {
+                    anyhow!("cannot read the token file {}: {}", path.display(), crate::io_reason(&e))
+                })?;
+            let first = text.lines().next().unwrap_or("").trim().to_string();
+            (first, format!("the token file {}", path.display()))
+        }
+        None => match env_token {
+            Some(t) => (t.trim().to_string(), "STRATA_TOKEN".to_string()),
+            None => return Ok(None),
+        },
+    };
+    if secret.is_empty() {
+        bail!("{origin} holds no token");
+    }
+    if !secret.chars().all(|c| c.is_ascii_graphic()) {
+        bail!("the token in {origin} must be printable ASCII without spaces");
+    }
+    Ok(Some(secret))
 }
 
 impl Client {
@@ -33,7 +69,17 @@ impl Client {
             .timeout_connect(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
             .build();
-        Ok(Client { base, json, agent })
+        Ok(Client {
+            base,
+            json,
+            agent,
+            authorization: None,
+        })
+    }
+
+    pub fn with_token(mut self, token: Option<String>) -> Client {
+        self.authorization = token.map(|t| format!("Bearer {t}"));
+        self
     }
 
     pub fn volume(&self, cmd: VolumeCommand) -> Result<()> {
@@ -102,7 +148,7 @@ impl Client {
     pub fn status(&self) -> Result<()> {
         let v = self.call("GET", "/api/v1/status", None)?;
         self.print(&v, |v| {
-            print!("{}", status_text(v));
+            print!("{}", crate::status_text::render(v));
             Ok(())
         })
     }
@@ -117,7 +163,10 @@ impl Client {
 
     /// One request; any failure becomes a one-line reason.
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
-        let req = self.agent.request(method, &format!("{}{path}", self.base));
+        let mut req = self.agent.request(method, &format!("{}{path}", self.base));
+        if let Some(auth) = &self.authorization {
+            req = req.set("Authorization", auth);
+        }
         let result = match body {
             Some(b) => req.send_json(b),
             None => req.call(),
@@ -181,77 +230,35 @@ pub fn volume_table(volumes: &[VolumeJson]) -> String {
     if volumes.is_empty() {
         return "no volumes\n".to_string();
     }
-    let header = ["NAME", "ID", "SIZE", "CONNECTIONS", "EXPORT"].map(String::from);
-    let rows: Vec<[String; 5]> = volumes
+    let header = ["NAME", "ID", "SIZE", "POLICY", "CONNECTIONS", "EXPORT"];
+    let rows: Vec<Vec<String>> = volumes
         .iter()
         .map(|v| {
-            [
+            vec![
                 v.name.clone(),
                 v.id.to_string(),
                 format_size(v.size_bytes),
+                v.policy.clone(),
                 v.connections.to_string(),
                 v.export_uri.clone(),
             ]
         })
         .collect();
-    let mut widths = header.clone().map(|h| h.len());
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.len());
-        }
-    }
-    let mut out = String::new();
-    for row in std::iter::once(&header).chain(&rows) {
-        let cells: Vec<String> = row
-            .iter()
-            .zip(widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        out.push_str(cells.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
+    crate::status_text::table(&header, &rows)
 }
 
 pub fn volume_info(v: &VolumeJson) -> String {
     format!(
-        "name:        {}\nid:          {}\nsize:        {} ({} bytes)\nconnections: {}\nexport:      {}\n",
+        "name:        {}\nid:          {}\nsize:        {} ({} bytes)\npolicy:      {}\non fast:     {}\non capacity: {}\nconnections: {}\nexport:      {}\n",
         v.name,
         v.id,
         format_size(v.size_bytes),
         v.size_bytes,
+        v.policy,
+        format_size(v.fast_tier_bytes),
+        format_size(v.capacity_tier_bytes),
         v.connections,
         v.export_uri
-    )
-}
-
-fn status_text(v: &Value) -> String {
-    let s = |k: &str| {
-        v.get(k)
-            .map(|x| x.as_str().map_or_else(|| x.to_string(), str::to_string))
-            .unwrap_or_default()
-    };
-    let e = &v["engine"];
-    let num = |x: &Value| x.as_f64().unwrap_or(0.0);
-    let bytes = |x: &Value| format_size(x.as_u64().unwrap_or(0));
-    format!(
-        "version:          {}\nuptime:           {} s\nio backend:       {}\nnbd:              {}\nhttp:             {}\nvolumes:          {}\nnbd connections:  {}\nlog fill:         {:.1}% (destage between {:.0}% and {:.0}%)\nlog used:         {} of {}\ndestage rate:     {}/s\ncapacity used:    {} of {}\nchecksum errors:  {}\n",
-        s("version"),
-        s("uptime_s"),
-        s("io_backend"),
-        s("nbd_listen"),
-        s("http_listen"),
-        s("volume_count"),
-        s("nbd_connections_total"),
-        num(&e["log_fill_ratio"]) * 100.0,
-        num(&e["fill_ratio_low"]) * 100.0,
-        num(&e["fill_ratio_high"]) * 100.0,
-        bytes(&e["log_used_bytes"]),
-        bytes(&e["log_capacity_bytes"]),
-        format_size(num(&e["destage_rate_bytes_per_s"]) as u64),
-        bytes(&e["capacity_used_bytes"]),
-        bytes(&e["capacity_total_bytes"]),
-        e["checksum_errors_total"].as_u64().unwrap_or(0),
     )
 }
 
@@ -266,10 +273,10 @@ mod tests {
             size_bytes,
             connections,
             export_uri: format!("nbd://127.0.0.1:10809/{name}"),
-            policy: "write-buffer".into(),
+            policy: "cache".into(),
             fast_tier_bytes: 0,
             capacity_tier_bytes: 0,
-            io: None,
+            io: Default::default(),
         }
     }
 
@@ -316,6 +323,25 @@ mod tests {
             e,
             "cannot reach the daemon at http://127.0.0.1:1: connection refused"
         );
+    }
+
+    #[test]
+    fn tokens_come_from_a_file_or_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "file-token-0123456789\nignored\n").unwrap();
+        let t = load_token(Some(&file), Some("env-token")).unwrap();
+        assert_eq!(t.as_deref(), Some("file-token-0123456789"), "the file wins");
+        assert_eq!(load_token(None, Some(" env-token \n")).unwrap().as_deref(), Some("env-token"));
+        assert_eq!(load_token(None, None).unwrap(), None);
+        std::fs::write(&file, "\n").unwrap();
+        let e = load_token(Some(&file), None).unwrap_err().to_string();
+        assert!(e.contains("holds no token"), "{e}");
+        std::fs::write(&file, "secret with spaces-123\n").unwrap();
+        let e = load_token(Some(&file), None).unwrap_err().to_string();
+        assert!(!e.contains("secret"), "the error must not echo the token: {e}");
+        let e = load_token(Some(&dir.path().join("none")), None).unwrap_err().to_string();
+        assert!(e.contains("no such file"), "{e}");
     }
 
     #[test]

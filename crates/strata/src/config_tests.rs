@@ -190,3 +190,55 @@ fn the_same_device_twice_is_refused() {
         .to_string()
         .contains("named twice"));
 }
+
+#[test]
+fn tokens_are_checked_compared_in_full_and_never_printed() {
+    assert!(Token::new("short").unwrap_err().to_string().contains("at least 16"));
+    assert!(Token::new("has a space in it 0123").is_err());
+    let t = Token::new("  s3cret-token-0123456789 \n").unwrap();
+    assert!(t.matches("s3cret-token-0123456789"));
+    assert!(!t.matches("s3cret-token-012345678"), "a prefix is not the token");
+    assert!(!t.matches("s3cret-token-01234567890"), "nor is a longer string");
+    assert!(!t.matches("S3cret-token-0123456789"));
+    assert!(!t.matches(""));
+    assert_eq!(format!("{t:?}"), "Token(<redacted>)");
+}
+
+#[test]
+fn listening_off_loopback_needs_a_token() {
+    let args = ServeArgs {
+        http_listen: Some("0.0.0.0:9090".into()),
+        ..Default::default()
+    };
+    let e = merge(&args, FileConfig::default()).unwrap_err().to_string();
+    assert!(e.contains("not loopback") && e.contains("http_token"), "{e}");
+    assert!(!e.contains('\n'));
+    let file = parse_file("http_token = \"a-long-enough-token-0001\"\n").unwrap();
+    let c = merge(&args, file).unwrap();
+    assert!(c.http_token.unwrap().matches("a-long-enough-token-0001"));
+    let loopback = merge(&ServeArgs::default(), FileConfig::default()).unwrap();
+    assert!(loopback.http_token.is_none());
+}
+
+#[test]
+fn the_token_file_wins_and_its_errors_do_not_echo_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("token");
+    std::fs::write(&path, "file-token-abcdefghijkl\nsecond line ignored\n").unwrap();
+    let args = ServeArgs {
+        http_token_file: Some(path.clone()),
+        ..Default::default()
+    };
+    let file = parse_file("http_token = \"config-token-abcdefghij\"\n").unwrap();
+    let c = merge(&args, file).unwrap();
+    assert!(c.http_token.unwrap().matches("file-token-abcdefghijkl"));
+    std::fs::write(&path, "tooshort-secret\n").unwrap();
+    let e = format!("{:#}", merge(&args, FileConfig::default()).unwrap_err());
+    assert!(e.contains("at least 16") && !e.contains("tooshort-secret"), "{e}");
+    let missing = ServeArgs {
+        http_token_file: Some(dir.path().join("missing")),
+        ..Default::default()
+    };
+    let e = merge(&missing, FileConfig::default()).unwrap_err().to_string();
+    assert!(e.contains("cannot read the HTTP token file"), "{e}");
+}

@@ -10,8 +10,11 @@ mod config;
 mod devices;
 mod history;
 mod metrics;
+mod metrics_page;
 mod prom;
+mod routes;
 mod serve;
+mod status_text;
 mod wear;
 #[cfg(test)]
 mod testutil;
@@ -39,6 +42,10 @@ pub struct Cli {
     /// Machine output: print the API's JSON.
     #[arg(long, global = true)]
     pub json: bool,
+    /// File whose first line is the daemon's admin token, sent with every request (mutating
+    /// requests need it when the daemon has one). Without it, the STRATA_TOKEN variable.
+    #[arg(long, global = true, value_name = "FILE", env = "STRATA_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -159,10 +166,10 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Serve(args) => serve::run(&args),
-        Command::Volume(cmd) => {
-            client::Client::new(&cli.server, cli.json).and_then(|c| c.volume(cmd))
-        }
-        Command::Status => client::Client::new(&cli.server, cli.json).and_then(|c| c.status()),
+        Command::Volume(cmd) => api_client(&cli.server, cli.json, cli.token_file.as_deref())
+            .and_then(|c| c.volume(cmd)),
+        Command::Status => api_client(&cli.server, cli.json, cli.token_file.as_deref())
+            .and_then(|c| c.status()),
         Command::Size(args) => strata_sizing::run(&args, cli.json)
             .map(|text| print!("{text}"))
             .map_err(anyhow::Error::from),
@@ -175,6 +182,17 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A client of the daemon named by --server, with the token from --token-file or STRATA_TOKEN.
+fn api_client(
+    server: &str,
+    json: bool,
+    token_file: Option<&std::path::Path>,
+) -> anyhow::Result<client::Client> {
+    let env_token = std::env::var("STRATA_TOKEN").ok();
+    let token = client::load_token(token_file, env_token.as_deref())?;
+    Ok(client::Client::new(server, json)?.with_token(token))
 }
 
 /// Help and version go out as clap writes them; a usage error becomes one line.

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Upper bounds (inclusive, microseconds) of the latency buckets; one more bucket holds the
 /// rest. 1, 2, 5, 10 and 30 ms are bounds so that service levels come out exact.
@@ -199,7 +199,7 @@ pub struct IoSnapshot {
 }
 
 /// The JSON form of a volume's or the node's counters.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct IoTotalsJson {
     pub read_ops_total: u64,
     pub read_bytes_total: u64,

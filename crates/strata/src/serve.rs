@@ -311,9 +311,9 @@ fn spawn_wear_check(state: Arc<AppState>, stop: watch::Receiver<bool>) -> JoinHa
             };
             for d in devices {
                 let w = &d.wear;
-                if limiter.should_warn(&d.name, w.wears_out_before_warranty, Instant::now()) {
+                if limiter.should_warn(&d.stats.name, w.wears_out_before_warranty, Instant::now()) {
                     tracing::warn!(
-                        device = %d.name,
+                        device = %d.stats.name,
                         tier = d.tier,
                         model = w.model.as_deref().unwrap_or("?"),
                         write_bytes_per_s_avg = w.write_bytes_per_s_avg,

@@ -22,6 +22,10 @@ pub struct DaemonOpts {
     pub fast_size: String,
     pub capacity_size: String,
     pub extra_args: Vec<String>,
+    /// Where the admin API listens (port 0: the kernel picks).
+    pub http_listen: String,
+    /// Extra environment of the daemon (e.g. RUST_LOG).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for DaemonOpts {
@@ -30,6 +34,8 @@ impl Default for DaemonOpts {
             fast_size: "256M".into(),
             capacity_size: "2G".into(),
             extra_args: Vec::new(),
+            http_listen: "127.0.0.1:0".into(),
+            env: Vec::new(),
         }
     }
 }
@@ -120,13 +126,10 @@ impl Daemon {
             .arg(self.data_dir())
             .args(["--fast-size", &self.opts.fast_size])
             .args(["--capacity-size", &self.opts.capacity_size])
-            .args([
-                "--nbd-listen",
-                "127.0.0.1:0",
-                "--http-listen",
-                "127.0.0.1:0",
-            ])
+            .args(["--nbd-listen", "127.0.0.1:0"])
+            .args(["--http-listen", &self.opts.http_listen])
             .args(&self.opts.extra_args)
+            .envs(self.opts.env.iter().map(|(k, v)| (k, v)))
             .current_dir(self.root.path())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -230,7 +233,11 @@ impl Daemon {
         format!("nbd://{}", self.nbd_addr)
     }
 
+    /// The admin API's URL; a wildcard listener is reached through loopback.
     pub fn http_url(&self) -> String {
+        if self.http_addr.ip().is_unspecified() {
+            return format!("http://127.0.0.1:{}", self.http_addr.port());
+        }
         format!("http://{}", self.http_addr)
     }
 

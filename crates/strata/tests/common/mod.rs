@@ -7,8 +7,10 @@
 #![allow(dead_code, unused_imports)]
 
 mod daemon;
+pub mod http;
 pub mod nbd;
 mod process;
+pub mod webdriver;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -49,7 +51,7 @@ pub fn require_tool(name: &str) -> bool {
     }
     let msg = format!(
         "required tool `{name}` is not installed; ./scripts/test installs it \
-         (Debian packages qemu-utils libnbd-bin nbdfuse fio fuse3 e2fsprogs)"
+         (Debian packages qemu-utils libnbd-bin nbdfuse fio fuse3 e2fsprogs prometheus chromium chromium-driver)"
     );
     if tools_are_mandatory() {
         panic!("{msg}");

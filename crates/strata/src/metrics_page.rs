@@ -1,0 +1,257 @@
+//! The `/metrics` page: every figure of the node in the Prometheus text format, rendered
+//! fresh from a snapshot on each scrape. Names follow Prometheus conventions: base units
+//! (bytes, seconds), `_total` on counters, latency histograms in seconds.
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use strata_device::{DeviceStats, IO_SIZE_BUCKETS};
+use strata_engine::EngineStats;
+
+use crate::api::{blocking, ApiError, AppState, DEFAULT_POLICY};
+use crate::api_observe::{device_list, fast_read_hit_ratio, DeviceJson};
+use crate::metrics::{IoSnapshot, LATENCY_BOUNDS_US};
+use crate::prom::{Exposition, Type};
+use crate::wear::WearJson;
+
+/// A metric family rendered from each item: name, help, and how to read its value.
+type Family<T, V> = (&'static str, &'static str, fn(&T) -> V);
+
+pub async fn metrics(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    let text = blocking(move || Ok::<_, ApiError>(render_metrics(&state))).await?;
+    Ok(([(header::CONTENT_TYPE, crate::prom::CONTENT_TYPE)], text).into_response())
+}
+
+/// The whole `/metrics` page (blocking: reads engine state).
+pub fn render_metrics(state: &AppState) -> String {
+    let g = state.registry.group();
+    let stats = g.stats();
+    let mut volumes = g.volumes();
+    volumes.sort_by(|a, b| a.name.cmp(&b.name));
+    let vols: Vec<VolumeRow> = volumes
+        .iter()
+        .map(|v| VolumeRow {
+            name: v.name.clone(),
+            size_bytes: v.size_bytes,
+            connections: state.registry.connections(v.id),
+            io: state.registry.volume_io(v.id).snapshot(),
+            space: g.space(v.id).unwrap_or_default(),
+        })
+        .collect();
+    let devices = device_list(state);
+    let mut e = Exposition::default();
+    e.family("strata_build_info", Type::Gauge, "Strata version (always 1).")
+        .sample(
+            "strata_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))],
+            1.0,
+        );
+    e.single(
+        "strata_uptime_seconds",
+        Type::Gauge,
+        "Seconds since the daemon started.",
+        state.started.elapsed().as_secs_f64(),
+    );
+    e.single(
+        "strata_disk_group_up",
+        Type::Gauge,
+        "1 while the disk group is running, 0 when stopping or failed.",
+        if stats.state == "running" { 1.0 } else { 0.0 },
+    );
+    render_volumes(&mut e, &vols);
+    render_devices(&mut e, &devices);
+    render_engine(&mut e, &stats);
+    e.finish()
+}
+
+struct VolumeRow {
+    name: String,
+    size_bytes: u64,
+    connections: usize,
+    io: IoSnapshot,
+    space: strata_engine::SpaceReport,
+}
+
+fn render_volumes(e: &mut Exposition, vols: &[VolumeRow]) {
+    let counters: [Family<IoSnapshot, u64>; 7] = [
+        ("strata_volume_read_operations_total", "Read requests served.", |s| s.read_ops),
+        ("strata_volume_read_bytes_total", "Bytes read by clients.", |s| s.read_bytes),
+        ("strata_volume_write_operations_total", "Write requests served.", |s| s.write_ops),
+        ("strata_volume_write_bytes_total", "Bytes written by clients.", |s| s.write_bytes),
+        ("strata_volume_unmap_operations_total", "TRIM and WRITE_ZEROES requests served.", |s| s.unmap_ops),
+        ("strata_volume_flush_operations_total", "FLUSH requests served.", |s| s.flush_ops),
+        ("strata_volume_request_errors_total", "Requests answered with an error.", |s| s.errors),
+    ];
+    for (name, help, get) in counters {
+        e.family(name, Type::Counter, help);
+        for v in vols {
+            e.sample(name, &[("volume", &v.name)], get(&v.io) as f64);
+        }
+    }
+    e.family("strata_volume_info", Type::Gauge, "A volume and its tiering policy (always 1).");
+    for v in vols {
+        e.sample("strata_volume_info", &[("volume", &v.name), ("policy", DEFAULT_POLICY)], 1.0);
+    }
+    e.family("strata_volume_size_bytes", Type::Gauge, "Volume size.");
+    for v in vols {
+        e.sample("strata_volume_size_bytes", &[("volume", &v.name)], v.size_bytes as f64);
+    }
+    e.family("strata_volume_stored_bytes", Type::Gauge, "Bytes of the volume's data held on each tier.");
+    for v in vols {
+        for (tier, bytes) in [("fast", v.space.exclusive_fast_bytes + v.space.shared_fast_bytes), ("capacity", v.space.exclusive_capacity_bytes + v.space.shared_capacity_bytes)] {
+            e.sample("strata_volume_stored_bytes", &[("volume", &v.name), ("tier", tier)], bytes as f64);
+        }
+    }
+    e.family("strata_volume_connections", Type::Gauge, "Open NBD handles on the volume.");
+    for v in vols {
+        e.sample("strata_volume_connections", &[("volume", &v.name)], v.connections as f64);
+    }
+    let bounds: Vec<f64> = LATENCY_BOUNDS_US.iter().map(|&us| us as f64 / 1e6).collect();
+    let name = "strata_volume_request_duration_seconds";
+    e.family(
+        name,
+        Type::Histogram,
+        "Time from a request reaching the volume to its completion (durable, for writes).",
+    );
+    for v in vols {
+        for (op, h) in [("read", &v.io.read_latency), ("write", &v.io.write_latency)] {
+            e.histogram(
+                name,
+                &[("volume", &v.name), ("op", op)],
+                &bounds,
+                &h.cumulative(),
+                h.sum_us as f64 / 1e6,
+            );
+        }
+    }
+}
+
+fn render_devices(e: &mut Exposition, devices: &[DeviceJson]) {
+    let counters: [Family<DeviceStats, u64>; 8] = [
+        ("strata_device_read_bytes_total", "Bytes read, as the device saw them.", |d| d.read_bytes),
+        ("strata_device_read_operations_total", "Reads issued to the device.", |d| d.read_ops),
+        ("strata_device_written_bytes_total", "Bytes written since start, as the device saw them.", |d| d.write_bytes),
+        ("strata_device_write_operations_total", "Writes issued to the device.", |d| d.write_ops),
+        ("strata_device_flush_operations_total", "Cache flushes issued to the device.", |d| d.flush_ops),
+        ("strata_device_discard_operations_total", "Discards issued to the device.", |d| d.discard_ops),
+        ("strata_device_discarded_bytes_total", "Bytes discarded.", |d| d.discard_bytes),
+        ("strata_device_errors_total", "Failed device calls.", |d| d.errors),
+    ];
+    for (name, help, get) in counters {
+        e.family(name, Type::Counter, help);
+        for d in devices {
+            e.sample(name, &[("device", &d.stats.name), ("tier", d.tier)], get(&d.stats) as f64);
+        }
+    }
+    e.family("strata_device_size_bytes", Type::Gauge, "Device size.");
+    for d in devices {
+        let l = [("device", d.stats.name.as_str()), ("tier", d.tier)];
+        e.sample("strata_device_size_bytes", &l, d.stats.size_bytes as f64);
+    }
+    let bounds: Vec<f64> = (0..IO_SIZE_BUCKETS - 1).map(|i| (1u64 << i) as f64).collect();
+    for (name, help, read) in [
+        ("strata_device_read_size_bytes", "Sizes of device reads.", true),
+        ("strata_device_write_size_bytes", "Sizes of device writes.", false),
+    ] {
+        e.family(name, Type::Histogram, help);
+        for d in devices {
+            let (h, sum) = if read {
+                (&d.stats.read_sizes, d.stats.read_bytes)
+            } else {
+                (&d.stats.write_sizes, d.stats.write_bytes)
+            };
+            let mut acc = 0;
+            let cumulative: Vec<u64> = (0..IO_SIZE_BUCKETS)
+                .map(|i| {
+                    acc += h.buckets.get(i).copied().unwrap_or(0);
+                    acc
+                })
+                .collect();
+            let l = [("device", d.stats.name.as_str()), ("tier", d.tier)];
+            e.histogram(name, &l, &bounds, &cumulative, sum as f64);
+        }
+    }
+    render_wear(e, devices);
+}
+
+fn render_wear(e: &mut Exposition, devices: &[DeviceJson]) {
+    let name = "strata_device_lifetime_written_bytes_total";
+    e.family(name, Type::Counter, "Bytes the device received from this disk group over its life (persisted across restarts).");
+    for d in devices {
+        e.sample(name, &[("device", &d.stats.name), ("tier", d.tier)], d.wear.bytes_written_total as f64);
+    }
+    let gauges: [Family<WearJson, Option<f64>>; 6] = [
+        ("strata_device_write_rate_average_bytes_per_second", "Lifetime average write rate.", |w| Some(w.write_bytes_per_s_avg)),
+        ("strata_device_drive_writes_per_day", "Drive writes per day at the average rate.", |w| Some(w.drive_writes_per_day)),
+        ("strata_device_endurance_used_ratio", "Share of the rated endurance used (catalog devices only).", |w| w.endurance_used_ratio),
+        ("strata_device_warranty_end_timestamp_seconds", "End of the warranty (catalog devices only).", |w| w.warranty_end_unix_s.map(|t| t as f64)),
+        ("strata_device_projected_wear_out_timestamp_seconds", "When the rated endurance runs out at the average rate.", |w| w.projected_wear_out_unix_s.map(|t| t as f64)),
+        ("strata_device_wear_out_before_warranty", "1 when the average rate wears the device out before its warranty ends.", |w| Some(if w.wears_out_before_warranty { 1.0 } else { 0.0 })),
+    ];
+    for (name, help, get) in gauges {
+        e.family(name, Type::Gauge, help);
+        for d in devices {
+            if let Some(v) = get(&d.wear) {
+                e.sample(name, &[("device", &d.stats.name), ("tier", d.tier)], v);
+            }
+        }
+    }
+}
+
+fn render_engine(e: &mut Exposition, s: &EngineStats) {
+    let gauges: [(&str, &str, f64); 15] = [
+        ("strata_log_fill_ratio", "Share of the fast-tier write log in use.", s.log_fill_ratio),
+        ("strata_log_fill_ratio_low", "Fill below which the destager idles.", s.fill_ratio_low),
+        ("strata_log_fill_ratio_high", "Fill above which the destager runs flat out and admission follows it.", s.fill_ratio_high),
+        ("strata_log_capacity_bytes", "Size of the write log.", s.log_capacity_bytes as f64),
+        ("strata_log_used_bytes", "Bytes of the write log in use.", s.log_used_bytes as f64),
+        ("strata_destage_rate_bytes_per_second", "Capacity-tier bytes written by the destager per second, smoothed.", s.destage_rate_bytes_per_s),
+        ("strata_destage_bandwidth_bytes_per_second", "Log space the destager frees per busy second, smoothed.", s.destage_bandwidth_bytes_per_s),
+        ("strata_destage_backlog_bytes", "Bytes in the log waiting to be destaged.", s.destage_backlog_bytes as f64),
+        ("strata_admission_throttled", "1 while host writes are paced to the destage rate.", if s.admission_throttled { 1.0 } else { 0.0 }),
+        ("strata_fast_tier_resident_bytes", "Live bytes held on the fast tier.", s.fast_resident_bytes as f64),
+        ("strata_capacity_total_bytes", "Capacity-tier space in segments.", s.capacity_total_bytes as f64),
+        ("strata_capacity_used_bytes", "Capacity-tier space in used segments.", s.capacity_used_bytes as f64),
+        ("strata_capacity_live_bytes", "Live data on the capacity tier.", s.capacity_live_bytes as f64),
+        ("strata_capacity_segments_free", "Free capacity segments.", s.segments_free as f64),
+        ("strata_capacity_full", "1 when the capacity tier has no free segment.", if s.capacity_full { 1.0 } else { 0.0 }),
+    ];
+    for (name, help, v) in gauges {
+        e.single(name, Type::Gauge, help, v);
+    }
+    let counters: [(&str, &str, u64); 5] = [
+        ("strata_destaged_bytes_total", "Bytes moved from the log to the capacity tier.", s.destaged_bytes_total),
+        ("strata_gc_segments_cleaned_total", "Capacity segments reclaimed by garbage collection.", s.gc_segments_cleaned_total),
+        ("strata_gc_relocated_bytes_total", "Live bytes garbage collection moved.", s.gc_relocated_bytes_total),
+        ("strata_hot_kept_bytes_total", "Recently overwritten bytes kept on the fast tier instead of destaged.", s.hot_kept_bytes_total),
+        ("strata_checksum_errors_total", "Blocks whose checksum failed on read (both tiers).", s.checksum_errors_total),
+    ];
+    for (name, help, v) in counters {
+        e.single(name, Type::Counter, help, v as f64);
+    }
+    e.single(
+        "strata_index_extents",
+        Type::Gauge,
+        "Extents in the in-memory index (its size).",
+        s.index_runs as f64,
+    );
+    e.family(
+        "strata_read_bytes_total",
+        Type::Counter,
+        "Host reads by where they were served from: fast tier, capacity tier, or unwritten space.",
+    );
+    for (source, v) in [
+        ("fast", s.read_fast_bytes_total),
+        ("capacity", s.read_capacity_bytes_total),
+        ("unwritten", s.read_unwritten_bytes_total),
+    ] {
+        e.sample("strata_read_bytes_total", &[("source", source)], v as f64);
+    }
+    e.single(
+        "strata_fast_read_hit_ratio",
+        Type::Gauge,
+        "Read-cache hit ratio: share of stored-data reads served by the fast tier since start (0 before any read).",
+        fast_read_hit_ratio(s).unwrap_or(0.0),
+    );
+}

@@ -1,0 +1,386 @@
+//! `strata status` for a terminal: the `/api/v1/status` document as a page an administrator
+//! reads at a glance. Pure functions of the JSON, so they are tested without a daemon; a field
+//! the daemon did not send shows as `-` rather than failing.
+use serde_json::Value;
+
+use crate::config::format_size;
+
+/// Width of the write-log fill bar, in characters.
+const BAR_WIDTH: usize = 40;
+const SERVICE_LEVELS_MS: [u64; 5] = [1, 2, 5, 10, 30];
+
+pub fn render(v: &Value) -> String {
+    let mut out = String::new();
+    out.push_str(&header(v));
+    out.push_str(&workload(v));
+    for g in v["disk_groups"].as_array().into_iter().flatten() {
+        out.push_str(&disk_group(g));
+    }
+    out.push_str(&devices(v));
+    out.push_str(&volumes(v));
+    out.push_str(&warnings(v));
+    out
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+fn bytes(v: &Value) -> String {
+    v.as_u64().map_or_else(|| "-".into(), format_size)
+}
+
+/// "12.3 MiB/s", "0 B/s", "-".
+pub fn rate(v: Option<f64>) -> String {
+    let Some(x) = v.filter(|x| x.is_finite() && *x >= 0.0) else {
+        return "-".into();
+    };
+    const UNITS: [&str; 5] = ["B/s", "KiB/s", "MiB/s", "GiB/s", "TiB/s"];
+    let mut value = x;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{value:.0} {}", UNITS[0])
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+fn percent(v: Option<f64>) -> String {
+    v.filter(|x| x.is_finite())
+        .map_or_else(|| "-".into(), |x| format!("{:.1}%", x * 100.0))
+}
+
+fn millis(us: &Value) -> String {
+    us.as_f64()
+        .map_or_else(|| "-".into(), |us| format!("{:.2} ms", us / 1000.0))
+}
+
+/// "42s", "5m 03s", "2h 07m", "3d 04h".
+pub fn duration(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m {s:02}s"),
+        (0, _, _) => format!("{h}h {m:02}m"),
+        _ => format!("{d}d {h:02}h"),
+    }
+}
+
+/// A Unix time as a UTC calendar date, "2031-07-14".
+pub fn date(unix_s: u64) -> String {
+    // Days to civil date (Howard Hinnant's algorithm), valid for any day after 1970.
+    let z = (unix_s / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+fn header(v: &Value) -> String {
+    format!(
+        "strata {}  node {}  up {}  io backend {}\nnbd {}  http {}  {} volume(s), {} NBD connection(s)\n",
+        text(&v["version"]),
+        text(&v["state"]),
+        v["uptime_s"].as_u64().map_or_else(|| "-".into(), duration),
+        text(&v["io_backend"]),
+        text(&v["nbd_listen"]),
+        text(&v["http_listen"]),
+        text(&v["volume_count"]),
+        text(&v["nbd_connections_total"]),
+    )
+}
+
+fn workload(v: &Value) -> String {
+    let l = &v["latest"];
+    if l.is_null() {
+        return "\nWORKLOAD\n  no sample yet (the sampler runs once a second)\n".into();
+    }
+    let iops = |k: &str| l[k].as_f64().map_or_else(|| "-".into(), |x| format!("{x:.0}"));
+    let levels = match l["service_level_shares"].as_array() {
+        Some(shares) => SERVICE_LEVELS_MS
+            .iter()
+            .zip(shares)
+            .map(|(ms, s)| format!("<={ms}ms {}", percent(s.as_f64())))
+            .collect::<Vec<_>>()
+            .join("  "),
+        None => "no requests in the last interval".into(),
+    };
+    format!(
+        "\nWORKLOAD (last {:.0} s)\n  IOPS         {} read, {} write\n  throughput   {} read, {} write\n  latency      p50 {}  p99 {}  p99.9 {}\n  service      {}\n",
+        l["interval_s"].as_f64().unwrap_or(1.0),
+        iops("read_iops"),
+        iops("write_iops"),
+        rate(l["read_bytes_per_s"].as_f64()),
+        rate(l["write_bytes_per_s"].as_f64()),
+        millis(&l["latency_us_p50"]),
+        millis(&l["latency_us_p99"]),
+        millis(&l["latency_us_p999"]),
+        levels,
+    )
+}
+
+/// `[#######-----|---------------|-------]`: the fill, with the low and high marks as `|`.
+pub fn fill_bar(fill: f64, low: f64, high: f64) -> String {
+    let cell = |r: f64| ((r.clamp(0.0, 1.0) * BAR_WIDTH as f64).round() as usize).min(BAR_WIDTH);
+    let (filled, lo, hi) = (cell(fill), cell(low), cell(high));
+    let mut bar: Vec<char> = (0..BAR_WIDTH).map(|i| if i < filled { '#' } else { '-' }).collect();
+    for mark in [lo, hi] {
+        if let Some(c) = bar.get_mut(mark.min(BAR_WIDTH - 1)) {
+            *c = '|';
+        }
+    }
+    format!("[{}]", bar.into_iter().collect::<String>())
+}
+
+fn disk_group(g: &Value) -> String {
+    let num = |k: &str| g[k].as_f64().unwrap_or(0.0);
+    let (total, used) = (num("capacity_total_bytes"), num("capacity_used_bytes"));
+    let used_ratio = (total > 0.0).then(|| used / total);
+    let admission = if g["admission_throttled"].as_bool() == Some(true) {
+        "THROTTLED (writes paced to the destage rate)"
+    } else {
+        "open"
+    };
+    format!(
+        "\nDISK GROUP {}  {}\n  write log    {} {} of {}  marks {:.0}% / {:.0}%\n  destage      {}, backlog {}, admission {}\n  capacity     {} of {} used ({}), {} of {} segments free\n  reads        {} from the fast tier\n  gc           {} segment(s) cleaned, {} relocated\n",
+        text(&g["id"]),
+        text(&g["state"]),
+        fill_bar(num("log_fill_ratio"), num("fill_ratio_low"), num("fill_ratio_high")),
+        percent(g["log_fill_ratio"].as_f64()),
+        bytes(&g["log_capacity_bytes"]),
+        num("fill_ratio_low") * 100.0,
+        num("fill_ratio_high") * 100.0,
+        rate(g["destage_rate_bytes_per_s"].as_f64()),
+        bytes(&g["destage_backlog_bytes"]),
+        admission,
+        bytes(&g["capacity_used_bytes"]),
+        bytes(&g["capacity_total_bytes"]),
+        percent(used_ratio),
+        text(&g["segments_free"]),
+        text(&g["segments_total"]),
+        percent(g["fast_read_hit_ratio"].as_f64()),
+        text(&g["gc_segments_cleaned_total"]),
+        bytes(&g["gc_relocated_bytes_total"]),
+    )
+}
+
+/// The rates of one device in the latest sample.
+fn device_rates<'a>(v: &'a Value, name: &str) -> Option<&'a Value> {
+    v["latest"]["devices"]
+        .as_array()?
+        .iter()
+        .find(|d| d["name"].as_str() == Some(name))
+}
+
+fn wear_out(w: &Value) -> String {
+    if w["rated_endurance_bytes"].is_null() {
+        return "no rating".into();
+    }
+    match w["projected_wear_out_unix_s"].as_u64() {
+        Some(t) if w["wears_out_before_warranty"].as_bool() == Some(true) => {
+            format!("{} (before warranty!)", date(t))
+        }
+        Some(t) => date(t),
+        None => "not written yet".into(),
+    }
+}
+
+fn devices(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = v["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|d| {
+            let name = d["name"].as_str().unwrap_or("-");
+            let r = device_rates(v, name);
+            let w = &d["wear"];
+            vec![
+                name.to_string(),
+                text(&d["tier"]),
+                bytes(&d["size_bytes"]),
+                rate(r.and_then(|r| r["read_bytes_per_s"].as_f64())),
+                rate(r.and_then(|r| r["write_bytes_per_s"].as_f64())),
+                bytes(&w["bytes_written_total"]),
+                w["drive_writes_per_day"].as_f64().map_or("-".into(), |x| format!("{x:.2}")),
+                percent(w["endurance_used_ratio"].as_f64()),
+                wear_out(w),
+                text(&d["errors"]),
+            ]
+        })
+        .collect();
+    let head = ["NAME", "TIER", "SIZE", "READ", "WRITE", "WRITTEN", "DWPD", "ENDURANCE", "WEAR-OUT", "ERRORS"];
+    format!("\nDEVICES\n{}", indent(&table(&head, &rows)))
+}
+
+fn volumes(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = v["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|x| {
+            vec![
+                text(&x["name"]),
+                bytes(&x["size_bytes"]),
+                text(&x["policy"]),
+                bytes(&x["fast_tier_bytes"]),
+                bytes(&x["capacity_tier_bytes"]),
+                text(&x["connections"]),
+                text(&x["io"]["read_ops_total"]),
+                text(&x["io"]["write_ops_total"]),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        return "\nVOLUMES\n  none\n".into();
+    }
+    let head = ["NAME", "SIZE", "POLICY", "ON FAST", "ON CAPACITY", "CONNS", "READS", "WRITES"];
+    format!("\nVOLUMES\n{}", indent(&table(&head, &rows)))
+}
+
+fn warnings(v: &Value) -> String {
+    let list: Vec<&str> = v["warnings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    if list.is_empty() {
+        return "\nWARNINGS\n  none\n".into();
+    }
+    let lines: String = list.iter().map(|w| format!("  ! {w}\n")).collect();
+    format!("\nWARNINGS\n{lines}")
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("  {l}\n")).collect()
+}
+
+/// Left-aligned columns two spaces apart, trailing spaces trimmed.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let head: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    let mut out = String::new();
+    for row in std::iter::once(&head).chain(rows) {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(c, &w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn status() -> Value {
+        json!({
+            "version": "0.1.0", "state": "running", "uptime_s": 3725, "io_backend": "io_uring",
+            "nbd_listen": "127.0.0.1:10809", "http_listen": "127.0.0.1:9090",
+            "volume_count": 1, "nbd_connections_total": 2,
+            "latest": {
+                "interval_s": 1.0, "read_iops": 1200.4, "write_iops": 300.0,
+                "read_bytes_per_s": 4915200.0, "write_bytes_per_s": 1228800.0,
+                "latency_us_p50": 210.0, "latency_us_p99": 1800.0, "latency_us_p999": 4200.0,
+                "service_level_shares": [0.921, 0.98, 0.999, 1.0, 1.0],
+                "devices": [{"name": "fast.img", "tier": "fast", "read_bytes_per_s": 0.0, "write_bytes_per_s": 2097152.0}]
+            },
+            "disk_groups": [{
+                "id": "dg0", "state": "running", "log_fill_ratio": 0.5, "fill_ratio_low": 0.3,
+                "fill_ratio_high": 0.7, "log_capacity_bytes": 268435456u64,
+                "destage_rate_bytes_per_s": 1048576.0, "destage_backlog_bytes": 83886080u64,
+                "admission_throttled": true, "capacity_total_bytes": 2147483648u64,
+                "capacity_used_bytes": 1073741824u64, "segments_free": 128, "segments_total": 256,
+                "fast_read_hit_ratio": 0.87, "gc_segments_cleaned_total": 3,
+                "gc_relocated_bytes_total": 12582912u64
+            }],
+            "devices": [{
+                "name": "fast.img", "tier": "fast", "size_bytes": 268435456u64, "errors": 0,
+                "wear": {"bytes_written_total": 1073741824u64, "drive_writes_per_day": 0.4213,
+                         "rated_endurance_bytes": 1.0e15, "endurance_used_ratio": 0.001,
+                         "projected_wear_out_unix_s": 1_941_926_400u64, "wears_out_before_warranty": false}
+            }],
+            "volumes": [{"name": "vol0", "size_bytes": 8589934592u64, "policy": "cache",
+                         "fast_tier_bytes": 4096, "capacity_tier_bytes": 1048576, "connections": 2,
+                         "io": {"read_ops_total": 10, "write_ops_total": 20}}],
+            "warnings": ["the write log is 50% full"]
+        })
+    }
+
+    #[test]
+    fn the_page_has_every_section_with_its_figures() {
+        let page = render(&status());
+        for want in [
+            "strata 0.1.0  node running  up 1h 02m  io backend io_uring",
+            "IOPS         1200 read, 300 write",
+            "throughput   4.7 MiB/s read, 1.2 MiB/s write",
+            "latency      p50 0.21 ms  p99 1.80 ms  p99.9 4.20 ms",
+            "<=1ms 92.1%  <=2ms 98.0%",
+            "50.0% of 256 MiB  marks 30% / 70%",
+            "admission THROTTLED",
+            "1 GiB of 2 GiB used (50.0%), 128 of 256 segments free",
+            "87.0% from the fast tier",
+            "3 segment(s) cleaned, 12 MiB relocated",
+            "2031-07-16",
+            "! the write log is 50% full",
+        ] {
+            assert!(page.contains(want), "missing {want:?} in\n{page}");
+        }
+        let vol = page.lines().find(|l| l.trim_start().starts_with("vol0")).unwrap();
+        assert!(vol.contains("8 GiB") && vol.contains("cache") && vol.contains("1 MiB"), "{vol}");
+        let dev = page.lines().find(|l| l.trim_start().starts_with("fast.img")).unwrap();
+        assert!(dev.contains("2.0 MiB/s") && dev.contains("0.42") && dev.contains("0.1%"), "{dev}");
+    }
+
+    #[test]
+    fn missing_figures_show_as_dashes_not_failures() {
+        let page = render(&json!({"version": "0.1.0"}));
+        assert!(page.contains("no sample yet"), "{page}");
+        assert!(page.contains("VOLUMES\n  none"), "{page}");
+        assert!(page.contains("WARNINGS\n  none"), "{page}");
+    }
+
+    #[test]
+    fn the_fill_bar_shows_fill_and_marks() {
+        let bar = fill_bar(0.5, 0.3, 0.7);
+        assert_eq!(bar.len(), BAR_WIDTH + 2);
+        assert_eq!(bar.chars().filter(|&c| c == '|').count(), 2);
+        assert_eq!(bar.chars().filter(|&c| c == '#').count(), 19, "{bar}");
+        assert_eq!(fill_bar(1.5, 0.3, 0.7).chars().filter(|&c| c == '-').count(), 0);
+    }
+
+    #[test]
+    fn units_and_dates() {
+        assert_eq!(rate(Some(0.0)), "0 B/s");
+        assert_eq!(rate(Some(1536.0)), "1.5 KiB/s");
+        assert_eq!(rate(None), "-");
+        assert_eq!(duration(42), "42s");
+        assert_eq!(duration(303), "5m 03s");
+        assert_eq!(duration(3 * 86_400 + 4 * 3600), "3d 04h");
+        assert_eq!(date(0), "1970-01-01");
+        assert_eq!(date(951_782_400), "2000-02-29");
+        assert_eq!(date(1_700_000_000), "2023-11-14");
+    }
+}
