@@ -12,7 +12,7 @@ use strata_device::{Device, DeviceError, DeviceStats, FaultConfig, MemDevice};
 
 use crate::*;
 
-const MIB: u64 = 1 << 20;
+pub(crate) const MIB: u64 = 1 << 20;
 
 /// A power switch in front of a simulated device: once cut, every I/O fails, so nothing more
 /// becomes durable on any device of the group at the same instant.
@@ -63,16 +63,16 @@ impl Device for Switched {
 }
 
 /// A disk group on simulated devices that can lose power and come back.
-struct Rig {
-    fast: Arc<MemDevice>,
-    caps: Vec<Arc<MemDevice>>,
+pub(crate) struct Rig {
+    pub fast: Arc<MemDevice>,
+    pub caps: Vec<Arc<MemDevice>>,
     power: Arc<AtomicBool>,
     cfg: EngineConfig,
-    dg: Option<Arc<DiskGroup>>,
+    pub dg: Option<Arc<DiskGroup>>,
 }
 
 impl Rig {
-    fn new(fast_bytes: u64, cap_bytes: &[u64], cfg: EngineConfig, seed: u64) -> Rig {
+    pub fn new(fast_bytes: u64, cap_bytes: &[u64], cfg: EngineConfig, seed: u64) -> Rig {
         let fast = Arc::new(MemDevice::with_faults("fast", fast_bytes, FaultConfig::seeded(seed)));
         let caps = cap_bytes
             .iter()
@@ -84,7 +84,7 @@ impl Rig {
         rig
     }
 
-    fn devices(&self) -> (Arc<dyn Device>, Vec<Arc<dyn Device>>) {
+    pub fn devices(&self) -> (Arc<dyn Device>, Vec<Arc<dyn Device>>) {
         let fast: Arc<dyn Device> = Arc::new(Switched { inner: self.fast.clone(), off: self.power.clone() });
         let caps = self
             .caps
@@ -94,18 +94,18 @@ impl Rig {
         (fast, caps)
     }
 
-    fn start(&mut self) -> Result<(), EngineError> {
+    pub fn start(&mut self) -> Result<(), EngineError> {
         let (fast, caps) = self.devices();
         self.dg = Some(DiskGroup::open(fast, caps, self.cfg.clone(), true)?);
         Ok(())
     }
 
-    fn dg(&self) -> &DiskGroup {
+    pub fn dg(&self) -> &DiskGroup {
         self.dg.as_ref().expect("running")
     }
 
     /// Power loss: all devices stop at once, then each loses (part of) its volatile cache.
-    fn power_cut_and_restart(&mut self) {
+    pub fn power_cut_and_restart(&mut self) {
         self.power.store(true, Ordering::SeqCst);
         if let Some(dg) = self.dg.take() {
             dg.halt_for_test();
@@ -118,7 +118,7 @@ impl Rig {
         self.start().expect("reopen after power loss");
     }
 
-    fn clean_restart(&mut self) {
+    pub fn clean_restart(&mut self) {
         if let Some(dg) = self.dg.take() {
             dg.shutdown().expect("shutdown");
         }
@@ -126,11 +126,11 @@ impl Rig {
     }
 }
 
-fn small_cfg() -> EngineConfig {
+pub(crate) fn small_cfg() -> EngineConfig {
     EngineConfig { segment_size_bytes: MIB, fill_ratio_low: 0.3, fill_ratio_high: 0.7, max_batch_bytes: 256 * 1024, index_cache_bytes: 64 * 1024 }
 }
 
-fn seed_for(test: &str) -> u64 {
+pub(crate) fn seed_for(test: &str) -> u64 {
     let seed = std::env::var("STRATA_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1);
         t ^ 0x9e37_79b9_7f4a_7c15
