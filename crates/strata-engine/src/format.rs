@@ -326,6 +326,9 @@ pub struct Checkpoint {
     pub log_tail_seq: u64,
     /// ... and batches whose epoch never decreases (bumped at every open).
     pub epoch: u32,
+    /// Written by a clean shutdown: the sequence number after the last record in the log, so
+    /// recovery knows every record before it must be there. 0: not known (after a crash).
+    pub log_end_seq: u64,
     pub next_id: u32,
     /// How many index flushes made this index (1 at format).
     pub index_generation: u64,
@@ -378,7 +381,7 @@ fn get_count(p: &mut Reader<'_>, max: u32, what: &str) -> Result<u32, EngineErro
 impl Checkpoint {
     fn encode_payload(&self) -> Writer {
         let mut p = Writer::default();
-        p.u32(self.next_id).u32(self.epoch).u64(self.index_generation).u64(self.next_segment_seq);
+        p.u32(self.next_id).u32(self.epoch).u64(self.index_generation).u64(self.next_segment_seq).u64(self.log_end_seq);
         put_ptr(&mut p, self.index_root);
         for s in &self.streams {
             p.u32(s.seg).u32(s.next_block);
@@ -473,7 +476,7 @@ impl Checkpoint {
     fn decode_payload(payload: &[u8]) -> Result<Checkpoint, EngineError> {
         let mut p = Reader::new(payload);
         let (next_id, epoch) = (p.u32()?, p.u32()?);
-        let (index_generation, next_segment_seq) = (p.u64()?, p.u64()?);
+        let (index_generation, next_segment_seq, log_end_seq) = (p.u64()?, p.u64()?, p.u64()?);
         let index_root = get_ptr(&mut p)?;
         let mut streams = [StreamPos::NONE; 2];
         for s in &mut streams {
@@ -515,6 +518,7 @@ impl Checkpoint {
             log_tail_offset: 0,
             log_tail_seq: 0,
             epoch,
+            log_end_seq,
             next_id,
             index_generation,
             next_segment_seq,
@@ -819,6 +823,7 @@ mod tests {
             log_tail_offset: 4096 * 10,
             log_tail_seq: 77,
             epoch: 4,
+            log_end_seq: 1234,
             next_id: 9,
             index_generation: 12,
             next_segment_seq: 99,

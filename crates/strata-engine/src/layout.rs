@@ -159,6 +159,7 @@ pub fn format(
         log_tail_offset: 0,
         log_tail_seq: 1,
         epoch: 1,
+        log_end_seq: 0,
         next_id: 1,
         index_generation: 0,
         next_segment_seq: 1,

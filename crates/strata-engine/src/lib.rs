@@ -21,11 +21,15 @@ mod map;
 mod meta;
 mod open;
 mod rangelock;
+mod replay;
 mod resolve;
+mod scrub;
 mod shared;
 mod space;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_scrub;
 #[cfg(test)]
 mod tests_snap;
 mod volumes;
@@ -44,6 +48,7 @@ pub use error::EngineError;
 pub use format::DeviceWear;
 pub use map::{ExtentMap, Loc};
 pub use open::OpenReport;
+pub use scrub::{BadBlock, ScrubOptions, ScrubReport, ScrubStatus};
 pub use space::SpaceReport;
 pub use volumes::{SnapshotInfo, ViewInfo};
 
@@ -75,6 +80,11 @@ pub struct EngineConfig {
     /// Clean index leaves kept in memory (bytes of 4 KiB pages; the bound on the capacity
     /// index's RAM besides its inner nodes).
     pub index_cache_bytes: u64,
+    /// A background scrub of everything starts this long after the last one ended (and after
+    /// opening); None: no background scrub.
+    pub scrub_interval: Option<Duration>,
+    /// Read rate of the background scrub, bytes per second (0: unlimited).
+    pub scrub_rate_bytes_per_s: u64,
 }
 
 impl Default for EngineConfig {
@@ -85,6 +95,8 @@ impl Default for EngineConfig {
             fill_ratio_high: 0.70,
             max_batch_bytes: 2 << 20,
             index_cache_bytes: 64 << 20,
+            scrub_interval: None,
+            scrub_rate_bytes_per_s: 64 << 20,
         }
     }
 }
@@ -178,7 +190,12 @@ impl DiskGroup {
         let destager = destage::Destager::new(sh.clone(), tx_hot);
         let t1 = std::thread::Builder::new().name("strata-log".into()).spawn(move || writer.run());
         let t2 = std::thread::Builder::new().name("strata-destage".into()).spawn(move || destager.run());
-        let threads = [t1, t2]
+        let mut spawned = vec![t1, t2];
+        if let Some(every) = sh.cfg.scrub_interval {
+            let sh2 = sh.clone();
+            spawned.push(std::thread::Builder::new().name("strata-scrub".into()).spawn(move || scrub::background(sh2, every)));
+        }
+        let threads = spawned
             .into_iter()
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| EngineError::Failed(format!("cannot start engine threads: {e}")))?;
@@ -518,6 +535,9 @@ impl DiskGroup {
         let _ = self.sh.state.compare_exchange(STATE_RUNNING, STATE_STOPPING, Ordering::AcqRel, Ordering::Acquire);
         self.stop_threads();
         if self.sh.state.load(Ordering::Acquire) != shared::STATE_FAILED {
+            // Nothing more reaches the log: the last checkpoint says where it ends.
+            let end = self.sh.log.lock().next_seq;
+            self.sh.durable.lock().clean_log_end_seq = end;
             meta::flush_index(&self.sh)?;
         }
         for d in &self.sh.caps {

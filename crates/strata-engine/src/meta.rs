@@ -103,6 +103,7 @@ struct PageWrites {
 /// Writes the index and commits it. The caller is the only thread changing the tree and the
 /// segment table's live counts (the destager, or open/shutdown with the destager stopped).
 pub fn flush_index(sh: &Shared) -> Result<(), EngineError> {
+    let _one = sh.flush_guard.lock();
     let started = std::time::Instant::now();
     let generation = sh.durable.lock().index_generation + 1;
     // 1. Places and contents.

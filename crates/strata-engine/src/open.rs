@@ -15,7 +15,8 @@ use crate::destage::{apply_tree_sets, TreeSet};
 use crate::error::EngineError;
 use crate::format::*;
 use crate::layout::*;
-use crate::log::{replay, LogState};
+use crate::log::LogState;
+use crate::replay::replay;
 use crate::map::{ExtentMap, Loc};
 use crate::meta;
 use crate::shared::*;
@@ -29,6 +30,8 @@ pub struct OpenReport {
     pub replayed_records: usize,
     /// Segments sealed after the last index flush whose summaries were applied.
     pub recent_segments: usize,
+    /// Log records whose data failed its checksum (their blocks read as I/O errors).
+    pub damaged_log_records: usize,
 }
 
 pub fn open_shared(
@@ -77,12 +80,13 @@ pub fn open_shared(
     load_segment_table(&sh, &checkpoint)?;
     recount_index_pages(&sh, &checkpoint)?;
     report.recent_segments = apply_recent(&sh, &checkpoint.recent)?;
-    let r = replay(&sh, checkpoint.log_tail_offset / BLOCK_U64, checkpoint.log_tail_seq)?;
+    let r = replay(&sh, checkpoint.log_tail_offset / BLOCK_U64, checkpoint.log_tail_seq, checkpoint.log_end_seq)?;
     for &(b, c) in &r.crcs {
         sh.fast_crcs[b as usize].store(c, Ordering::Relaxed);
     }
     report.replayed_batches = r.batches;
     report.replayed_records = r.records;
+    report.damaged_log_records = r.damaged_records;
     *sh.log.lock() = r.state;
     count_fast_live(&sh);
     // A new epoch before anything new reaches the log, and an index without recent segments:
@@ -177,7 +181,7 @@ fn new_shared(fast: Arc<dyn Device>, caps: Vec<Arc<dyn Device>>, cfg: EngineConf
     };
     let write_counter_at_open = std::iter::once(&fast).chain(caps.iter()).map(|d| d.stats().write_bytes).collect();
     let (index_dirty_limit, meta_reserve) = crate::maint::index_limits(&cfg, &layout, caps.len());
-    let durable = Durable { generation: cp.generation, epoch: cp.epoch, index_root: cp.index_root, index_generation: cp.index_generation };
+    let durable = Durable { generation: cp.generation, epoch: cp.epoch, clean_log_end_seq: 0, index_root: cp.index_root, index_generation: cp.index_generation };
     Shared {
         cfg,
         fast,
@@ -207,6 +211,8 @@ fn new_shared(fast: Arc<dyn Device>, caps: Vec<Arc<dyn Device>>, cfg: EngineConf
         write_counter_at_open,
         meta_reserve,
         index_dirty_limit,
+        flush_guard: Mutex::new(()),
+        scrub: Default::default(),
     }
 }
 

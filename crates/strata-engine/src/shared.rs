@@ -146,6 +146,8 @@ pub const STATE_FAILED: u8 = 2;
 pub struct Durable {
     pub generation: u64,
     pub epoch: u32,
+    /// Set by a clean shutdown just before its last checkpoint (see `Checkpoint::log_end_seq`).
+    pub clean_log_end_seq: u64,
     pub index_root: Option<PagePtr>,
     pub index_generation: u64,
 }
@@ -198,6 +200,9 @@ pub struct Shared {
     /// Each device's lifetime writes as of opening (fast first); the device's own counters
     /// add what was written since.
     pub wear_at_open: Vec<DeviceWear>,
+    /// Held by index flushes; scrub holds it while it checks the durable index's pages.
+    pub flush_guard: Mutex<()>,
+    pub scrub: crate::scrub::ScrubState,
     /// Free segments kept for index flushes (two streams of pages; see `maint::meta_reserve`).
     pub meta_reserve: usize,
     /// Dirty index nodes that trigger a flush (what one flush may write is bounded by it).
@@ -285,6 +290,7 @@ impl Shared {
             log_tail_offset: tail.0 * BLOCK_U64,
             log_tail_seq: tail.1,
             epoch: d.epoch,
+            log_end_seq: d.clean_log_end_seq,
             next_id: t.next_id,
             index_generation: parts.generation,
             next_segment_seq,

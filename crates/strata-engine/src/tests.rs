@@ -127,7 +127,7 @@ impl Rig {
 }
 
 pub(crate) fn small_cfg() -> EngineConfig {
-    EngineConfig { segment_size_bytes: MIB, fill_ratio_low: 0.3, fill_ratio_high: 0.7, max_batch_bytes: 256 * 1024, index_cache_bytes: 64 * 1024 }
+    EngineConfig { segment_size_bytes: MIB, fill_ratio_low: 0.3, fill_ratio_high: 0.7, max_batch_bytes: 256 * 1024, index_cache_bytes: 64 * 1024, ..EngineConfig::default() }
 }
 
 pub(crate) fn seed_for(test: &str) -> u64 {

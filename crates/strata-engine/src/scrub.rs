@@ -1,0 +1,507 @@
+//! Scrub: reads every stored block on both tiers and checks it against its checksum, checks the
+//! two copies of every piece of metadata against each other and repairs a bad copy from the
+//! good one, and reports every bad data block by volume (or snapshot) and offset.
+//!
+//! It runs beside normal I/O: each location is looked up and read under the same `reclaim`
+//! guard a host read uses, so space cannot be reused under it; index flushes wait while the
+//! index pages are checked, so the pages it reads are the ones the durable index names.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde::Serialize;
+use strata_device::AlignedBuf;
+
+use crate::capacity::{load_summary, read_seg_blocks, SegState};
+use crate::ctree::page::{encode, key_of, split_key, PageBody};
+use crate::ctree::PagePtr;
+use crate::error::EngineError;
+use crate::format::*;
+use crate::map::Loc;
+use crate::meta::{self, read_copy};
+use crate::shared::Shared;
+use crate::DiskGroup;
+
+/// Bad blocks listed in one report at most (the total is always counted).
+pub const MAX_REPORTED_BAD_BLOCKS: usize = 10_000;
+/// Blocks verified per read.
+const CHUNK_BLOCKS: u64 = 256;
+
+#[derive(Debug, Clone, Default)]
+pub struct ScrubOptions {
+    /// Only this volume (its layers and its snapshots'); None: everything.
+    pub volume: Option<String>,
+    /// Bytes read per second at most (data and metadata); 0: unlimited.
+    pub rate_bytes_per_s: u64,
+}
+
+/// A data block whose checksum does not match (or could not be read).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct BadBlock {
+    /// The volume, `volume@snapshot`, or `layer #N` for blocks only a deleted snapshot holds.
+    pub volume: String,
+    pub offset: u64,
+    pub tier: &'static str,
+    pub problem: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ScrubReport {
+    pub scope: String,
+    pub started_unix_s: u64,
+    pub finished_unix_s: u64,
+    pub data_bytes_verified: u64,
+    pub metadata_copies_checked: u64,
+    pub bad_blocks_total: u64,
+    pub bad_blocks: Vec<BadBlock>,
+    /// Metadata copies found bad and rewritten from the good copy.
+    pub metadata_repaired: Vec<String>,
+    /// Metadata that could not be repaired (both copies bad, or a single-copy structure).
+    pub metadata_damaged: Vec<String>,
+}
+
+impl ScrubReport {
+    pub fn clean(&self) -> bool {
+        self.bad_blocks_total == 0 && self.metadata_damaged.is_empty()
+    }
+}
+
+/// What the status API shows about scrubbing.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ScrubStatus {
+    pub running: bool,
+    pub progress_bytes: u64,
+    pub total_bytes: u64,
+    pub last: Option<ScrubReport>,
+}
+
+/// Scrub state shared with the status API.
+#[derive(Default)]
+pub struct ScrubState {
+    pub running: Mutex<()>,
+    pub progress_bytes: AtomicU64,
+    pub total_bytes: AtomicU64,
+    pub last: Mutex<Option<ScrubReport>>,
+}
+
+impl DiskGroup {
+    /// Runs a scrub to the end (one at a time).
+    pub fn scrub(&self, opts: &ScrubOptions) -> Result<ScrubReport, EngineError> {
+        run(&self.sh, opts)
+    }
+
+    pub fn scrub_status(&self) -> ScrubStatus {
+        let sc = &self.sh.scrub;
+        ScrubStatus {
+            running: sc.running.is_locked(),
+            progress_bytes: sc.progress_bytes.load(Ordering::Relaxed),
+            total_bytes: sc.total_bytes.load(Ordering::Relaxed),
+            last: sc.last.lock().clone(),
+        }
+    }
+}
+
+/// The background scrubber: everything, at the configured rate, every `every`.
+pub fn background(sh: std::sync::Arc<Shared>, every: Duration) {
+    let opts = ScrubOptions { volume: None, rate_bytes_per_s: sh.cfg.scrub_rate_bytes_per_s };
+    let mut next = Instant::now() + every;
+    loop {
+        if sh.destager_stop.load(Ordering::Relaxed) || sh.abandon.load(Ordering::Relaxed) {
+            return;
+        }
+        if Instant::now() < next {
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        }
+        match run(&sh, &opts) {
+            Ok(r) if !r.clean() => tracing::error!(bad_blocks = r.bad_blocks_total, damaged_metadata = r.metadata_damaged.len(), "background scrub found damage"),
+            Ok(_) | Err(EngineError::InUse(_)) | Err(EngineError::ShuttingDown) => {}
+            Err(e) => tracing::error!("background scrub: {e}"),
+        }
+        next = Instant::now() + every;
+    }
+}
+
+fn run(sh: &Shared, opts: &ScrubOptions) -> Result<ScrubReport, EngineError> {
+    {
+        let _one = sh.scrub.running.try_lock().ok_or_else(|| EngineError::InUse("a scrub is already running".into()))?;
+        let mut s = Scrubber::new(sh, opts);
+        s.report.started_unix_s = unix_now_s();
+        let layers = s.layers_in_scope()?;
+        sh.scrub.progress_bytes.store(0, Ordering::Relaxed);
+        sh.scrub.total_bytes.store(s.estimate(&layers), Ordering::Relaxed);
+        s.check_metadata()?;
+        for (layer, name) in &layers {
+            s.check_layer(*layer, name)?;
+        }
+        s.report.finished_unix_s = unix_now_s();
+        let report = s.report;
+        tracing::info!(
+            scope = report.scope,
+            bytes = report.data_bytes_verified,
+            bad_blocks = report.bad_blocks_total,
+            repaired = report.metadata_repaired.len(),
+            damaged = report.metadata_damaged.len(),
+            "scrub finished"
+        );
+        *sh.scrub.last.lock() = Some(report.clone());
+        Ok(report)
+    }
+}
+
+struct Scrubber<'a> {
+    sh: &'a Shared,
+    opts: &'a ScrubOptions,
+    report: ScrubReport,
+    started: Instant,
+    read_bytes: u64,
+}
+
+impl<'a> Scrubber<'a> {
+    fn new(sh: &'a Shared, opts: &'a ScrubOptions) -> Scrubber<'a> {
+        let scope = opts.volume.clone().unwrap_or_else(|| "all".into());
+        Scrubber { sh, opts, report: ScrubReport { scope, ..Default::default() }, started: Instant::now(), read_bytes: 0 }
+    }
+
+    /// Sleeps as needed to keep to the rate limit after reading `bytes`; stops the scrub when
+    /// the disk group stops.
+    fn pace(&mut self, bytes: u64) -> Result<(), EngineError> {
+        if self.sh.destager_stop.load(Ordering::Relaxed) || self.sh.abandon.load(Ordering::Relaxed) {
+            return Err(EngineError::ShuttingDown);
+        }
+        self.read_bytes += bytes;
+        self.sh.scrub.progress_bytes.fetch_add(bytes, Ordering::Relaxed);
+        let rate = self.opts.rate_bytes_per_s;
+        if rate == 0 {
+            return Ok(());
+        }
+        let due = Duration::from_secs_f64(self.read_bytes as f64 / rate as f64);
+        let spent = self.started.elapsed();
+        if due > spent {
+            std::thread::sleep((due - spent).min(Duration::from_millis(200)));
+        }
+        Ok(())
+    }
+
+    /// The live layers to check, each with the name its bad blocks are reported under.
+    fn layers_in_scope(&self) -> Result<Vec<(u32, String)>, EngineError> {
+        let idx = self.sh.index.read();
+        let mut names: std::collections::BTreeMap<u32, String> = std::collections::BTreeMap::new();
+        for v in idx.volumes.values() {
+            names.insert(v.head, v.name.clone());
+        }
+        for s in idx.snapshots.values() {
+            let vol = idx.volumes.get(&s.volume).map_or("?", |v| v.name.as_str());
+            names.insert(s.layer, format!("{vol}@{}", s.name));
+        }
+        let wanted: Option<std::collections::HashSet<u32>> = match &self.opts.volume {
+            None => None,
+            Some(v) => {
+                let rec = idx.volume_by_name(v).ok_or_else(|| EngineError::NotFound(v.clone()))?;
+                let mut set: std::collections::HashSet<u32> = idx.chain(rec.head).into_iter().collect();
+                for s in idx.snapshots.values().filter(|s| s.volume == rec.id) {
+                    set.extend(idx.chain(s.layer));
+                }
+                Some(set)
+            }
+        };
+        Ok(idx
+            .layers
+            .values()
+            .filter(|l| idx.layer_live(l.rec.id))
+            .filter(|l| wanted.as_ref().is_none_or(|w| w.contains(&l.rec.id)))
+            .map(|l| (l.rec.id, names.get(&l.rec.id).cloned().unwrap_or_else(|| format!("layer #{}", l.rec.id))))
+            .collect())
+    }
+
+    fn estimate(&self, layers: &[(u32, String)]) -> u64 {
+        let all = self.opts.volume.is_none();
+        let c = &self.sh.counters;
+        let fast = c.fast_live_blocks.load(Ordering::Relaxed);
+        let cap = self.sh.segs.lock().live_blocks_total();
+        if all || layers.is_empty() {
+            (fast + cap) * BLOCK_U64
+        } else {
+            (fast + cap) * BLOCK_U64 / 2
+        }
+    }
+
+    fn bad(&mut self, volume: &str, lba: u64, tier: &'static str, problem: String) {
+        self.report.bad_blocks_total += 1;
+        self.sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(volume, offset = lba * BLOCK_U64, tier, problem = problem.as_str(), "scrub: bad block");
+        if self.report.bad_blocks.len() < MAX_REPORTED_BAD_BLOCKS {
+            self.report.bad_blocks.push(BadBlock { volume: volume.into(), offset: lba * BLOCK_U64, tier, problem });
+        }
+    }
+
+    /// Every block a layer holds by itself: its log blocks, then its capacity blocks.
+    fn check_layer(&mut self, layer: u32, name: &str) -> Result<(), EngineError> {
+        let runs: Vec<(u64, u64, Loc)> = {
+            let idx = self.sh.index.read();
+            idx.layers.get(&layer).map(|l| l.fast.iter().collect()).unwrap_or_default()
+        };
+        for (lba, len, loc) in runs {
+            if let Loc::Fast(_) = loc {
+                self.check_fast_run(layer, name, lba, len)?;
+            }
+        }
+        let mut at = key_of(layer, 0);
+        let end = key_of(layer, 0) + (1u128 << 64);
+        loop {
+            let ents = meta::with_tree_read(self.sh, |t| {
+                let mut v = Vec::new();
+                t.first_entries(at, end, 1024, &mut v).map(|()| v)
+            })?;
+            let Some(last) = ents.last() else { break };
+            at = last.end();
+            for e in ents {
+                if let Loc::Cap { .. } = e.loc {
+                    self.check_cap_run(layer, name, split_key(e.key).1, e.len)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks log blocks of `[lba, lba+len)` that the layer's fast map still points at (looked
+    /// up again under the guard: the run may have moved since it was listed).
+    fn check_fast_run(&mut self, layer: u32, name: &str, lba: u64, len: u64) -> Result<(), EngineError> {
+        let mut at = lba;
+        while at < lba + len {
+            let n = CHUNK_BLOCKS.min(lba + len - at);
+            let mut buf = AlignedBuf::new_zeroed((n * BLOCK_U64) as usize);
+            let mut bad = Vec::new();
+            {
+                let _guard = self.sh.reclaim.read();
+                let pieces = {
+                    let idx = self.sh.index.read();
+                    idx.layers.get(&layer).map(|l| l.fast.lookup(at, n)).unwrap_or_default()
+                };
+                for p in pieces {
+                    let Some(Loc::Fast(b)) = p.loc else { continue };
+                    let dst = &mut buf[..(p.len * BLOCK_U64) as usize];
+                    if let Err(e) = self.sh.fast.read_at(dst, self.sh.layout.log_byte(b)) {
+                        bad.extend((0..p.len).map(|i| (p.lba + i, format!("unreadable: {e}"))));
+                        continue;
+                    }
+                    for (i, chunk) in dst.chunks(BLOCK).enumerate() {
+                        if crc32c::crc32c(chunk) != self.sh.fast_crcs[(b + i as u64) as usize].load(Ordering::Relaxed) {
+                            bad.push((p.lba + i as u64, "checksum mismatch".into()));
+                        }
+                    }
+                    self.report.data_bytes_verified += p.len * BLOCK_U64;
+                }
+            }
+            for (l, why) in bad {
+                self.bad(name, l, "fast", why);
+            }
+            self.pace(n * BLOCK_U64)?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Checks capacity blocks of `[lba, lba+len)` that the layer's tree entry still points at.
+    fn check_cap_run(&mut self, layer: u32, name: &str, lba: u64, len: u64) -> Result<(), EngineError> {
+        let mut at = lba;
+        while at < lba + len {
+            let n = CHUNK_BLOCKS.min(lba + len - at);
+            let mut bad = Vec::new();
+            {
+                let _guard = self.sh.reclaim.read();
+                let ents = meta::with_tree_read(self.sh, |t| {
+                    let mut v = Vec::new();
+                    t.lookup(key_of(layer, at), key_of(layer, at + n), &mut v).map(|()| v)
+                })?;
+                for e in ents {
+                    let Loc::Cap { seg, block } = e.loc else { continue };
+                    let elba = split_key(e.key).1;
+                    let summary = match load_summary(self.sh, seg) {
+                        Ok(s) => s,
+                        Err(err) => {
+                            bad.extend((0..e.len).map(|i| (elba + i, format!("segment {seg}: {err}"))));
+                            continue;
+                        }
+                    };
+                    let mut buf = AlignedBuf::new_zeroed((e.len * BLOCK_U64) as usize);
+                    match read_seg_blocks(self.sh, seg, block, e.len as u32, &mut buf, &summary.block_crcs) {
+                        Err(err) => bad.extend((0..e.len).map(|i| (elba + i, format!("unreadable: {err}")))),
+                        Ok(_) => {
+                            for i in 0..e.len as usize {
+                                let expect = summary.block_crcs.get(block as usize + i).copied();
+                                if expect != Some(crc32c::crc32c(&buf[i * BLOCK..(i + 1) * BLOCK])) {
+                                    bad.push((elba + i as u64, format!("checksum mismatch (segment {seg} block {})", block as usize + i)));
+                                }
+                            }
+                        }
+                    }
+                    self.report.data_bytes_verified += e.len * BLOCK_U64;
+                }
+            }
+            for (l, why) in bad {
+                self.bad(name, l, "capacity", why);
+            }
+            self.pace(n * BLOCK_U64)?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Superblocks of every device, both checkpoint copies, every index and segment-table page
+    /// (both copies), and the summary of every sealed segment.
+    fn check_metadata(&mut self) -> Result<(), EngineError> {
+        let devices: Vec<_> = std::iter::once(self.sh.fast.clone()).chain(self.sh.caps.iter().cloned()).collect();
+        for dev in devices {
+            self.check_superblocks(dev.as_ref())?;
+        }
+        self.check_checkpoints()?;
+        self.check_index_pages()?;
+        self.check_summaries()
+    }
+
+    fn check_superblocks(&mut self, dev: &dyn strata_device::Device) -> Result<(), EngineError> {
+        let mut copies = Vec::new();
+        for copy in 0..2u64 {
+            let mut b = AlignedBuf::new_zeroed(BLOCK);
+            let ok = dev.read_at(&mut b, copy * BLOCK_U64).is_ok() && matches!(Superblock::decode(&b), SuperblockRead::Valid(_));
+            copies.push((b, ok));
+        }
+        self.report.metadata_copies_checked += 2;
+        self.pace(2 * BLOCK_U64)?;
+        match (copies[0].1, copies[1].1) {
+            (true, true) if copies[0].0[..] != copies[1].0[..] => self.report.metadata_damaged.push(format!("device {}: the superblock copies differ", dev.name())),
+            (true, true) => {}
+            (false, false) => self.report.metadata_damaged.push(format!("device {}: both superblock copies are damaged", dev.name())),
+            (a_ok, _) => {
+                let (good, bad_copy) = if a_ok { (0, 1u64) } else { (1, 0u64) };
+                dev.write_at(&copies[good].0, bad_copy * BLOCK_U64)?;
+                dev.flush()?;
+                self.repaired(format!("device {}: superblock copy {} rewritten from the other", dev.name(), if bad_copy == 0 { "A" } else { "B" }));
+            }
+        }
+        Ok(())
+    }
+
+    fn repaired(&mut self, what: String) {
+        tracing::warn!("scrub: {what}");
+        self.report.metadata_repaired.push(what);
+    }
+
+    /// Both checkpoint copies must decode with the same generation; otherwise both are
+    /// rewritten (a checkpoint write rewrites both copies).
+    fn check_checkpoints(&mut self) -> Result<(), EngineError> {
+        let mut d = self.sh.durable.lock();
+        let mut gens = Vec::new();
+        for off in self.sh.layout.checkpoint_offsets {
+            let mut b = AlignedBuf::new_zeroed(crate::layout::CHECKPOINT_AREA_BYTES as usize);
+            self.sh.fast.read_at(&mut b, off)?;
+            gens.push(Checkpoint::decode(&b, &self.sh.layout.group).map(|c| c.generation).ok());
+        }
+        self.report.metadata_copies_checked += 2;
+        if gens[0].is_some() && gens[0] == gens[1] {
+            return Ok(());
+        }
+        let tail = self.sh.log.lock().tail();
+        self.sh.write_checkpoint_locked(&mut d, tail)?;
+        drop(d);
+        let which = match (gens[0], gens[1]) {
+            (None, _) => "copy A was damaged",
+            (_, None) => "copy B was damaged",
+            _ => "the copies had different generations",
+        };
+        self.repaired(format!("checkpoint: {which}; both copies rewritten"));
+        Ok(())
+    }
+
+    /// Walks the durable index from its root on disk, with index flushes held off.
+    fn check_index_pages(&mut self) -> Result<(), EngineError> {
+        let _no_flush = self.sh.flush_guard.lock();
+        let (root, generation) = {
+            let d = self.sh.durable.lock();
+            (d.index_root, d.index_generation)
+        };
+        let segtab: Vec<PagePtr> = self.sh.segs.lock().page_ptrs.iter().flatten().copied().collect();
+        let mut stack: Vec<PagePtr> = root.into_iter().collect();
+        let mut seen = 0usize;
+        while let Some(ptr) = stack.pop() {
+            seen += 1;
+            if let Some(PageBody::Inner(children)) = self.check_page(ptr, generation, "index")? {
+                stack.extend(children.into_iter().map(|c| c.1));
+            }
+        }
+        for ptr in segtab {
+            self.check_page(ptr, generation, "segment table")?;
+        }
+        tracing::debug!(pages = seen, "scrub: index pages checked");
+        Ok(())
+    }
+
+    /// Reads both copies of a page; a bad copy is rewritten from the good one.
+    fn check_page(&mut self, ptr: PagePtr, generation: u64, what: &str) -> Result<Option<PageBody>, EngineError> {
+        let a = read_copy(self.sh, ptr.a).ok().flatten();
+        let b = read_copy(self.sh, ptr.b).ok().flatten();
+        self.report.metadata_copies_checked += 2;
+        self.pace(2 * BLOCK_U64)?;
+        let body = match (a, b) {
+            (Some(a), Some(b)) if a == b => return Ok(Some(a)),
+            (Some(a), Some(_)) => {
+                self.report.metadata_damaged.push(format!("{what} page {:#x}/{:#x}: the two copies differ", ptr.a, ptr.b));
+                return Ok(Some(a));
+            }
+            (None, None) => {
+                self.sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                self.report.metadata_damaged.push(format!("{what} page {:#x}/{:#x}: both copies are damaged", ptr.a, ptr.b));
+                return Ok(None);
+            }
+            (Some(good), None) => {
+                self.rewrite_copy(ptr.b, &good, generation)?;
+                self.repaired(format!("{what} page copy B at {:#x} rewritten from copy A", ptr.b));
+                good
+            }
+            (None, Some(good)) => {
+                self.rewrite_copy(ptr.a, &good, generation)?;
+                self.repaired(format!("{what} page copy A at {:#x} rewritten from copy B", ptr.a));
+                good
+            }
+        };
+        Ok(Some(body))
+    }
+
+    fn rewrite_copy(&self, addr: u64, body: &PageBody, generation: u64) -> Result<(), EngineError> {
+        let bytes = encode(body, &self.sh.layout.group, generation, addr);
+        let seg = (addr >> 32) as usize;
+        let (dev, off) = self.sh.layout.segments[seg];
+        let mut buf = AlignedBuf::new_zeroed(BLOCK);
+        buf.copy_from_slice(&bytes);
+        self.sh.caps[dev].write_at(&buf, off + u64::from(addr as u32) * BLOCK_U64)?;
+        self.sh.caps[dev].flush()?;
+        Ok(())
+    }
+
+    /// Summaries are written once: a damaged one cannot be repaired, and the blocks of that
+    /// segment (reported under their volumes by the data pass) cannot be read.
+    fn check_summaries(&mut self) -> Result<(), EngineError> {
+        let sealed: Vec<u32> = {
+            let segs = self.sh.segs.lock();
+            segs.segs.iter().enumerate().filter(|(_, s)| s.state == SegState::Sealed).map(|(i, _)| i as u32).collect()
+        };
+        for seg in sealed {
+            let ok = {
+                let _guard = self.sh.reclaim.read();
+                if self.sh.segs.lock().segs[seg as usize].state != SegState::Sealed {
+                    continue;
+                }
+                crate::capacity::read_summary(self.sh, seg)?.is_some()
+            };
+            self.report.metadata_copies_checked += 1;
+            self.pace(u64::from(self.sh.layout.geo.summary_blocks) * BLOCK_U64)?;
+            if !ok {
+                self.sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                self.report.metadata_damaged.push(format!("summary of capacity segment {seg} is damaged (it has one copy); its blocks cannot be read"));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,183 @@
+//! Scrub against injected damage: data blocks on each tier and one copy of each kind of
+//! metadata. Every bad block must be reported by volume and offset, reads of it must fail,
+//! and every damaged metadata copy must be repaired from the good one.
+
+use std::time::Duration;
+
+use strata_device::{AlignedBuf, Device, MemDevice};
+
+use crate::tests::{small_cfg, Rig, MIB};
+use crate::*;
+
+/// Block `lba` of the test volume: its number in the first 8 bytes, then a fill byte.
+fn block_of(lba: u64, fill: u8) -> Vec<u8> {
+    let mut b = vec![fill; 4096];
+    b[..8].copy_from_slice(&lba.to_le_bytes());
+    b
+}
+
+/// Byte offset on `dev` of the block holding exactly `content`.
+fn find_block(dev: &MemDevice, content: &[u8]) -> u64 {
+    let mut b = AlignedBuf::new_zeroed(4096);
+    for blk in 0..dev.size_bytes() / 4096 {
+        dev.read_at(&mut b, blk * 4096).unwrap();
+        if b[..] == content[..] {
+            return blk * 4096;
+        }
+    }
+    panic!("block not found on {}", dev.name());
+}
+
+/// Byte offset (on its capacity device) of copy A of the durable index's root page.
+fn root_page_copy_a(dg: &DiskGroup) -> u64 {
+    let root = dg.sh.durable.lock().index_root.expect("an index was written");
+    let (seg, block) = ((root.a >> 32) as usize, root.a as u32 as u64);
+    let (dev, off) = dg.sh.layout.segments[seg];
+    assert_eq!(dev, 0, "one capacity device");
+    off + block * 4096
+}
+
+fn read_fails(dg: &DiskGroup, view: u32, offset: u64) -> bool {
+    let mut b = vec![0u8; 4096];
+    matches!(dg.read(view, offset, &mut b), Err(EngineError::Corrupt(_)))
+}
+
+#[test]
+fn scrub_reports_every_bad_block_and_repairs_every_metadata_copy() {
+    let mut rig = Rig::new(32 * MIB, &[48 * MIB], small_cfg(), 41);
+    let v = rig.dg().create_volume("v", 4 * MIB).unwrap().id;
+    // Blocks 0..512 go to the capacity tier, then a snapshot; blocks 512..1024 stay in the log.
+    for lba in 0..512u64 {
+        rig.dg().write(v, lba * 4096, &block_of(lba, 0x11)).unwrap();
+    }
+    assert!(rig.dg().destage_all(Duration::from_secs(10)));
+    rig.dg().create_snapshot("v", "s").unwrap();
+    for lba in 512..1024u64 {
+        rig.dg().write(v, lba * 4096, &block_of(lba, 0x22)).unwrap();
+    }
+    // A clean restart writes the index, so there are index pages on the capacity device.
+    rig.clean_restart();
+    let clean = rig.dg().scrub(&ScrubOptions::default()).unwrap();
+    assert!(clean.clean() && clean.metadata_repaired.is_empty(), "{clean:?}");
+    assert!(clean.data_bytes_verified >= 4 * MIB, "{clean:?}");
+
+    // Two capacity blocks (held by the snapshot's layer), two log blocks (the volume's).
+    for lba in [7u64, 300] {
+        rig.caps[0].flip_bit(find_block(&rig.caps[0], &block_of(lba, 0x11)) + 99, 2).unwrap();
+    }
+    for lba in [600u64, 1000] {
+        rig.fast.flip_bit(find_block(&rig.fast, &block_of(lba, 0x22)) + 17, 5).unwrap();
+    }
+    // One copy of each kind of metadata.
+    rig.caps[0].flip_bit(4096 + 300, 1).unwrap(); // superblock copy B of the capacity device
+    rig.fast.flip_bit(MIB + 80, 3).unwrap(); // checkpoint copy A
+    let root = root_page_copy_a(rig.dg());
+    rig.caps[0].flip_bit(root + 200, 4).unwrap();
+
+    let dg = rig.dg();
+    let report = dg.scrub(&ScrubOptions::default()).unwrap();
+    let mut bad: Vec<(String, u64, &str)> = report.bad_blocks.iter().map(|b| (b.volume.clone(), b.offset, b.tier)).collect();
+    bad.sort();
+    assert_eq!(
+        bad,
+        vec![
+            ("v".to_string(), 600 * 4096, "fast"),
+            ("v".to_string(), 1000 * 4096, "fast"),
+            ("v@s".to_string(), 7 * 4096, "capacity"),
+            ("v@s".to_string(), 300 * 4096, "capacity"),
+        ],
+        "{report:#?}"
+    );
+    let repaired = report.metadata_repaired.join("\n");
+    assert!(repaired.contains("superblock copy B"), "{repaired}");
+    assert!(repaired.contains("checkpoint: copy A"), "{repaired}");
+    assert!(repaired.contains("index page copy"), "{repaired}");
+    assert!(report.metadata_damaged.is_empty(), "{report:#?}");
+
+    // Damaged data is an error to readers, never data; everything else reads back.
+    let snap = dg.view("v@s").unwrap().id;
+    for lba in [7u64, 300, 600, 1000] {
+        assert!(read_fails(dg, v, lba * 4096), "block {lba} read as data");
+    }
+    assert!(read_fails(dg, snap, 7 * 4096));
+    let mut b = vec![0u8; 4096];
+    dg.read(v, 8 * 4096, &mut b).unwrap();
+    assert_eq!(b, block_of(8, 0x11));
+
+    // A second scrub finds the same data damage and no metadata left to repair.
+    let again = dg.scrub(&ScrubOptions::default()).unwrap();
+    assert_eq!(again.bad_blocks_total, 4);
+    assert!(again.metadata_repaired.is_empty(), "{again:#?}");
+    // And the repaired metadata holds across a restart.
+    rig.clean_restart();
+    let after = rig.dg().scrub(&ScrubOptions { volume: Some("v".into()), rate_bytes_per_s: 0 }).unwrap();
+    assert_eq!(after.bad_blocks_total, 4, "{after:#?}");
+    assert!(after.metadata_repaired.is_empty() && after.metadata_damaged.is_empty(), "{after:#?}");
+}
+
+#[test]
+fn scrub_of_one_volume_checks_only_its_blocks_and_keeps_to_its_rate() {
+    let rig = Rig::new(32 * MIB, &[48 * MIB], small_cfg(), 42);
+    let dg = rig.dg();
+    let a = dg.create_volume("a", 2 * MIB).unwrap().id;
+    let b = dg.create_volume("b", 2 * MIB).unwrap().id;
+    dg.write(a, 0, &vec![1u8; 2 * MIB as usize]).unwrap();
+    dg.write(b, 0, &vec![2u8; MIB as usize]).unwrap();
+    let started = std::time::Instant::now();
+    let r = dg.scrub(&ScrubOptions { volume: Some("b".into()), rate_bytes_per_s: 4 * MIB }).unwrap();
+    assert_eq!(r.data_bytes_verified, MIB, "{r:?}");
+    // 1 MiB of data plus metadata at 4 MiB/s takes at least a quarter of a second.
+    assert!(started.elapsed() >= Duration::from_millis(240), "{:?}", started.elapsed());
+    assert!(matches!(dg.scrub(&ScrubOptions { volume: Some("nope".into()), rate_bytes_per_s: 0 }), Err(EngineError::NotFound(_))));
+    let status = dg.scrub_status();
+    assert!(!status.running && status.last.is_some_and(|l| l.scope == "b"));
+}
+
+/// Writes `n` single-block records, each in its own batch (one writer, one at a time).
+fn one_batch_per_block(dg: &DiskGroup, v: u32, n: u64) {
+    for lba in 0..n {
+        dg.write(v, lba * 4096, &block_of(lba, 0x33)).unwrap();
+    }
+}
+
+#[test]
+fn damaged_log_data_of_an_acknowledged_batch_is_an_error_not_the_end_of_the_log() {
+    let cfg = EngineConfig { fill_ratio_low: 0.9, fill_ratio_high: 0.95, ..small_cfg() };
+    let mut rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 43);
+    let v = rig.dg().create_volume("v", MIB).unwrap().id;
+    one_batch_per_block(rig.dg(), v, 100);
+    rig.fast.flip_bit(find_block(&rig.fast, &block_of(10, 0x33)) + 5, 0).unwrap();
+    rig.power_cut_and_restart();
+    let dg = rig.dg();
+    assert_eq!(dg.open_report().damaged_log_records, 1);
+    assert!(read_fails(dg, v, 10 * 4096), "the damaged block read as data");
+    for lba in (0..100).filter(|&l| l != 10) {
+        let mut b = vec![0u8; 4096];
+        dg.read(v, lba * 4096, &mut b).unwrap();
+        assert_eq!(b, block_of(lba, 0x33), "block {lba} after the damaged one was lost");
+    }
+    let r = dg.scrub(&ScrubOptions::default()).unwrap();
+    assert_eq!(r.bad_blocks.iter().map(|b| b.offset).collect::<Vec<_>>(), vec![10 * 4096]);
+}
+
+#[test]
+fn a_damaged_batch_header_mid_log_refuses_to_open_instead_of_losing_later_writes() {
+    let cfg = EngineConfig { fill_ratio_low: 0.9, fill_ratio_high: 0.95, ..small_cfg() };
+    for clean in [false, true] {
+        let mut rig = Rig::new(32 * MIB, &[24 * MIB], cfg.clone(), 44);
+        let v = rig.dg().create_volume("v", MIB).unwrap().id;
+        one_batch_per_block(rig.dg(), v, 50);
+        // The header block sits just before its single data block.
+        let data_at = find_block(&rig.fast, &block_of(20, 0x33));
+        rig.fast.flip_bit(data_at - 4096 + 100, 6).unwrap();
+        if let Some(dg) = rig.dg.take() {
+            if clean {
+                dg.shutdown().unwrap();
+            } else {
+                dg.halt_for_test();
+            }
+        }
+        let err = rig.start().err().expect("opened over a damaged log");
+        assert!(err.to_string().contains("write log is damaged"), "clean {clean}: {err}");
+    }
+}
