@@ -111,6 +111,8 @@ pub struct FileConfig {
     pub max_connections: Option<usize>,
     pub default_volume_size: Option<SizeValue>,
     pub index_cache: Option<SizeValue>,
+    pub scrub_interval: Option<String>,
+    pub scrub_rate: Option<SizeValue>,
     pub io_backend: Option<String>,
     /// Bearer token for mutating admin requests; required when http_listen is not loopback.
     pub http_token: Option<String>,
@@ -209,6 +211,48 @@ pub fn format_size(bytes: u64) -> String {
 pub fn parse_size_arg(text: &str) -> std::result::Result<u64, String> {
     parse_size(text)
 }
+
+/// Parses a duration: a number with a unit (`90s`, `15m`, `24h`, `7d`), or `0`/`off` for none.
+pub fn parse_duration(text: &str) -> std::result::Result<Option<std::time::Duration>, String> {
+    let t = text.trim();
+    if t == "0" || t.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (like 90s, 15m, 24h, 7d, or off)"))?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n.saturating_mul(60),
+        "h" => n.saturating_mul(3600),
+        "d" => n.saturating_mul(86_400),
+        _ => {
+            return Err(format!(
+                "{text:?} is not a duration (like 90s, 15m, 24h, 7d, or off)"
+            ))
+        }
+    };
+    if n == 0 {
+        return Ok(None);
+    }
+    Ok(Some(std::time::Duration::from_secs(secs)))
+}
+
+/// Clap value parser for durations (`off` as None).
+pub fn parse_duration_arg(text: &str) -> std::result::Result<DurationValue, String> {
+    parse_duration(text).map(DurationValue)
+}
+
+/// A parsed duration flag (None: off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DurationValue(pub Option<std::time::Duration>);
+
+/// Default gap between background scrubs.
+pub const DEFAULT_SCRUB_INTERVAL: std::time::Duration = std::time::Duration::from_secs(7 * 86_400);
+/// Default read rate of the background scrub.
+pub const DEFAULT_SCRUB_RATE: u64 = 64 << 20;
 
 /// Parses a ratio in 0..=1 ("0.3") or a percentage ("30%").
 pub fn parse_ratio(text: &str) -> std::result::Result<f64, String> {
@@ -383,6 +427,19 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
             &file.index_cache,
             "index_cache",
             defaults.index_cache_bytes,
+        )?,
+        scrub_interval: match (args.scrub_interval, &file.scrub_interval) {
+            (Some(v), _) => v.0,
+            (None, Some(text)) => {
+                parse_duration(text).map_err(|e| anyhow!("scrub_interval in the config file: {e}"))?
+            }
+            (None, None) => Some(DEFAULT_SCRUB_INTERVAL),
+        },
+        scrub_rate_bytes_per_s: size(
+            args.scrub_rate,
+            &file.scrub_rate,
+            "scrub_rate",
+            DEFAULT_SCRUB_RATE,
         )?,
     };
     let config = ServeConfig {

@@ -142,6 +142,12 @@ pub struct ServeArgs {
     /// Memory for index pages of data on the capacity tier (the capacity index's RAM bound) [default: 64M].
     #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
     pub index_cache: Option<u64>,
+    /// Time between background scrubs of every stored block (`7d`, `24h`, `off`) [default: 7d].
+    #[arg(long, value_name = "DURATION", value_parser = config::parse_duration_arg)]
+    pub scrub_interval: Option<config::DurationValue>,
+    /// Read rate of the background scrub, bytes per second [default: 64M].
+    #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
+    pub scrub_rate: Option<u64>,
     /// Device I/O backend: auto, io_uring or threads [default: auto].
     #[arg(long, value_name = "NAME")]
     pub io_backend: Option<String>,
