@@ -252,7 +252,6 @@ impl SegTable {
         for &seg in &out {
             self.free[self.dev_of[seg as usize]].insert(seg);
         }
-        self.recent.clear();
         out
     }
 

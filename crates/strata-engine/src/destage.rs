@@ -355,7 +355,7 @@ impl Destager {
             }
         }
         let (done, wait) = crossbeam_channel::bounded(1);
-        let req = WriteReq { kind: RecordKind::Write, layer, lba, nblocks: len, data: Some(data), done, no_wait: true, relocation: true };
+        let req = WriteReq { kind: RecordKind::Write, layer, lba, nblocks: len, data: Some(data), done: crate::log::Done::Chan(done), no_wait: true, relocation: true };
         // Never block on a full queue: the log writer may be waiting for space only this
         // thread can free.
         self.tx.try_send(req).map_err(|_| EngineError::NoSpace)?;

@@ -247,8 +247,8 @@ pub const MAX_WEAR_DEVICES: u32 = 1024;
 pub const MAX_LAYERS: u32 = 65_536;
 pub const MAX_RECORDS: u32 = 65_536;
 pub const MAX_RECENT_SEGMENTS: u32 = 4096;
-pub const MAX_SEGTAB_PAGES: u32 = 60_000;
-pub const MAX_POLICY_BYTES: usize = 1024;
+pub const MAX_SEGTAB_PAGES: u32 = 8192;
+pub const MAX_POLICY_BYTES: usize = 256;
 
 /// A page written twice (copy A and copy B), as (segment << 32) | block for each copy.
 pub use crate::ctree::PagePtr;
@@ -330,7 +330,7 @@ pub struct Checkpoint {
     /// recovery knows every record before it must be there. 0: not known (after a crash).
     pub log_end_seq: u64,
     pub next_id: u32,
-    /// How many index flushes made this index (1 at format).
+    /// How many index flushes made this index (0 at format).
     pub index_generation: u64,
     pub next_segment_seq: u64,
     /// The index tree's root page; None: empty.
@@ -416,7 +416,30 @@ impl Checkpoint {
         p
     }
 
+    /// Refuses what the decoder would refuse: a checkpoint that cannot be read back is never
+    /// written.
+    fn check_limits(&self) -> Result<(), EngineError> {
+        let over = |n: usize, max: u32, what: &str| {
+            if n > max as usize {
+                Err(EngineError::InvalidArgument(format!("the metadata would hold {n} {what}, more than the {max} it can record")))
+            } else {
+                Ok(())
+            }
+        };
+        over(self.segtab.len(), MAX_SEGTAB_PAGES, "segment table pages")?;
+        over(self.recent.len(), MAX_RECENT_SEGMENTS, "recent segments")?;
+        over(self.layers.len(), MAX_LAYERS, "layers")?;
+        over(self.volumes.len(), MAX_RECORDS, "volumes")?;
+        over(self.snapshots.len(), MAX_RECORDS, "snapshots")?;
+        over(self.wear.len(), MAX_WEAR_DEVICES, "devices")?;
+        if self.volumes.iter().any(|v| v.policy.len() > MAX_POLICY_BYTES) {
+            return Err(EngineError::InvalidArgument(format!("a volume policy is longer than {MAX_POLICY_BYTES} bytes")));
+        }
+        Ok(())
+    }
+
     pub fn encode(&self, area_bytes: usize) -> Result<Vec<u8>, EngineError> {
+        self.check_limits()?;
         let p = self.encode_payload();
         let mut w = Writer::default();
         w.bytes(CHECKPOINT_MAGIC).u32(FORMAT_VERSION).bytes(&self.group).u64(self.generation);
@@ -426,7 +449,9 @@ impl Checkpoint {
         w.bytes(&p.buf);
         let total = w.buf.len().div_ceil(BLOCK) * BLOCK;
         if total > area_bytes {
-            return Err(EngineError::InvalidArgument("the volume table does not fit the metadata area".into()));
+            return Err(EngineError::InvalidArgument(format!(
+                "the volume table is full: it would take {total} bytes of metadata, {area_bytes} are available; delete volumes or snapshots"
+            )));
         }
         let mut b = w.pad_to(total).buf.clone();
         // The header crc covers the header only; the payload has its own crc.
@@ -608,6 +633,9 @@ pub struct BatchHeader {
     pub group: Uuid,
     /// The epoch of the opening that wrote it (see `Checkpoint::epoch`).
     pub epoch: u32,
+    /// Every record with a lower sequence number was durable and acknowledged when this batch
+    /// was written (several batches are written at once; see replay.rs).
+    pub committed_seq: u64,
     pub first_seq: u64,
     /// Blocks the batch occupies, header block included.
     pub total_blocks: u32,
@@ -619,7 +647,7 @@ impl BatchHeader {
         let mut b = vec![0u8; BLOCK];
         let mut w = Writer::default();
         w.bytes(BATCH_MAGIC).u32(FORMAT_VERSION).bytes(&self.group).u64(self.first_seq);
-        w.u32(self.total_blocks).u32(self.records.len() as u32).u32(self.epoch);
+        w.u32(self.total_blocks).u32(self.records.len() as u32).u32(self.epoch).u64(self.committed_seq);
         b[..w.buf.len()].copy_from_slice(&w.buf);
         for (i, rec) in self.records.iter().enumerate() {
             let at = BATCH_HEADER_BYTES + i * RECORD_HEADER_BYTES;
@@ -642,6 +670,7 @@ impl BatchHeader {
         let total_blocks = r.u32().ok()?;
         let n = r.u32().ok()? as usize;
         let epoch = r.u32().ok()?;
+        let committed_seq = r.u64().ok()?;
         if n == 0 || n > MAX_RECORDS_PER_BATCH {
             return None;
         }
@@ -658,7 +687,7 @@ impl BatchHeader {
         if data + 1 != u64::from(total_blocks) {
             return None;
         }
-        Some(BatchHeader { group: *group, epoch, first_seq, total_blocks, records })
+        Some(BatchHeader { group: *group, epoch, committed_seq, first_seq, total_blocks, records })
     }
 }
 
@@ -853,7 +882,7 @@ mod tests {
             RecordHeader { kind: RecordKind::Write, seq: 10, layer: 1, offset_bytes: 8192, len_bytes: 8192, data_crc: 5 },
             RecordHeader { kind: RecordKind::Zero, seq: 11, layer: 1, offset_bytes: 0, len_bytes: 4096, data_crc: 0 },
         ];
-        let h = BatchHeader { group: [3; 16], epoch: 2, first_seq: 10, total_blocks: 3, records: recs };
+        let h = BatchHeader { group: [3; 16], epoch: 2, committed_seq: 9, first_seq: 10, total_blocks: 3, records: recs };
         let b = h.encode();
         assert_eq!(BatchHeader::decode(&b, &[3; 16]).unwrap(), h);
         assert!(BatchHeader::decode(&b, &[4; 16]).is_none());
@@ -867,7 +896,7 @@ mod tests {
         let recs: Vec<_> = (0..MAX_RECORDS_PER_BATCH as u64)
             .map(|i| RecordHeader { kind: RecordKind::Write, seq: 5 + i, layer: 1, offset_bytes: i * 4096, len_bytes: 4096, data_crc: i as u32 })
             .collect();
-        let h = BatchHeader { group: [3; 16], epoch: 1, first_seq: 5, total_blocks: 1 + recs.len() as u32, records: recs };
+        let h = BatchHeader { group: [3; 16], epoch: 1, committed_seq: 5, first_seq: 5, total_blocks: 1 + recs.len() as u32, records: recs };
         assert_eq!(BatchHeader::decode(&h.encode(), &[3; 16]).unwrap(), h);
     }
 

@@ -190,8 +190,12 @@ pub fn layout_from(sbs: &[Superblock]) -> Result<Layout, EngineError> {
             }
         }
     }
-    if segments.len() > u32::MAX as usize {
-        return Err(EngineError::InvalidArgument("too many segments".into()));
+    let max = MAX_SEGTAB_PAGES as usize * crate::ctree::page::SEGTAB_PER_PAGE;
+    if segments.len() > max {
+        return Err(EngineError::InvalidArgument(format!(
+            "the capacity devices hold {} segments; a disk group records at most {max}: use larger segments",
+            segments.len()
+        )));
     }
     Ok(Layout {
         group: fast.group,

@@ -59,6 +59,9 @@ use shared::{Shared, STATE_RUNNING, STATE_STOPPING};
 /// A volume or snapshot id (ids are never reused).
 pub type VolumeId = u32;
 
+/// Called once an asynchronous write completes (see `DiskGroup::write_async`).
+pub type WriteDone = Box<dyn FnOnce(Result<(), EngineError>) + Send + 'static>;
+
 /// Largest volume Strata creates (256 TiB).
 pub const MAX_VOLUME_BYTES: u64 = 256 << 40;
 pub const MAX_VOLUMES: usize = 4096;
@@ -186,19 +189,18 @@ impl DiskGroup {
         let (sh, report) = open::open_shared(fast, capacity, cfg, create_if_blank)?;
         let (tx, rx) = crossbeam_channel::bounded(log::QUEUE_DEPTH);
         let (tx_hot, rx_hot) = crossbeam_channel::bounded(log::QUEUE_DEPTH);
-        let writer = log::LogWriter::new(sh.clone(), rx, rx_hot);
+        let writer = log::LogWriter::new(sh.clone(), rx, rx_hot)?;
         let destager = destage::Destager::new(sh.clone(), tx_hot);
-        let t1 = std::thread::Builder::new().name("strata-log".into()).spawn(move || writer.run());
+        let mut threads = writer.start()?;
         let t2 = std::thread::Builder::new().name("strata-destage".into()).spawn(move || destager.run());
-        let mut spawned = vec![t1, t2];
+        let mut spawned = vec![t2];
         if let Some(every) = sh.cfg.scrub_interval {
             let sh2 = sh.clone();
             spawned.push(std::thread::Builder::new().name("strata-scrub".into()).spawn(move || scrub::background(sh2, every)));
         }
-        let threads = spawned
-            .into_iter()
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| EngineError::Failed(format!("cannot start engine threads: {e}")))?;
+        for t in spawned {
+            threads.push(t.map_err(|e| EngineError::Failed(format!("cannot start engine threads: {e}")))?);
+        }
         tracing::info!(
             formatted = report.formatted,
             replayed_batches = report.replayed_batches,
@@ -347,8 +349,56 @@ impl DiskGroup {
     ) -> Result<crossbeam_channel::Receiver<Result<(), EngineError>>, EngineError> {
         let (done, wait) = crossbeam_channel::bounded(1);
         let tx = self.tx.lock().clone().ok_or(EngineError::ShuttingDown)?;
-        tx.send(WriteReq { kind, layer, lba, nblocks, data, done, no_wait: false, relocation: false }).map_err(|_| EngineError::ShuttingDown)?;
+        tx.send(WriteReq { kind, layer, lba, nblocks, data, done: log::Done::Chan(done), no_wait: false, relocation: false }).map_err(|_| EngineError::ShuttingDown)?;
         Ok(wait)
+    }
+
+    /// Starts a write of whole blocks and returns at once; `done` runs on an engine thread
+    /// (it must not block) once the write is durable and visible, exactly when `write` would
+    /// have returned. A write that cannot start without waiting (not whole blocks, larger than
+    /// one log record, its blocks or its volume busy, the queue full) is refused with
+    /// `Err(done)`, untouched: the caller then calls `write` on a thread that may block.
+    pub fn write_async(self: &Arc<Self>, vol: VolumeId, offset: u64, data: &[u8], done: WriteDone) -> Result<(), WriteDone> {
+        let max_bytes = (self.sh.cfg.max_batch_bytes as u64 / BLOCK_U64 - 1).min(MAX_RECORD_BLOCKS) * BLOCK_U64;
+        let whole = offset.is_multiple_of(BLOCK_U64) && (data.len() as u64).is_multiple_of(BLOCK_U64) && !data.is_empty();
+        if !whole || data.len() as u64 > max_bytes || self.sh.check_running().is_err() {
+            return Err(done);
+        }
+        let gate = self.sh.gate(vol);
+        let Some(quiet) = gate.try_read_arc() else { return Err(done) };
+        let head = match self.writable_head(vol, offset, data.len() as u64) {
+            Ok(h) => h,
+            Err(_) => return Err(done),
+        };
+        let (b0, n) = (offset / BLOCK_U64, data.len() as u64 / BLOCK_U64);
+        if !self.sh.ranges.try_claim(head, b0, b0 + n) {
+            return Err(done);
+        }
+        let mut d = AlignedBuf::new_zeroed(data.len());
+        d.copy_from_slice(data);
+        let sh = self.sh.clone();
+        let key = (head, b0, b0 + n);
+        // The callback stays reachable until the request is queued, so a refusal can hand it back.
+        let slot = Arc::new(Mutex::new(Some(done)));
+        let slot_in = slot.clone();
+        let finish: WriteDone = Box::new(move |r| {
+            sh.ranges.release(key);
+            drop(quiet);
+            if let Some(done) = slot_in.lock().take() {
+                done(r);
+            }
+        });
+        let tx = self.tx.lock().clone();
+        let req = WriteReq { kind: RecordKind::Write, layer: head, lba: b0, nblocks: n, data: Some(d), done: log::Done::Call(finish), no_wait: false, relocation: false };
+        match tx.map(|t| t.try_send(req)) {
+            Some(Ok(())) => Ok(()),
+            _ => {
+                // Not queued (the request and its guard are dropped): release, hand back.
+                self.sh.ranges.release(key);
+                let done = slot.lock().take();
+                Err(done.unwrap_or_else(|| Box::new(|_| {})))
+            }
+        }
     }
 
     /// Makes the range of a volume read as zeros. Whole blocks are a metadata record, not data.

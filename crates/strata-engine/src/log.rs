@@ -6,11 +6,12 @@
 //! requests. So a completed write is durable and visible to every reader.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver, Sender, TryRecvError};
+use parking_lot::{Condvar, Mutex};
 use strata_device::AlignedBuf;
 
 use crate::error::EngineError;
@@ -117,12 +118,31 @@ pub struct WriteReq {
     pub nblocks: u64,
     /// `nblocks` blocks of data for Write records.
     pub data: Option<AlignedBuf>,
-    pub done: Sender<Result<(), EngineError>>,
+    pub done: Done,
     /// Fail with NoSpace instead of waiting for log space. The destager's own requests (hot
     /// data kept on the fast tier) use it: it must never wait for space only it can free.
     pub no_wait: bool,
     /// The destager keeping hot data on the fast tier: not a rewrite, so it adds no heat.
     pub relocation: bool,
+}
+
+/// How a request is answered: a channel a thread waits on, or a callback run by the engine
+/// thread that retires the batch (it must not block).
+pub enum Done {
+    Chan(Sender<Result<(), EngineError>>),
+    Call(Box<dyn FnOnce(Result<(), EngineError>) + Send>),
+}
+
+impl Done {
+    pub fn send(self, r: Result<(), EngineError>) {
+        match self {
+            // A caller that went away no longer needs the answer.
+            Done::Chan(tx) => {
+                let _ = tx.send(r);
+            }
+            Done::Call(f) => f(r),
+        }
+    }
 }
 
 impl WriteReq {
@@ -135,6 +155,11 @@ impl WriteReq {
     }
 }
 
+/// The log writer: `PIPELINE_DEPTH` committer threads take turns. A committer holding the
+/// front gathers the waiting requests into a batch, places it at the log head and takes the
+/// next ticket; it then writes its batch durably on its own ring while the next committer
+/// gathers the next batch; batches are retired (applied to the index, answered) strictly in
+/// ticket order, so a reply means every earlier batch is durable too.
 pub struct LogWriter {
     sh: Arc<Shared>,
     rx: Receiver<WriteReq>,
@@ -142,54 +167,128 @@ pub struct LogWriter {
     /// (refused) while host writes wait for space.
     rx_hot: Receiver<WriteReq>,
     max_batch_blocks: u64,
+    /// This opening's epoch, written into every batch header.
+    epoch: u32,
+    front: Mutex<Front>,
+    /// The next ticket to retire.
+    turn: Mutex<u64>,
+    turn_moved: Condvar,
+    /// Every record with a lower sequence number is durable and acknowledged.
+    committed_seq: AtomicU64,
+    /// Batches taken but not yet retired.
+    inflight: AtomicU64,
+}
+
+/// What the committer holding the front owns.
+struct Front {
     /// Requests taken off the queue but not yet batched, in arrival order (bounded by the
     /// queue depth).
     held: VecDeque<WriteReq>,
     /// Admission control: the earliest time the next batch may be written.
     next_admit: Instant,
-    /// This opening's epoch, written into every batch header.
-    epoch: u32,
+    next_ticket: u64,
+    host_open: bool,
+    hot_open: bool,
 }
 
+/// A batch placed in the log, with its requests, waiting to be written and retired.
+struct Taken {
+    ticket: u64,
+    meta: BatchMeta,
+    reqs: Vec<WriteReq>,
+}
+
+/// Committer threads, so batches in flight at once. Replay tells a torn in-flight batch from
+/// damage by the `committed_seq` later batches carry (replay.rs).
+pub const PIPELINE_DEPTH: usize = 4;
+
 impl LogWriter {
-    pub fn new(sh: Arc<Shared>, rx: Receiver<WriteReq>, rx_hot: Receiver<WriteReq>) -> LogWriter {
+    pub fn new(sh: Arc<Shared>, rx: Receiver<WriteReq>, rx_hot: Receiver<WriteReq>) -> Result<LogWriter, EngineError> {
         let max_batch_blocks = (sh.cfg.max_batch_bytes as u64 / BLOCK_U64).max(2);
         let epoch = sh.durable.lock().epoch;
-        LogWriter { sh, rx, rx_hot, max_batch_blocks, held: VecDeque::new(), next_admit: Instant::now(), epoch }
+        let committed_seq = AtomicU64::new(sh.log.lock().next_seq);
+        let front = Front { held: VecDeque::new(), next_admit: Instant::now(), next_ticket: 0, host_open: true, hot_open: true };
+        Ok(LogWriter {
+            sh,
+            rx,
+            rx_hot,
+            max_batch_blocks,
+            epoch,
+            front: Mutex::new(front),
+            turn: Mutex::new(0),
+            turn_moved: Condvar::new(),
+            committed_seq,
+            inflight: AtomicU64::new(0),
+        })
     }
 
-    /// Runs until every sender of both queues is gone and the queues are empty.
-    pub fn run(mut self) {
-        let (mut host_open, mut hot_open) = (true, true);
+    /// Starts the committer threads; they run until every sender of both queues is gone and
+    /// everything queued is written and answered.
+    pub fn start(self) -> Result<Vec<std::thread::JoinHandle<()>>, EngineError> {
+        let w = Arc::new(self);
+        (0..PIPELINE_DEPTH)
+            .map(|i| {
+                let w = w.clone();
+                std::thread::Builder::new()
+                    .name(format!("strata-log{i}"))
+                    .spawn(move || w.committer())
+                    .map_err(|e| EngineError::Failed(format!("cannot start the log writer: {e}")))
+            })
+            .collect()
+    }
+
+    fn committer(&self) {
+        while let Some(t) = self.take_batch() {
+            let (buf, crcs) = build_batch(&self.sh.layout.group, self.epoch, self.committed_seq.load(Ordering::Acquire), &t.meta, &t.reqs);
+            let result = write_durably(&self.sh, &buf, self.sh.layout.log_byte(t.meta.start));
+            self.retire(t, &crcs, result);
+        }
+    }
+
+    /// Gathers the next batch and places it in the log (None once the queues are closed and
+    /// drained). Only one committer at a time does this, so batches take the log in order.
+    fn take_batch(&self) -> Option<Taken> {
+        let mut f = self.front.lock();
         loop {
-            let first = match self.held.pop_front() {
+            if f.held.is_empty() && !f.host_open && !f.hot_open {
+                return None;
+            }
+            let first = match f.held.pop_front() {
                 Some(r) => r,
-                None if !host_open && !hot_open => return,
-                None => {
-                    let never = crossbeam_channel::never();
-                    let host = if host_open { &self.rx } else { &never };
-                    let hot = if hot_open { &self.rx_hot } else { &never };
-                    select! {
-                        recv(host) -> r => match r {
-                            Ok(r) => r,
-                            Err(_) => { host_open = false; continue }
-                        },
-                        recv(hot) -> r => match r {
-                            Ok(r) => r,
-                            Err(_) => { hot_open = false; continue }
-                        },
-                        default(Duration::from_millis(200)) => continue,
-                    }
-                }
+                None => match self.wait_request(&mut f) {
+                    Some(r) => r,
+                    None if !f.host_open && !f.hot_open => return None,
+                    None => continue,
+                },
             };
-            let batch = self.gather(first);
-            self.process(batch);
+            let batch = self.gather(&mut f, first);
+            if let Some(t) = self.place(&mut f, batch) {
+                return Some(t);
+            }
+        }
+    }
+
+    /// Waits for a request on either queue (bounded wait, so closing is noticed).
+    fn wait_request(&self, f: &mut Front) -> Option<WriteReq> {
+        let never = crossbeam_channel::never();
+        let host = if f.host_open { &self.rx } else { &never };
+        let hot = if f.hot_open { &self.rx_hot } else { &never };
+        select! {
+            recv(host) -> r => match r {
+                Ok(r) => Some(r),
+                Err(_) => { f.host_open = false; None }
+            },
+            recv(hot) -> r => match r {
+                Ok(r) => Some(r),
+                Err(_) => { f.hot_open = false; None }
+            },
+            default(Duration::from_millis(200)) => None,
         }
     }
 
     /// The next waiting request: held ones first, then host writes, then hot-data rewrites.
-    fn next_waiting(&mut self) -> Option<WriteReq> {
-        if let Some(r) = self.held.pop_front() {
+    fn next_waiting(&self, f: &mut Front) -> Option<WriteReq> {
+        if let Some(r) = f.held.pop_front() {
             return Some(r);
         }
         match self.rx.try_recv() {
@@ -198,13 +297,13 @@ impl LogWriter {
         }
     }
 
-    fn gather(&mut self, first: WriteReq) -> Vec<WriteReq> {
+    fn gather(&self, f: &mut Front, first: WriteReq) -> Vec<WriteReq> {
         let mut blocks = 1 + first.data_blocks();
         let mut batch = vec![first];
         while batch.len() < MAX_RECORDS_PER_BATCH {
-            let Some(r) = self.next_waiting() else { break };
+            let Some(r) = self.next_waiting(f) else { break };
             if blocks + r.data_blocks() > self.max_batch_blocks {
-                self.held.push_front(r);
+                f.held.push_front(r);
                 break;
             }
             blocks += r.data_blocks();
@@ -213,55 +312,87 @@ impl LogWriter {
         batch
     }
 
-    fn process(&mut self, batch: Vec<WriteReq>) {
+    /// Admits and places a batch; answers it at once (None) when the group is failed or there
+    /// is no room that can ever come.
+    fn place(&self, f: &mut Front, batch: Vec<WriteReq>) -> Option<Taken> {
         if let Err(e) = self.sh.check_running().or_else(|e| match e {
             // Requests already queued when shutdown began are still completed.
             EngineError::ShuttingDown => Ok(()),
             e => Err(e),
         }) {
-            return reply_all(batch, || clone_err(&e));
+            reply_all(batch, || clone_err(&e));
+            return None;
         }
         let batch = self.drop_no_wait_if_full(batch);
         if batch.is_empty() {
-            return;
+            return None;
         }
         let blocks = 1 + batch.iter().map(|r| r.data_blocks()).sum::<u64>();
-        self.admit(blocks);
-        let meta = match self.reserve(&batch, blocks) {
-            Ok(m) => m,
-            Err(e) => return reply_all(batch, || clone_err(&e)),
-        };
-        let (buf, crcs) = build_batch(&self.sh.layout.group, self.epoch, &meta, &batch);
-        if let Err(e) = self.write_durably(&buf, meta.start) {
-            self.sh.fail(format!("write log: {e}"));
-            return reply_all(batch, || Err(EngineError::Failed(e.to_string())));
-        }
-        self.apply(&meta, &crcs);
-        {
-            let mut log = self.sh.log.lock();
-            if let Some(b) = log.batches.iter_mut().rev().find(|b| b.first_seq == meta.first_seq) {
-                b.durable = true;
+        self.admit(f, blocks);
+        match self.reserve(f, &batch, blocks) {
+            Ok(meta) => {
+                let ticket = f.next_ticket;
+                f.next_ticket += 1;
+                self.inflight.fetch_add(1, Ordering::Relaxed);
+                Some(Taken { ticket, meta, reqs: batch })
+            }
+            Err(e) => {
+                reply_all(batch, || clone_err(&e));
+                None
             }
         }
-        let bytes: u64 = batch.iter().filter(|r| !r.relocation).map(|r| r.nblocks * BLOCK_U64).sum();
-        self.sh.counters.host_write_bytes.fetch_add(bytes, Ordering::Relaxed);
-        reply_all(batch, || Ok(()));
-        let fill = self.sh.log.lock().fill_ratio();
-        if fill >= self.sh.cfg.fill_ratio_low {
-            self.sh.wake_destager();
+    }
+
+    /// Waits for this batch's turn, then applies and answers it. After a failed write the
+    /// group goes offline, and this batch and every later one are answered with the failure
+    /// (nothing after a failed batch may be acknowledged).
+    fn retire(&self, t: Taken, crcs: &[u32], result: Result<(), EngineError>) {
+        let mut turn = self.turn.lock();
+        while *turn != t.ticket {
+            self.turn_moved.wait(&mut turn);
+        }
+        let result = match result {
+            Err(e) => {
+                self.sh.fail(format!("write log: {e}"));
+                Err(e)
+            }
+            Ok(()) if self.sh.state.load(Ordering::Acquire) == crate::shared::STATE_FAILED => self.sh.check_running(),
+            Ok(()) => {
+                self.apply(&t.meta, crcs);
+                Ok(())
+            }
+        };
+        *turn += 1;
+        self.inflight.fetch_sub(1, Ordering::Relaxed);
+        drop(turn);
+        self.turn_moved.notify_all();
+        match result {
+            Ok(()) => {
+                self.committed_seq.store(t.meta.first_seq + t.meta.records.len() as u64, Ordering::Release);
+                let bytes: u64 = t.reqs.iter().filter(|r| !r.relocation).map(|r| r.nblocks * BLOCK_U64).sum();
+                self.sh.counters.host_write_bytes.fetch_add(bytes, Ordering::Relaxed);
+                reply_all(t.reqs, || Ok(()));
+                if self.sh.log.lock().fill_ratio() >= self.sh.cfg.fill_ratio_low {
+                    self.sh.wake_destager();
+                }
+            }
+            Err(e) => {
+                let why = e.to_string();
+                reply_all(t.reqs, || Err(EngineError::Failed(why.clone())));
+            }
         }
     }
 
     /// While waiting for space, answers the destager's queued rewrites at once: it may be
     /// waiting for them, and only it can free space.
-    fn refuse_queued_no_wait(&mut self) {
+    fn refuse_queued_no_wait(&self, f: &mut Front) {
         while let Ok(r) = self.rx_hot.try_recv() {
-            let _ = r.done.send(Err(EngineError::NoSpace));
+            r.done.send(Err(EngineError::NoSpace));
         }
-        if self.held.iter().any(|r| r.no_wait) {
-            let held = std::mem::take(&mut self.held);
+        if f.held.iter().any(|r| r.no_wait) {
+            let held = std::mem::take(&mut f.held);
             let (refused, kept): (VecDeque<_>, VecDeque<_>) = held.into_iter().partition(|r| r.no_wait);
-            self.held = kept;
+            f.held = kept;
             reply_all(refused.into_iter().collect(), || Err(EngineError::NoSpace));
         }
     }
@@ -283,12 +414,12 @@ impl LogWriter {
     /// Above the high mark, admits batches at the destage bandwidth actually measured:
     /// 1.25x of it at the high mark falling smoothly to 0.75x when the log is full, so the fill
     /// settles between the two instead of hitting a wall.
-    fn admit(&mut self, blocks: u64) {
+    fn admit(&self, f: &mut Front, blocks: u64) {
         let fill = self.sh.log.lock().fill_ratio();
         let high = self.sh.cfg.fill_ratio_high;
         if fill <= high {
             self.sh.counters.throttled.store(false, Ordering::Relaxed);
-            self.next_admit = Instant::now();
+            f.next_admit = Instant::now();
             return;
         }
         self.sh.counters.throttled.store(true, Ordering::Relaxed);
@@ -297,58 +428,64 @@ impl LogWriter {
         let rate = bw * (1.25 - 0.5 * x);
         let cost = Duration::from_secs_f64((blocks * BLOCK_U64) as f64 / rate);
         let now = Instant::now();
-        self.next_admit = self.next_admit.max(now) + cost;
-        if self.next_admit > now {
-            std::thread::sleep((self.next_admit - now).min(Duration::from_millis(500)));
+        f.next_admit = f.next_admit.max(now) + cost;
+        if f.next_admit > now {
+            std::thread::sleep((f.next_admit - now).min(Duration::from_millis(500)));
         }
     }
 
     /// Waits for log space; fails with NoSpace when the destager cannot make room because the
-    /// capacity tier is full.
-    fn reserve(&mut self, batch: &[WriteReq], blocks: u64) -> Result<BatchMeta, EngineError> {
-        let mut log = self.sh.log.lock();
+    /// capacity tier is full and no batch in flight will add a durable one to destage.
+    fn reserve(&self, f: &mut Front, batch: &[WriteReq], blocks: u64) -> Result<BatchMeta, EngineError> {
         loop {
-            self.sh.check_running().or_else(|e| match e {
-                EngineError::ShuttingDown if !self.sh.abandon.load(Ordering::Relaxed) => Ok(()),
-                e => Err(e),
-            })?;
-            if let Some((start, skip)) = log.place(blocks) {
-                let meta = describe(batch, start, skip, blocks, log.next_seq);
-                log.push(meta.clone());
-                return Ok(meta);
+            {
+                let mut log = self.sh.log.lock();
+                self.sh.check_running().or_else(|e| match e {
+                    EngineError::ShuttingDown if !self.sh.abandon.load(Ordering::Relaxed) => Ok(()),
+                    e => Err(e),
+                })?;
+                if let Some((start, skip)) = log.place(blocks) {
+                    let meta = describe(batch, start, skip, blocks, log.next_seq);
+                    log.push(meta.clone());
+                    return Ok(meta);
+                }
+                if self.inflight.load(Ordering::Relaxed) == 0 && self.sh.counters.capacity_full.load(Ordering::Relaxed) {
+                    return Err(EngineError::NoSpace);
+                }
             }
-            if self.sh.counters.capacity_full.load(Ordering::Relaxed) {
-                return Err(EngineError::NoSpace);
-            }
-            drop(log);
             self.sh.wake_destager();
-            self.refuse_queued_no_wait();
-            log = self.sh.log.lock();
+            self.refuse_queued_no_wait(f);
+            let mut log = self.sh.log.lock();
             self.sh.log_freed.wait_for(&mut log, Duration::from_millis(50));
         }
     }
 
-    fn write_durably(&self, buf: &[u8], start: u64) -> Result<(), EngineError> {
-        let off = self.sh.layout.log_byte(start);
-        let mut last = None;
-        // Transient device errors get two more tries at the same place; the batch is not yet
-        // acknowledged, so rewriting it is harmless.
-        for _ in 0..3 {
-            match self.sh.fast.write_durable_at(buf, off) {
-                Ok(()) => return Ok(()),
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(EngineError::Device(last.expect("three attempts")))
-    }
-
+    /// Points the index at a durable batch; only then may the destager see it (it judges what
+    /// is live by where the index points).
     fn apply(&self, meta: &BatchMeta, crcs: &[u32]) {
         for (i, c) in crcs.iter().enumerate() {
             self.sh.fast_crcs[(meta.start + 1) as usize + i].store(*c, Ordering::Relaxed);
         }
         let displaced = apply_records(&self.sh, &meta.records);
         self.sh.release(&displaced);
+        let mut log = self.sh.log.lock();
+        if let Some(m) = log.batches.iter_mut().rev().find(|m| m.first_seq == meta.first_seq) {
+            m.durable = true;
+        }
     }
+}
+
+/// Transient device errors get two more tries at the same place; the batch is not yet
+/// acknowledged, so rewriting it is harmless.
+fn write_durably(sh: &Shared, buf: &[u8], offset: u64) -> Result<(), EngineError> {
+    let mut last = None;
+    for _ in 0..3 {
+        match sh.fast.write_durable_at(buf, offset) {
+            Ok(()) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(EngineError::Device(last.expect("three attempts")))
 }
 
 /// Points the fast maps at the records (in order); records of deleted layers are ignored.
@@ -409,7 +546,7 @@ fn describe(batch: &[WriteReq], start: u64, skip: u64, blocks: u64, first_seq: u
 }
 
 /// The batch as it goes to the device, and the crc of each data block.
-fn build_batch(group: &Uuid, epoch: u32, meta: &BatchMeta, batch: &[WriteReq]) -> (AlignedBuf, Vec<u32>) {
+fn build_batch(group: &Uuid, epoch: u32, committed_seq: u64, meta: &BatchMeta, batch: &[WriteReq]) -> (AlignedBuf, Vec<u32>) {
     let mut buf = AlignedBuf::new_zeroed((meta.blocks * BLOCK_U64) as usize);
     let mut crcs = Vec::with_capacity(meta.blocks as usize - 1);
     let mut headers = Vec::with_capacity(batch.len());
@@ -432,15 +569,14 @@ fn build_batch(group: &Uuid, epoch: u32, meta: &BatchMeta, batch: &[WriteReq]) -
             data_crc,
         });
     }
-    let h = BatchHeader { group: *group, epoch, first_seq: meta.first_seq, total_blocks: meta.blocks as u32, records: headers };
+    let h = BatchHeader { group: *group, epoch, committed_seq, first_seq: meta.first_seq, total_blocks: meta.blocks as u32, records: headers };
     buf[..BLOCK].copy_from_slice(&h.encode());
     (buf, crcs)
 }
 
 fn reply_all(batch: Vec<WriteReq>, mut result: impl FnMut() -> Result<(), EngineError>) {
     for r in batch {
-        // A caller that went away no longer needs the answer.
-        let _ = r.done.send(result());
+        r.done.send(result());
     }
 }
 

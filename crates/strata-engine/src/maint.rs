@@ -212,10 +212,7 @@ fn merge_chunk(sh: &Shared, layer: u32, child: u32, ents: &[Entry]) -> Result<()
     let mut moves = Vec::new();
     for e in ents {
         let (_, lba) = split_key(e.key);
-        let own = meta::with_tree_read(sh, |t| {
-            let idx = sh.index.read();
-            layer_own(&idx, t, child, lba, e.len)
-        })?;
+        let own = meta::with_index_tree(sh, |idx, t| layer_own(idx, t, child, lba, e.len))?;
         let mut at = lba;
         for (olba, olen, _) in own.iter().copied().chain(std::iter::once((lba + e.len, 0, Loc::Zero(0)))) {
             if olba > at {

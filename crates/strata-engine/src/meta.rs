@@ -92,6 +92,23 @@ pub fn with_tree_read<T>(sh: &Shared, mut f: impl FnMut(&CTree) -> Result<T, Mis
     Err(EngineError::Failed("the index kept missing pages (cache too small for one operation?)".into()))
 }
 
+/// Like `with_tree_read`, with the index (volume table and fast maps) read-locked first, in
+/// the lock order.
+pub fn with_index_tree<T>(sh: &Shared, mut f: impl FnMut(&crate::shared::Index, &CTree) -> Result<T, Miss>) -> Result<T, EngineError> {
+    for _ in 0..MAX_TREE_RETRIES {
+        let miss = {
+            let idx = sh.index.read();
+            let tree = sh.tree.read();
+            match f(&idx, &tree) {
+                Ok(v) => return Ok(v),
+                Err(m) => m,
+            }
+        };
+        load(sh, miss)?;
+    }
+    Err(EngineError::Failed("the index kept missing pages (cache too small for one operation?)".into()))
+}
+
 /// Each retry loads one page, and one operation may touch many leaves.
 pub const MAX_TREE_RETRIES: usize = 1 << 20;
 
@@ -125,20 +142,32 @@ pub fn flush_index(sh: &Shared) -> Result<(), EngineError> {
         let parts = IndexParts { root: Some(plan.root), generation, segtab: segtab_ptrs, streams: segs.streams, recent: Vec::new() };
         (plan, writes, parts)
     };
-    // 2. The pages, durable.
-    write_pages(sh, &writes)?;
-    // 3. The commit point.
-    let old_segtab = {
+    // 2. The pages, durable. 3. The commit point.
+    let committed = write_pages(sh, &writes).and_then(|()| {
         let mut d = sh.durable.lock();
         let tail = sh.log.lock().tail();
         sh.write_checkpoint_parts(&mut d, tail, &parts)?;
         d.index_root = parts.root;
         d.index_generation = generation;
+        // Everything below is now what the durable index says: no checkpoint written after
+        // this may still name the old recent segments or pages.
         let mut segs = sh.segs.lock();
         let old = std::mem::replace(&mut segs.page_ptrs, parts.segtab.clone());
         segs.durable_streams = parts.streams;
         segs.dirty_pages.clear();
-        old
+        segs.recent.clear();
+        Ok(old)
+    });
+    let old_segtab = match committed {
+        Ok(old) => old,
+        Err(e) => {
+            // Nothing references the pages placed for this flush: give them back.
+            let mut segs = sh.segs.lock();
+            for (addr, _) in &writes.pages {
+                segs.page_freed(*addr);
+            }
+            return Err(e);
+        }
     };
     // 4. Clean nodes; free what the old index used.
     commit(sh, &plan, &old_segtab, &parts.segtab);

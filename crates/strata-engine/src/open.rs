@@ -87,6 +87,7 @@ pub fn open_shared(
     report.replayed_batches = r.batches;
     report.replayed_records = r.records;
     report.damaged_log_records = r.damaged_records;
+    crate::replay::clear_end(&sh, &r.state)?;
     *sh.log.lock() = r.state;
     count_fast_live(&sh);
     // A new epoch before anything new reaches the log, and an index without recent segments:

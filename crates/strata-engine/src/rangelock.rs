@@ -38,12 +38,29 @@ impl RangeLocks {
     }
 }
 
-impl Drop for RangeGuard<'_> {
-    fn drop(&mut self) {
-        let mut held = self.locks.held.lock();
-        if let Some(i) = held.iter().position(|k| *k == self.key) {
+impl RangeLocks {
+    /// Holds `[start, end)` of `volume` if free, for a guard that outlives a borrow (the
+    /// holder calls `release` with the same key); never waits.
+    pub fn try_claim(&self, volume: u32, start: u64, end: u64) -> bool {
+        let mut held = self.held.lock();
+        if held.iter().any(|&(v, s, e)| v == volume && s < end && start < e) {
+            return false;
+        }
+        held.push((volume, start, end));
+        true
+    }
+
+    pub fn release(&self, key: (u32, u64, u64)) {
+        let mut held = self.held.lock();
+        if let Some(i) = held.iter().position(|k| *k == key) {
             held.swap_remove(i);
         }
-        self.locks.released.notify_all();
+        self.released.notify_all();
+    }
+}
+
+impl Drop for RangeGuard<'_> {
+    fn drop(&mut self) {
+        self.locks.release(self.key);
     }
 }

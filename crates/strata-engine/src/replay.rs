@@ -3,11 +3,13 @@
 //!
 //! A batch is missing, torn or stale when its header does not decode for the expected
 //! sequence number (and an epoch no older than the batch before it): replay ends there. A
-//! batch whose header is intact but whose data fails a record's checksum is either the torn
-//! last batch (not acknowledged: dropped) or damage of the medium under acknowledged data. It
-//! is the latter when a valid batch follows it (only the last batch can be torn), or when a
+//! batch whose header is intact but whose data fails a record's checksum is either torn (one
+//! of the last batches in flight, not acknowledged: dropped with everything after it) or damage
+//! of the medium under acknowledged data. It is the latter when a later batch records that it
+//! was acknowledged (`committed_seq` past it; batches are acknowledged in order), or when a
 //! clean shutdown recorded that the log goes on past it; then it is replayed, and the damaged
-//! records' blocks read as I/O errors instead of silently as older data.
+//! records' blocks read as I/O errors instead of silently as older data. Likewise, a batch
+//! that cannot be read at all while a later one records it as acknowledged makes open fail.
 
 use strata_device::AlignedBuf;
 
@@ -52,7 +54,7 @@ pub fn replay(sh: &Shared, tail_block: u64, tail_seq: u64, end_seq: u64) -> Resu
         }
         if !f.bad_records.is_empty() {
             let known = end_seq != 0 && f.header.first_seq < end_seq;
-            if !known && !has_successor(sh, &f)? {
+            if !known && !acknowledged_later(sh, &f)? {
                 break;
             }
             tracing::error!(
@@ -90,32 +92,51 @@ pub fn replay(sh: &Shared, tail_block: u64, tail_seq: u64, end_seq: u64) -> Resu
 }
 
 /// The batch at `pos`, or at the start of the log area if it wrapped there.
+///
+/// Both places can hold a batch with the expected sequence number: a torn batch of an earlier
+/// opening can stay at `pos` while a later opening, reusing its sequence numbers, wrapped its
+/// first batch to block 0 (open clears the block where replay ended, but a crash may come
+/// first). The newer epoch wins; within an epoch only one of them can have been written.
 fn find(sh: &Shared, pos: u64, seq: u64, min_epoch: u32) -> Result<Option<Found>, EngineError> {
     let l = sh.layout.log_blocks;
-    if let Some(f) = read_batch(sh, pos, seq, min_epoch)? {
-        return Ok(Some(Found { start: pos, skip: 0, ..f }));
-    }
-    if pos != 0 {
-        if let Some(f) = read_batch(sh, 0, seq, min_epoch)? {
-            return Ok(Some(Found { start: 0, skip: l - pos, ..f }));
-        }
-    }
-    Ok(None)
+    let here = read_batch(sh, pos, seq, min_epoch)?.map(|f| Found { start: pos, skip: 0, ..f });
+    let wrapped = if pos != 0 { read_batch(sh, 0, seq, min_epoch)?.map(|f| Found { start: 0, skip: l - pos, ..f }) } else { None };
+    Ok(match (here, wrapped) {
+        (Some(h), Some(w)) if w.header.epoch > h.header.epoch => Some(w),
+        (Some(h), _) => Some(h),
+        (None, w) => w,
+    })
 }
 
-/// After replay stopped at `head`: a valid batch a little further on that continues the
-/// sequence means the batch at `head` was damaged, not the torn last one (a torn write can
-/// only be the last batch written, and nothing valid with a higher sequence follows it).
+/// Clears the block where replay ended, so a torn header of this or an earlier opening is
+/// gone before anything new is written (see `find`). Not when the log is full: the head is
+/// then the oldest batch's first block.
+pub fn clear_end(sh: &Shared, state: &LogState) -> Result<(), EngineError> {
+    let head = state.head;
+    let full = state.batches.front().is_some_and(|b| b.start == head);
+    if head < sh.layout.log_blocks && !full {
+        let zero = AlignedBuf::new_zeroed(BLOCK);
+        sh.fast.write_durable_at(&zero, sh.layout.log_byte(head))?;
+    }
+    Ok(())
+}
+
+/// After replay stopped at `head`: a valid batch a little further on that records the missing
+/// batch as acknowledged means it was damaged, not torn.
 fn probe_beyond(sh: &Shared, head: u64, seq: u64, min_epoch: u32) -> Result<Option<u64>, EngineError> {
     let l = sh.layout.log_blocks;
-    let span = sh.cfg.max_batch_bytes as u64 / BLOCK_U64 + 1;
-    let max_seq = seq + MAX_RECORDS_PER_BATCH as u64;
+    // Up to the pipeline's depth of whole batches lie between a batch and the first one that
+    // records it as acknowledged; a batch is at most half a segment's data area (whatever
+    // batch size the group was last run with).
+    let depth = crate::log::PIPELINE_DEPTH as u64 + 1;
+    let span = depth * (u64::from(sh.layout.geo.data_blocks) / 2 + 1);
+    let max_seq = seq + depth * MAX_RECORDS_PER_BATCH as u64;
     let mut hb = AlignedBuf::new_zeroed(BLOCK);
     let starts = (1..=span).map(|k| head + k).filter(|&p| p < l).chain(0..span.min(head));
     for p in starts {
         sh.fast.read_at(&mut hb, sh.layout.log_byte(p))?;
         if let Some(h) = BatchHeader::decode(&hb, &sh.layout.group) {
-            if h.first_seq > seq && h.first_seq <= max_seq && h.epoch >= min_epoch {
+            if h.first_seq > seq && h.first_seq <= max_seq && h.epoch >= min_epoch && h.committed_seq > seq {
                 return Ok(Some(h.first_seq));
             }
         }
@@ -123,17 +144,28 @@ fn probe_beyond(sh: &Shared, head: u64, seq: u64, min_epoch: u32) -> Result<Opti
     Ok(None)
 }
 
-/// Whether a valid batch header follows `f` (the next sequence number, no older epoch).
-fn has_successor(sh: &Shared, f: &Found) -> Result<bool, EngineError> {
+/// Whether one of the batches that follow `f` (each a valid header continuing the sequence)
+/// records `f` as acknowledged.
+fn acknowledged_later(sh: &Shared, f: &Found) -> Result<bool, EngineError> {
     let l = sh.layout.log_blocks;
-    let next = f.header.first_seq + f.header.records.len() as u64;
-    let pos = (f.start + u64::from(f.header.total_blocks)) % l;
-    for p in [pos, 0] {
-        let mut hb = AlignedBuf::new_zeroed(BLOCK);
-        sh.fast.read_at(&mut hb, sh.layout.log_byte(p))?;
-        if BatchHeader::decode(&hb, &sh.layout.group).is_some_and(|h| h.first_seq == next && h.epoch >= f.header.epoch) {
+    let f_end = f.header.first_seq + f.header.records.len() as u64;
+    let (mut pos, mut seq) = ((f.start + u64::from(f.header.total_blocks)) % l, f_end);
+    let mut hb = AlignedBuf::new_zeroed(BLOCK);
+    for _ in 0..=crate::log::PIPELINE_DEPTH {
+        let mut next = None;
+        for p in [pos, 0] {
+            sh.fast.read_at(&mut hb, sh.layout.log_byte(p))?;
+            if let Some(h) = BatchHeader::decode(&hb, &sh.layout.group).filter(|h| h.first_seq == seq && h.epoch >= f.header.epoch) {
+                next = Some((p, h));
+                break;
+            }
+        }
+        let Some((p, h)) = next else { return Ok(false) };
+        if h.committed_seq >= f_end {
             return Ok(true);
         }
+        pos = (p + u64::from(h.total_blocks)) % l;
+        seq = h.first_seq + h.records.len() as u64;
     }
     Ok(false)
 }

@@ -39,8 +39,8 @@ pub struct Index {
     pub next_id: u32,
 }
 
-/// Longest parent chain followed (a bound against a damaged layer table).
-pub const MAX_CHAIN: usize = 4096;
+/// Most layers a view reads through (snapshot and clone creation keep within it).
+pub const MAX_CHAIN: usize = 1024;
 
 /// What a view (a volume or a snapshot) reads through.
 #[derive(Debug, Clone)]
@@ -74,13 +74,19 @@ impl Index {
 
     /// The view with this id: a volume (writable) or a snapshot (read-only).
     pub fn view(&self, id: u32) -> Result<ViewLayers, EngineError> {
-        if let Some(v) = self.volumes.get(&id) {
-            return Ok(ViewLayers { size_bytes: v.size_bytes, read_only: false, chain: self.chain(v.head) });
+        let (size_bytes, read_only, top) = if let Some(v) = self.volumes.get(&id) {
+            (v.size_bytes, false, v.head)
+        } else if let Some(s) = self.snapshots.get(&id) {
+            (s.size_bytes, true, s.layer)
+        } else {
+            return Err(EngineError::NotFound(format!("#{id}")));
+        };
+        let chain = self.chain(top);
+        let deeper = chain.last().and_then(|l| self.layers.get(l)).is_some_and(|l| l.rec.parent != 0 && chain.len() >= MAX_CHAIN);
+        if deeper {
+            return Err(EngineError::Corrupt(format!("view #{id} reads through more than {MAX_CHAIN} layers")));
         }
-        if let Some(s) = self.snapshots.get(&id) {
-            return Ok(ViewLayers { size_bytes: s.size_bytes, read_only: true, chain: self.chain(s.layer) });
-        }
-        Err(EngineError::NotFound(format!("#{id}")))
+        Ok(ViewLayers { size_bytes, read_only, chain })
     }
 
     /// Whether records of this layer still matter (it exists and is not being removed).

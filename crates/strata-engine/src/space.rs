@@ -34,10 +34,9 @@ impl DiskGroup {
         let mut at = 0;
         while at < size_blocks {
             let n = CHUNK_BLOCKS.min(size_blocks - at);
-            meta::with_tree_read(&self.sh, |t| {
-                let idx = self.sh.index.read();
+            meta::with_index_tree(&self.sh, |idx, t| {
                 let mut part = SpaceReport::default();
-                count_chunk(&idx, t, view, at, n, &mut part)?;
+                count_chunk(idx, t, view, at, n, &mut part)?;
                 Ok(part)
             })
             .map(|part| add(&mut r, &part))?;

@@ -49,7 +49,25 @@ impl Tables {
         Ok(id)
     }
 
+    /// Layers a read of `top` goes through.
+    fn depth(&self, top: u32) -> usize {
+        let mut n = 0;
+        let mut at = top;
+        while at != 0 && n <= crate::shared::MAX_CHAIN {
+            n += 1;
+            at = self.layers.get(&at).map_or(0, |l| l.parent);
+        }
+        n
+    }
+
+    /// A new layer over `parent`, refused when reads would go through too many layers.
     fn new_layer(&mut self, parent: u32) -> Result<u32, EngineError> {
+        if self.depth(parent) + 1 > crate::shared::MAX_CHAIN {
+            return Err(EngineError::InvalidArgument(format!(
+                "at most {} layers of history per volume: delete some snapshots first",
+                crate::shared::MAX_CHAIN
+            )));
+        }
         let id = self.take_id()?;
         self.layers.insert(id, LayerRecord { id, parent, flags: 0 });
         Ok(id)
@@ -117,9 +135,14 @@ impl Shared {
     pub fn commit_tables(&self, d: &mut Durable, t: &Tables) -> Result<(), EngineError> {
         let tail = self.log.lock().tail();
         let parts = self.durable_parts(d);
-        if let Err(e) = self.write_checkpoint_full(d, tail, &parts, t) {
-            self.fail(format!("cannot write the volume table: {e}"));
-            return Err(e);
+        match self.write_checkpoint_full(d, tail, &parts, t) {
+            Ok(()) => {}
+            // Nothing was written: the change is refused, the group is fine.
+            Err(e @ EngineError::InvalidArgument(_)) => return Err(e),
+            Err(e) => {
+                self.fail(format!("cannot write the volume table: {e}"));
+                return Err(e);
+            }
         }
         self.install_tables(t);
         Ok(())

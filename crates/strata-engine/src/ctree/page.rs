@@ -15,7 +15,7 @@ pub const PAGE_HEADER_BYTES: usize = 64;
 pub const LEAF_ENTRY_BYTES: usize = 28;
 /// layer u32, lba u64, copy A u64, copy B u64.
 pub const INNER_ENTRY_BYTES: usize = 28;
-/// state u8, kind u8, reserved u16, live u32, used u32, sealed_unix_s u32.
+/// state u8, reserved u8 + u16, live u32, used u32, sealed_unix_s u32.
 pub const SEGTAB_ENTRY_BYTES: usize = 16;
 pub const LEAF_MAX: usize = (BLOCK - PAGE_HEADER_BYTES) / LEAF_ENTRY_BYTES;
 pub const INNER_MAX: usize = (BLOCK - PAGE_HEADER_BYTES) / INNER_ENTRY_BYTES;
