@@ -157,21 +157,24 @@ impl Client {
                 name,
                 snapshot,
                 force,
-            } => {
-                let path = format!("/api/v1/volumes/{}/rollback", path_segment(&name));
-                let body = json!({ "snapshot": snapshot, "force": force });
-                let v = self.call("POST", &path, Some(body))?;
-                self.print(&v, |v| {
-                    let v: VolumeJson = serde_json::from_value(v.clone())?;
-                    println!(
-                        "rolled volume {:?} back to snapshot {snapshot:?} ({})",
-                        v.name,
-                        format_size(v.size_bytes)
-                    );
-                    Ok(())
-                })
-            }
+            } => self.rollback_volume(&name, &snapshot, force),
         }
+    }
+
+    /// `strata volume rollback VOLUME SNAPSHOT [--force]`.
+    fn rollback_volume(&self, name: &str, snapshot: &str, force: bool) -> Result<()> {
+        let path = format!("/api/v1/volumes/{}/rollback", path_segment(name));
+        let body = json!({ "snapshot": snapshot, "force": force });
+        let v = self.call("POST", &path, Some(body))?;
+        self.print(&v, |v| {
+            let v: VolumeJson = serde_json::from_value(v.clone())?;
+            println!(
+                "rolled volume {:?} back to snapshot {snapshot:?} ({})",
+                v.name,
+                format_size(v.size_bytes)
+            );
+            Ok(())
+        })
     }
 
     /// `strata volume clone VOLUME@SNAPSHOT NEWVOLUME`.

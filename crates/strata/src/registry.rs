@@ -141,10 +141,19 @@ impl Registry {
             gone: true,
             done: "deleted a volume",
         };
-        self.fenced(&mut gates, fence, || {
+        let deleted = self.fenced(&mut gates, fence, || {
             self.group.delete_volume(name, with_snapshots)
-        })?;
-        Ok(())
+        });
+        match deleted {
+            // Name the switch that deletes the snapshots too.
+            Err(ChangeError::Engine(EngineError::InUse(why))) if !with_snapshots => {
+                Err(EngineError::InUse(format!(
+                    "{why} (with_snapshots=true; strata volume delete --with-snapshots)"
+                ))
+                .into())
+            }
+            other => other,
+        }
     }
 
     /// Deletes a snapshot, refusing while handles are open on it unless `force`.

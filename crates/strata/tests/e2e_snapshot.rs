@@ -92,7 +92,7 @@ fn snapshot_clone_rollback_lifecycle_through_the_cli() {
     let refused = daemon.cli(&["volume", "delete", "db"]);
     assert_one_line_reason("delete a volume with snapshots", &refused);
     assert!(
-        String::from_utf8_lossy(&refused.stderr).contains("snapshot"),
+        String::from_utf8_lossy(&refused.stderr).contains("--with-snapshots"),
         "{refused:?}"
     );
     assert_eq!(

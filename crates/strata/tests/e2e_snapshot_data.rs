@@ -239,6 +239,40 @@ fn wait_total(daemon: &Daemon, want: u64, what: &str) -> Stored {
     now
 }
 
+/// The value of one sample on the `/metrics` page.
+fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let line = text
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .find(|l| labels.iter().all(|(k, v)| l.contains(&format!("{k}=\"{v}\""))))
+        .unwrap_or_else(|| panic!("no {name} {labels:?} on /metrics"));
+    let value = line.rsplit(' ').next().unwrap_or_default();
+    value.parse().unwrap_or_else(|e| panic!("{line}: {e}"))
+}
+
+/// `/metrics` shows the snapshot `sp@old` with the API's figures, and passes promtool.
+fn check_metrics(daemon: &Daemon, exclusive_fast: u64, exclusive_capacity: u64) {
+    let reply = request("GET", &format!("{}/metrics", daemon.http_url()), None, None);
+    assert_eq!(reply.status, 200);
+    let text = reply.body;
+    let snap = |tier| [("volume", "sp"), ("snapshot", "old"), ("tier", tier)];
+    let name = "strata_snapshot_exclusive_bytes";
+    assert_eq!(metric(&text, name, &snap("fast")), exclusive_fast as f64);
+    assert_eq!(metric(&text, name, &snap("capacity")), exclusive_capacity as f64);
+    let stored = metric(&text, "strata_snapshot_stored_bytes", &snap("fast"))
+        + metric(&text, "strata_snapshot_stored_bytes", &snap("capacity"));
+    assert_eq!(stored, (24 * MIB) as f64, "the snapshot's image is 24 MiB of data");
+    assert_eq!(metric(&text, "strata_volume_snapshots", &[("volume", "sp")]), 1.0);
+    if require_tool("promtool") {
+        let out = run_with_stdin(
+            &mut cmd("promtool", &["check", "metrics"]),
+            Some(text.into_bytes()),
+            CMD_TIMEOUT,
+        );
+        assert!(out.status.success(), "promtool: {out:?}");
+    }
+}
+
 #[test]
 fn deleting_snapshots_and_volumes_gives_their_space_back() {
     if !require_tools(&["qemu-io"]) {
@@ -277,6 +311,7 @@ fn deleting_snapshots_and_volumes_gives_their_space_back() {
         snap_capacity > 0,
         "the snapshot holds destaged data of its own: {snap:#}"
     );
+    check_metrics(&daemon, snap_fast, snap_capacity);
 
     wait_no_clients(&daemon);
     daemon.cli_ok(&["snapshot", "delete", "sp", "old"]);
