@@ -267,7 +267,7 @@ for what, t in table:
         r50 = pct(t["load"], 50) / pct(t["idle"], 50)
         r99 = pct(t["load"], 99) / pct(t["idle"], 99)
         print(f"{what + ', load / idle':<28}{'':>4}{r50:>9.2f}{r99:>9.2f}")
-print("create, client: request to answer (snapshot durable, answer with its space per tier)")
+print("create, client: request to answer (the snapshot is durable; the answer has no space figures)")
 print("create, engine: DiskGroup::create_snapshot as the daemon logs it; nearest-rank percentiles")
 EOF
 [[ -n "$KEEP" ]] && echo "per-run results: $RESULTS $WORK/latency.csv"

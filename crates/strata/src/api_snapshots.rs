@@ -47,7 +47,10 @@ pub struct SnapshotJson {
     pub export_uri: String,
     /// Open NBD handles on the snapshot's export.
     pub connections: usize,
-    pub space: SpaceJson,
+    /// Absent in the answer to a create: counting it walks the snapshot's whole map, which
+    /// would make taking a snapshot as slow as the volume is large.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub space: Option<SpaceJson>,
     /// Requests served on the snapshot's export since the daemon started.
     pub io: IoTotalsJson,
 }
@@ -88,15 +91,27 @@ pub struct ForceParams {
     pub force: bool,
 }
 
-/// A snapshot as the API shows it (blocking: walks the snapshot's index for its space).
-pub fn snapshot_json(state: &AppState, base: &str, s: SnapshotInfo) -> SnapshotJson {
-    let space = state.registry.group().space(s.id).unwrap_or_default();
+/// A snapshot as the API shows it; `with_space` walks the snapshot's map for its space per tier.
+pub fn snapshot_json(
+    state: &AppState,
+    base: &str,
+    s: SnapshotInfo,
+    with_space: bool,
+) -> SnapshotJson {
+    let space = with_space.then(|| {
+        state
+            .registry
+            .group()
+            .space(s.id)
+            .unwrap_or_default()
+            .into()
+    });
     let export_name = format!("{}@{}", s.volume, s.name);
     SnapshotJson {
         export_uri: format!("{base}/{export_name}"),
         connections: state.registry.connections(s.id),
         io: IoTotalsJson::from(&state.registry.volume_io(s.id).snapshot()),
-        space: space.into(),
+        space,
         export_name,
         name: s.name,
         volume: s.volume,
@@ -117,7 +132,7 @@ fn snapshot_list(
     snaps.sort_by(|a, b| a.volume.cmp(&b.volume));
     Ok(snaps
         .into_iter()
-        .map(|s| snapshot_json(state, base, s))
+        .map(|s| snapshot_json(state, base, s, true))
         .collect())
 }
 
@@ -158,7 +173,7 @@ async fn get_one(
     let base = export_base(state.nbd_addr, &headers);
     let snapshot = blocking(move || {
         let info = find_snapshot(&state, &volume, &name)?;
-        Ok::<_, ApiError>(snapshot_json(&state, &base, info))
+        Ok::<_, ApiError>(snapshot_json(&state, &base, info, true))
     })
     .await?;
     Ok(Json(snapshot))
@@ -178,7 +193,7 @@ async fn create(
         let info = state.registry.group().create_snapshot(&volume, &req.name)?;
         let latency_us = started.elapsed().as_micros() as u64;
         tracing::info!(volume = %info.volume, snapshot = %info.name, id = info.id, latency_us, "snapshot created");
-        Ok::<_, ApiError>(snapshot_json(&state, &base, info))
+        Ok::<_, ApiError>(snapshot_json(&state, &base, info, false))
     })
     .await?;
     let location = format!(

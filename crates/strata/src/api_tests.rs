@@ -321,7 +321,9 @@ async fn snapshot_create_list_get_delete() {
     assert_eq!(v["export_name"], "v@s1");
     assert_eq!(v["export_uri"], "nbd://127.0.0.1:10809/v@s1");
     assert_eq!(v["size_bytes"], 1 << 20);
+    assert!(v.get("space").is_none(), "a create does not walk the map: {v}");
     // Nothing overwritten yet: the volume and its snapshot share the two blocks.
+    let (_, v) = call(&app, "GET", "/api/v1/volumes/v/snapshots/s1", None).await;
     assert_eq!(v["space"]["shared_fast_bytes"], 8192, "{v}");
     assert_eq!(v["space"]["exclusive_fast_bytes"], 0, "{v}");
 

@@ -3,6 +3,7 @@ use anyhow::Result;
 use serde_json::json;
 
 use super::{path_segment, space_lines, Client};
+use crate::api::SpaceJson;
 use crate::api_snapshots::{SnapshotJson, SnapshotListJson};
 use crate::config::format_size;
 use crate::SnapshotCommand;
@@ -88,15 +89,18 @@ pub fn snapshot_table(snapshots: &[SnapshotJson]) -> String {
     let rows: Vec<Vec<String>> = snapshots
         .iter()
         .map(|s| {
+            let bytes = |get: fn(&SpaceJson) -> u64| {
+                s.space.as_ref().map_or("-".into(), |x| format_size(get(x)))
+            };
             vec![
                 s.volume.clone(),
                 s.name.clone(),
                 format_size(s.size_bytes),
                 utc_time(s.created_unix_s),
-                format_size(s.space.exclusive_fast_bytes),
-                format_size(s.space.exclusive_capacity_bytes),
-                format_size(s.space.shared_fast_bytes),
-                format_size(s.space.shared_capacity_bytes),
+                bytes(|x| x.exclusive_fast_bytes),
+                bytes(|x| x.exclusive_capacity_bytes),
+                bytes(|x| x.shared_fast_bytes),
+                bytes(|x| x.shared_capacity_bytes),
                 s.connections.to_string(),
                 s.export_uri.clone(),
             ]
@@ -114,7 +118,7 @@ pub fn snapshot_info(s: &SnapshotJson) -> String {
         format_size(s.size_bytes),
         s.size_bytes,
         utc_time(s.created_unix_s),
-        space_lines(&s.space),
+        s.space.as_ref().map_or(String::new(), space_lines),
         s.connections,
         s.export_uri
     )
@@ -156,7 +160,6 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::SpaceJson;
 
     #[test]
     fn times_are_utc_calendar_dates() {
@@ -177,12 +180,12 @@ mod tests {
             export_name: format!("{volume}@{name}"),
             export_uri: format!("nbd://127.0.0.1:10809/{volume}@{name}"),
             connections: 1,
-            space: SpaceJson {
+            space: Some(SpaceJson {
                 exclusive_fast_bytes: 4096,
                 exclusive_capacity_bytes: 8 << 20,
                 shared_fast_bytes: 0,
                 shared_capacity_bytes: 1 << 20,
-            },
+            }),
             io: Default::default(),
         }
     }
@@ -197,6 +200,15 @@ mod tests {
         assert!(lines[1].contains("2023-11-14 22:13:20Z"));
         assert!(lines[2].contains("nbd://127.0.0.1:10809/db@weekly"));
         assert_eq!(snapshot_table(&[]), "no snapshots\n");
+        let unknown = SnapshotJson {
+            space: None,
+            ..snap("db", "new")
+        };
+        assert!(snapshot_table(&[unknown])
+            .lines()
+            .nth(1)
+            .unwrap()
+            .contains(" - "));
     }
 
     #[test]

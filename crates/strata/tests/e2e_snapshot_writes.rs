@@ -196,7 +196,8 @@ struct Taken {
     name: String,
     c0: u64,
     c1: u64,
-    answer: Value,
+    /// The snapshot as the API showed it right after it was taken (with its space per tier).
+    shown: Value,
 }
 
 fn take_snapshot(daemon: &Daemon, writer: &Writer, volume: &str, name: &str) -> Taken {
@@ -206,11 +207,12 @@ fn take_snapshot(daemon: &Daemon, writer: &Writer, volume: &str, name: &str) -> 
     let c1 = writer.completed();
     assert_eq!(reply.status, 201, "snapshot {name}: {}", reply.body);
     assert!(c1 >= c0);
+    let shown = common::http::get_json(&format!("{url}/{name}"));
     Taken {
         name: name.into(),
         c0,
         c1,
-        answer: reply.json(),
+        shown,
     }
 }
 
@@ -253,8 +255,8 @@ fn matching_image(daemon: &Daemon, export: &str, candidates: std::ops::RangeIncl
     matches[0]
 }
 
-fn space_bytes(answer: &Value, tier: &str) -> u64 {
-    let s = &answer["space"];
+fn space_bytes(snapshot: &Value, tier: &str) -> u64 {
+    let s = &snapshot["space"];
     s[format!("exclusive_{tier}_bytes")]
         .as_u64()
         .expect("space")
@@ -295,8 +297,8 @@ fn snapshots_under_a_running_writer_hold_exactly_the_completed_writes() {
     }
     let on_both = taken
         .iter()
-        .any(|t| space_bytes(&t.answer, "fast") > 0 && space_bytes(&t.answer, "capacity") > 0);
-    let figures: Vec<&Value> = taken.iter().map(|t| &t.answer["space"]).collect();
+        .any(|t| space_bytes(&t.shown, "fast") > 0 && space_bytes(&t.shown, "capacity") > 0);
+    let figures: Vec<&Value> = taken.iter().map(|t| &t.shown["space"]).collect();
     assert!(
         on_both,
         "no snapshot held data on both tiers when taken: {figures:?}"
