@@ -1,8 +1,8 @@
-//! The admin HTTP API under `/api/v1/`: volumes (and the place of snapshots), the router with
-//! its token check, JSON in and out. What the node shows about itself lives in
-//! `api_observe.rs`. Errors are `{"error": "..."}` with 400 (bad input), 401 (token), 404
-//! (unknown), 409 (exists or busy), 501 (not yet available), 507 (no space), 503 (shutting
-//! down) or 500.
+//! The admin HTTP API under `/api/v1/`: volumes, the router with its token check, JSON in and
+//! out. Snapshots, clones and rollback live in `api_snapshots.rs`; what the node shows about
+//! itself in `api_observe.rs`. Errors are `{"error": "..."}` with 400 (bad input, including a
+//! write to a read-only snapshot), 401 (token), 404 (unknown), 409 (exists, busy, or a volume
+//! that still has snapshots), 507 (no space), 503 (shutting down) or 500.
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,10 +14,10 @@ use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use strata_engine::{EngineError, VolumeInfo};
+use strata_engine::{EngineError, SpaceReport, VolumeInfo};
 use tower::limit::GlobalConcurrencyLimitLayer;
 
-use crate::adapter::{DeleteError, Registry};
+use crate::adapter::{ChangeError, Registry};
 use crate::config::format_size;
 use crate::metrics::IoTotalsJson;
 use crate::routes::Routes;
@@ -54,11 +54,45 @@ pub struct VolumeJson {
     /// Tiering policy. The only one so far is `cache`: the fast tier is a write buffer
     /// destaged by fill level (per-volume policies come later).
     pub policy: String,
-    /// Bytes of the volume's data held on each tier.
+    /// Bytes of the volume's data held on each tier (exclusive and shared together).
     pub fast_tier_bytes: u64,
     pub capacity_tier_bytes: u64,
+    /// The same bytes split into what only this volume holds and what it shares with its
+    /// snapshots (or, for a clone, with its origin).
+    pub space: SpaceJson,
+    pub snapshot_count: usize,
     /// Requests served since the daemon started.
     pub io: IoTotalsJson,
+}
+
+/// What a volume or snapshot holds on each tier. Exclusive bytes are read by no other volume or
+/// snapshot, so deleting this one gives them back; shared bytes are also read by another.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SpaceJson {
+    pub exclusive_fast_bytes: u64,
+    pub exclusive_capacity_bytes: u64,
+    pub shared_fast_bytes: u64,
+    pub shared_capacity_bytes: u64,
+}
+
+impl From<SpaceReport> for SpaceJson {
+    fn from(r: SpaceReport) -> SpaceJson {
+        SpaceJson {
+            exclusive_fast_bytes: r.exclusive_fast_bytes,
+            exclusive_capacity_bytes: r.exclusive_capacity_bytes,
+            shared_fast_bytes: r.shared_fast_bytes,
+            shared_capacity_bytes: r.shared_capacity_bytes,
+        }
+    }
+}
+
+impl SpaceJson {
+    pub fn fast_bytes(&self) -> u64 {
+        self.exclusive_fast_bytes + self.shared_fast_bytes
+    }
+    pub fn capacity_bytes(&self) -> u64 {
+        self.exclusive_capacity_bytes + self.shared_capacity_bytes
+    }
 }
 
 /// The policy every volume has until per-volume policies exist.
@@ -86,6 +120,9 @@ pub struct ResizeRequest {
 pub struct DeleteParams {
     #[serde(default)]
     pub force: bool,
+    /// Delete the volume's snapshots too; without it a volume with snapshots is refused.
+    #[serde(default)]
+    pub with_snapshots: bool,
 }
 
 #[derive(Debug)]
@@ -101,7 +138,7 @@ impl ApiError {
             message: message.into(),
         }
     }
-    fn bad_request(message: impl Into<String>) -> ApiError {
+    pub(crate) fn bad_request(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, message)
     }
 }
@@ -141,11 +178,11 @@ impl From<EngineError> for ApiError {
     }
 }
 
-impl From<DeleteError> for ApiError {
-    fn from(e: DeleteError) -> ApiError {
+impl From<ChangeError> for ApiError {
+    fn from(e: ChangeError) -> ApiError {
         match e {
-            DeleteError::Busy { .. } => ApiError::new(StatusCode::CONFLICT, e.to_string()),
-            DeleteError::Engine(e) => e.into(),
+            ChangeError::Busy { .. } => ApiError::new(StatusCode::CONFLICT, e.to_string()),
+            ChangeError::Engine(e) => e.into(),
         }
     }
 }
@@ -158,10 +195,7 @@ fn routes() -> Routes<Arc<AppState>> {
         .get("/api/v1/volumes/{name}", get_volume)
         .delete("/api/v1/volumes/{name}", delete_volume)
         .post("/api/v1/volumes/{name}/resize", resize_volume)
-        // Snapshots: the engine is gaining them; their routes keep their place meanwhile.
-        .get("/api/v1/snapshots", snapshots_not_yet)
-        .get("/api/v1/volumes/{name}/snapshots", snapshots_not_yet)
-        .post("/api/v1/volumes/{name}/snapshots", snapshots_not_yet)
+        .merge(crate::api_snapshots::routes())
         .merge(crate::api_observe::routes())
 }
 
@@ -240,7 +274,7 @@ where
     }
 }
 
-fn parse_body<T: serde::de::DeserializeOwned>(
+pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<T, ApiError> {
     let bytes = body.map_err(|e| ApiError::new(e.status(), crate::one_line(&e.body_text())))?;
@@ -249,6 +283,11 @@ fn parse_body<T: serde::de::DeserializeOwned>(
 }
 
 pub fn validate_name(name: &str) -> Result<(), ApiError> {
+    validate_name_of("volume", name)
+}
+
+/// Volume and snapshot names: 1 to 64 URL-safe characters (`@` separates them in exports).
+pub fn validate_name_of(kind: &str, name: &str) -> Result<(), ApiError> {
     let ok_len = !name.is_empty() && name.len() <= MAX_VOLUME_NAME_LEN;
     let ok_first = name
         .chars()
@@ -261,7 +300,7 @@ pub fn validate_name(name: &str) -> Result<(), ApiError> {
         return Ok(());
     }
     Err(ApiError::bad_request(format!(
-        "invalid volume name {name:?}: use 1 to {MAX_VOLUME_NAME_LEN} letters, digits, '-', '_' or '.', starting with a letter or digit"
+        "invalid {kind} name {name:?}: use 1 to {MAX_VOLUME_NAME_LEN} letters, digits, '-', '_' or '.', starting with a letter or digit"
     )))
 }
 
@@ -297,8 +336,10 @@ pub fn export_base(nbd_addr: SocketAddr, headers: &HeaderMap) -> String {
 
 /// A volume as the API shows it (blocking: walks the volume's index for its space per tier).
 pub fn volume_json(state: &AppState, base: &str, v: VolumeInfo) -> VolumeJson {
-    let space = state.registry.group().space(v.id).unwrap_or_default();
+    let group = state.registry.group();
+    let space = SpaceJson::from(group.space(v.id).unwrap_or_default());
     let io = IoTotalsJson::from(&state.registry.volume_io(v.id).snapshot());
+    let snapshot_count = group.snapshots(Some(&v.name)).map_or(0, |s| s.len());
     VolumeJson {
         connections: state.registry.connections(v.id),
         export_uri: format!("{base}/{}", v.name),
@@ -306,8 +347,10 @@ pub fn volume_json(state: &AppState, base: &str, v: VolumeInfo) -> VolumeJson {
         id: v.id,
         size_bytes: v.size_bytes,
         policy: DEFAULT_POLICY.into(),
-        fast_tier_bytes: space.exclusive_fast_bytes + space.shared_fast_bytes,
-        capacity_tier_bytes: space.exclusive_capacity_bytes + space.shared_capacity_bytes,
+        fast_tier_bytes: space.fast_bytes(),
+        capacity_tier_bytes: space.capacity_bytes(),
+        space,
+        snapshot_count,
         io,
     }
 }
@@ -412,21 +455,12 @@ async fn delete_volume(
     let s = state.clone();
     let deleted = name.clone();
     blocking(move || {
-        s.registry.delete(&name, params.force)?;
-        tracing::info!(volume = %name, force = params.force, "volume deleted");
+        s.registry.delete(&name, params.force, params.with_snapshots)?;
+        tracing::info!(volume = %name, force = params.force, with_snapshots = params.with_snapshots, "volume deleted");
         Ok::<_, ApiError>(())
     })
     .await?;
     Ok(Json(serde_json::json!({ "deleted": deleted })))
-}
-
-/// Snapshots are being built in the engine; until they exist their routes answer 501, so
-/// clients and the OpenAPI document already know where they will be.
-async fn snapshots_not_yet() -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "snapshots are not available yet in this version of strata",
-    )
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {

@@ -104,7 +104,8 @@ fn node_json(state: &AppState, stats: &EngineStats, devices: &[DeviceJson]) -> N
         nbd_listen: state.nbd_addr.to_string(),
         http_listen: state.http_addr.to_string(),
         volume_count: volumes.len(),
-        nbd_connections_total: volumes.iter().map(|v| state.registry.connections(v.id)).sum(),
+        // Volumes' and snapshots' exports alike.
+        nbd_connections_total: state.registry.connections_total(),
         disk_group_count: 1,
         workload: workload(state),
         io: (&state.registry.node_io().snapshot()).into(),

@@ -302,18 +302,133 @@ fn every_served_route_is_documented_and_every_documented_one_served() {
     assert!(served.len() >= 16, "{served:?}");
 }
 
+async fn create(app: &Router, name: &str, size_bytes: u64) {
+    let (s, v) = call(app, "POST", "/api/v1/volumes", Some(json!({"name": name, "size_bytes": size_bytes}))).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+}
+
 #[tokio::test]
-async fn snapshot_routes_keep_their_place_with_501() {
-    let (app, _) = app();
-    for (method, uri) in [
-        ("GET", "/api/v1/snapshots"),
-        ("GET", "/api/v1/volumes/vol0/snapshots"),
-        ("POST", "/api/v1/volumes/vol0/snapshots"),
-    ] {
-        let (s, v) = call(&app, method, uri, None).await;
-        assert_eq!(s, StatusCode::NOT_IMPLEMENTED, "{method} {uri}: {v}");
-        assert!(v["error"].as_str().unwrap().contains("snapshots"), "{v}");
+async fn snapshot_create_list_get_delete() {
+    let (app, state) = app();
+    create(&app, "v", 1 << 20).await;
+    let vol = NbdBackend(state.registry.clone()).open("v").unwrap();
+    vol.write(0, &[1u8; 8192], false).unwrap();
+
+    let (s, v) = call(&app, "POST", "/api/v1/volumes/v/snapshots", Some(json!({"name": "s1"}))).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(v["name"], "s1");
+    assert_eq!(v["volume"], "v");
+    assert_eq!(v["export_name"], "v@s1");
+    assert_eq!(v["export_uri"], "nbd://127.0.0.1:10809/v@s1");
+    assert_eq!(v["size_bytes"], 1 << 20);
+    assert!(v.get("space").is_none(), "a create does not walk the map: {v}");
+    // Nothing overwritten yet: the volume and its snapshot share the two blocks.
+    let (_, v) = call(&app, "GET", "/api/v1/volumes/v/snapshots/s1", None).await;
+    assert_eq!(v["space"]["shared_fast_bytes"], 8192, "{v}");
+    assert_eq!(v["space"]["exclusive_fast_bytes"], 0, "{v}");
+
+    vol.write(0, &[2u8; 4096], false).unwrap();
+    let (s, v) = call(&app, "GET", "/api/v1/volumes/v/snapshots/s1", None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["space"]["exclusive_fast_bytes"], 4096, "the overwritten block is the snapshot's alone: {v}");
+    assert_eq!(v["space"]["shared_fast_bytes"], 4096, "{v}");
+    let (_, v) = call(&app, "GET", "/api/v1/volumes/v", None).await;
+    assert_eq!(v["snapshot_count"], 1);
+    assert_eq!(v["space"]["exclusive_fast_bytes"], 4096, "{v}");
+    assert_eq!(v["space"]["shared_fast_bytes"], 4096, "{v}");
+    assert_eq!(v["fast_tier_bytes"], 8192, "{v}");
+
+    call(&app, "POST", "/api/v1/volumes/v/snapshots", Some(json!({"name": "s2"}))).await;
+    create(&app, "w", 4096).await;
+    call(&app, "POST", "/api/v1/volumes/w/snapshots", Some(json!({"name": "a"}))).await;
+    let (s, v) = call(&app, "GET", "/api/v1/snapshots", None).await;
+    assert_eq!(s, StatusCode::OK);
+    let names: Vec<&str> = v["snapshots"].as_array().unwrap().iter().map(|x| x["export_name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["v@s1", "v@s2", "w@a"]);
+    let (_, v) = call(&app, "GET", "/api/v1/volumes/w/snapshots", None).await;
+    assert_eq!(v["snapshots"].as_array().unwrap().len(), 1);
+
+    let (s, v) = call(&app, "DELETE", "/api/v1/volumes/v/snapshots/s1", None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["deleted"], "v@s1");
+    let (s, _) = call(&app, "GET", "/api/v1/volumes/v/snapshots/s1", None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn snapshot_errors_have_proper_statuses() {
+    let (app, state) = app();
+    create(&app, "v", 1 << 20).await;
+    call(&app, "POST", "/api/v1/volumes/v/snapshots", Some(json!({"name": "s"}))).await;
+    let cases = [
+        ("POST", "/api/v1/volumes/v/snapshots", Some(json!({"name": "s"})), StatusCode::CONFLICT),
+        ("POST", "/api/v1/volumes/v/snapshots", Some(json!({"name": "a@b"})), StatusCode::BAD_REQUEST),
+        ("POST", "/api/v1/volumes/v/snapshots", Some(json!({"name": ""})), StatusCode::BAD_REQUEST),
+        ("POST", "/api/v1/volumes/v/snapshots", Some(json!({"nam": "x"})), StatusCode::BAD_REQUEST),
+        ("POST", "/api/v1/volumes/v/snapshots", None, StatusCode::BAD_REQUEST),
+        ("POST", "/api/v1/volumes/nope/snapshots", Some(json!({"name": "s"})), StatusCode::NOT_FOUND),
+        ("GET", "/api/v1/volumes/nope/snapshots", None, StatusCode::NOT_FOUND),
+        ("GET", "/api/v1/volumes/v/snapshots/nope", None, StatusCode::NOT_FOUND),
+        ("DELETE", "/api/v1/volumes/v/snapshots/nope", None, StatusCode::NOT_FOUND),
+        ("DELETE", "/api/v1/volumes/v/snapshots/s?force=maybe", None, StatusCode::BAD_REQUEST),
+        ("POST", "/api/v1/volumes/v/clone", Some(json!({"snapshot": "nope", "name": "c"})), StatusCode::NOT_FOUND),
+        ("POST", "/api/v1/volumes/v/clone", Some(json!({"snapshot": "s", "name": "v"})), StatusCode::CONFLICT),
+        ("POST", "/api/v1/volumes/v/clone", Some(json!({"snapshot": "s", "name": "../c"})), StatusCode::BAD_REQUEST),
+        ("POST", "/api/v1/volumes/v/clone", Some(json!({"snapshot": "s"})), StatusCode::BAD_REQUEST),
+        ("POST", "/api/v1/volumes/v/rollback", Some(json!({"snapshot": "nope"})), StatusCode::NOT_FOUND),
+        ("POST", "/api/v1/volumes/nope/rollback", Some(json!({"snapshot": "s"})), StatusCode::NOT_FOUND),
+        ("POST", "/api/v1/volumes/v/rollback", Some(json!({"snapshot": "s", "force": "yes"})), StatusCode::BAD_REQUEST),
+        ("DELETE", "/api/v1/volumes/v", None, StatusCode::CONFLICT),
+    ];
+    for (method, uri, body, want) in cases {
+        let (s, v) = call(&app, method, uri, body.clone()).await;
+        assert_eq!(s, want, "{method} {uri} {body:?}: {v}");
+        assert!(v["error"].is_string(), "{method} {uri}: {v}");
     }
+    let (_, v) = call(&app, "DELETE", "/api/v1/volumes/v", None).await;
+    assert!(v["error"].as_str().unwrap().contains("snapshot"), "{v}");
+    // Nothing changed: one volume with its one snapshot.
+    let (_, v) = call(&app, "GET", "/api/v1/snapshots", None).await;
+    assert_eq!(v["snapshots"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(state.registry.group().volumes().len(), 1);
+
+    let (s, v) = call(&app, "DELETE", "/api/v1/volumes/v?with_snapshots=true", None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (_, v) = call(&app, "GET", "/api/v1/snapshots", None).await;
+    assert!(v["snapshots"].as_array().unwrap().is_empty(), "{v}");
+}
+
+#[tokio::test]
+async fn clone_and_rollback() {
+    let (app, state) = app();
+    let backend = NbdBackend(state.registry.clone());
+    create(&app, "v", 1 << 20).await;
+    let vol = backend.open("v").unwrap();
+    vol.write(0, &[1u8; 4096], false).unwrap();
+    call(&app, "POST", "/api/v1/volumes/v/snapshots", Some(json!({"name": "s"}))).await;
+    vol.write(0, &[2u8; 4096], false).unwrap();
+
+    let (s, v) = call(&app, "POST", "/api/v1/volumes/v/clone", Some(json!({"snapshot": "s", "name": "c"}))).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(v["name"], "c");
+    assert_eq!(v["size_bytes"], 1 << 20);
+    assert_eq!(v["space"]["shared_fast_bytes"], 4096, "the clone shares the snapshot's block: {v}");
+    let clone = backend.open("c").unwrap();
+    let mut buf = vec![0u8; 4096];
+    clone.read(0, &mut buf).unwrap();
+    assert_eq!(buf[0], 1);
+
+    let (s, v) = call(&app, "POST", "/api/v1/volumes/v/rollback", Some(json!({"snapshot": "s"}))).await;
+    assert_eq!(s, StatusCode::CONFLICT, "the volume is open: {v}");
+    assert!(v["error"].as_str().unwrap().contains("--force"), "{v}");
+    vol.read(0, &mut buf).unwrap();
+    assert_eq!(buf[0], 2, "a refused rollback changes nothing");
+    let (s, v) = call(&app, "POST", "/api/v1/volumes/v/rollback", Some(json!({"snapshot": "s", "force": true}))).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["name"], "v");
+    assert_eq!(vol.read(0, &mut buf), Err(strata_nbd::Errno::Shutdown));
+    backend.open("v").unwrap().read(0, &mut buf).unwrap();
+    assert_eq!(buf[0], 1, "rolled back");
 }
 
 #[test]

@@ -1,6 +1,6 @@
-//! The CLI side of the admin API: `strata volume ...` and `strata status`. Requests carry the
-//! admin token (`--token-file` or `STRATA_TOKEN`) when one is given; the daemon checks it on
-//! every mutating request.
+//! The CLI side of the admin API: `strata volume ...`, `strata snapshot ...` (in
+//! `client_snapshot.rs`) and `strata status`. Requests carry the admin token (`--token-file` or
+//! `STRATA_TOKEN`) when one is given; the daemon checks it on every mutating request.
 use std::io::Read;
 use std::path::Path;
 use std::time::Duration;
@@ -8,9 +8,12 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Result};
 use serde_json::{json, Value};
 
-use crate::api::{VolumeJson, VolumeListJson};
+use crate::api::{SpaceJson, VolumeJson, VolumeListJson};
 use crate::config::format_size;
 use crate::VolumeCommand;
+
+#[path = "client_snapshot.rs"]
+mod snapshot;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A delete waits for the volume's in-flight I/O, so allow the daemon some time.
@@ -134,15 +137,63 @@ impl Client {
                     Ok(())
                 })
             }
-            VolumeCommand::Delete { name, force } => {
-                let path = format!("/api/v1/volumes/{}?force={force}", path_segment(&name));
+            VolumeCommand::Delete {
+                name,
+                force,
+                with_snapshots,
+            } => {
+                let path = format!(
+                    "/api/v1/volumes/{}?force={force}&with_snapshots={with_snapshots}",
+                    path_segment(&name)
+                );
                 let v = self.call("DELETE", &path, None)?;
                 self.print(&v, |_| {
                     println!("deleted volume {name:?}");
                     Ok(())
                 })
             }
+            VolumeCommand::Clone { source, name } => self.clone_volume(&source, &name),
+            VolumeCommand::Rollback {
+                name,
+                snapshot,
+                force,
+            } => self.rollback_volume(&name, &snapshot, force),
         }
+    }
+
+    /// `strata volume rollback VOLUME SNAPSHOT [--force]`.
+    fn rollback_volume(&self, name: &str, snapshot: &str, force: bool) -> Result<()> {
+        let path = format!("/api/v1/volumes/{}/rollback", path_segment(name));
+        let body = json!({ "snapshot": snapshot, "force": force });
+        let v = self.call("POST", &path, Some(body))?;
+        self.print(&v, |v| {
+            let v: VolumeJson = serde_json::from_value(v.clone())?;
+            println!(
+                "rolled volume {:?} back to snapshot {snapshot:?} ({})",
+                v.name,
+                format_size(v.size_bytes)
+            );
+            Ok(())
+        })
+    }
+
+    /// `strata volume clone VOLUME@SNAPSHOT NEWVOLUME`.
+    fn clone_volume(&self, source: &str, name: &str) -> Result<()> {
+        let Some((volume, snapshot)) = source.split_once('@') else {
+            bail!("{source:?} names no snapshot: give the source as VOLUME@SNAPSHOT");
+        };
+        let path = format!("/api/v1/volumes/{}/clone", path_segment(volume));
+        let v = self.call("POST", &path, Some(json!({ "snapshot": snapshot, "name": name })))?;
+        self.print(&v, |v| {
+            let v: VolumeJson = serde_json::from_value(v.clone())?;
+            println!(
+                "created volume {:?} ({}) from snapshot {source}: {}",
+                v.name,
+                format_size(v.size_bytes),
+                v.export_uri
+            );
+            Ok(())
+        })
     }
 
     pub fn status(&self) -> Result<()> {
@@ -230,7 +281,7 @@ pub fn volume_table(volumes: &[VolumeJson]) -> String {
     if volumes.is_empty() {
         return "no volumes\n".to_string();
     }
-    let header = ["NAME", "ID", "SIZE", "POLICY", "CONNECTIONS", "EXPORT"];
+    let header = ["NAME", "ID", "SIZE", "POLICY", "SNAPSHOTS", "CONNECTIONS", "EXPORT"];
     let rows: Vec<Vec<String>> = volumes
         .iter()
         .map(|v| {
@@ -239,6 +290,7 @@ pub fn volume_table(volumes: &[VolumeJson]) -> String {
                 v.id.to_string(),
                 format_size(v.size_bytes),
                 v.policy.clone(),
+                v.snapshot_count.to_string(),
                 v.connections.to_string(),
                 v.export_uri.clone(),
             ]
@@ -249,7 +301,7 @@ pub fn volume_table(volumes: &[VolumeJson]) -> String {
 
 pub fn volume_info(v: &VolumeJson) -> String {
     format!(
-        "name:        {}\nid:          {}\nsize:        {} ({} bytes)\npolicy:      {}\non fast:     {}\non capacity: {}\nconnections: {}\nexport:      {}\n",
+        "name:        {}\nid:          {}\nsize:        {} ({} bytes)\npolicy:      {}\non fast:     {}\non capacity: {}\n{}snapshots:   {}\nconnections: {}\nexport:      {}\n",
         v.name,
         v.id,
         format_size(v.size_bytes),
@@ -257,8 +309,21 @@ pub fn volume_info(v: &VolumeJson) -> String {
         v.policy,
         format_size(v.fast_tier_bytes),
         format_size(v.capacity_tier_bytes),
+        space_lines(&v.space),
+        v.snapshot_count,
         v.connections,
         v.export_uri
+    )
+}
+
+/// `exclusive:` and `shared:` lines, each with both tiers.
+pub fn space_lines(s: &SpaceJson) -> String {
+    format!(
+        "exclusive:   {} fast, {} capacity\nshared:      {} fast, {} capacity\n",
+        format_size(s.exclusive_fast_bytes),
+        format_size(s.exclusive_capacity_bytes),
+        format_size(s.shared_fast_bytes),
+        format_size(s.shared_capacity_bytes)
     )
 }
 
@@ -276,6 +341,11 @@ mod tests {
             policy: "cache".into(),
             fast_tier_bytes: 0,
             capacity_tier_bytes: 0,
+            space: SpaceJson {
+                exclusive_fast_bytes: 4096,
+                ..Default::default()
+            },
+            snapshot_count: 3,
             io: Default::default(),
         }
     }
@@ -298,6 +368,8 @@ mod tests {
         assert!(t.contains("name:        vol0\n"));
         assert!(t.contains("size:        8 GiB (8589934592 bytes)\n"));
         assert!(t.contains("connections: 2\n"));
+        assert!(t.contains("snapshots:   3\n"), "{t}");
+        assert!(t.contains("exclusive:   4 KiB fast, 0 B capacity\n"), "{t}");
     }
 
     #[test]

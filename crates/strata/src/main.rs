@@ -5,6 +5,7 @@
 mod adapter;
 mod api;
 mod api_observe;
+mod api_snapshots;
 mod client;
 mod config;
 mod devices;
@@ -12,6 +13,7 @@ mod history;
 mod metrics;
 mod metrics_page;
 mod prom;
+mod registry;
 mod routes;
 mod serve;
 mod status_text;
@@ -57,6 +59,9 @@ pub enum Command {
     /// Manage volumes on a running daemon.
     #[command(subcommand)]
     Volume(VolumeCommand),
+    /// Manage snapshots on a running daemon.
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
     /// Show the node summary of a running daemon.
     Status,
     /// Size a cluster for a workload: performance, endurance and capacity (no daemon needed).
@@ -86,6 +91,45 @@ pub enum VolumeCommand {
     },
     /// Delete a volume (refused while an NBD client has it open, unless --force).
     Delete {
+        name: String,
+        /// Delete even while clients are connected; their later I/O fails.
+        #[arg(long)]
+        force: bool,
+        /// Delete the volume's snapshots too (a volume with snapshots is refused without it).
+        #[arg(long)]
+        with_snapshots: bool,
+    },
+    /// Make a new writable volume from a snapshot; it shares the snapshot's blocks.
+    Clone {
+        /// The snapshot to clone, as VOLUME@SNAPSHOT.
+        #[arg(value_name = "VOLUME@SNAPSHOT")]
+        source: String,
+        /// Name of the new volume.
+        #[arg(value_name = "NEWVOLUME")]
+        name: String,
+    },
+    /// Return a volume to a snapshot's image and size; what was written since is lost
+    /// (refused while an NBD client has the volume open, unless --force).
+    Rollback {
+        name: String,
+        snapshot: String,
+        /// Roll back even while clients are connected; they are cut off (their later I/O fails).
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Take a snapshot of a volume: a read-only image exported over NBD as VOLUME@NAME.
+    Create { volume: String, name: String },
+    /// List snapshots, of one volume or of all.
+    List { volume: Option<String> },
+    /// Show one snapshot.
+    Info { volume: String, name: String },
+    /// Delete a snapshot (refused while an NBD client has VOLUME@NAME open, unless --force).
+    Delete {
+        volume: String,
         name: String,
         /// Delete even while clients are connected; their later I/O fails.
         #[arg(long)]
@@ -174,6 +218,8 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::run(&args),
         Command::Volume(cmd) => api_client(&cli.server, cli.json, cli.token_file.as_deref())
             .and_then(|c| c.volume(cmd)),
+        Command::Snapshot(cmd) => api_client(&cli.server, cli.json, cli.token_file.as_deref())
+            .and_then(|c| c.snapshot(cmd)),
         Command::Status => api_client(&cli.server, cli.json, cli.token_file.as_deref())
             .and_then(|c| c.status()),
         Command::Size(args) => strata_sizing::run(&args, cli.json)
@@ -288,6 +334,32 @@ mod tests {
             cli.command,
             Command::Volume(VolumeCommand::Delete { force: true, .. })
         ));
+    }
+
+    #[test]
+    fn cli_parses_snapshot_commands() {
+        let cli = Cli::try_parse_from(["strata", "snapshot", "create", "db", "nightly"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Snapshot(SnapshotCommand::Create { ref volume, ref name }) if volume == "db" && name == "nightly"
+        ));
+        let cli = Cli::try_parse_from(["strata", "snapshot", "list"]).unwrap();
+        assert!(matches!(cli.command, Command::Snapshot(SnapshotCommand::List { volume: None })));
+        let cli = Cli::try_parse_from(["strata", "snapshot", "delete", "db", "s", "--force"]).unwrap();
+        assert!(matches!(cli.command, Command::Snapshot(SnapshotCommand::Delete { force: true, .. })));
+        let cli = Cli::try_parse_from(["strata", "volume", "clone", "db@s", "db2"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Volume(VolumeCommand::Clone { ref source, ref name }) if source == "db@s" && name == "db2"
+        ));
+        let cli = Cli::try_parse_from(["strata", "volume", "rollback", "db", "s"]).unwrap();
+        assert!(matches!(cli.command, Command::Volume(VolumeCommand::Rollback { force: false, .. })));
+        let cli = Cli::try_parse_from(["strata", "volume", "delete", "db", "--with-snapshots"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Volume(VolumeCommand::Delete { force: false, with_snapshots: true, .. })
+        ));
+        assert!(Cli::try_parse_from(["strata", "snapshot", "create", "db"]).is_err());
     }
 
     #[test]

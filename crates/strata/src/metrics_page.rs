@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use strata_device::{DeviceStats, IO_SIZE_BUCKETS};
-use strata_engine::EngineStats;
+use strata_engine::{EngineStats, SpaceReport};
 
 use crate::api::{blocking, ApiError, AppState, DEFAULT_POLICY};
 use crate::api_observe::{device_list, fast_read_hit_ratio, DeviceJson};
@@ -37,6 +37,18 @@ pub fn render_metrics(state: &AppState) -> String {
             connections: state.registry.connections(v.id),
             io: state.registry.volume_io(v.id).snapshot(),
             space: g.space(v.id).unwrap_or_default(),
+            snapshots: g.snapshots(Some(&v.name)).map_or(0, |s| s.len()),
+        })
+        .collect();
+    let snaps: Vec<SnapshotRow> = g
+        .snapshots(None)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| SnapshotRow {
+            connections: state.registry.connections(s.id),
+            space: g.space(s.id).unwrap_or_default(),
+            volume: s.volume,
+            name: s.name,
         })
         .collect();
     let devices = device_list(state);
@@ -60,6 +72,7 @@ pub fn render_metrics(state: &AppState) -> String {
         if stats.state == "running" { 1.0 } else { 0.0 },
     );
     render_volumes(&mut e, &vols);
+    render_snapshots(&mut e, &snaps);
     render_devices(&mut e, &devices);
     render_engine(&mut e, &stats);
     e.finish()
@@ -70,7 +83,46 @@ struct VolumeRow {
     size_bytes: u64,
     connections: usize,
     io: IoSnapshot,
-    space: strata_engine::SpaceReport,
+    space: SpaceReport,
+    snapshots: usize,
+}
+
+struct SnapshotRow {
+    volume: String,
+    name: String,
+    connections: usize,
+    space: SpaceReport,
+}
+
+/// (tier, bytes on it, bytes on it that no other volume or snapshot reads).
+fn tiers(s: &SpaceReport) -> [(&'static str, u64, u64); 2] {
+    [
+        ("fast", s.exclusive_fast_bytes + s.shared_fast_bytes, s.exclusive_fast_bytes),
+        ("capacity", s.exclusive_capacity_bytes + s.shared_capacity_bytes, s.exclusive_capacity_bytes),
+    ]
+}
+
+/// Space and open handles of every snapshot, labelled by volume and snapshot.
+fn render_snapshots(e: &mut Exposition, snaps: &[SnapshotRow]) {
+    let stored = "strata_snapshot_stored_bytes";
+    e.family(stored, Type::Gauge, "Bytes of the snapshot's image held on each tier.");
+    for s in snaps {
+        for (tier, bytes, _) in tiers(&s.space) {
+            e.sample(stored, &[("volume", &s.volume), ("snapshot", &s.name), ("tier", tier)], bytes as f64);
+        }
+    }
+    let exclusive = "strata_snapshot_exclusive_bytes";
+    e.family(exclusive, Type::Gauge, "Bytes on each tier only the snapshot holds: deleting it gives them back.");
+    for s in snaps {
+        for (tier, _, bytes) in tiers(&s.space) {
+            e.sample(exclusive, &[("volume", &s.volume), ("snapshot", &s.name), ("tier", tier)], bytes as f64);
+        }
+    }
+    let connections = "strata_snapshot_connections";
+    e.family(connections, Type::Gauge, "Open NBD handles on the snapshot's read-only export.");
+    for s in snaps {
+        e.sample(connections, &[("volume", &s.volume), ("snapshot", &s.name)], s.connections as f64);
+    }
 }
 
 fn render_volumes(e: &mut Exposition, vols: &[VolumeRow]) {
@@ -99,9 +151,20 @@ fn render_volumes(e: &mut Exposition, vols: &[VolumeRow]) {
     }
     e.family("strata_volume_stored_bytes", Type::Gauge, "Bytes of the volume's data held on each tier.");
     for v in vols {
-        for (tier, bytes) in [("fast", v.space.exclusive_fast_bytes + v.space.shared_fast_bytes), ("capacity", v.space.exclusive_capacity_bytes + v.space.shared_capacity_bytes)] {
+        for (tier, bytes, _) in tiers(&v.space) {
             e.sample("strata_volume_stored_bytes", &[("volume", &v.name), ("tier", tier)], bytes as f64);
         }
+    }
+    let exclusive = "strata_volume_exclusive_bytes";
+    e.family(exclusive, Type::Gauge, "Bytes on each tier only the volume holds (the rest it shares with its snapshots, or a clone with its origin).");
+    for v in vols {
+        for (tier, _, bytes) in tiers(&v.space) {
+            e.sample(exclusive, &[("volume", &v.name), ("tier", tier)], bytes as f64);
+        }
+    }
+    e.family("strata_volume_snapshots", Type::Gauge, "Snapshots of the volume.");
+    for v in vols {
+        e.sample("strata_volume_snapshots", &[("volume", &v.name)], v.snapshots as f64);
     }
     e.family("strata_volume_connections", Type::Gauge, "Open NBD handles on the volume.");
     for v in vols {

@@ -207,10 +207,6 @@ fn every_documented_operation_answers_as_documented() {
     c.call(&base, "POST", "/api/v1/volumes/contract/resize", Some(json!({"size_bytes": 4096})), t, 400);
     c.call(&base, "POST", "/api/v1/volumes/none/resize", Some(grow), t, 404);
 
-    c.call(&base, "GET", "/api/v1/snapshots", None, None, 501);
-    c.call(&base, "GET", "/api/v1/volumes/contract/snapshots", None, None, 501);
-    c.call(&base, "POST", "/api/v1/volumes/contract/snapshots", None, None, 401);
-    c.call(&base, "POST", "/api/v1/volumes/contract/snapshots", None, t, 501);
 
     // A volume in use: delete is refused (409) until forced or the client leaves.
     {
@@ -221,9 +217,15 @@ fn every_documented_operation_answers_as_documented() {
         assert!(connected, "fio did not connect");
         c.call(&base, "DELETE", "/api/v1/volumes/contract", None, t, 409);
     }
+    let idle = wait_until(Duration::from_secs(20), || {
+        common::http::get_json(&format!("{base}/api/v1/volumes/contract"))["connections"].as_u64() == Some(0)
+    });
+    assert!(idle, "fio's connection is still counted after it was killed");
+    snapshot_operations(&mut c, &daemon, t);
     c.call(&base, "DELETE", "/api/v1/volumes/contract?force=maybe", None, t, 400);
     c.call(&base, "DELETE", "/api/v1/volumes/contract", None, None, 401);
-    c.call(&base, "DELETE", "/api/v1/volumes/contract?force=true", None, t, 200);
+    c.call(&base, "DELETE", "/api/v1/volumes/contract?force=true", None, t, 409);
+    c.call(&base, "DELETE", "/api/v1/volumes/contract?force=true&with_snapshots=true", None, t, 200);
     c.call(&base, "DELETE", "/api/v1/volumes/contract", None, t, 404);
 
     // Every documented operation and answer was exercised, except the ones a healthy test
@@ -235,4 +237,59 @@ fn every_documented_operation_answers_as_documented() {
         .filter(|k| !unreachable.contains(&k.2) && !c.seen.contains(k))
         .collect();
     assert!(missing.is_empty(), "documented but never exercised: {missing:?}");
+}
+
+/// Ends an NBD connection and waits until the resource at `url` no longer counts it.
+fn disconnect(held: nbd::Client, url: &str) {
+    held.disconnect();
+    let gone = wait_until(Duration::from_secs(20), || common::http::get_json(url)["connections"].as_u64() == Some(0));
+    assert!(gone, "{url} still counts a connection that ended");
+}
+
+/// Snapshots, clones and rollback on a volume nobody has open; leaves `contract@s1` in place.
+fn snapshot_operations(c: &mut Contract, daemon: &Daemon, t: Option<&str>) {
+    let base = daemon.http_url();
+    let snaps = "/api/v1/volumes/contract/snapshots";
+    let s1 = json!({"name": "s1"});
+    c.call(&base, "POST", snaps, Some(s1.clone()), None, 401);
+    let taken = c.call(&base, "POST", snaps, Some(s1.clone()), t, 201);
+    assert_eq!(taken["export_name"], "contract@s1", "{taken}");
+    c.call(&base, "POST", snaps, Some(s1), t, 409);
+    c.call(&base, "POST", snaps, Some(json!({"name": "a@b"})), t, 400);
+    c.call(&base, "POST", "/api/v1/volumes/none/snapshots", Some(json!({"name": "x"})), t, 404);
+    c.call(&base, "POST", snaps, Some(json!({"name": "s2"})), t, 201);
+    let all = c.call(&base, "GET", "/api/v1/snapshots", None, None, 200);
+    assert_eq!(all["snapshots"].as_array().map(Vec::len), Some(2), "{all}");
+    c.call(&base, "GET", snaps, None, None, 200);
+    c.call(&base, "GET", "/api/v1/volumes/none/snapshots", None, None, 404);
+    c.call(&base, "GET", &format!("{snaps}/s1"), None, None, 200);
+    c.call(&base, "GET", &format!("{snaps}/none"), None, None, 404);
+
+    let clone = "/api/v1/volumes/contract/clone";
+    let copy = json!({"snapshot": "s1", "name": "contract-copy"});
+    c.call(&base, "POST", clone, Some(copy.clone()), None, 401);
+    c.call(&base, "POST", clone, Some(copy.clone()), t, 201);
+    c.call(&base, "POST", clone, Some(copy), t, 409);
+    c.call(&base, "POST", clone, Some(json!({"snapshot": "s1"})), t, 400);
+    c.call(&base, "POST", clone, Some(json!({"snapshot": "none", "name": "x"})), t, 404);
+    c.call(&base, "DELETE", "/api/v1/volumes/contract-copy", None, t, 200);
+
+    let rollback = "/api/v1/volumes/contract/rollback";
+    let to_s1 = json!({"snapshot": "s1"});
+    c.call(&base, "POST", rollback, Some(to_s1.clone()), None, 401);
+    c.call(&base, "POST", rollback, Some(json!({"snapshot": 1})), t, 400);
+    c.call(&base, "POST", rollback, Some(json!({"snapshot": "none"})), t, 404);
+    let held = nbd::go(daemon.nbd_addr, "contract").expect("GO contract");
+    c.call(&base, "POST", rollback, Some(to_s1.clone()), t, 409);
+    disconnect(held, &format!("{base}/api/v1/volumes/contract"));
+    c.call(&base, "POST", rollback, Some(to_s1), t, 200);
+
+    let s2 = format!("{snaps}/s2");
+    let held = nbd::go(daemon.nbd_addr, "contract@s2").expect("GO contract@s2");
+    c.call(&base, "DELETE", &s2, None, t, 409);
+    disconnect(held, &format!("{base}{s2}"));
+    c.call(&base, "DELETE", &format!("{s2}?force=maybe"), None, t, 400);
+    c.call(&base, "DELETE", &s2, None, None, 401);
+    c.call(&base, "DELETE", &s2, None, t, 200);
+    c.call(&base, "DELETE", &s2, None, t, 404);
 }

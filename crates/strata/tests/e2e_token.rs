@@ -64,6 +64,9 @@ fn every_mutation_needs_the_token_and_reads_stay_open() {
         );
         assert_refused(&request("DELETE", &url("/api/v1/volumes/vol0?force=true"), None, token), what);
         assert_refused(&request("POST", &url("/api/v1/volumes/vol0/snapshots"), None, token), what);
+        assert_refused(&request("DELETE", &url("/api/v1/volumes/vol0/snapshots/s"), None, token), what);
+        assert_refused(&request("POST", &url("/api/v1/volumes/vol0/clone"), None, token), what);
+        assert_refused(&request("POST", &url("/api/v1/volumes/vol0/rollback"), None, token), what);
     }
     assert_eq!(volume_names(&base), ["vol0"], "a refused request changed nothing");
     let vol0 = common::http::get_json(&url("/api/v1/volumes/vol0"));
@@ -78,9 +81,9 @@ fn every_mutation_needs_the_token_and_reads_stay_open() {
     assert_eq!(r.status, 201, "{}", r.body);
     let r = request("POST", &url("/api/v1/volumes/guarded/resize"), Some(&json!({"size_bytes": 2 << 20})), Some(SECRET));
     assert_eq!(r.status, 200, "{}", r.body);
-    let r = request("POST", &url("/api/v1/volumes/guarded/snapshots"), None, Some(SECRET));
-    assert_eq!(r.status, 501, "with the token, a snapshot request reaches its (planned) handler");
-    let r = request("DELETE", &url("/api/v1/volumes/guarded"), None, Some(SECRET));
+    let r = request("POST", &url("/api/v1/volumes/guarded/snapshots"), Some(&json!({"name": "s"})), Some(SECRET));
+    assert_eq!(r.status, 201, "{}", r.body);
+    let r = request("DELETE", &url("/api/v1/volumes/guarded?with_snapshots=true"), None, Some(SECRET));
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(volume_names(&base), ["vol0"]);
 

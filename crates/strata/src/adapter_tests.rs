@@ -1,0 +1,284 @@
+//! Unit tests of the NBD adapter: errno mapping, BLOCK_STATUS runs, handle counting and the
+//! fenced changes (deleting volumes and snapshots, rollback) against open handles.
+use super::*;
+use crate::testutil::test_group;
+use ExtentKind::{Data, Zero};
+
+fn backend() -> (Arc<Registry>, NbdBackend) {
+    let reg = Registry::new(test_group());
+    (reg.clone(), NbdBackend(reg))
+}
+
+#[test]
+fn errors_map_to_nbd_errnos() {
+    let oor = EngineError::OutOfRange {
+        offset: 1,
+        len: 2,
+        size_bytes: 1,
+    };
+    assert_eq!(errno_for(Op::Read, &oor), Errno::Inval);
+    assert_eq!(errno_for(Op::Write, &oor), Errno::NoSpc);
+    assert_eq!(errno_for(Op::Write, &EngineError::NoSpace), Errno::NoSpc);
+    assert_eq!(
+        errno_for(Op::Read, &EngineError::Corrupt("x".into())),
+        Errno::Io
+    );
+    let dev = strata_device::DeviceError::Open("x".into());
+    assert_eq!(errno_for(Op::Read, &EngineError::Device(dev)), Errno::Io);
+    assert_eq!(
+        errno_for(Op::Write, &EngineError::ShuttingDown),
+        Errno::Shutdown
+    );
+    assert_eq!(
+        errno_for(Op::Read, &EngineError::NotFound("v".into())),
+        Errno::Shutdown
+    );
+    assert_eq!(
+        errno_for(Op::Write, &EngineError::InvalidArgument("x".into())),
+        Errno::Inval
+    );
+}
+
+#[test]
+fn block_status_maps_kinds_and_merges() {
+    let runs = to_block_status(
+        0,
+        16384,
+        [(0, 4096, Zero), (4096, 4096, Zero), (8192, 8192, Data)].into_iter(),
+    );
+    assert_eq!(
+        runs,
+        vec![
+            BlockStatus {
+                len: 8192,
+                flags: 3
+            },
+            BlockStatus {
+                len: 8192,
+                flags: 0
+            }
+        ]
+    );
+}
+
+#[test]
+fn block_status_clips_to_the_request() {
+    let runs = to_block_status(4096, 4096, [(0, 1 << 20, Zero)].into_iter());
+    assert_eq!(
+        runs,
+        vec![BlockStatus {
+            len: 4096,
+            flags: 3
+        }]
+    );
+}
+
+#[test]
+fn block_status_stops_at_a_gap_and_is_never_empty() {
+    let runs = to_block_status(0, 16384, [(0, 4096, Data), (8192, 4096, Zero)].into_iter());
+    assert_eq!(
+        runs,
+        vec![BlockStatus {
+            len: 4096,
+            flags: 0
+        }]
+    );
+    let runs = to_block_status(0, 8192, std::iter::empty());
+    assert_eq!(
+        runs,
+        vec![BlockStatus {
+            len: 8192,
+            flags: 0
+        }]
+    );
+}
+
+#[test]
+fn block_status_caps_the_number_of_extents() {
+    let n = MAX_BLOCK_STATUS_EXTENTS as u64 + 10;
+    let extents = (0..n).map(|i| (i * 4096, 4096, if i % 2 == 0 { Data } else { Zero }));
+    let runs = to_block_status(0, n * 4096, extents);
+    assert_eq!(runs.len(), MAX_BLOCK_STATUS_EXTENTS);
+}
+
+#[test]
+fn block_status_splits_runs_longer_than_u32() {
+    let len = 6u64 << 30;
+    let runs = to_block_status(0, len, [(0, len, Zero)].into_iter());
+    assert!(runs.len() >= 2);
+    assert_eq!(runs.iter().map(|r| u64::from(r.len)).sum::<u64>(), len);
+    assert!(runs.iter().all(|r| r.len % 4096 == 0));
+}
+
+#[test]
+fn open_counts_handles_and_drop_releases_them() {
+    let (reg, backend) = backend();
+    let info = reg.group().create_volume("v", 1 << 20).unwrap();
+    assert!(backend.open("nope").is_none());
+    let a = backend.open("v").unwrap();
+    let b = backend.open("v").unwrap();
+    assert_eq!(reg.connections(info.id), 2);
+    assert_eq!(a.size_bytes(), 1 << 20);
+    drop(a);
+    assert_eq!(reg.connections(info.id), 1);
+    drop(b);
+    assert_eq!(reg.connections(info.id), 0);
+    assert_eq!(backend.list().len(), 1);
+}
+
+#[test]
+fn delete_is_refused_while_open_and_forced_delete_fences_io() {
+    let (reg, backend) = backend();
+    reg.group().create_volume("v", 1 << 20).unwrap();
+    let export = backend.open("v").unwrap();
+    export.write(0, &[7u8; 4096], false).unwrap();
+    assert!(matches!(
+        reg.delete("v", false, false),
+        Err(ChangeError::Busy { connections: 1, .. })
+    ));
+    let mut buf = vec![0u8; 4096];
+    export.read(0, &mut buf).unwrap();
+    assert_eq!(buf[0], 7);
+    reg.delete("v", true, false).unwrap();
+    assert_eq!(export.read(0, &mut buf), Err(Errno::Shutdown));
+    assert_eq!(export.write(0, &buf, true), Err(Errno::Shutdown));
+    assert_eq!(export.flush(), Err(Errno::Shutdown));
+    // A new volume of the same name is not reachable through the old handle.
+    reg.group().create_volume("v", 1 << 20).unwrap();
+    assert_eq!(export.read(0, &mut buf), Err(Errno::Shutdown));
+    drop(export);
+    assert!(matches!(
+        reg.delete("missing", false, false),
+        Err(ChangeError::Engine(EngineError::NotFound(_)))
+    ));
+}
+
+#[test]
+fn closed_handles_do_not_block_delete() {
+    let (reg, backend) = backend();
+    reg.group().create_volume("v", 1 << 20).unwrap();
+    drop(backend.open("v").unwrap());
+    reg.delete("v", false, false).unwrap();
+    assert!(reg.group().volume("v").is_none());
+}
+
+#[test]
+fn snapshots_are_read_only_exports_listed_after_their_volume() {
+    let (reg, backend) = backend();
+    reg.group().create_volume("v", 1 << 20).unwrap();
+    let vol = backend.open("v").unwrap();
+    vol.write(0, &[1u8; 4096], false).unwrap();
+    reg.group().create_snapshot("v", "s").unwrap();
+    vol.write(0, &[2u8; 4096], false).unwrap();
+
+    let names: Vec<String> = backend.list().into_iter().map(|e| e.name).collect();
+    assert_eq!(names, ["v", "v@s"]);
+    assert!(backend.list()[1].description.contains("read-only"));
+    assert!(backend.open("v@nope").is_none());
+    assert!(backend.open("nope@s").is_none());
+
+    let snap = backend.open("v@s").unwrap();
+    assert!(snap.read_only());
+    assert!(!vol.read_only());
+    let mut buf = vec![0u8; 4096];
+    snap.read(0, &mut buf).unwrap();
+    assert_eq!(buf[0], 1, "the snapshot keeps the image it was taken with");
+    // The server refuses these before they reach the export; the engine refuses them too.
+    assert_eq!(snap.write(0, &buf, false), Err(Errno::Perm));
+    assert_eq!(snap.trim(0, 4096), Err(Errno::Perm));
+    assert_eq!(snap.write_zeroes(0, 4096, true), Err(Errno::Perm));
+    let id = reg.group().view("v@s").unwrap().id;
+    assert_eq!(reg.connections(id), 1);
+    assert_eq!(reg.connections_total(), 2);
+}
+
+#[test]
+fn snapshot_delete_is_refused_while_open_unless_forced() {
+    let (reg, backend) = backend();
+    reg.group().create_volume("v", 1 << 20).unwrap();
+    reg.group().create_snapshot("v", "s").unwrap();
+    let snap = backend.open("v@s").unwrap();
+    let err = reg.delete_snapshot("v", "s", false).unwrap_err();
+    assert!(
+        matches!(err, ChangeError::Busy { connections: 1, .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("strata snapshot delete --force"),
+        "{err}"
+    );
+    assert!(
+        reg.group().view("v@s").is_some(),
+        "a refused delete changes nothing"
+    );
+    // The volume's own handles do not hold its snapshots.
+    let _vol = backend.open("v").unwrap();
+    reg.delete_snapshot("v", "s", true).unwrap();
+    let mut buf = vec![0u8; 4096];
+    assert_eq!(snap.read(0, &mut buf), Err(Errno::Shutdown));
+    assert!(reg.group().view("v@s").is_none());
+    assert!(matches!(
+        reg.delete_snapshot("v", "s", false),
+        Err(ChangeError::Engine(EngineError::NotFound(_)))
+    ));
+}
+
+#[test]
+fn volume_with_snapshots_is_deleted_only_with_them_and_fences_their_clients() {
+    let (reg, backend) = backend();
+    reg.group().create_volume("v", 1 << 20).unwrap();
+    reg.group().create_snapshot("v", "s").unwrap();
+    assert!(matches!(
+        reg.delete("v", false, false),
+        Err(ChangeError::Engine(EngineError::InUse(_)))
+    ));
+    let snap = backend.open("v@s").unwrap();
+    assert!(matches!(
+        reg.delete("v", false, true),
+        Err(ChangeError::Busy { connections: 1, .. })
+    ));
+    reg.delete("v", true, true).unwrap();
+    let mut buf = vec![0u8; 4096];
+    assert_eq!(snap.read(0, &mut buf), Err(Errno::Shutdown));
+    assert!(reg.group().view("v").is_none() && reg.group().view("v@s").is_none());
+}
+
+#[test]
+fn rollback_is_refused_while_open_and_forced_rollback_cuts_clients_off() {
+    let (reg, backend) = backend();
+    reg.group().create_volume("v", 1 << 20).unwrap();
+    let old = backend.open("v").unwrap();
+    old.write(0, &[1u8; 4096], false).unwrap();
+    reg.group().create_snapshot("v", "s").unwrap();
+    old.write(0, &[2u8; 4096], false).unwrap();
+    assert!(matches!(
+        reg.rollback("v", "s", false),
+        Err(ChangeError::Busy { connections: 1, .. })
+    ));
+    assert!(matches!(
+        reg.rollback("v", "nope", true),
+        Err(ChangeError::Engine(EngineError::NotFound(_)))
+    ));
+    let mut buf = vec![0u8; 4096];
+    old.read(0, &mut buf).unwrap();
+    assert_eq!(buf[0], 2, "a refused rollback changes nothing");
+
+    reg.rollback("v", "s", true).unwrap();
+    assert_eq!(old.read(0, &mut buf), Err(Errno::Shutdown));
+    assert_eq!(old.write(0, &buf, false), Err(Errno::Shutdown));
+    let id = reg.group().volume("v").unwrap().id;
+    assert_eq!(reg.connections(id), 0, "cut-off handles no longer count");
+    let fresh = backend.open("v").unwrap();
+    fresh.read(0, &mut buf).unwrap();
+    assert_eq!(buf[0], 1, "the volume reads as the snapshot");
+    fresh.write(0, &[3u8; 4096], false).unwrap();
+    assert_eq!(reg.connections(id), 1);
+    drop(old);
+    assert_eq!(
+        reg.connections(id),
+        1,
+        "a cut-off handle closing does not touch the new count"
+    );
+    drop(fresh);
+    reg.rollback("v", "s", false).unwrap();
+}
