@@ -280,7 +280,16 @@ async fn issue_ready(
 ) -> Result<bool, BenchError> {
     loop {
         let now = clock.now_ns();
-        if now >= plan.stop_at_ns || (plan.pacing == Pacing::OnePass && w.pass_done()) {
+        if plan.pacing == Pacing::OnePass && w.pass_done() {
+            return Ok(false);
+        }
+        // An open loop still sends the arrivals due before the end if a slot is free when the
+        // generator wakes (its timer may wake just after the end); the rest count as late.
+        let stopped = match st.arrivals.as_ref() {
+            None => now >= plan.stop_at_ns,
+            Some(a) => a.peek_ns() >= plan.stop_at_ns || (now >= plan.stop_at_ns && st.free.is_empty()),
+        };
+        if stopped {
             return Ok(false);
         }
         let Some(&(slot, freed_ns)) = st.free.front() else { return Ok(true) };

@@ -91,6 +91,10 @@ pub struct BenchArgs {
     /// Curve steps in percent of the maximum.
     #[arg(long, value_name = "PCTS", default_value = "10,20,30,40,50,60,70,80,90,100", value_parser = parse_curve_steps)]
     pub curve_steps: CurveSteps,
+    /// Max mode: offer this many IOPS with Poisson arrivals instead of the uncontrolled maximum
+    /// (a fixed-rate run, like fio's rate_iops).
+    #[arg(long, value_name = "IOPS")]
+    pub rate_iops: Option<f64>,
     /// The curve stops after a step whose p99 latency exceeds this many ms.
     #[arg(long, value_name = "MS", default_value_t = 1000.0)]
     pub stop_p99_ms: f64,
@@ -168,6 +172,11 @@ pub fn plan_of(args: &BenchArgs) -> Result<(run::Plan, Vec<workload::TargetUri>,
     if mode != Mode::Prep && args.duration.is_zero() {
         return Err(BenchError::Invalid("--duration must be above zero".into()));
     }
+    if let Some(r) = args.rate_iops {
+        if mode != Mode::Max || !(r > 0.0 && r <= 1e8) {
+            return Err(BenchError::Invalid("--rate-iops needs --mode max and a rate above 0 and at most 1e8".into()));
+        }
+    }
     if !(args.stop_p99_ms > 0.0) {
         return Err(BenchError::Invalid("--stop-p99-ms must be above zero".into()));
     }
@@ -185,6 +194,7 @@ pub fn plan_of(args: &BenchArgs) -> Result<(run::Plan, Vec<workload::TargetUri>,
         stop_p99_ms: args.stop_p99_ms,
         seed: args.seed,
         io_timeout: args.io_timeout,
+        rate_iops: args.rate_iops,
     };
     Ok((plan, targets, baselines, profile.name.to_string()))
 }

@@ -28,6 +28,8 @@ pub struct Plan {
     pub stop_p99_ms: f64,
     pub seed: u64,
     pub io_timeout: Duration,
+    /// Max mode: offer this rate (Poisson) instead of the uncontrolled maximum.
+    pub rate_iops: Option<f64>,
 }
 
 /// One side of the comparison: its exports, its connections and what it measured.
@@ -45,6 +47,7 @@ pub struct Side {
 #[derive(Debug, Clone, Copy)]
 enum StepKind {
     Max,
+    Fixed(f64),
     Rate(u8),
     Scale(u32),
     Prep,
@@ -52,7 +55,7 @@ enum StepKind {
 
 fn steps_of(plan: &Plan) -> Vec<StepKind> {
     match plan.mode {
-        Mode::Max => vec![StepKind::Max],
+        Mode::Max => vec![plan.rate_iops.map_or(StepKind::Max, StepKind::Fixed)],
         Mode::Prep => vec![StepKind::Prep],
         Mode::Curve => std::iter::once(StepKind::Max)
             .chain(plan.curve_steps_pct.iter().map(|&p| StepKind::Rate(p)))
@@ -205,6 +208,7 @@ async fn run_side_step(
     let topo = plan.topology;
     let (name, active_vms, duration) = match kind {
         StepKind::Max => ("max".to_string(), topo.vms, plan.max_duration),
+        StepKind::Fixed(r) => (format!("{r:.0} IOPS"), topo.vms, plan.step_duration),
         StepKind::Rate(p) => (format!("{p}%"), topo.vms, plan.step_duration),
         StepKind::Scale(v) => (format!("{v} VMs"), v, plan.step_duration),
         StepKind::Prep => ("prep".to_string(), topo.vms, Duration::ZERO),
@@ -213,6 +217,7 @@ async fn run_side_step(
     let conns = workers.len() as u32;
     let target_iops = match kind {
         StepKind::Rate(p) => side.max_iops.map(|m| m * f64::from(p) / 100.0),
+        StepKind::Fixed(r) => Some(r),
         _ => None,
     };
     let pacing = match (kind, target_iops) {
@@ -232,7 +237,7 @@ async fn run_side_step(
         name: name.clone(),
         kind: match kind {
             StepKind::Max => "max",
-            StepKind::Rate(_) => "rate",
+            StepKind::Rate(_) | StepKind::Fixed(_) => "rate",
             StepKind::Scale(_) => "scale",
             StepKind::Prep => "prep",
         },
