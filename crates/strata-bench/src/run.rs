@@ -117,7 +117,10 @@ pub async fn connect_side(
         }
         vms.push(workers);
     }
-    let collector = api.map(|api| SeriesCollector::new(api, run_start_unix_ms));
+    let collector = match api {
+        Some(api) => Some(tokio::task::block_in_place(|| SeriesCollector::new(api, run_start_unix_ms))?),
+        None => None,
+    };
     Ok(Side {
         report: TargetReport {
             role,

@@ -91,10 +91,12 @@ impl StrataApi {
         Ok(h.samples.into_iter().map(|s| convert(s, run_start_unix_ms)).collect())
     }
 
-    /// Device names from the latest sample (emulated ones say so in their names).
+    /// Device names, fast first (emulated ones say so in their names).
     pub fn device_names(&self) -> Result<Vec<String>, String> {
-        let h: History = self.get_json("/api/v1/history?since_unix_ms=0")?;
-        Ok(h.samples.last().map(|s| s.devices.iter().map(|d| d.name.clone()).collect()).unwrap_or_default())
+        // Read loosely: the daemon's device entries carry many more fields (and may repeat one).
+        let list: serde_json::Value = self.get_json("/api/v1/devices")?;
+        let devices = list["devices"].as_array().ok_or("/api/v1/devices: no device list")?;
+        Ok(devices.iter().filter_map(|d| d["name"].as_str().map(str::to_string)).collect())
     }
 }
 
@@ -132,14 +134,15 @@ pub struct SeriesCollector {
 }
 
 impl SeriesCollector {
-    pub fn new(api: StrataApi, run_start_unix_ms: u64) -> SeriesCollector {
-        let devices = api.device_names().unwrap_or_default();
+    /// Fails when the daemon does not list its devices: the report must say which are emulated.
+    pub fn new(api: StrataApi, run_start_unix_ms: u64) -> Result<SeriesCollector, BenchError> {
+        let devices = api.device_names().map_err(|e| BenchError::Target(format!("Strata API {}: {e}", api.url())))?;
         let emulated_devices = devices.iter().filter(|d| d.contains("emulated")).cloned().collect();
-        SeriesCollector {
+        Ok(SeriesCollector {
             series: StrataSeries { api_url: api.url().to_string(), devices, emulated_devices, samples: Vec::new() },
             api,
             last_unix_ms: run_start_unix_ms.saturating_sub(1000),
-        }
+        })
     }
 
     /// Appends the samples taken since the last call; a failed request costs only those.
