@@ -25,7 +25,6 @@ struct History {
 
 #[derive(Deserialize)]
 struct Device {
-    name: String,
     tier: String,
     read_bytes_per_s: f64,
     write_bytes_per_s: f64,
