@@ -12,6 +12,7 @@
 #   CAP_EMU=spec    capacity device model (default bw=50MB,iops=500)
 #   VOL_MIB=n       volume / device size in MiB (default 2048); FAST=size fast tier (default 1G)
 #   STEP=dur WARMUP=dur QD=n CONNS=n   curve step length, warm-up, queue depth, connections
+#   WS=pct          working set of the curve, percent of the volume (default 100)
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 DIR=${DIR:-target/bench-tier}
 OUT=${OUT:-target/bench-out/tier-vs-capacity}
@@ -22,12 +23,13 @@ STEP=${STEP:-15s}
 WARMUP=${WARMUP:-3s}
 QD=${QD:-8}
 CONNS=${CONNS:-4}
+WS=${WS:-100}
 build
 mkdir -p "$DIR" "$OUT"
 machine "$DIR"
 echo "capacity device model: $CAP_EMU (device layer token bucket, strata-device Throttled)"
 load=(--conns "$CONNS" --qd "$QD" --quiet)
-curve=(--mode curve --profile 70r-32k --duration "$STEP" --warmup "$WARMUP")
+curve=(--mode curve --profile 70r-32k --duration "$STEP" --warmup "$WARMUP" --working-set-pct "$WS")
 
 start_strata "$DIR/tier" --fast-size "$FAST" --capacity-size 8G --default-volume-size "${VOL_MIB}M" \
     --capacity-emulate "$CAP_EMU"

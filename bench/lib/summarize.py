@@ -69,9 +69,9 @@ def print_destage(label, d):
     if not d:
         print(f"  {label}: no daemon time series")
         return
-    print(f"  {label}: {d['samples']} samples, {d['above_low']} above the low mark; destage rate median"
-          f" {d['destage_median']:.1f} MB/s, p90 {d['destage_p90']:.1f} MB/s; capacity writes median"
-          f" {d['capacity_write_median']:.1f} MB/s; max fill {d['fill_max']:.2f};"
+    print(f"  {label}: {d['samples']} samples, {d['above_low']} above the low mark; capacity writes (destage"
+          f" rate) median {d['capacity_write_median']:.1f} MB/s; destager speed while busy median"
+          f" {d['destage_median']:.1f} MB/s, p90 {d['destage_p90']:.1f} MB/s; max fill {d['fill_max']:.2f};"
           f" admission throttled in {d['throttled_share'] * 100:.0f}% of samples")
     for e in d["emulated"]:
         print(f"    device {e}")
@@ -104,8 +104,9 @@ def nand(out):
     da, db = destage(ac), destage(bc)
     print_destage("nand-a", da)
     print_destage("optane-b", db)
-    if da and db and da["destage_median"] > 0:
-        print(f"  destage rate median ratio optane / nand: {db['destage_median'] / da['destage_median']:.2f}")
+    if da and db and da["capacity_write_median"] > 0:
+        print(f"  destage rate (capacity writes above the low mark) median ratio optane / nand:"
+              f" {db['capacity_write_median'] / da['capacity_write_median']:.2f}")
 
 
 if __name__ == "__main__":

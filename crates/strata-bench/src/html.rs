@@ -65,11 +65,11 @@ fn destage_chart(report: &Report) -> String {
     for (i, t) in report.targets.iter().enumerate() {
         let Some(s) = &t.strata else { continue };
         let pts = |f: fn(&crate::report::SeriesSample) -> f64| s.samples.iter().map(|x| (x.t_s.max(0.0), f(x) / 1e6)).collect();
-        series.push(Series { name: format!("{} destage rate", t.label), points: pts(|x| x.destage_rate_bytes_per_s), color: COLORS[3 * i % 6], dashed: false });
+        series.push(Series { name: format!("{} destage speed while busy", t.label), points: pts(|x| x.destage_rate_bytes_per_s), color: COLORS[3 * i % 6], dashed: false });
         series.push(Series { name: format!("{} capacity writes", t.label), points: pts(|x| x.capacity_write_bytes_per_s), color: COLORS[(3 * i + 1) % 6], dashed: true });
         series.push(Series { name: format!("{} host writes", t.label), points: pts(|x| x.host_write_bytes_per_s), color: COLORS[(3 * i + 2) % 6], dashed: true });
     }
-    Chart { title: "Destage rate and capacity-device throughput", x_label: "seconds since the run started", y_label: "MB/s", series, y_max: None }.render()
+    Chart { title: "Destage: the destager's speed while busy, and capacity-device writes (the destage rate over time)", x_label: "seconds since the run started", y_label: "MB/s", series, y_max: None }.render()
 }
 
 fn f1(v: Option<f64>, scale: f64) -> String {
