@@ -69,7 +69,7 @@ fn destage_chart(report: &Report) -> String {
         series.push(Series { name: format!("{} capacity writes", t.label), points: pts(|x| x.capacity_write_bytes_per_s), color: COLORS[(3 * i + 1) % 6], dashed: true });
         series.push(Series { name: format!("{} host writes", t.label), points: pts(|x| x.host_write_bytes_per_s), color: COLORS[(3 * i + 2) % 6], dashed: true });
     }
-    Chart { title: "Destage: the destager's speed while busy, and capacity-device writes (the destage rate over time)", x_label: "seconds since the run started", y_label: "MB/s", series, y_max: None }.render()
+    Chart { title: "Destager speed while busy; capacity writes = destage rate", x_label: "seconds since the run started", y_label: "MB/s", series, y_max: None }.render()
 }
 
 fn f1(v: Option<f64>, scale: f64) -> String {
