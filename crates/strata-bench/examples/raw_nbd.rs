@@ -17,7 +17,7 @@ struct DeviceExport(Arc<dyn Device>);
 const BLOCK: u64 = 4096;
 
 fn aligned(offset: u64, len: usize) -> Result<(), Errno> {
-    if offset % BLOCK != 0 || len as u64 % BLOCK != 0 {
+    if !offset.is_multiple_of(BLOCK) || !(len as u64).is_multiple_of(BLOCK) {
         return Err(Errno::Inval);
     }
     Ok(())
@@ -40,7 +40,11 @@ impl Export for DeviceExport {
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Errno> {
         aligned(offset, data.len())?;
         let b = AlignedBuf::from_slice(data);
-        let r = if fua { self.0.write_durable_at(&b, offset) } else { self.0.write_at(&b, offset) };
+        let r = if fua {
+            self.0.write_durable_at(&b, offset)
+        } else {
+            self.0.write_at(&b, offset)
+        };
         r.map_err(|_| Errno::Io)
     }
     fn flush(&self) -> Result<(), Errno> {
@@ -56,7 +60,10 @@ impl Export for DeviceExport {
         Ok(())
     }
     fn block_status(&self, _: u64, len: u64) -> Result<Vec<BlockStatus>, Errno> {
-        Ok(vec![BlockStatus { len: len.min(u64::from(u32::MAX)) as u32, flags: 0 }])
+        Ok(vec![BlockStatus {
+            len: len.min(u64::from(u32::MAX)) as u32,
+            flags: 0,
+        }])
     }
 }
 
@@ -64,7 +71,10 @@ struct OneExport(Arc<DeviceExport>);
 
 impl Backend for OneExport {
     fn list(&self) -> Vec<ExportInfo> {
-        vec![ExportInfo { name: "raw".into(), description: self.0 .0.name().to_string() }]
+        vec![ExportInfo {
+            name: "raw".into(),
+            description: self.0 .0.name().to_string(),
+        }]
     }
     fn open(&self, name: &str) -> Option<Arc<dyn Export>> {
         (name == "raw").then(|| self.0.clone() as Arc<dyn Export>)
@@ -72,7 +82,10 @@ impl Backend for OneExport {
 }
 
 fn flag(args: &[String], name: &str) -> Option<String> {
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
 }
 
 fn main() {
@@ -86,9 +99,16 @@ fn run() -> Result<(), String> {
     let args: Vec<String> = std::env::args().collect();
     let usage = "usage: raw_nbd --device PATH --size SIZE_MIB --listen ADDR [--emulate SPEC]";
     let path = PathBuf::from(flag(&args, "--device").ok_or(usage)?);
-    let size_mib: u64 = flag(&args, "--size").ok_or(usage)?.parse().map_err(|_| usage)?;
+    let size_mib: u64 = flag(&args, "--size")
+        .ok_or(usage)?
+        .parse()
+        .map_err(|_| usage)?;
     let listen = flag(&args, "--listen").ok_or(usage)?;
-    let options = OpenOptions { create_size_bytes: Some(size_mib << 20), preallocate: false, backend: IoBackend::Auto };
+    let options = OpenOptions {
+        create_size_bytes: Some(size_mib << 20),
+        preallocate: false,
+        backend: IoBackend::Auto,
+    };
     let mut device = strata_device::open_with(&path, &options).map_err(|e| e.to_string())?;
     if let Some(spec) = flag(&args, "--emulate") {
         let spec = strata_device::parse_emulation(&spec).map_err(|e| e.to_string())?;
@@ -98,15 +118,22 @@ fn run() -> Result<(), String> {
     let backend: Arc<dyn Backend> = Arc::new(OneExport(Arc::new(DeviceExport(device))));
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(&listen).await.map_err(|e| format!("listen {listen}: {e}"))?;
+        let listener = tokio::net::TcpListener::bind(&listen)
+            .await
+            .map_err(|e| format!("listen {listen}: {e}"))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         println!("raw_nbd: ready nbd://{addr}/raw");
         let stop = async {
             use tokio::signal::unix::{signal, SignalKind};
-            if let (Ok(mut t), Ok(mut i)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+            if let (Ok(mut t), Ok(mut i)) = (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) {
                 tokio::select! { _ = t.recv() => {}, _ = i.recv() => {} }
             }
         };
-        strata_nbd::serve(listener, backend, strata_nbd::ServerConfig::default(), stop).await.map_err(|e| e.to_string())
+        strata_nbd::serve(listener, backend, strata_nbd::ServerConfig::default(), stop)
+            .await
+            .map_err(|e| e.to_string())
     })
 }

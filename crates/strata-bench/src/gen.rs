@@ -35,7 +35,9 @@ pub struct Clock {
 
 impl Clock {
     pub fn new() -> Clock {
-        Clock { epoch: Instant::now() }
+        Clock {
+            epoch: Instant::now(),
+        }
     }
     pub fn now_ns(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
@@ -119,18 +121,33 @@ fn decode(cookie: u64) -> (u16, bool, u64) {
     (cookie as u16, cookie & WRITE_BIT != 0, cookie >> TIME_SHIFT)
 }
 
+/// Where and how a worker loads its connection.
+pub struct WorkerSpec {
+    /// The VM's working set: random offsets fall in it.
+    pub working_set: Region,
+    /// This connection's share of it (inside it, block-aligned): sequential offsets walk it.
+    pub slice: Region,
+    pub queue_depth: u32,
+    pub workload: Workload,
+    /// The bytes every write sends.
+    pub payload: Arc<Vec<u8>>,
+}
+
 impl Worker {
-    /// `slice` must lie inside `working_set`; both block-aligned.
+    /// Starts the connection's reader task.
     pub fn new(
         conn: Connection,
-        working_set: Region,
-        slice: Region,
-        queue_depth: u32,
-        workload: Workload,
-        payload: Arc<Vec<u8>>,
+        spec: WorkerSpec,
         clock: Clock,
         completed: Arc<AtomicU64>,
     ) -> Worker {
+        let WorkerSpec {
+            working_set,
+            slice,
+            queue_depth,
+            workload,
+            payload,
+        } = spec;
         let (tx, rx) = mpsc::channel(queue_depth as usize + 1);
         let block = workload.block_size_bytes as usize;
         let mut reader = conn.reader;
@@ -188,12 +205,15 @@ impl Worker {
     /// The next offset and direction.
     fn next_op(&mut self, rng: &mut SmallRng, pacing: Pacing) -> (u64, bool) {
         let bs = u64::from(self.workload.block_size_bytes);
-        let write = pacing == Pacing::OnePass
-            || rng.gen_range(0..100u8) >= self.workload.read_pct;
-        let random = pacing != Pacing::OnePass && rng.gen_range(0..100u8) < self.workload.random_pct;
+        let write = pacing == Pacing::OnePass || rng.gen_range(0..100u8) >= self.workload.read_pct;
+        let random =
+            pacing != Pacing::OnePass && rng.gen_range(0..100u8) < self.workload.random_pct;
         if random {
             let blocks = (self.working_set.len_bytes / bs).max(1);
-            return (self.working_set.start_bytes + rng.gen_range(0..blocks) * bs, write);
+            return (
+                self.working_set.start_bytes + rng.gen_range(0..blocks) * bs,
+                write,
+            );
         }
         let end = self.slice.start_bytes + self.slice.len_bytes;
         if self.seq_cursor_bytes + bs > end {
@@ -241,7 +261,11 @@ struct StepState {
 
 /// Runs one step on one connection; returns what it measured (only requests intended at or
 /// after `record_from_ns`).
-pub async fn run_step(w: &mut Worker, plan: &StepPlan, clock: &Clock) -> Result<StepCounters, BenchError> {
+pub async fn run_step(
+    w: &mut Worker,
+    plan: &StepPlan,
+    clock: &Clock,
+) -> Result<StepCounters, BenchError> {
     if plan.pacing == Pacing::OnePass {
         w.seq_cursor_bytes = w.slice.start_bytes;
     }
@@ -251,7 +275,9 @@ pub async fn run_step(w: &mut Worker, plan: &StepPlan, clock: &Clock) -> Result<
         free: (0..w.queue_depth as u16).map(|s| (s, 0)).collect(),
         in_flight: 0,
         arrivals: match plan.pacing {
-            Pacing::Open { rate_per_s } => Some(PoissonArrivals::new(rate_per_s, now, plan.seed ^ 0x5eed)),
+            Pacing::Open { rate_per_s } => {
+                Some(PoissonArrivals::new(rate_per_s, now, plan.seed ^ 0x5eed))
+            }
             _ => None,
         },
         counters: StepCounters::default(),
@@ -287,12 +313,16 @@ async fn issue_ready(
         // generator wakes (its timer may wake just after the end); the rest count as late.
         let stopped = match st.arrivals.as_ref() {
             None => now >= plan.stop_at_ns,
-            Some(a) => a.peek_ns() >= plan.stop_at_ns || (now >= plan.stop_at_ns && st.free.is_empty()),
+            Some(a) => {
+                a.peek_ns() >= plan.stop_at_ns || (now >= plan.stop_at_ns && st.free.is_empty())
+            }
         };
         if stopped {
             return Ok(false);
         }
-        let Some(&(slot, freed_ns)) = st.free.front() else { return Ok(true) };
+        let Some(&(slot, freed_ns)) = st.free.front() else {
+            return Ok(true);
+        };
         let start_ns = match st.arrivals.as_mut() {
             None => now,
             Some(a) if a.peek_ns() > now => return Ok(true),
@@ -332,12 +362,18 @@ async fn wait_for_event(
         }
     }
     let timeout_ns = st.last_reply_ns + plan.io_timeout.as_nanos() as u64;
-    let deadline_ns = if st.in_flight > 0 { wake_ns.min(timeout_ns) } else { wake_ns };
+    let deadline_ns = if st.in_flight > 0 {
+        wake_ns.min(timeout_ns)
+    } else {
+        wake_ns
+    };
     if deadline_ns == u64::MAX {
-        return Err(BenchError::Target("the generator has nothing to wait for".into()));
+        return Err(BenchError::Target(
+            "the generator has nothing to wait for".into(),
+        ));
     }
     tokio::select! {
-        c = w.completions.recv() => complete(w, plan, clock, c, st),
+        c = w.completions.recv() => complete(w, plan, c, st),
         _ = tokio::time::sleep_until(clock.at(deadline_ns)) => {
             if st.in_flight > 0 && clock.now_ns() >= timeout_ns {
                 return Err(BenchError::Target(format!(
@@ -353,18 +389,24 @@ async fn wait_for_event(
 fn complete(
     w: &mut Worker,
     plan: &StepPlan,
-    _clock: &Clock,
     c: Option<Result<Completion, String>>,
     st: &mut StepState,
 ) -> Result<(), BenchError> {
     let c = match c {
         Some(Ok(c)) => c,
         Some(Err(e)) => return Err(BenchError::Target(format!("reading a reply: {e}"))),
-        None => return Err(BenchError::Target("the server closed the connection".into())),
+        None => {
+            return Err(BenchError::Target(
+                "the server closed the connection".into(),
+            ))
+        }
     };
     let (slot, write, start_ns) = decode(c.cookie);
     if slot >= w.queue_depth as u16 || st.in_flight == 0 {
-        return Err(BenchError::Target(format!("reply with an unknown cookie {:#x}", c.cookie)));
+        return Err(BenchError::Target(format!(
+            "reply with an unknown cookie {:#x}",
+            c.cookie
+        )));
     }
     st.in_flight -= 1;
     st.free.push_back((slot, c.done_ns));
@@ -407,7 +449,11 @@ mod tests {
 
     #[test]
     fn cookies_round_trip() {
-        for (slot, write, t) in [(0u16, false, 0u64), (1023, true, 123_456_789_012), (7, true, (1 << 47) - 1)] {
+        for (slot, write, t) in [
+            (0u16, false, 0u64),
+            (1023, true, 123_456_789_012),
+            (7, true, (1 << 47) - 1),
+        ] {
             assert_eq!(decode(cookie(slot, write, t)), (slot, write, t));
         }
     }

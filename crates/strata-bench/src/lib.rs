@@ -138,30 +138,59 @@ fn parse_curve_steps(text: &str) -> Result<CurveSteps, String> {
 }
 
 pub fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 pub(crate) fn one_line(text: &str) -> String {
-    text.split('\n').map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" ")
+    text.split('\n')
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Checks the flags and turns them into a plan and the parsed targets.
-pub fn plan_of(args: &BenchArgs) -> Result<(run::Plan, Vec<workload::TargetUri>, Vec<workload::TargetUri>, String), BenchError> {
+pub fn plan_of(
+    args: &BenchArgs,
+) -> Result<
+    (
+        run::Plan,
+        Vec<workload::TargetUri>,
+        Vec<workload::TargetUri>,
+        String,
+    ),
+    BenchError,
+> {
     let profile = workload::profile(&args.profile)?;
     let mut w = profile.workload;
     w.block_size_bytes = args.block_size.unwrap_or(w.block_size_bytes);
     w.read_pct = args.read_pct.unwrap_or(w.read_pct);
     w.random_pct = args.random_pct.unwrap_or(w.random_pct);
     w.working_set_pct = args.working_set_pct;
-    let mode = args.mode.unwrap_or(if profile.name == "prep" { Mode::Prep } else { Mode::Max });
+    let mode = args.mode.unwrap_or(if profile.name == "prep" {
+        Mode::Prep
+    } else {
+        Mode::Max
+    });
     if mode == Mode::Prep {
         w.read_pct = 0;
         w.random_pct = 0;
         w.working_set_pct = 100;
     }
     w.validate()?;
-    let targets = args.targets.iter().map(|t| workload::parse_uri(t)).collect::<Result<Vec<_>, _>>()?;
-    let baselines = args.baselines.iter().map(|t| workload::parse_uri(t)).collect::<Result<Vec<_>, _>>()?;
+    let targets = args
+        .targets
+        .iter()
+        .map(|t| workload::parse_uri(t))
+        .collect::<Result<Vec<_>, _>>()?;
+    let baselines = args
+        .baselines
+        .iter()
+        .map(|t| workload::parse_uri(t))
+        .collect::<Result<Vec<_>, _>>()?;
     let scale = mode == Mode::Scale;
     let topology = Topology {
         vms: args.vms.unwrap_or(targets.len() as u32),
@@ -173,15 +202,21 @@ pub fn plan_of(args: &BenchArgs) -> Result<(run::Plan, Vec<workload::TargetUri>,
         return Err(BenchError::Invalid("--duration must be above zero".into()));
     }
     if let Some(r) = args.rate_iops {
-        if mode != Mode::Max || !(r > 0.0 && r <= 1e8) {
-            return Err(BenchError::Invalid("--rate-iops needs --mode max and a rate above 0 and at most 1e8".into()));
+        if mode != Mode::Max || r.is_nan() || r <= 0.0 || r > 1e8 {
+            return Err(BenchError::Invalid(
+                "--rate-iops needs --mode max and a rate above 0 and at most 1e8".into(),
+            ));
         }
     }
-    if !(args.stop_p99_ms > 0.0) {
-        return Err(BenchError::Invalid("--stop-p99-ms must be above zero".into()));
+    if args.stop_p99_ms.is_nan() || args.stop_p99_ms <= 0.0 {
+        return Err(BenchError::Invalid(
+            "--stop-p99-ms must be above zero".into(),
+        ));
     }
     if args.io_timeout < Duration::from_millis(100) {
-        return Err(BenchError::Invalid("--io-timeout must be at least 100ms".into()));
+        return Err(BenchError::Invalid(
+            "--io-timeout must be at least 100ms".into(),
+        ));
     }
     let plan = run::Plan {
         mode,
@@ -221,7 +256,11 @@ pub fn run_report(args: &BenchArgs) -> Result<Report, BenchError> {
     runtime.block_on(run_async(args, plan, targets, baselines, profile))
 }
 
-fn find_api(given: Option<&str>, target: &workload::TargetUri, skip: bool) -> Result<Option<strata_api::StrataApi>, BenchError> {
+fn find_api(
+    given: Option<&str>,
+    target: &workload::TargetUri,
+    skip: bool,
+) -> Result<Option<strata_api::StrataApi>, BenchError> {
     match (given, skip) {
         (Some(url), _) => strata_api::StrataApi::given(url).map(Some),
         (None, true) => Ok(None),
@@ -229,12 +268,22 @@ fn find_api(given: Option<&str>, target: &workload::TargetUri, skip: bool) -> Re
     }
 }
 
-async fn run_async(args: &BenchArgs, plan: run::Plan, targets: Vec<workload::TargetUri>, baselines: Vec<workload::TargetUri>, profile: String) -> Result<Report, BenchError> {
+async fn run_async(
+    args: &BenchArgs,
+    plan: run::Plan,
+    targets: Vec<workload::TargetUri>,
+    baselines: Vec<workload::TargetUri>,
+    profile: String,
+) -> Result<Report, BenchError> {
     let started_unix_ms = unix_ms();
     let clock = gen::Clock::new();
     let progress = progress::Progress::new(args.quiet);
     let mut sides = Vec::new();
-    let (a, b, skip) = (args.strata_api.clone(), args.baseline_strata_api.clone(), args.no_strata_api);
+    let (a, b, skip) = (
+        args.strata_api.clone(),
+        args.baseline_strata_api.clone(),
+        args.no_strata_api,
+    );
     let (t0, b0) = (targets[0].clone(), baselines.first().cloned());
     let (api_t, api_b) = tokio::task::spawn_blocking(move || -> Result<_, BenchError> {
         let t = find_api(a.as_deref(), &t0, skip)?;
@@ -246,9 +295,31 @@ async fn run_async(args: &BenchArgs, plan: run::Plan, targets: Vec<workload::Tar
     })
     .await
     .map_err(|e| BenchError::Invalid(format!("looking for the Strata API failed: {e}")))??;
-    sides.push(run::connect_side("target", args.label.clone(), &targets, &plan, clock, api_t, started_unix_ms).await?);
+    sides.push(
+        run::connect_side(
+            "target",
+            args.label.clone(),
+            &targets,
+            &plan,
+            clock,
+            api_t,
+            started_unix_ms,
+        )
+        .await?,
+    );
     if !baselines.is_empty() {
-        sides.push(run::connect_side("baseline", args.baseline_label.clone(), &baselines, &plan, clock, api_b, started_unix_ms).await?);
+        sides.push(
+            run::connect_side(
+                "baseline",
+                args.baseline_label.clone(),
+                &baselines,
+                &plan,
+                clock,
+                api_b,
+                started_unix_ms,
+            )
+            .await?,
+        );
     }
     let targets_out = run::run_all(sides, &plan, clock, &progress, started_unix_ms).await?;
     let ratios = match targets_out.as_slice() {
@@ -296,7 +367,9 @@ fn machine() -> report::Machine {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     report::Machine {
-        cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        cores: std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
         cpu_model,
         memory_bytes: memory_kib * 1024,
     }
@@ -304,12 +377,26 @@ fn machine() -> report::Machine {
 
 /// Writes report.json, report.html and one SVG per chart; returns their paths.
 pub fn write_outputs(report: &Report, dir: &std::path::Path) -> Result<Vec<String>, BenchError> {
-    let fail = |what: &str, e: std::io::Error| BenchError::Output(format!("cannot write {what} in {}: {}", dir.display(), nbd::short_io(&e)));
+    let fail = |what: &str, e: std::io::Error| {
+        BenchError::Output(format!(
+            "cannot write {what} in {}: {}",
+            dir.display(),
+            nbd::short_io(&e)
+        ))
+    };
     std::fs::create_dir_all(dir).map_err(|e| fail("the report", e))?;
-    let json = serde_json::to_string_pretty(report).map_err(|e| BenchError::Output(format!("cannot encode the report: {e}")))?;
+    let json = serde_json::to_string_pretty(report)
+        .map_err(|e| BenchError::Output(format!("cannot encode the report: {e}")))?;
     let charts = html::charts(report);
-    let mut files = vec![("report.json".to_string(), json), ("report.html".to_string(), html::page(report, &charts))];
-    files.extend(charts.into_iter().map(|(name, svg)| (format!("{name}.svg"), svg)));
+    let mut files = vec![
+        ("report.json".to_string(), json),
+        ("report.html".to_string(), html::page(report, &charts)),
+    ];
+    files.extend(
+        charts
+            .into_iter()
+            .map(|(name, svg)| (format!("{name}.svg"), svg)),
+    );
     let mut paths = Vec::new();
     for (name, text) in files {
         let path = dir.join(&name);
@@ -333,19 +420,51 @@ mod tests {
     fn parse(args: &[&str]) -> Result<BenchArgs, String> {
         let mut all = vec!["bench"];
         all.extend_from_slice(args);
-        Cli::try_parse_from(all).map(|c| c.bench).map_err(|e| e.to_string())
+        Cli::try_parse_from(all)
+            .map(|c| c.bench)
+            .map_err(|e| e.to_string())
     }
 
     #[test]
     fn flags_become_a_plan() {
-        let a = parse(&["--target", "nbd://h:1/a", "--mode", "curve", "--profile", "rr-4k", "--curve-steps", "25,50,100", "--qd", "4", "--conns", "2", "--vms", "3", "--duration", "2s", "--block-size", "8k"]).unwrap();
+        let a = parse(&[
+            "--target",
+            "nbd://h:1/a",
+            "--mode",
+            "curve",
+            "--profile",
+            "rr-4k",
+            "--curve-steps",
+            "25,50,100",
+            "--qd",
+            "4",
+            "--conns",
+            "2",
+            "--vms",
+            "3",
+            "--duration",
+            "2s",
+            "--block-size",
+            "8k",
+        ])
+        .unwrap();
         let (plan, targets, baselines, profile) = plan_of(&a).unwrap();
         assert_eq!(plan.mode, Mode::Curve);
         assert_eq!(plan.curve_steps_pct, vec![25, 50, 100]);
         assert_eq!(plan.workload.block_size_bytes, 8192);
         assert_eq!(plan.workload.read_pct, 100);
-        assert_eq!(plan.topology, Topology { vms: 3, connections_per_vm: 2, queue_depth: 4 });
-        assert_eq!((targets.len(), baselines.len(), profile.as_str()), (1, 0, "rr-4k"));
+        assert_eq!(
+            plan.topology,
+            Topology {
+                vms: 3,
+                connections_per_vm: 2,
+                queue_depth: 4
+            }
+        );
+        assert_eq!(
+            (targets.len(), baselines.len(), profile.as_str()),
+            (1, 0, "rr-4k")
+        );
     }
 
     #[test]
@@ -354,15 +473,36 @@ mod tests {
         let (plan, ..) = plan_of(&a).unwrap();
         assert_eq!(plan.mode, Mode::Prep);
         assert_eq!((plan.workload.read_pct, plan.workload.random_pct), (0, 0));
-        let a = parse(&["--target", "nbd://h/a", "--mode", "scale", "--vms", "8", "--qd", "4", "--conns", "3"]).unwrap();
+        let a = parse(&[
+            "--target",
+            "nbd://h/a",
+            "--mode",
+            "scale",
+            "--vms",
+            "8",
+            "--qd",
+            "4",
+            "--conns",
+            "3",
+        ])
+        .unwrap();
         let (plan, ..) = plan_of(&a).unwrap();
-        assert_eq!(plan.topology, Topology { vms: 8, connections_per_vm: 1, queue_depth: 1 });
+        assert_eq!(
+            plan.topology,
+            Topology {
+                vms: 8,
+                connections_per_vm: 1,
+                queue_depth: 1
+            }
+        );
     }
 
     #[test]
     fn bad_flags_are_one_line_errors() {
         assert!(parse(&["--mode", "max"]).is_err(), "a target is required");
-        assert!(parse(&["--target", "x", "--curve-steps", "50,10"]).unwrap_err().contains("rise"));
+        assert!(parse(&["--target", "x", "--curve-steps", "50,10"])
+            .unwrap_err()
+            .contains("rise"));
         for args in [
             &["--target", "http://h/a"][..],
             &["--target", "nbd://h/a", "--profile", "nope"],

@@ -81,12 +81,17 @@ async fn handshake(target: &TargetUri) -> Result<Connection, BenchError> {
         .map_err(|e| io_error(target, e))?;
     let _ = s.set_nodelay(true);
     let mut greeting = [0u8; 18];
-    s.read_exact(&mut greeting).await.map_err(|e| io_error(target, e))?;
+    s.read_exact(&mut greeting)
+        .await
+        .map_err(|e| io_error(target, e))?;
     let magic = u64::from_be_bytes(greeting[..8].try_into().unwrap_or_default());
     let opt = u64::from_be_bytes(greeting[8..16].try_into().unwrap_or_default());
     let flags = u16::from_be_bytes([greeting[16], greeting[17]]);
     if magic != NBDMAGIC || opt != IHAVEOPT || flags & FLAG_FIXED_NEWSTYLE == 0 {
-        return Err(protocol(target, "not an NBD server with fixed-newstyle negotiation"));
+        return Err(protocol(
+            target,
+            "not an NBD server with fixed-newstyle negotiation",
+        ));
     }
     let client_flags = u32::from(flags & (FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES));
     let mut msg = client_flags.to_be_bytes().to_vec();
@@ -113,7 +118,9 @@ async fn read_go_replies(s: &mut TcpStream, target: &TargetUri) -> Result<(u64, 
     let mut export = None;
     loop {
         let mut head = [0u8; 20];
-        s.read_exact(&mut head).await.map_err(|e| io_error(target, e))?;
+        s.read_exact(&mut head)
+            .await
+            .map_err(|e| io_error(target, e))?;
         let be32 = |i: usize| u32::from_be_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
         let magic = u64::from_be_bytes(head[..8].try_into().unwrap_or_default());
         let (reply_type, len) = (be32(12), be32(16));
@@ -121,22 +128,32 @@ async fn read_go_replies(s: &mut TcpStream, target: &TargetUri) -> Result<(u64, 
             return Err(protocol(target, "malformed option reply"));
         }
         let mut data = vec![0u8; len as usize];
-        s.read_exact(&mut data).await.map_err(|e| io_error(target, e))?;
+        s.read_exact(&mut data)
+            .await
+            .map_err(|e| io_error(target, e))?;
         match reply_type {
             REP_ACK => {
                 return export.ok_or_else(|| protocol(target, "the server sent no export size"))
             }
-            REP_INFO if data.len() >= 12 && u16::from_be_bytes([data[0], data[1]]) == INFO_EXPORT => {
+            REP_INFO
+                if data.len() >= 12 && u16::from_be_bytes([data[0], data[1]]) == INFO_EXPORT =>
+            {
                 let size = u64::from_be_bytes(data[2..10].try_into().unwrap_or_default());
                 export = Some((size, u16::from_be_bytes([data[10], data[11]])));
             }
             REP_INFO => {}
             REP_ERR_UNKNOWN => {
-                return Err(protocol(target, &format!("no export named {:?}", target.export)))
+                return Err(protocol(
+                    target,
+                    &format!("no export named {:?}", target.export),
+                ))
             }
             t if t & (1 << 31) != 0 => {
                 let text = String::from_utf8_lossy(&data);
-                return Err(protocol(target, &format!("export refused (error {:#x}) {text}", t)));
+                return Err(protocol(
+                    target,
+                    &format!("export refused (error {:#x}) {text}", t),
+                ));
             }
             _ => return Err(protocol(target, "unexpected option reply")),
         }

@@ -25,7 +25,10 @@ pub struct Ticker {
 impl Progress {
     pub fn new(quiet: bool) -> Progress {
         let tty = std::io::stderr().is_terminal();
-        Progress { bar: !quiet && tty, lines: !quiet }
+        Progress {
+            bar: !quiet && tty,
+            lines: !quiet,
+        }
     }
 
     /// Starts the bar of one step: by time, or by requests for a prep pass.
@@ -46,7 +49,11 @@ impl Progress {
             ProgressDrawTarget::stderr(),
         );
         let template = "{prefix} [{bar:30}] {percent:>3}% {msg}";
-        bar.set_style(ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()).progress_chars("=> "));
+        bar.set_style(
+            ProgressStyle::with_template(template)
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
         bar.set_prefix(format!("[{index}/{total}] {label} {step}"));
         let b = bar.clone();
         let task = tokio::spawn(async move {
@@ -81,9 +88,18 @@ impl Progress {
         if !self.lines {
             return;
         }
-        let p99 = r.latency_us.map_or("-".into(), |l| format!("{:.2} ms", l.p99 / 1000.0));
-        let target = r.target_iops.map_or(String::new(), |t| format!(" (target {t:.0})"));
-        eprintln!("strata bench: {label} {}: {:.0} IOPS{target}, {:.1} MB/s, p99 {p99}", r.name, r.iops, r.bytes_per_s / 1e6);
+        let p99 = r
+            .latency_us
+            .map_or("-".into(), |l| format!("{:.2} ms", l.p99 / 1000.0));
+        let target = r
+            .target_iops
+            .map_or(String::new(), |t| format!(" (target {t:.0})"));
+        eprintln!(
+            "strata bench: {label} {}: {:.0} IOPS{target}, {:.1} MB/s, p99 {p99}",
+            r.name,
+            r.iops,
+            r.bytes_per_s / 1e6
+        );
     }
 
     pub fn note(&self, text: &str) {

@@ -160,13 +160,20 @@ pub fn check_curve(steps: &[StepReport], planned_rate_steps: usize) -> CurveChec
     let mut rate_ok = true;
     if rate.len() < planned_rate_steps {
         rate_ok = false;
-        findings.push(format!("only {} of {planned_rate_steps} rate steps ran", rate.len()));
+        findings.push(format!(
+            "only {} of {planned_rate_steps} rate steps ran",
+            rate.len()
+        ));
     }
     for s in rate.iter().take(rate.len().saturating_sub(1)) {
         let achieved = s.achieved_ratio.unwrap_or(0.0);
         if achieved < GOAL_MIN_ACHIEVED {
             rate_ok = false;
-            findings.push(format!("{}: delivered {:.1}% of its target rate", s.name, achieved * 100.0));
+            findings.push(format!(
+                "{}: delivered {:.1}% of its target rate",
+                s.name,
+                achieved * 100.0
+            ));
         }
     }
     let mut p99_ok = true;
@@ -177,12 +184,20 @@ pub fn check_curve(steps: &[StepReport], planned_rate_steps: usize) -> CurveChec
                 p99_ok = false;
                 findings.push(format!(
                     "{}: p99 {:.0} us is {:.1}x the previous step's {:.0} us",
-                    pair[1].name, b, b / a, a
+                    pair[1].name,
+                    b,
+                    b / a,
+                    a
                 ));
             }
         }
     }
-    CurveCheck { holds: rate_ok && p99_ok, rate_ok, p99_ok, findings }
+    CurveCheck {
+        holds: rate_ok && p99_ok,
+        rate_ok,
+        p99_ok,
+        findings,
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -256,7 +271,12 @@ fn ms(us: Option<f64>) -> String {
 pub fn summary_text(report: &Report) -> String {
     let mut out = String::new();
     for t in &report.targets {
-        out.push_str(&format!("== {} ({}): {}\n", t.label, t.role, t.uris.join(" ")));
+        out.push_str(&format!(
+            "== {} ({}): {}\n",
+            t.label,
+            t.role,
+            t.uris.join(" ")
+        ));
         if let Some(s) = &t.strata {
             for d in &s.emulated_devices {
                 out.push_str(&format!("   device {d}\n"));
@@ -265,7 +285,11 @@ pub fn summary_text(report: &Report) -> String {
         out.push_str("step        IOPS      MB/s   mean ms  p50 ms  p95 ms  p99 ms  p99.9 ms  max ms  <=1ms  <=2ms  <=5ms  <=10ms  <=30ms\n");
         for s in &t.steps {
             let l = s.latency_us;
-            let sl: Vec<String> = s.service_levels.iter().map(|x| format!("{:5.1}%", x.share * 100.0)).collect();
+            let sl: Vec<String> = s
+                .service_levels
+                .iter()
+                .map(|x| format!("{:5.1}%", x.share * 100.0))
+                .collect();
             out.push_str(&format!(
                 "{:<9} {:>9.0} {:>9.1} {:>9} {:>7} {:>7} {:>7} {:>9} {:>7} {}\n",
                 s.name,
@@ -292,7 +316,9 @@ pub fn summary_text(report: &Report) -> String {
         }
     }
     if !report.ratios.is_empty() {
-        out.push_str("== target / baseline\nstep      IOPS ratio  MB/s ratio  mean lat ratio  p99 ratio\n");
+        out.push_str(
+            "== target / baseline\nstep      IOPS ratio  MB/s ratio  mean lat ratio  p99 ratio\n",
+        );
         let f = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.2}"));
         for r in &report.ratios {
             out.push_str(&format!(
@@ -333,13 +359,25 @@ mod tests {
 
     #[test]
     fn the_curve_goal_is_checked_step_by_step() {
-        let good = [step("10%", 100.0, 100.0, 1000), step("20%", 200.0, 196.0, 2000), step("30%", 300.0, 250.0, 5000)];
+        let good = [
+            step("10%", 100.0, 100.0, 1000),
+            step("20%", 200.0, 196.0, 2000),
+            step("30%", 300.0, 250.0, 5000),
+        ];
         let c = check_curve(&good, 3);
         assert!(c.holds, "{:?}", c.findings);
-        let short = [step("10%", 100.0, 100.0, 1000), step("20%", 200.0, 180.0, 2000), step("30%", 300.0, 290.0, 7000)];
+        let short = [
+            step("10%", 100.0, 100.0, 1000),
+            step("20%", 200.0, 180.0, 2000),
+            step("30%", 300.0, 290.0, 7000),
+        ];
         let c = check_curve(&short, 3);
         assert!(!c.rate_ok && !c.p99_ok && !c.holds);
-        assert!(c.findings[0].contains("20%: delivered 90.0%"), "{:?}", c.findings);
+        assert!(
+            c.findings[0].contains("20%: delivered 90.0%"),
+            "{:?}",
+            c.findings
+        );
         assert!(c.findings[1].contains("3.5x"), "{:?}", c.findings);
         assert!(!check_curve(&good[..2], 3).holds, "a curve cut short fails");
     }
@@ -363,7 +401,10 @@ mod tests {
         };
         let r = ratios(&mk(a), &mk(b));
         assert_eq!(r[0].iops_ratio, Some(2.0));
-        assert_eq!(r[0].latency_mean_ratio.map(|x| (x * 100.0).round()), Some(100.0));
+        assert_eq!(
+            r[0].latency_mean_ratio.map(|x| (x * 100.0).round()),
+            Some(100.0)
+        );
         let _ = LatencyRecorder::default();
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::{RngCore, SeedableRng};
 
-use crate::gen::{self, Clock, Pacing, Region, StepPlan, Worker};
+use crate::gen::{self, Clock, Pacing, Region, StepPlan, Worker, WorkerSpec};
 use crate::progress::Progress;
 use crate::report::{check_curve, StepHead, StepReport, TargetReport};
 use crate::stats::StepCounters;
@@ -62,7 +62,9 @@ fn steps_of(plan: &Plan) -> Vec<StepKind> {
             .collect(),
         Mode::Scale => {
             let n = plan.topology.vms;
-            let mut v: Vec<u32> = std::iter::successors(Some(1u32), |x| x.checked_mul(2)).take_while(|&x| x < n).collect();
+            let mut v: Vec<u32> = std::iter::successors(Some(1u32), |x| x.checked_mul(2))
+                .take_while(|&x| x < n)
+                .collect();
             v.push(n);
             v.into_iter().map(StepKind::Scale).collect()
         }
@@ -96,7 +98,10 @@ pub async fn connect_side(
         for c in 0..topo.connections_per_vm {
             let conn = crate::nbd::connect(uri).await?;
             if conn.read_only && (plan.workload.read_pct < 100 || plan.mode == Mode::Prep) {
-                return Err(BenchError::Target(format!("{}: the export is read-only", uri.uri)));
+                return Err(BenchError::Target(format!(
+                    "{}: the export is read-only",
+                    uri.uri
+                )));
             }
             if vm < n_exports && c == 0 {
                 sizes.push(conn.size_bytes);
@@ -109,16 +114,35 @@ pub async fn connect_side(
                     uri.uri, conn.size_bytes, sharing, topo.connections_per_vm, bs
                 )));
             }
-            let working_set = Region { start_bytes: u64::from(share_index) * region_len, len_bytes: ws_len };
+            let working_set = Region {
+                start_bytes: u64::from(share_index) * region_len,
+                len_bytes: ws_len,
+            };
             let slice_len = ws_len / u64::from(topo.connections_per_vm) / bs * bs;
-            let slice = Region { start_bytes: working_set.start_bytes + u64::from(c) * slice_len, len_bytes: slice_len };
-            let qd = if plan.mode == Mode::Scale { 1 } else { topo.queue_depth };
-            workers.push(Worker::new(conn, working_set, slice, qd, plan.workload, payload.clone(), clock, Arc::new(AtomicU64::new(0))));
+            let slice = Region {
+                start_bytes: working_set.start_bytes + u64::from(c) * slice_len,
+                len_bytes: slice_len,
+            };
+            let qd = if plan.mode == Mode::Scale {
+                1
+            } else {
+                topo.queue_depth
+            };
+            let spec = WorkerSpec {
+                working_set,
+                slice,
+                queue_depth: qd,
+                workload: plan.workload,
+                payload: payload.clone(),
+            };
+            workers.push(Worker::new(conn, spec, clock, Arc::new(AtomicU64::new(0))));
         }
         vms.push(workers);
     }
     let collector = match api {
-        Some(api) => Some(tokio::task::block_in_place(|| SeriesCollector::new(api, run_start_unix_ms))?),
+        Some(api) => Some(tokio::task::block_in_place(|| {
+            SeriesCollector::new(api, run_start_unix_ms)
+        })?),
         None => None,
     };
     Ok(Side {
@@ -141,7 +165,13 @@ pub async fn connect_side(
 }
 
 /// Runs every step, interleaving the sides; returns their reports.
-pub async fn run_all(mut sides: Vec<Side>, plan: &Plan, clock: Clock, progress: &Progress, run_start_unix_ms: u64) -> Result<Vec<TargetReport>, BenchError> {
+pub async fn run_all(
+    mut sides: Vec<Side>,
+    plan: &Plan,
+    clock: Clock,
+    progress: &Progress,
+    run_start_unix_ms: u64,
+) -> Result<Vec<TargetReport>, BenchError> {
     let steps = steps_of(plan);
     let total = steps.len() * sides.len();
     let mut position = 0;
@@ -152,14 +182,18 @@ pub async fn run_all(mut sides: Vec<Side>, plan: &Plan, clock: Clock, progress: 
                 continue;
             }
             let seed = plan.seed ^ ((i as u64) << 32) ^ ((s as u64) << 48);
-            let report = run_side_step(side, *kind, plan, clock, progress, seed, (position, total)).await?;
+            let report =
+                run_side_step(side, *kind, plan, clock, progress, seed, (position, total)).await?;
             after_step(side, &report, *kind, plan);
             side.report.steps.push(report);
             if let Some(c) = side.collector.as_mut() {
                 // Blocking HTTP between steps: tell the runtime so its other tasks move on.
                 let collector_error = tokio::task::block_in_place(|| c.collect(run_start_unix_ms));
                 if let Some(e) = collector_error {
-                    progress.note(&format!("{}: could not read the daemon's history: {e}", side.report.label));
+                    progress.note(&format!(
+                        "{}: could not read the daemon's history: {e}",
+                        side.report.label
+                    ));
                 }
             }
         }
@@ -216,7 +250,12 @@ async fn run_side_step(
         StepKind::Scale(v) => (format!("{v} VMs"), v, plan.step_duration),
         StepKind::Prep => ("prep".to_string(), topo.vms, Duration::ZERO),
     };
-    let mut workers: Vec<Worker> = side.vms.iter_mut().take(active_vms as usize).flat_map(|v| v.drain(..)).collect();
+    let mut workers: Vec<Worker> = side
+        .vms
+        .iter_mut()
+        .take(active_vms as usize)
+        .flat_map(|v| v.drain(..))
+        .collect();
     let conns = workers.len() as u32;
     let target_iops = match kind {
         StepKind::Rate(p) => side.max_iops.map(|m| m * f64::from(p) / 100.0),
@@ -225,7 +264,9 @@ async fn run_side_step(
     };
     let pacing = match (kind, target_iops) {
         (StepKind::Prep, _) => Pacing::OnePass,
-        (_, Some(rate)) => Pacing::Open { rate_per_s: rate / f64::from(conns) },
+        (_, Some(rate)) => Pacing::Open {
+            rate_per_s: rate / f64::from(conns),
+        },
         _ => Pacing::Closed,
     };
     let start_ns = clock.now_ns();
@@ -251,14 +292,31 @@ async fn run_side_step(
         target_iops,
         vms: active_vms,
         connections: conns,
-        queue_depth: if plan.mode == Mode::Scale { 1 } else { topo.queue_depth },
+        queue_depth: if plan.mode == Mode::Scale {
+            1
+        } else {
+            topo.queue_depth
+        },
         started_unix_ms: unix_ms(),
     };
     let counters_of: Vec<Arc<AtomicU64>> = workers.iter().map(|w| w.completed.clone()).collect();
-    let ticker = progress.start_step(&side.report.label, &name, position, plan.warmup + duration, counters_of, prep_total(&workers, kind));
+    let ticker = progress.start_step(
+        &side.report.label,
+        &name,
+        position,
+        plan.warmup + duration,
+        counters_of,
+        prep_total(&workers, kind),
+    );
     let mut handles = Vec::with_capacity(workers.len());
     for (i, mut w) in workers.drain(..).enumerate() {
-        let plan_c = StepPlan { pacing, record_from_ns, stop_at_ns, seed: seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15), io_timeout: plan.io_timeout };
+        let plan_c = StepPlan {
+            pacing,
+            record_from_ns,
+            stop_at_ns,
+            seed: seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            io_timeout: plan.io_timeout,
+        };
         handles.push(tokio::spawn(async move {
             let r = gen::run_step(&mut w, &plan_c, &clock).await;
             (w, r)
@@ -276,7 +334,11 @@ async fn run_side_step(
                     Err(e) => failure = failure.or(Some(e)),
                 }
             }
-            Err(e) => failure = failure.or(Some(BenchError::Target(format!("a worker task failed: {e}")))),
+            Err(e) => {
+                failure = failure.or(Some(BenchError::Target(format!(
+                    "a worker task failed: {e}"
+                ))))
+            }
         }
     }
     let measured_s = match kind {
@@ -285,7 +347,10 @@ async fn run_side_step(
     };
     progress.finish_step(ticker);
     if let Some(e) = failure {
-        return Err(BenchError::Target(format!("{} step {name}: {e}", side.report.label)));
+        return Err(BenchError::Target(format!(
+            "{} step {name}: {e}",
+            side.report.label
+        )));
     }
     // Give the workers back to their VMs, in order.
     let mut returned = returned.into_iter();

@@ -140,7 +140,9 @@ mod tests {
     #[test]
     fn service_levels_count_exactly() {
         let mut r = LatencyRecorder::default();
-        for us in [100, 999, 1000, 1001, 2000, 4999, 5000, 10_000, 30_000, 30_001] {
+        for us in [
+            100, 999, 1000, 1001, 2000, 4999, 5000, 10_000, 30_000, 30_001,
+        ] {
             r.record_us(us);
         }
         let shares: Vec<f64> = r.service_levels().iter().map(|s| s.share).collect();

@@ -56,18 +56,32 @@ fn agent(timeout: Duration) -> ureq::Agent {
 impl StrataApi {
     /// `--strata-api URL`: must answer, or the run stops before it starts.
     pub fn given(url: &str) -> Result<StrataApi, BenchError> {
-        let api = StrataApi { base: url.trim_end_matches('/').to_string(), agent: agent(REQUEST_TIMEOUT) };
-        api.status().map_err(|e| BenchError::Invalid(format!("--strata-api {url}: {e}")))?;
+        let api = StrataApi {
+            base: url.trim_end_matches('/').to_string(),
+            agent: agent(REQUEST_TIMEOUT),
+        };
+        api.status()
+            .map_err(|e| BenchError::Invalid(format!("--strata-api {url}: {e}")))?;
         Ok(api)
     }
 
     /// A daemon on the target's host at the default admin port that serves the target's port.
     pub fn detect(target: &TargetUri) -> Option<StrataApi> {
-        let host = if target.host.contains(':') { format!("[{}]", target.host) } else { target.host.clone() };
-        let api = StrataApi { base: format!("http://{host}:{DEFAULT_ADMIN_PORT}"), agent: agent(PROBE_TIMEOUT) };
+        let host = if target.host.contains(':') {
+            format!("[{}]", target.host)
+        } else {
+            target.host.clone()
+        };
+        let api = StrataApi {
+            base: format!("http://{host}:{DEFAULT_ADMIN_PORT}"),
+            agent: agent(PROBE_TIMEOUT),
+        };
         let status = api.status().ok()?;
         let port = status.nbd_listen.rsplit(':').next()?.parse::<u16>().ok()?;
-        (port == target.port).then(|| StrataApi { agent: agent(REQUEST_TIMEOUT), ..api })
+        (port == target.port).then(|| StrataApi {
+            agent: agent(REQUEST_TIMEOUT),
+            ..api
+        })
     }
 
     pub fn url(&self) -> &str {
@@ -81,21 +95,35 @@ impl StrataApi {
     fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, String> {
         let url = format!("{}{path}", self.base);
         let resp = self.agent.get(&url).call().map_err(|e| short_http(&e))?;
-        resp.into_json::<T>().map_err(|e| format!("{url}: unexpected answer: {e}"))
+        resp.into_json::<T>()
+            .map_err(|e| format!("{url}: unexpected answer: {e}"))
     }
 
     /// Samples after `since_unix_ms`, as report rows relative to `run_start_unix_ms`.
-    pub fn samples_since(&self, since_unix_ms: u64, run_start_unix_ms: u64) -> Result<Vec<SeriesSample>, String> {
-        let h: History = self.get_json(&format!("/api/v1/history?since_unix_ms={since_unix_ms}"))?;
-        Ok(h.samples.into_iter().map(|s| convert(s, run_start_unix_ms)).collect())
+    pub fn samples_since(
+        &self,
+        since_unix_ms: u64,
+        run_start_unix_ms: u64,
+    ) -> Result<Vec<SeriesSample>, String> {
+        let h: History =
+            self.get_json(&format!("/api/v1/history?since_unix_ms={since_unix_ms}"))?;
+        Ok(h.samples
+            .into_iter()
+            .map(|s| convert(s, run_start_unix_ms))
+            .collect())
     }
 
     /// Device names, fast first (emulated ones say so in their names).
     pub fn device_names(&self) -> Result<Vec<String>, String> {
         // Read loosely: the daemon's device entries carry many more fields (and may repeat one).
         let list: serde_json::Value = self.get_json("/api/v1/devices")?;
-        let devices = list["devices"].as_array().ok_or("/api/v1/devices: no device list")?;
-        Ok(devices.iter().filter_map(|d| d["name"].as_str().map(str::to_string)).collect())
+        let devices = list["devices"]
+            .as_array()
+            .ok_or("/api/v1/devices: no device list")?;
+        Ok(devices
+            .iter()
+            .filter_map(|d| d["name"].as_str().map(str::to_string))
+            .collect())
     }
 }
 
@@ -107,7 +135,13 @@ fn short_http(e: &ureq::Error) -> String {
 }
 
 fn convert(s: Sample, run_start_unix_ms: u64) -> SeriesSample {
-    let sum = |tier: &str, f: fn(&Device) -> f64| s.devices.iter().filter(|d| d.tier == tier).map(f).sum::<f64>();
+    let sum = |tier: &str, f: fn(&Device) -> f64| {
+        s.devices
+            .iter()
+            .filter(|d| d.tier == tier)
+            .map(f)
+            .sum::<f64>()
+    };
     SeriesSample {
         t_unix_ms: s.t_unix_ms,
         t_s: (s.t_unix_ms as f64 - run_start_unix_ms as f64) / 1000.0,
@@ -135,10 +169,21 @@ pub struct SeriesCollector {
 impl SeriesCollector {
     /// Fails when the daemon does not list its devices: the report must say which are emulated.
     pub fn new(api: StrataApi, run_start_unix_ms: u64) -> Result<SeriesCollector, BenchError> {
-        let devices = api.device_names().map_err(|e| BenchError::Target(format!("Strata API {}: {e}", api.url())))?;
-        let emulated_devices = devices.iter().filter(|d| d.contains("emulated")).cloned().collect();
+        let devices = api
+            .device_names()
+            .map_err(|e| BenchError::Target(format!("Strata API {}: {e}", api.url())))?;
+        let emulated_devices = devices
+            .iter()
+            .filter(|d| d.contains("emulated"))
+            .cloned()
+            .collect();
         Ok(SeriesCollector {
-            series: StrataSeries { api_url: api.url().to_string(), devices, emulated_devices, samples: Vec::new() },
+            series: StrataSeries {
+                api_url: api.url().to_string(),
+                devices,
+                emulated_devices,
+                samples: Vec::new(),
+            },
             api,
             last_unix_ms: run_start_unix_ms.saturating_sub(1000),
         })

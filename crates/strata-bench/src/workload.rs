@@ -44,20 +44,55 @@ const fn wl(block_kib: u32, read_pct: u8, random_pct: u8) -> Workload {
 }
 
 pub const PROFILES: [Profile; 7] = [
-    Profile { name: "70r-32k", what: "70% read, 32 KiB, random", workload: wl(32, 70, 100) },
-    Profile { name: "70r-4k", what: "70% read, 4 KiB, random", workload: wl(4, 70, 100) },
-    Profile { name: "rr-4k", what: "random read, 4 KiB", workload: wl(4, 100, 100) },
-    Profile { name: "rw-4k", what: "random write, 4 KiB", workload: wl(4, 0, 100) },
-    Profile { name: "50r-8k", what: "50% read, 8 KiB, random", workload: wl(8, 50, 100) },
-    Profile { name: "sw-256k", what: "sequential write, 256 KiB", workload: wl(256, 0, 0) },
-    Profile { name: "prep", what: "write every volume end to end once, 256 KiB, timed", workload: wl(256, 0, 0) },
+    Profile {
+        name: "70r-32k",
+        what: "70% read, 32 KiB, random",
+        workload: wl(32, 70, 100),
+    },
+    Profile {
+        name: "70r-4k",
+        what: "70% read, 4 KiB, random",
+        workload: wl(4, 70, 100),
+    },
+    Profile {
+        name: "rr-4k",
+        what: "random read, 4 KiB",
+        workload: wl(4, 100, 100),
+    },
+    Profile {
+        name: "rw-4k",
+        what: "random write, 4 KiB",
+        workload: wl(4, 0, 100),
+    },
+    Profile {
+        name: "50r-8k",
+        what: "50% read, 8 KiB, random",
+        workload: wl(8, 50, 100),
+    },
+    Profile {
+        name: "sw-256k",
+        what: "sequential write, 256 KiB",
+        workload: wl(256, 0, 0),
+    },
+    Profile {
+        name: "prep",
+        what: "write every volume end to end once, 256 KiB, timed",
+        workload: wl(256, 0, 0),
+    },
 ];
 
 pub fn profile(name: &str) -> Result<Profile, BenchError> {
-    PROFILES.iter().copied().find(|p| p.name == name).ok_or_else(|| {
-        let names: Vec<&str> = PROFILES.iter().map(|p| p.name).collect();
-        BenchError::Invalid(format!("unknown profile {name:?} (use one of {})", names.join(", ")))
-    })
+    PROFILES
+        .iter()
+        .copied()
+        .find(|p| p.name == name)
+        .ok_or_else(|| {
+            let names: Vec<&str> = PROFILES.iter().map(|p| p.name).collect();
+            BenchError::Invalid(format!(
+                "unknown profile {name:?} (use one of {})",
+                names.join(", ")
+            ))
+        })
 }
 
 /// How the load is offered.
@@ -99,7 +134,9 @@ pub fn parse_uri(text: &str) -> Result<TargetUri, BenchError> {
         }
     };
     let port = match port_text {
-        Some(p) => p.parse::<u16>().map_err(|_| bad("the port is not a number"))?,
+        Some(p) => p
+            .parse::<u16>()
+            .map_err(|_| bad("the port is not a number"))?,
         None => 10809,
     };
     if host.is_empty() {
@@ -149,18 +186,25 @@ impl Topology {
 impl Workload {
     pub fn validate(&self) -> Result<(), BenchError> {
         let bs = self.block_size_bytes;
-        if !(MIN_BLOCK_SIZE_BYTES..=MAX_BLOCK_SIZE_BYTES).contains(&bs) || bs % 512 != 0 {
+        if !(MIN_BLOCK_SIZE_BYTES..=MAX_BLOCK_SIZE_BYTES).contains(&bs) || !bs.is_multiple_of(512) {
             return Err(BenchError::Invalid(format!(
                 "--block-size must be a multiple of 512 between 512 and 32 MiB, not {bs}"
             )));
         }
-        for (name, v) in [("--read-pct", self.read_pct), ("--random-pct", self.random_pct)] {
+        for (name, v) in [
+            ("--read-pct", self.read_pct),
+            ("--random-pct", self.random_pct),
+        ] {
             if v > 100 {
-                return Err(BenchError::Invalid(format!("{name} must be 0..100, not {v}")));
+                return Err(BenchError::Invalid(format!(
+                    "{name} must be 0..100, not {v}"
+                )));
             }
         }
         if self.working_set_pct == 0 || self.working_set_pct > 100 {
-            return Err(BenchError::Invalid("--working-set-pct must be 1..100".into()));
+            return Err(BenchError::Invalid(
+                "--working-set-pct must be 1..100".into(),
+            ));
         }
         Ok(())
     }
@@ -215,7 +259,12 @@ pub fn parse_steps(text: &str) -> Result<Vec<u8>, String> {
         .collect::<Result<_, _>>()
         .map_err(|_| format!("invalid curve steps {text:?}: expected e.g. 10,20,50,100"))?;
     let rising = steps.windows(2).all(|w| w[0] < w[1]);
-    if steps.is_empty() || steps.len() > 100 || !rising || steps[0] == 0 || steps[steps.len() - 1] > 100 {
+    if steps.is_empty()
+        || steps.len() > 100
+        || !rising
+        || steps[0] == 0
+        || steps[steps.len() - 1] > 100
+    {
         return Err(format!(
             "curve steps {text:?} must rise strictly and lie in 1..100"
         ));
@@ -239,7 +288,10 @@ mod tests {
     #[test]
     fn uris_parse() {
         let t = parse_uri("nbd://127.0.0.1:10900/vol0").unwrap();
-        assert_eq!((t.host.as_str(), t.port, t.export.as_str()), ("127.0.0.1", 10900, "vol0"));
+        assert_eq!(
+            (t.host.as_str(), t.port, t.export.as_str()),
+            ("127.0.0.1", 10900, "vol0")
+        );
         let t = parse_uri("nbd://localhost").unwrap();
         assert_eq!((t.port, t.export.as_str()), (10809, ""));
         let t = parse_uri("nbd://[::1]:99/x").unwrap();
@@ -273,9 +325,17 @@ mod tests {
         assert!(w.validate().is_err());
         w = wl(4, 101, 100);
         assert!(w.validate().is_err());
-        let t = Topology { vms: 2, connections_per_vm: 4, queue_depth: 0 };
+        let t = Topology {
+            vms: 2,
+            connections_per_vm: 4,
+            queue_depth: 0,
+        };
         assert!(t.validate().is_err());
-        let t = Topology { vms: 2, connections_per_vm: 4096, queue_depth: 1 };
+        let t = Topology {
+            vms: 2,
+            connections_per_vm: 4096,
+            queue_depth: 1,
+        };
         assert!(t.validate().is_err());
     }
 }

@@ -80,7 +80,9 @@ pub fn parse_emulation(spec: &str) -> Result<EmulationSpec, EmulationError> {
             "latency_us" => config.latency_us = parse_int(value, MAX_LATENCY_US).map_err(fail)?,
             "mix_window_ms" => config.mix_window_ms = parse_int(value, 60_000).map_err(fail)?,
             "scale" => scale = parse_scale(value).map_err(fail)?,
-            _ => return Err(fail(format!("unknown key {key:?} (use bw, mixed_bw, iops, latency_us, mix_window_ms, scale)"))),
+            _ => return Err(fail(format!(
+                "unknown key {key:?} (use bw, mixed_bw, iops, latency_us, mix_window_ms, scale)"
+            ))),
         }
     }
     config.bandwidth_bytes_per_s = scaled(config.bandwidth_bytes_per_s, scale);
@@ -126,10 +128,17 @@ fn label(c: &ThrottleConfig, preset: Option<&str>, scale: f64) -> String {
     }
     let mut parts = Vec::new();
     if c.bandwidth_bytes_per_s > 0 {
-        parts.push(format!("bw {:.1} MB/s", c.bandwidth_bytes_per_s as f64 / 1e6));
+        parts.push(format!(
+            "bw {:.1} MB/s",
+            c.bandwidth_bytes_per_s as f64 / 1e6
+        ));
     }
-    if c.mixed_bandwidth_bytes_per_s > 0 && c.mixed_bandwidth_bytes_per_s < c.bandwidth_bytes_per_s {
-        parts.push(format!("50/50 {:.1} MB/s", c.mixed_bandwidth_bytes_per_s as f64 / 1e6));
+    if c.mixed_bandwidth_bytes_per_s > 0 && c.mixed_bandwidth_bytes_per_s < c.bandwidth_bytes_per_s
+    {
+        parts.push(format!(
+            "50/50 {:.1} MB/s",
+            c.mixed_bandwidth_bytes_per_s as f64 / 1e6
+        ));
     }
     if c.iops > 0 {
         parts.push(format!("{} IOPS", c.iops));
@@ -155,7 +164,7 @@ fn parse_rate(text: &str) -> Result<u64, String> {
         .parse()
         .map_err(|_| format!("{text:?} is not a rate such as 40MB, 2.5k or 1000"))?;
     let value = value * multiplier;
-    if !value.is_finite() || value < 0.0 || value > 1e13 {
+    if !value.is_finite() || !(0.0..=1e13).contains(&value) {
         return Err(format!("rate {text:?} is out of range"));
     }
     Ok(value.round() as u64)
@@ -171,7 +180,9 @@ fn parse_int(text: &str, max: u64) -> Result<u64, String> {
 fn parse_scale(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(v) if v > 0.0 && v <= MAX_SCALE => Ok(v),
-        _ => Err(format!("scale {text:?} must be a number above 0 and at most {MAX_SCALE}")),
+        _ => Err(format!(
+            "scale {text:?} must be a number above 0 and at most {MAX_SCALE}"
+        )),
     }
 }
 
@@ -200,7 +211,10 @@ mod tests {
         assert_eq!(s.config.iops, 2500);
         assert_eq!(s.config.latency_us, 200);
         assert_eq!(s.config.mixed_bandwidth_bytes_per_s, 10_000_000);
-        assert_eq!(s.label, "emulated: bw 40.0 MB/s, 50/50 10.0 MB/s, 2500 IOPS, +200 us");
+        assert_eq!(
+            s.label,
+            "emulated: bw 40.0 MB/s, 50/50 10.0 MB/s, 2500 IOPS, +200 us"
+        );
     }
 
     #[test]

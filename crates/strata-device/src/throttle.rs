@@ -70,7 +70,11 @@ struct MixTracker {
 
 impl MixTracker {
     fn new(window_ms: u64, now: Instant) -> MixTracker {
-        let window_ms = if window_ms == 0 { DEFAULT_MIX_WINDOW_MS } else { window_ms };
+        let window_ms = if window_ms == 0 {
+            DEFAULT_MIX_WINDOW_MS
+        } else {
+            window_ms
+        };
         MixTracker {
             window_s: window_ms as f64 / 1000.0,
             read_bytes: 0.0,
@@ -111,7 +115,10 @@ enum Direction {
 /// Tokens per byte at write share `write_share`: 1 for one-way traffic, `bandwidth /
 /// mixed_bandwidth` at 50/50, linear in `4·w·(1−w)` between.
 pub fn mixed_cost_per_byte(config: &ThrottleConfig, write_share: f64) -> f64 {
-    let (bw, mixed) = (config.bandwidth_bytes_per_s, config.mixed_bandwidth_bytes_per_s);
+    let (bw, mixed) = (
+        config.bandwidth_bytes_per_s,
+        config.mixed_bandwidth_bytes_per_s,
+    );
     if bw == 0 || mixed == 0 || mixed >= bw {
         return 1.0;
     }
@@ -436,7 +443,10 @@ mod tests {
         }
         let mixed = start.elapsed();
         // 1 MiB one way at 16 MiB/s is ~62 ms; mixed at 4 MiB/s ~250 ms.
-        assert!(mixed >= Duration::from_millis(180), "mixed 1 MiB took {mixed:?}");
+        assert!(
+            mixed >= Duration::from_millis(180),
+            "mixed 1 MiB took {mixed:?}"
+        );
         assert!(mixed > one_way * 2, "one-way {one_way:?}, mixed {mixed:?}");
         assert_eq!(dev.name(), "nand [emulated]");
         assert_eq!(dev.stats().name, "nand [emulated]");

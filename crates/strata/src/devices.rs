@@ -120,12 +120,16 @@ mod tests {
         let cfg = merge(&args, file).unwrap();
         let devs = open_devices(&cfg).unwrap();
         assert!(
-            devs.fast.name().ends_with("[emulated nand-a x0.01: bw 19.8 MB/s, 50/50 7.7 MB/s]"),
+            devs.fast
+                .name()
+                .ends_with("[emulated nand-a x0.01: bw 19.8 MB/s, 50/50 7.7 MB/s]"),
             "{}",
             devs.fast.name()
         );
         assert_eq!(devs.fast.stats().name, devs.fast.name());
-        assert!(devs.capacity[0].name().ends_with("[emulated: bw 20.0 MB/s]"));
+        assert!(devs.capacity[0]
+            .name()
+            .ends_with("[emulated: bw 20.0 MB/s]"));
         assert!(!devs.io_backend.contains("emulated"));
     }
 
@@ -134,7 +138,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cfg = merge(&args_in(dir.path()), Default::default()).unwrap();
         let devs = open_devices(&cfg).unwrap();
-        assert!(devs.fast.name().ends_with("fast.img"), "{}", devs.fast.name());
+        assert!(
+            devs.fast.name().ends_with("fast.img"),
+            "{}",
+            devs.fast.name()
+        );
     }
 
     #[test]
