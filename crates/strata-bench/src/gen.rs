@@ -108,6 +108,10 @@ pub struct Worker {
     send_buf: Vec<u8>,
 }
 
+/// How long after a step's end an open loop may still send arrivals that were due before it
+/// (the timer's resolution is about a millisecond).
+const TIMER_GRACE_NS: u64 = 5_000_000;
+
 // Cookie layout: slot (bits 0..16), write flag (bit 16), start time in ns (bits 17..64).
 const SLOT_BITS: u32 = 16;
 const WRITE_BIT: u64 = 1 << SLOT_BITS;
@@ -310,11 +314,14 @@ async fn issue_ready(
             return Ok(false);
         }
         // An open loop still sends the arrivals due before the end if a slot is free when the
-        // generator wakes (its timer may wake just after the end); the rest count as late.
+        // generator wakes (its timer may wake just after the end); nothing is sent later than
+        // TIMER_GRACE_NS after the end, and what is left counts as late.
         let stopped = match st.arrivals.as_ref() {
             None => now >= plan.stop_at_ns,
             Some(a) => {
-                a.peek_ns() >= plan.stop_at_ns || (now >= plan.stop_at_ns && st.free.is_empty())
+                a.peek_ns() >= plan.stop_at_ns
+                    || now >= plan.stop_at_ns.saturating_add(TIMER_GRACE_NS)
+                    || (now >= plan.stop_at_ns && st.free.is_empty())
             }
         };
         if stopped {
@@ -412,21 +419,30 @@ fn complete(
     st.free.push_back((slot, c.done_ns));
     st.last_reply_ns = c.done_ns;
     w.completed.fetch_add(1, Ordering::Relaxed);
-    if start_ns < plan.record_from_ns {
+    // Throughput counts what completed inside the window; latency what was meant to start in it.
+    let bs = u64::from(w.workload.block_size_bytes);
+    let done_in_window = c.done_ns >= plan.record_from_ns && c.done_ns < plan.stop_at_ns;
+    if c.error != 0 {
+        st.counters.errors += u64::from(done_in_window);
         return Ok(());
     }
-    let bs = u64::from(w.workload.block_size_bytes);
-    if c.error != 0 {
-        st.counters.errors += 1;
+    if done_in_window {
+        let (count, bytes) = if write {
+            (&mut st.counters.writes_done, &mut st.counters.write_bytes)
+        } else {
+            (&mut st.counters.reads_done, &mut st.counters.read_bytes)
+        };
+        *count += 1;
+        *bytes += bs;
+    }
+    if start_ns < plan.record_from_ns {
         return Ok(());
     }
     let latency_us = c.done_ns.saturating_sub(start_ns) / 1000;
     if write {
         st.counters.writes.record_us(latency_us);
-        st.counters.write_bytes += bs;
     } else {
         st.counters.reads.record_us(latency_us);
-        st.counters.read_bytes += bs;
     }
     Ok(())
 }

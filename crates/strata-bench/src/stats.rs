@@ -100,6 +100,9 @@ pub struct ServiceLevel {
 pub struct StepCounters {
     pub reads: LatencyRecorder,
     pub writes: LatencyRecorder,
+    /// Reads and writes that completed inside the measured window, and their bytes.
+    pub reads_done: u64,
+    pub writes_done: u64,
     pub read_bytes: u64,
     pub write_bytes: u64,
     pub errors: u64,
@@ -115,6 +118,8 @@ impl StepCounters {
     pub fn merge(&mut self, o: &StepCounters) {
         self.reads.merge(&o.reads);
         self.writes.merge(&o.writes);
+        self.reads_done += o.reads_done;
+        self.writes_done += o.writes_done;
         self.read_bytes += o.read_bytes;
         self.write_bytes += o.write_bytes;
         self.errors += o.errors;

@@ -212,6 +212,39 @@ fn an_open_loop_delivers_its_rate() {
     assert_eq!(s.late_arrivals, 0, "a memory server keeps up");
 }
 
+/// Offered 1,000 IOPS, a server that manages at most 500 (2 ms per request at queue depth 1):
+/// the step delivers about half its target, the backlog shows up as late arrivals and latency.
+#[test]
+fn a_server_that_cannot_keep_up_delivers_less_than_offered() {
+    let server = Server::start(Arc::new(MemExport::new(16 * MIB, Duration::from_millis(2))));
+    let r = bench(&[
+        "--target",
+        &server.uri(),
+        "--mode",
+        "max",
+        "--rate-iops",
+        "1000",
+        "--duration",
+        "1s",
+        "--warmup",
+        "0s",
+        "--qd",
+        "1",
+        "--profile",
+        "rr-4k",
+    ]);
+    let s = &r.targets[0].steps[0];
+    let achieved = s.achieved_ratio.unwrap();
+    assert!(achieved < 0.55, "achieved {achieved} of an impossible rate");
+    assert!(s.iops <= 510.0, "{} IOPS", s.iops);
+    assert!(s.late_arrivals > 300, "{} late arrivals", s.late_arrivals);
+    assert!(
+        s.latency_us.unwrap().p50 > 100_000.0,
+        "p50 {:?}",
+        s.latency_us
+    );
+}
+
 #[test]
 fn a_closed_loop_keeps_its_queue_full() {
     // 2 ms per request, one connection at queue depth 4: at most 2,000 IOPS, latency >= 2 ms.
