@@ -14,12 +14,15 @@
 //!   blocking system calls where io_uring is unavailable ([`IoBackend`], reported by [`Device::io_backend_name`]).
 //! - [`MemDevice`]: in memory, with a volatile write cache, seeded crash and fault simulation,
 //!   for tests.
-//! - [`Throttled`]: a wrapper limiting bandwidth and IOPS, standing in for slow media.
+//! - [`Throttled`]: a wrapper limiting bandwidth and IOPS (with an optional NAND-like
+//!   mixed-load penalty), standing in for slow or NAND media; [`parse_emulation`] reads the
+//!   daemon's `--fast-emulate` / `--capacity-emulate` specs.
 //!
 //! [`raw_random_io`] drives one io_uring directly: the baseline benchmarks compare against.
 
 mod aligned;
 mod check;
+mod emulate;
 mod error;
 mod file;
 mod os;
@@ -36,7 +39,8 @@ pub use file::{open_path, open_with, FileDevice, IoBackend, OpenOptions, MIN_DEV
 pub use raw_bench::{raw_random_io, RawIoResult};
 pub use sim::{CrashReport, FaultConfig, MemDevice};
 pub use stats::{Counters, DeviceStats, IoSizeHistogram, IO_SIZE_BUCKETS};
-pub use throttle::{ThrottleConfig, Throttled};
+pub use emulate::{parse_emulation, EmulationError, EmulationSpec};
+pub use throttle::{mixed_cost_per_byte, ThrottleConfig, Throttled, DEFAULT_MIX_WINDOW_MS};
 
 /// The unit of every device I/O, in bytes.
 pub const BLOCK_SIZE: usize = 4096;

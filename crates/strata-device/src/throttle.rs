@@ -6,6 +6,14 @@
 //! needed is the number of callers. Each call reserves its tokens at once and sleeps until the
 //! bucket would have refilled, so concurrent callers are paced in arrival order and the long-run
 //! rate is exact no matter how many threads push.
+//!
+//! The mixed-load penalty models NAND flash, whose sustained bandwidth falls when reads and
+//! writes mix (program and erase cycles stall reads queued behind them on the same die), while
+//! Optane-class media keep theirs. With `w` the write share of the bytes moved over the last
+//! `mix_window_ms` and `m = 4·w·(1−w)` the degree of mixing (0 for one-way traffic, 1 at 50/50),
+//! each byte costs `(1−m) + m·bandwidth/mixed_bandwidth` tokens of the bandwidth bucket: the time
+//! per byte moves linearly from the one-way cost to the 50/50 cost. docs/BENCH.md lists the
+//! parameters and where the presets' numbers come from.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,6 +42,89 @@ pub struct ThrottleConfig {
     /// slept without holding any lock, so it does not cap throughput by itself: concurrent
     /// callers overlap their latencies as queued commands on a real device do.
     pub latency_us: u64,
+    /// Total read + write bandwidth at a 50/50 mix, bytes per second; 0 means no mixed-load
+    /// penalty. Only meaningful with `bandwidth_bytes_per_s` set and not above it.
+    pub mixed_bandwidth_bytes_per_s: u64,
+    /// Window over which the read/write mix is measured (an exponential moving average with this
+    /// time constant); 0 picks [`DEFAULT_MIX_WINDOW_MS`].
+    pub mix_window_ms: u64,
+}
+
+/// Default time constant of the read/write mix average.
+pub const DEFAULT_MIX_WINDOW_MS: u64 = 100;
+
+impl ThrottleConfig {
+    /// True when every limit is off (the wrapper then only forwards).
+    pub fn is_unlimited(&self) -> bool {
+        self.bandwidth_bytes_per_s == 0 && self.iops == 0 && self.latency_us == 0
+    }
+}
+
+/// Bytes read and written recently, decayed exponentially: the mix the penalty looks at.
+struct MixTracker {
+    window_s: f64,
+    read_bytes: f64,
+    write_bytes: f64,
+    updated_at: Instant,
+}
+
+impl MixTracker {
+    fn new(window_ms: u64, now: Instant) -> MixTracker {
+        let window_ms = if window_ms == 0 {
+            DEFAULT_MIX_WINDOW_MS
+        } else {
+            window_ms
+        };
+        MixTracker {
+            window_s: window_ms as f64 / 1000.0,
+            read_bytes: 0.0,
+            write_bytes: 0.0,
+            updated_at: now,
+        }
+    }
+
+    /// Adds one operation and returns the write share of the recent bytes (0 when idle).
+    fn record(&mut self, dir: Direction, bytes: u64, now: Instant) -> f64 {
+        let dt_s = now.saturating_duration_since(self.updated_at).as_secs_f64();
+        let decay = (-dt_s / self.window_s).exp();
+        self.read_bytes *= decay;
+        self.write_bytes *= decay;
+        self.updated_at = now;
+        match dir {
+            Direction::Read => self.read_bytes += bytes as f64,
+            Direction::Write => self.write_bytes += bytes as f64,
+            Direction::None => {}
+        }
+        let total = self.read_bytes + self.write_bytes;
+        if total > 0.0 {
+            self.write_bytes / total
+        } else {
+            0.0
+        }
+    }
+}
+
+/// What an admitted operation does, for the mix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Read,
+    Write,
+    None,
+}
+
+/// Tokens per byte at write share `write_share`: 1 for one-way traffic, `bandwidth /
+/// mixed_bandwidth` at 50/50, linear in `4·w·(1−w)` between.
+pub fn mixed_cost_per_byte(config: &ThrottleConfig, write_share: f64) -> f64 {
+    let (bw, mixed) = (
+        config.bandwidth_bytes_per_s,
+        config.mixed_bandwidth_bytes_per_s,
+    );
+    if bw == 0 || mixed == 0 || mixed >= bw {
+        return 1.0;
+    }
+    let w = write_share.clamp(0.0, 1.0);
+    let mixing = 4.0 * w * (1.0 - w);
+    (1.0 - mixing) + mixing * bw as f64 / mixed as f64
 }
 
 /// A token bucket; tokens may go negative, which is a reservation the caller sleeps off.
@@ -84,6 +175,7 @@ struct Buckets {
     config: ThrottleConfig,
     bytes: Option<TokenBucket>,
     ops: Option<TokenBucket>,
+    mix: MixTracker,
 }
 
 impl Buckets {
@@ -93,15 +185,18 @@ impl Buckets {
             config,
             bytes: TokenBucket::new(config.bandwidth_bytes_per_s, config.burst_bytes, now),
             ops: TokenBucket::new(config.iops, config.burst_ops, now),
+            mix: MixTracker::new(config.mix_window_ms, now),
         }
     }
 }
 
 /// A [`Device`] that forwards to `inner` no faster than its [`ThrottleConfig`] allows. Its
-/// stats, name and size are the inner device's.
+/// stats and size are the inner device's; its name too, unless [`Throttled::with_label`] added
+/// a label (so that reports built from device names say the device is emulated).
 pub struct Throttled<D> {
     inner: D,
     buckets: Mutex<Buckets>,
+    name: Option<String>,
 }
 
 impl<D: Device> Throttled<D> {
@@ -109,7 +204,14 @@ impl<D: Device> Throttled<D> {
         Throttled {
             inner,
             buckets: Mutex::new(Buckets::new(config)),
+            name: None,
         }
+    }
+
+    /// Names the device `"<inner name> [<label>]"` in `name()` and `stats()`.
+    pub fn with_label(mut self, label: &str) -> Throttled<D> {
+        self.name = Some(format!("{} [{label}]", self.inner.name()));
+        self
     }
 
     /// Replaces the limits (the buckets start full again).
@@ -126,14 +228,16 @@ impl<D: Device> Throttled<D> {
     }
 
     /// Blocks until an operation moving `bytes` may proceed.
-    fn admit(&self, bytes: u64) {
+    fn admit(&self, dir: Direction, bytes: u64) {
         let now = Instant::now();
         let wait = {
             let mut buckets = self.buckets.lock();
+            let write_share = buckets.mix.record(dir, bytes, now);
+            let cost = bytes as f64 * mixed_cost_per_byte(&buckets.config, write_share);
             let bytes_wait = buckets
                 .bytes
                 .as_mut()
-                .map_or(Duration::ZERO, |b| b.reserve(bytes as f64, now));
+                .map_or(Duration::ZERO, |b| b.reserve(cost, now));
             let ops_wait = buckets
                 .ops
                 .as_mut()
@@ -152,18 +256,24 @@ impl<D: Device> Device for Throttled<D> {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
-        self.admit(buf.len() as u64);
+        self.admit(Direction::Read, buf.len() as u64);
         self.inner.read_at(buf, offset)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
-        self.admit(buf.len() as u64);
+        self.admit(Direction::Write, buf.len() as u64);
         self.inner.write_at(buf, offset)
     }
 
     fn flush(&self) -> Result<(), DeviceError> {
-        self.admit(0);
+        self.admit(Direction::None, 0);
         self.inner.flush()
+    }
+
+    /// One admission for the write: the flush rides on it, as with FUA on a real device.
+    fn write_durable_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        self.admit(Direction::Write, buf.len() as u64);
+        self.inner.write_durable_at(buf, offset)
     }
 
     /// Not throttled: a discard moves no data, and a hint should not hold up the caller.
@@ -172,11 +282,15 @@ impl<D: Device> Device for Throttled<D> {
     }
 
     fn stats(&self) -> DeviceStats {
-        self.inner.stats()
+        let mut stats = self.inner.stats();
+        if let Some(name) = &self.name {
+            stats.name.clone_from(name);
+        }
+        stats
     }
 
     fn name(&self) -> &str {
-        self.inner.name()
+        self.name.as_deref().unwrap_or_else(|| self.inner.name())
     }
 
     fn io_backend_name(&self) -> &'static str {
@@ -282,6 +396,60 @@ mod tests {
             elapsed >= Duration::from_millis(250),
             "60 ops at 200 IOPS took {elapsed:?}"
         );
+    }
+
+    #[test]
+    fn mixed_cost_follows_the_write_share() {
+        let config = ThrottleConfig {
+            bandwidth_bytes_per_s: 1000,
+            mixed_bandwidth_bytes_per_s: 400,
+            ..ThrottleConfig::default()
+        };
+        assert_eq!(mixed_cost_per_byte(&config, 0.0), 1.0);
+        assert_eq!(mixed_cost_per_byte(&config, 1.0), 1.0);
+        assert!((mixed_cost_per_byte(&config, 0.5) - 2.5).abs() < 1e-12);
+        // w = 0.25: mixing 0.75, cost 0.25 + 0.75 * 2.5.
+        assert!((mixed_cost_per_byte(&config, 0.25) - 2.125).abs() < 1e-12);
+        let no_penalty = ThrottleConfig {
+            mixed_bandwidth_bytes_per_s: 0,
+            ..config
+        };
+        assert_eq!(mixed_cost_per_byte(&no_penalty, 0.5), 1.0);
+    }
+
+    /// Alternating reads and writes move fewer bytes per second than writes alone.
+    #[test]
+    fn mixed_traffic_is_slower_than_one_way_traffic() {
+        let config = ThrottleConfig {
+            bandwidth_bytes_per_s: 16 * MIB,
+            mixed_bandwidth_bytes_per_s: 4 * MIB,
+            burst_bytes: 64 << 10,
+            ..ThrottleConfig::default()
+        };
+        let dev = Throttled::new(MemDevice::new("nand", 8 * MIB), config).with_label("emulated");
+        let mut block = pattern(1, 3);
+        let start = Instant::now();
+        for i in 0..256u64 {
+            dev.write_at(&block, i * BLOCK_SIZE as u64).unwrap();
+        }
+        let one_way = start.elapsed();
+        let start = Instant::now();
+        for i in 0..256u64 {
+            if i % 2 == 0 {
+                dev.write_at(&block, i * BLOCK_SIZE as u64).unwrap();
+            } else {
+                dev.read_at(&mut block, i * BLOCK_SIZE as u64).unwrap();
+            }
+        }
+        let mixed = start.elapsed();
+        // 1 MiB one way at 16 MiB/s is ~62 ms; mixed at 4 MiB/s ~250 ms.
+        assert!(
+            mixed >= Duration::from_millis(180),
+            "mixed 1 MiB took {mixed:?}"
+        );
+        assert!(mixed > one_way * 2, "one-way {one_way:?}, mixed {mixed:?}");
+        assert_eq!(dev.name(), "nand [emulated]");
+        assert_eq!(dev.stats().name, "nand [emulated]");
     }
 
     #[test]

@@ -52,6 +52,28 @@ pub struct ServeConfig {
     pub capacity_device_model: Option<String>,
     /// Extra device catalog files (TOML) beside the built-in catalog.
     pub catalog_files: Vec<PathBuf>,
+    /// Benchmarking aids: device models the fast / capacity devices are slowed down to.
+    pub emulation: Emulation,
+}
+
+/// `--fast-emulate` / `--capacity-emulate` (TOML `fast_emulate` / `capacity_emulate`), parsed.
+#[derive(Debug, Clone, Default)]
+pub struct Emulation {
+    pub fast: Option<strata_device::EmulationSpec>,
+    pub capacity: Option<strata_device::EmulationSpec>,
+}
+
+fn resolve_emulation(args: &ServeArgs, file: &FileConfig) -> Result<Emulation> {
+    let parse = |flag: &Option<String>, key: &Option<String>, name: &str| {
+        flag.as_ref()
+            .or(key.as_ref())
+            .map(|spec| strata_device::parse_emulation(spec).map_err(|e| anyhow!("{name}: {e}")))
+            .transpose()
+    };
+    Ok(Emulation {
+        fast: parse(&args.fast_emulate, &file.fast_emulate, "fast-emulate")?,
+        capacity: parse(&args.capacity_emulate, &file.capacity_emulate, "capacity-emulate")?,
+    })
 }
 
 /// The admin API token. Its Debug form never shows the secret, so it cannot reach a log.
@@ -122,6 +144,9 @@ pub struct FileConfig {
     pub capacity_device_model: Option<String>,
     #[serde(alias = "catalog")]
     pub catalog_files: Option<Vec<PathBuf>>,
+    /// Benchmarking aids (see docs/BENCH.md).
+    pub fast_emulate: Option<String>,
+    pub capacity_emulate: Option<String>,
 }
 
 /// A size in a file: a byte count (4096) or a string with a unit ("64M").
@@ -357,6 +382,7 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig> {
 
 pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
     let http_token = resolve_token(args, &file)?;
+    let emulation = resolve_emulation(args, &file)?;
     let data_dir = pick(
         args.data_dir.clone(),
         file.data_dir,
@@ -478,6 +504,7 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
         } else {
             args.catalog_files.clone()
         },
+        emulation,
     };
     validate(&config)?;
     Ok(config)

@@ -1,10 +1,13 @@
 //! Opening the devices of a disk group: files are created on first start (the fast tier
-//! preallocated, the capacity tier sparse), block devices are used as they are.
+//! preallocated, the capacity tier sparse), block devices are used as they are. With
+//! `--fast-emulate` / `--capacity-emulate` (benchmarking aids) a device is wrapped in the device
+//! layer's `Throttled` model and its name says "emulated", so every report built from device
+//! names (API, dashboard, `strata bench`) states it.
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
-use strata_device::{Device, DeviceError, IoBackend, OpenOptions};
+use strata_device::{Device, DeviceError, EmulationSpec, IoBackend, OpenOptions, Throttled};
 
 use crate::config::{IoBackendChoice, ServeConfig};
 
@@ -17,17 +20,28 @@ pub struct OpenedDevices {
 
 pub fn open_devices(cfg: &ServeConfig) -> Result<OpenedDevices> {
     let fast = open_one(&cfg.fast_device, cfg.fast_size_bytes, true, cfg.io_backend)?;
+    let io_backend = fast.io_backend_name().to_string();
+    let fast = emulate(fast, cfg.emulation.fast.as_ref());
     let capacity = cfg
         .capacity_devices
         .iter()
-        .map(|path| open_one(path, cfg.capacity_size_bytes, false, cfg.io_backend))
+        .map(|path| {
+            let device = open_one(path, cfg.capacity_size_bytes, false, cfg.io_backend)?;
+            Ok(emulate(device, cfg.emulation.capacity.as_ref()))
+        })
         .collect::<Result<Vec<_>>>()?;
-    let io_backend = fast.io_backend_name().to_string();
     Ok(OpenedDevices {
         fast,
         capacity,
         io_backend,
     })
+}
+
+/// Wraps a device in its emulated model, if one was asked for.
+fn emulate(device: Arc<dyn Device>, spec: Option<&EmulationSpec>) -> Arc<dyn Device> {
+    let Some(spec) = spec else { return device };
+    tracing::warn!(device = device.name(), model = %spec.label, "device emulation on: a benchmarking aid, not for production");
+    Arc::new(Throttled::new(device, spec.config).with_label(&spec.label))
 }
 
 fn open_one(
@@ -80,4 +94,64 @@ fn open_with(
             crate::one_line(&e.to_string())
         ),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{merge, parse_file};
+    use crate::ServeArgs;
+
+    fn args_in(dir: &Path) -> ServeArgs {
+        ServeArgs {
+            data_dir: Some(dir.to_path_buf()),
+            fast_size: Some(16 << 20),
+            capacity_size: Some(16 << 20),
+            ..ServeArgs::default()
+        }
+    }
+
+    #[test]
+    fn emulated_devices_say_so_in_their_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut args = args_in(dir.path());
+        args.fast_emulate = Some("nand-a,scale=0.01".into());
+        let file = parse_file("capacity_emulate = \"bw=20MB\"").unwrap();
+        let cfg = merge(&args, file).unwrap();
+        let devs = open_devices(&cfg).unwrap();
+        assert!(
+            devs.fast
+                .name()
+                .ends_with("[emulated nand-a x0.01: bw 19.8 MB/s, 50/50 7.7 MB/s]"),
+            "{}",
+            devs.fast.name()
+        );
+        assert_eq!(devs.fast.stats().name, devs.fast.name());
+        assert!(devs.capacity[0]
+            .name()
+            .ends_with("[emulated: bw 20.0 MB/s]"));
+        assert!(!devs.io_backend.contains("emulated"));
+    }
+
+    #[test]
+    fn without_emulation_devices_keep_their_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = merge(&args_in(dir.path()), Default::default()).unwrap();
+        let devs = open_devices(&cfg).unwrap();
+        assert!(
+            devs.fast.name().ends_with("fast.img"),
+            "{}",
+            devs.fast.name()
+        );
+    }
+
+    #[test]
+    fn a_bad_spec_is_refused_before_any_device_is_touched() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut args = args_in(&dir.path().join("never"));
+        args.fast_emulate = Some("bw=fast".into());
+        let e = merge(&args, Default::default()).unwrap_err().to_string();
+        assert!(e.starts_with("fast-emulate: invalid emulation spec"), "{e}");
+        assert!(!dir.path().join("never").exists());
+    }
 }

@@ -207,6 +207,13 @@ pub struct ServeArgs {
     /// Extra device catalog file (TOML); repeatable.
     #[arg(long = "catalog", value_name = "FILE")]
     pub catalog_files: Vec<PathBuf>,
+    /// Benchmarking aid: slow the fast device down to a device model, e.g. `nand-a,scale=0.02`
+    /// or `bw=40MB,mixed_bw=15MB` (see docs/BENCH.md). The device's name then says "emulated".
+    #[arg(long, value_name = "SPEC")]
+    pub fast_emulate: Option<String>,
+    /// Benchmarking aid: slow every capacity device down to a device model, e.g. `bw=20MB`.
+    #[arg(long, value_name = "SPEC")]
+    pub capacity_emulate: Option<String>,
 }
 
 fn main() -> ExitCode {

@@ -1,0 +1,71 @@
+# Helpers shared by the `strata bench` reproduction scripts (sourced, not run).
+# Every process started here is recorded and stopped by its PID on exit.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+STARTED_PIDS=()
+cleanup() {
+    local pid
+    for pid in "${STARTED_PIDS[@]}"; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    for pid in "${STARTED_PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+}
+trap cleanup EXIT
+
+build() {
+    cargo build --release -p strata --bin strata >&2
+    cargo build --release -p strata-bench --example raw_nbd >&2
+    STRATA=target/release/strata
+    RAW_NBD=target/release/examples/raw_nbd
+}
+
+machine() {
+    echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/{print $2}') GiB"
+    echo "devices: files in $1 on $(df -T "$1" | awk 'NR==2{print $1" ("$2")"}'), O_DIRECT"
+}
+
+# wait_line FILE PATTERN: waits up to 60 s for a line matching PATTERN in FILE.
+wait_line() {
+    local i
+    for i in $(seq 600); do
+        grep -q "$2" "$1" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "timed out waiting for '$2' in $1" >&2
+    return 1
+}
+
+# start_strata DIR ARGS...: starts a daemon on kernel-chosen loopback ports; sets NBD and API.
+start_strata() {
+    local dir=$1
+    shift
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    "$STRATA" serve --data-dir "$dir/data" --nbd-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 "$@" \
+        >"$dir/stdout" 2>"$dir/stderr" &
+    STARTED_PIDS+=($!)
+    STRATA_PID=$!
+    wait_line "$dir/stdout" "strata: ready"
+    NBD=nbd://$(sed -n 's/^strata: NBD listening on //p' "$dir/stdout")
+    API=$(sed -n 's/^strata: HTTP API listening on //p' "$dir/stdout")
+}
+
+# start_raw DIR SIZE_MIB EMULATE: serves one emulated device file with no tier; sets RAW_URI.
+start_raw() {
+    local dir=$1
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    "$RAW_NBD" --device "$dir/capacity.img" --size "$2" --listen 127.0.0.1:0 --emulate "$3" \
+        >"$dir/stdout" 2>"$dir/stderr" &
+    STARTED_PIDS+=($!)
+    RAW_PID=$!
+    wait_line "$dir/stdout" "raw_nbd: ready"
+    RAW_URI=$(sed -n 's/^raw_nbd: ready //p' "$dir/stdout")
+}
+
+stop_pid() {
+    kill -TERM "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
+}

@@ -1,0 +1,476 @@
+//! The load generator of one connection: a reader task turns replies into timestamped
+//! completions; the step loop sends requests (closed loop, Poisson open loop, or one pass over a
+//! region) and records each completion's latency.
+//!
+//! Latency is measured from the *intended* submission time. In a closed loop that is the moment
+//! the request is sent. In an open loop (curve steps) every arrival has an intended time from the
+//! Poisson schedule; when all of the connection's queue slots are busy at that time, the request
+//! waits for a slot and its latency still counts from the intended time, so a stalled server
+//! shows up as latency, never as a quietly lower offered rate (no coordinated omission). When a
+//! slot was free but the generator's own timer woke late, the request counts from when it was
+//! sent, and that lateness is reported apart (`schedule_lag`) as the generator's own error.
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::arrivals::PoissonArrivals;
+use crate::nbd::{self, Connection, CMD_READ, CMD_WRITE};
+use crate::stats::StepCounters;
+use crate::workload::Workload;
+use crate::BenchError;
+
+/// Nanoseconds since the run started; every timestamp of a run uses one clock.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    epoch: Instant,
+}
+
+impl Clock {
+    pub fn new() -> Clock {
+        Clock {
+            epoch: Instant::now(),
+        }
+    }
+    pub fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+    pub fn at(&self, ns: u64) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.epoch + Duration::from_nanos(ns))
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock::new()
+    }
+}
+
+/// A byte range of an export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    pub start_bytes: u64,
+    pub len_bytes: u64,
+}
+
+/// How requests are offered during a step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Pacing {
+    /// Every free slot is refilled at once.
+    Closed,
+    /// Poisson arrivals at this connection's share of the step's rate.
+    Open { rate_per_s: f64 },
+    /// One sequential pass over the connection's slice, closed loop (prep).
+    OnePass,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct StepPlan {
+    pub pacing: Pacing,
+    /// Requests intended at or after this are recorded (before it: warm-up).
+    pub record_from_ns: u64,
+    /// No request is sent at or after this (u64::MAX: until the pass is done).
+    pub stop_at_ns: u64,
+    pub seed: u64,
+    /// A connection with requests in flight and no reply for this long fails the run.
+    pub io_timeout: Duration,
+}
+
+/// A reply as the reader task saw it.
+struct Completion {
+    cookie: u64,
+    error: u32,
+    done_ns: u64,
+}
+
+/// One connection and the part of the export it works on.
+pub struct Worker {
+    writer: OwnedWriteHalf,
+    completions: mpsc::Receiver<Result<Completion, String>>,
+    reader: JoinHandle<()>,
+    /// The VM's working set: random offsets fall in it.
+    working_set: Region,
+    /// This connection's share of the working set: sequential offsets walk through it.
+    slice: Region,
+    seq_cursor_bytes: u64,
+    queue_depth: u32,
+    workload: Workload,
+    payload: Arc<Vec<u8>>,
+    /// Completions of the whole run, for the progress display.
+    pub completed: Arc<AtomicU64>,
+    send_buf: Vec<u8>,
+}
+
+/// How long after a step's end an open loop may still send arrivals that were due before it
+/// (the timer's resolution is about a millisecond).
+const TIMER_GRACE_NS: u64 = 5_000_000;
+
+// Cookie layout: slot (bits 0..16), write flag (bit 16), start time in ns (bits 17..64).
+const SLOT_BITS: u32 = 16;
+const WRITE_BIT: u64 = 1 << SLOT_BITS;
+const TIME_SHIFT: u32 = SLOT_BITS + 1;
+
+fn cookie(slot: u16, write: bool, start_ns: u64) -> u64 {
+    (start_ns << TIME_SHIFT) | if write { WRITE_BIT } else { 0 } | u64::from(slot)
+}
+
+fn decode(cookie: u64) -> (u16, bool, u64) {
+    (cookie as u16, cookie & WRITE_BIT != 0, cookie >> TIME_SHIFT)
+}
+
+/// Where and how a worker loads its connection.
+pub struct WorkerSpec {
+    /// The VM's working set: random offsets fall in it.
+    pub working_set: Region,
+    /// This connection's share of it (inside it, block-aligned): sequential offsets walk it.
+    pub slice: Region,
+    pub queue_depth: u32,
+    pub workload: Workload,
+    /// The bytes every write sends.
+    pub payload: Arc<Vec<u8>>,
+}
+
+impl Worker {
+    /// Starts the connection's reader task.
+    pub fn new(
+        conn: Connection,
+        spec: WorkerSpec,
+        clock: Clock,
+        completed: Arc<AtomicU64>,
+    ) -> Worker {
+        let WorkerSpec {
+            working_set,
+            slice,
+            queue_depth,
+            workload,
+            payload,
+        } = spec;
+        let (tx, rx) = mpsc::channel(queue_depth as usize + 1);
+        let block = workload.block_size_bytes as usize;
+        let mut reader = conn.reader;
+        let task = tokio::spawn(async move {
+            let mut sink = vec![0u8; block];
+            loop {
+                let r = match nbd::read_reply(&mut reader).await {
+                    Ok(reply) => {
+                        let (_, write, _) = decode(reply.cookie);
+                        let data = if !write && reply.error == 0 {
+                            reader.read_exact(&mut sink).await.map(|_| ())
+                        } else {
+                            Ok(())
+                        };
+                        data.map(|_| Completion {
+                            cookie: reply.cookie,
+                            error: reply.error,
+                            done_ns: clock.now_ns(),
+                        })
+                    }
+                    Err(e) => Err(e),
+                };
+                let failed = r.is_err();
+                if tx.send(r.map_err(|e| nbd::short_io(&e))).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Worker {
+            writer: conn.writer,
+            completions: rx,
+            reader: task,
+            working_set,
+            slice,
+            seq_cursor_bytes: slice.start_bytes,
+            queue_depth,
+            workload,
+            payload,
+            completed,
+            send_buf: Vec::with_capacity(nbd::REQUEST_HEADER_LEN + block),
+        }
+    }
+
+    /// Sends NBD_CMD_DISC and stops the reader.
+    pub async fn close(self) {
+        let Worker { writer, reader, .. } = self;
+        let mut w = writer;
+        let mut msg = Vec::new();
+        nbd::encode_request(&mut msg, nbd::CMD_DISC, 0, 0, 0);
+        let _ = w.write_all(&msg).await;
+        let _ = w.shutdown().await;
+        reader.abort();
+    }
+
+    /// The next offset and direction.
+    fn next_op(&mut self, rng: &mut SmallRng, pacing: Pacing) -> (u64, bool) {
+        let bs = u64::from(self.workload.block_size_bytes);
+        let write = pacing == Pacing::OnePass || rng.gen_range(0..100u8) >= self.workload.read_pct;
+        let random =
+            pacing != Pacing::OnePass && rng.gen_range(0..100u8) < self.workload.random_pct;
+        if random {
+            let blocks = (self.working_set.len_bytes / bs).max(1);
+            return (
+                self.working_set.start_bytes + rng.gen_range(0..blocks) * bs,
+                write,
+            );
+        }
+        let end = self.slice.start_bytes + self.slice.len_bytes;
+        if self.seq_cursor_bytes + bs > end {
+            self.seq_cursor_bytes = self.slice.start_bytes;
+        }
+        let offset = self.seq_cursor_bytes;
+        self.seq_cursor_bytes += bs;
+        (offset, write)
+    }
+
+    /// Requests one pass over the slice takes.
+    pub fn pass_ops(&self) -> u64 {
+        self.slice.len_bytes / u64::from(self.workload.block_size_bytes)
+    }
+
+    /// True once a one-pass step has sent its whole slice.
+    fn pass_done(&self) -> bool {
+        let bs = u64::from(self.workload.block_size_bytes);
+        self.seq_cursor_bytes + bs > self.slice.start_bytes + self.slice.len_bytes
+    }
+
+    async fn send(&mut self, offset: u64, write: bool, cookie: u64) -> Result<(), BenchError> {
+        let len = self.workload.block_size_bytes;
+        self.send_buf.clear();
+        let command = if write { CMD_WRITE } else { CMD_READ };
+        nbd::encode_request(&mut self.send_buf, command, cookie, offset, len);
+        if write {
+            self.send_buf.extend_from_slice(&self.payload);
+        }
+        self.writer
+            .write_all(&self.send_buf)
+            .await
+            .map_err(|e| BenchError::Target(format!("sending a request: {}", nbd::short_io(&e))))
+    }
+}
+
+/// Per-step state of the send loop.
+struct StepState {
+    free: VecDeque<(u16, u64)>,
+    in_flight: u32,
+    arrivals: Option<PoissonArrivals>,
+    counters: StepCounters,
+    last_reply_ns: u64,
+}
+
+/// Runs one step on one connection; returns what it measured (only requests intended at or
+/// after `record_from_ns`).
+pub async fn run_step(
+    w: &mut Worker,
+    plan: &StepPlan,
+    clock: &Clock,
+) -> Result<StepCounters, BenchError> {
+    if plan.pacing == Pacing::OnePass {
+        w.seq_cursor_bytes = w.slice.start_bytes;
+    }
+    let now = clock.now_ns();
+    let mut rng = SmallRng::seed_from_u64(plan.seed);
+    let mut st = StepState {
+        free: (0..w.queue_depth as u16).map(|s| (s, 0)).collect(),
+        in_flight: 0,
+        arrivals: match plan.pacing {
+            Pacing::Open { rate_per_s } => {
+                Some(PoissonArrivals::new(rate_per_s, now, plan.seed ^ 0x5eed))
+            }
+            _ => None,
+        },
+        counters: StepCounters::default(),
+        last_reply_ns: now,
+    };
+    loop {
+        let sending = issue_ready(w, plan, clock, &mut rng, &mut st).await?;
+        if !sending && st.in_flight == 0 {
+            break;
+        }
+        wait_for_event(w, plan, clock, sending, &mut st).await?;
+    }
+    if let Some(arrivals) = st.arrivals.as_mut() {
+        count_late_arrivals(arrivals, plan, &mut st.counters);
+    }
+    Ok(st.counters)
+}
+
+/// Sends every request that is due and has a slot. Returns false once the step sends no more.
+async fn issue_ready(
+    w: &mut Worker,
+    plan: &StepPlan,
+    clock: &Clock,
+    rng: &mut SmallRng,
+    st: &mut StepState,
+) -> Result<bool, BenchError> {
+    loop {
+        let now = clock.now_ns();
+        if plan.pacing == Pacing::OnePass && w.pass_done() {
+            return Ok(false);
+        }
+        // An open loop still sends the arrivals due before the end if a slot is free when the
+        // generator wakes (its timer may wake just after the end); nothing is sent later than
+        // TIMER_GRACE_NS after the end, and what is left counts as late.
+        let stopped = match st.arrivals.as_ref() {
+            None => now >= plan.stop_at_ns,
+            Some(a) => {
+                a.peek_ns() >= plan.stop_at_ns
+                    || now >= plan.stop_at_ns.saturating_add(TIMER_GRACE_NS)
+                    || (now >= plan.stop_at_ns && st.free.is_empty())
+            }
+        };
+        if stopped {
+            return Ok(false);
+        }
+        let Some(&(slot, freed_ns)) = st.free.front() else {
+            return Ok(true);
+        };
+        let start_ns = match st.arrivals.as_mut() {
+            None => now,
+            Some(a) if a.peek_ns() > now => return Ok(true),
+            Some(a) => {
+                let intended = a.take_ns();
+                if freed_ns <= intended {
+                    // A slot was free in time: any delay is the generator's own.
+                    if intended >= plan.record_from_ns {
+                        st.counters.schedule_lag.record_us((now - intended) / 1000);
+                    }
+                    now
+                } else {
+                    intended
+                }
+            }
+        };
+        st.free.pop_front();
+        let (offset, write) = w.next_op(rng, plan.pacing);
+        w.send(offset, write, cookie(slot, write, start_ns)).await?;
+        st.in_flight += 1;
+    }
+}
+
+/// Waits for a completion, the next arrival, or the end of sending.
+async fn wait_for_event(
+    w: &mut Worker,
+    plan: &StepPlan,
+    clock: &Clock,
+    sending: bool,
+    st: &mut StepState,
+) -> Result<(), BenchError> {
+    let mut wake_ns = u64::MAX;
+    if sending {
+        wake_ns = plan.stop_at_ns;
+        if let (Some(a), false) = (st.arrivals.as_ref(), st.free.is_empty()) {
+            wake_ns = wake_ns.min(a.peek_ns());
+        }
+    }
+    let timeout_ns = st.last_reply_ns + plan.io_timeout.as_nanos() as u64;
+    let deadline_ns = if st.in_flight > 0 {
+        wake_ns.min(timeout_ns)
+    } else {
+        wake_ns
+    };
+    if deadline_ns == u64::MAX {
+        return Err(BenchError::Target(
+            "the generator has nothing to wait for".into(),
+        ));
+    }
+    tokio::select! {
+        c = w.completions.recv() => complete(w, plan, c, st),
+        _ = tokio::time::sleep_until(clock.at(deadline_ns)) => {
+            if st.in_flight > 0 && clock.now_ns() >= timeout_ns {
+                return Err(BenchError::Target(format!(
+                    "no reply for {:?} with {} requests in flight",
+                    plan.io_timeout, st.in_flight
+                )));
+            }
+            Ok(())
+        }
+    }
+}
+
+fn complete(
+    w: &mut Worker,
+    plan: &StepPlan,
+    c: Option<Result<Completion, String>>,
+    st: &mut StepState,
+) -> Result<(), BenchError> {
+    let c = match c {
+        Some(Ok(c)) => c,
+        Some(Err(e)) => return Err(BenchError::Target(format!("reading a reply: {e}"))),
+        None => {
+            return Err(BenchError::Target(
+                "the server closed the connection".into(),
+            ))
+        }
+    };
+    let (slot, write, start_ns) = decode(c.cookie);
+    if slot >= w.queue_depth as u16 || st.in_flight == 0 {
+        return Err(BenchError::Target(format!(
+            "reply with an unknown cookie {:#x}",
+            c.cookie
+        )));
+    }
+    st.in_flight -= 1;
+    st.free.push_back((slot, c.done_ns));
+    st.last_reply_ns = c.done_ns;
+    w.completed.fetch_add(1, Ordering::Relaxed);
+    // Throughput counts what completed inside the window; latency what was meant to start in it.
+    let bs = u64::from(w.workload.block_size_bytes);
+    let done_in_window = c.done_ns >= plan.record_from_ns && c.done_ns < plan.stop_at_ns;
+    if c.error != 0 {
+        st.counters.errors += u64::from(done_in_window);
+        return Ok(());
+    }
+    if done_in_window {
+        let (count, bytes) = if write {
+            (&mut st.counters.writes_done, &mut st.counters.write_bytes)
+        } else {
+            (&mut st.counters.reads_done, &mut st.counters.read_bytes)
+        };
+        *count += 1;
+        *bytes += bs;
+    }
+    if start_ns < plan.record_from_ns {
+        return Ok(());
+    }
+    let latency_us = c.done_ns.saturating_sub(start_ns) / 1000;
+    if write {
+        st.counters.writes.record_us(latency_us);
+    } else {
+        st.counters.reads.record_us(latency_us);
+    }
+    Ok(())
+}
+
+/// Arrivals the schedule wanted before the step ended but that never got a slot: each counts
+/// with the wait it had so far (a lower bound of its latency), so a stall is not hidden.
+fn count_late_arrivals(a: &mut PoissonArrivals, plan: &StepPlan, counters: &mut StepCounters) {
+    while a.peek_ns() < plan.stop_at_ns {
+        let intended = a.take_ns();
+        if intended >= plan.record_from_ns {
+            counters.late_arrivals += 1;
+            counters.late.record_us((plan.stop_at_ns - intended) / 1000);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cookies_round_trip() {
+        for (slot, write, t) in [
+            (0u16, false, 0u64),
+            (1023, true, 123_456_789_012),
+            (7, true, (1 << 47) - 1),
+        ] {
+            assert_eq!(decode(cookie(slot, write, t)), (slot, write, t));
+        }
+    }
+}

@@ -1,0 +1,509 @@
+//! The generator against an in-process NBD server (strata-nbd over a memory export): offered and
+//! delivered rates, closed-loop queue depth, a server stall showing up as latency (no
+//! coordinated omission), prep coverage, scale steps, baseline ratios, and the JSON schema.
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use strata_bench::{run_report, BenchArgs, Report};
+use strata_nbd::{Backend, BlockStatus, Errno, Export, ExportInfo};
+
+/// An export in memory that can add a fixed service time and stall once.
+struct MemExport {
+    data: Mutex<Vec<u8>>,
+    writes_per_block: Mutex<Vec<u32>>,
+    service_time: Duration,
+    /// Requests arriving in [stall_from, stall_from + stall_for) wait until its end.
+    stall_from: Instant,
+    stall_for: Duration,
+    requests: AtomicU64,
+}
+
+const BLOCK: usize = 4096;
+
+impl MemExport {
+    fn new(size_bytes: usize, service_time: Duration) -> MemExport {
+        MemExport {
+            data: Mutex::new(vec![0; size_bytes]),
+            writes_per_block: Mutex::new(vec![0; size_bytes / BLOCK]),
+            service_time,
+            stall_from: Instant::now() + Duration::from_secs(3600),
+            stall_for: Duration::ZERO,
+            requests: AtomicU64::new(0),
+        }
+    }
+
+    fn serve_time(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let stall_end = self.stall_from + self.stall_for;
+        if now >= self.stall_from && now < stall_end {
+            std::thread::sleep(stall_end - now);
+        }
+        if !self.service_time.is_zero() {
+            std::thread::sleep(self.service_time);
+        }
+    }
+}
+
+impl Export for MemExport {
+    fn size_bytes(&self) -> u64 {
+        self.data.lock().unwrap().len() as u64
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
+        self.serve_time();
+        let d = self.data.lock().unwrap();
+        buf.copy_from_slice(&d[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+    fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), Errno> {
+        self.serve_time();
+        self.data.lock().unwrap()[offset as usize..offset as usize + data.len()]
+            .copy_from_slice(data);
+        let mut w = self.writes_per_block.lock().unwrap();
+        for b in offset as usize / BLOCK..(offset as usize + data.len()) / BLOCK {
+            w[b] += 1;
+        }
+        Ok(())
+    }
+    fn flush(&self) -> Result<(), Errno> {
+        Ok(())
+    }
+    fn trim(&self, _: u64, _: u64) -> Result<(), Errno> {
+        Ok(())
+    }
+    fn write_zeroes(&self, _: u64, _: u64, _: bool) -> Result<(), Errno> {
+        Err(Errno::NotSup)
+    }
+    fn cache(&self, _: u64, _: u64) -> Result<(), Errno> {
+        Ok(())
+    }
+    fn block_status(&self, _: u64, len: u64) -> Result<Vec<BlockStatus>, Errno> {
+        Ok(vec![BlockStatus {
+            len: len.min(u64::from(u32::MAX)) as u32,
+            flags: 0,
+        }])
+    }
+}
+
+struct OneExport(Arc<MemExport>);
+
+impl Backend for OneExport {
+    fn list(&self) -> Vec<ExportInfo> {
+        vec![ExportInfo {
+            name: "mem".into(),
+            description: String::new(),
+        }]
+    }
+    fn open(&self, name: &str) -> Option<Arc<dyn Export>> {
+        (name == "mem").then(|| self.0.clone() as Arc<dyn Export>)
+    }
+}
+
+/// A server on its own runtime and thread, stopped when dropped.
+struct Server {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    fn start(export: Arc<MemExport>) -> Server {
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                addr_tx.send(listener.local_addr().unwrap()).unwrap();
+                let backend: Arc<dyn Backend> = Arc::new(OneExport(export));
+                let cfg = strata_nbd::ServerConfig {
+                    max_in_flight_per_connection: 256,
+                    ..Default::default()
+                };
+                let _ = strata_nbd::serve(listener, backend, cfg, async {
+                    let _ = stop_rx.await;
+                })
+                .await;
+            });
+        });
+        Server {
+            addr: addr_rx.recv().unwrap(),
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }
+    }
+
+    fn uri(&self) -> String {
+        format!("nbd://{}/mem", self.addr)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    bench: BenchArgs,
+}
+
+fn bench(args: &[&str]) -> Report {
+    let mut all = vec!["bench", "--no-strata-api", "--quiet"];
+    all.extend_from_slice(args);
+    let cli = Cli::try_parse_from(all).unwrap_or_else(|e| panic!("{e}"));
+    run_report(&cli.bench).unwrap_or_else(|e| panic!("bench failed: {e}"))
+}
+
+const MIB: usize = 1 << 20;
+
+#[test]
+fn an_open_loop_delivers_its_rate() {
+    let server = Server::start(Arc::new(MemExport::new(64 * MIB, Duration::ZERO)));
+    let r = bench(&[
+        "--target",
+        &server.uri(),
+        "--mode",
+        "max",
+        "--rate-iops",
+        "2000",
+        "--duration",
+        "2s",
+        "--warmup",
+        "500ms",
+        "--conns",
+        "4",
+        "--qd",
+        "8",
+        "--profile",
+        "70r-4k",
+    ]);
+    let s = &r.targets[0].steps[0];
+    assert_eq!(s.kind, "rate");
+    assert_eq!(s.target_iops, Some(2000.0));
+    // 4,000 Poisson arrivals: standard deviation ~63, so 5% is over 3 sigma.
+    assert!(
+        (s.ios as f64 - 4000.0).abs() < 200.0,
+        "{} I/Os in 2 s at 2000 IOPS",
+        s.ios
+    );
+    let achieved = s.achieved_ratio.unwrap();
+    assert!((0.95..1.05).contains(&achieved), "achieved {achieved}");
+    let read_share = s.reads as f64 / s.ios as f64;
+    assert!((read_share - 0.7).abs() < 0.04, "read share {read_share}");
+    assert_eq!(s.errors, 0);
+    assert_eq!(s.late_arrivals, 0, "a memory server keeps up");
+}
+
+/// Offered 1,000 IOPS, a server that manages at most 500 (2 ms per request at queue depth 1):
+/// the step delivers about half its target, the backlog shows up as late arrivals and latency.
+#[test]
+fn a_server_that_cannot_keep_up_delivers_less_than_offered() {
+    let server = Server::start(Arc::new(MemExport::new(16 * MIB, Duration::from_millis(2))));
+    let r = bench(&[
+        "--target",
+        &server.uri(),
+        "--mode",
+        "max",
+        "--rate-iops",
+        "1000",
+        "--duration",
+        "1s",
+        "--warmup",
+        "0s",
+        "--qd",
+        "1",
+        "--profile",
+        "rr-4k",
+    ]);
+    let s = &r.targets[0].steps[0];
+    let achieved = s.achieved_ratio.unwrap();
+    assert!(achieved < 0.55, "achieved {achieved} of an impossible rate");
+    assert!(s.iops <= 510.0, "{} IOPS", s.iops);
+    assert!(s.late_arrivals > 300, "{} late arrivals", s.late_arrivals);
+    assert!(
+        s.latency_us.unwrap().p50 > 100_000.0,
+        "p50 {:?}",
+        s.latency_us
+    );
+}
+
+#[test]
+fn a_closed_loop_keeps_its_queue_full() {
+    // 2 ms per request, one connection at queue depth 4: at most 2,000 IOPS, latency >= 2 ms.
+    let server = Server::start(Arc::new(MemExport::new(16 * MIB, Duration::from_millis(2))));
+    let r = bench(&[
+        "--target",
+        &server.uri(),
+        "--mode",
+        "max",
+        "--duration",
+        "1s",
+        "--warmup",
+        "200ms",
+        "--qd",
+        "4",
+        "--profile",
+        "rr-4k",
+    ]);
+    let s = &r.targets[0].steps[0];
+    assert!(s.iops > 1000.0 && s.iops <= 2050.0, "{} IOPS", s.iops);
+    let l = s.latency_us.unwrap();
+    assert!(l.p50 >= 2000.0, "p50 {} us", l.p50);
+    assert_eq!(s.service_levels[0].share, 0.0, "nothing within 1 ms");
+}
+
+/// The server stalls for 400 ms in the middle of a 500 IOPS open-loop step at queue depth 1.
+/// About 200 arrivals fall into the stall and each waits for its end, so roughly 10% of the
+/// step's I/Os are slower than 10 ms. A closed loop (coordinated omission) would show one slow
+/// I/O out of ~800.
+#[test]
+fn a_stall_shows_up_as_latency() {
+    let mut export = MemExport::new(16 * MIB, Duration::ZERO);
+    export.stall_from = Instant::now() + Duration::from_millis(1200);
+    export.stall_for = Duration::from_millis(400);
+    let server = Server::start(Arc::new(export));
+    let r = bench(&[
+        "--target",
+        &server.uri(),
+        "--mode",
+        "max",
+        "--rate-iops",
+        "500",
+        "--duration",
+        "2s",
+        "--warmup",
+        "0s",
+        "--qd",
+        "1",
+        "--profile",
+        "rr-4k",
+    ]);
+    let s = &r.targets[0].steps[0];
+    let slow_share = 1.0 - s.service_levels[3].share;
+    assert!(
+        slow_share > 0.05,
+        "only {:.1}% of I/Os above 10 ms",
+        slow_share * 100.0
+    );
+    let l = s.latency_us.unwrap();
+    assert!(l.p95 > 50_000.0, "p95 {} us", l.p95);
+    assert!(l.max >= 350_000.0, "max {} us", l.max);
+    assert!(s.ios >= 900, "the backlog is still sent: {} I/Os", s.ios);
+}
+
+#[test]
+fn prep_writes_every_block_exactly_once() {
+    let export = Arc::new(MemExport::new(8 * MIB, Duration::ZERO));
+    let server = Server::start(export.clone());
+    let r = bench(&[
+        "--target",
+        &server.uri(),
+        "--profile",
+        "prep",
+        "--conns",
+        "3",
+        "--qd",
+        "4",
+    ]);
+    let s = &r.targets[0].steps[0];
+    assert_eq!(s.kind, "prep");
+    // 8 MiB in 256 KiB blocks = 32 writes; 3 connections split 32 blocks 10/10/10 (2 left out
+    // would be a bug): each connection's slice is whole blocks, so check what was covered.
+    let writes = export.writes_per_block.lock().unwrap().clone();
+    assert!(writes.iter().all(|&n| n <= 1), "a block written twice");
+    let covered = writes.iter().filter(|&&n| n == 1).count() * BLOCK;
+    assert_eq!(covered as u64, s.writes * 256 * 1024);
+    assert!(
+        covered >= 8 * MIB - 3 * 256 * 1024,
+        "covered {covered} of {}",
+        8 * MIB
+    );
+    assert!(s.measured_s > 0.0 && s.bytes_per_s > 0.0);
+}
+
+#[test]
+fn scale_doubles_the_vms_at_queue_depth_one() {
+    let server = Server::start(Arc::new(MemExport::new(16 * MIB, Duration::from_millis(1))));
+    let r = bench(&[
+        "--target",
+        &server.uri(),
+        "--mode",
+        "scale",
+        "--vms",
+        "5",
+        "--duration",
+        "500ms",
+        "--warmup",
+        "100ms",
+        "--profile",
+        "70r-4k",
+    ]);
+    let steps = &r.targets[0].steps;
+    let vms: Vec<u32> = steps.iter().map(|s| s.vms).collect();
+    assert_eq!(vms, vec![1, 2, 4, 5]);
+    assert!(steps
+        .iter()
+        .all(|s| s.queue_depth == 1 && s.connections == s.vms));
+    // 1 ms service time at QD1: each VM does at most ~1,000 IOPS, and more VMs do more.
+    assert!(steps[0].iops <= 1050.0, "{}", steps[0].iops);
+    assert!(
+        steps[2].iops > 1.5 * steps[0].iops,
+        "{} vs {}",
+        steps[2].iops,
+        steps[0].iops
+    );
+}
+
+#[test]
+fn a_baseline_runs_interleaved_and_gives_ratios() {
+    let fast = Server::start(Arc::new(MemExport::new(16 * MIB, Duration::ZERO)));
+    let slow = Server::start(Arc::new(MemExport::new(16 * MIB, Duration::from_millis(2))));
+    let r = bench(&[
+        "--target",
+        &fast.uri(),
+        "--baseline",
+        &slow.uri(),
+        "--mode",
+        "curve",
+        "--curve-steps",
+        "50,100",
+        "--duration",
+        "500ms",
+        "--warmup",
+        "100ms",
+        "--qd",
+        "2",
+        "--profile",
+        "rr-4k",
+    ]);
+    assert_eq!(r.targets.len(), 2);
+    assert_eq!(r.targets[1].role, "baseline");
+    let names: Vec<&str> = r.ratios.iter().map(|x| x.step.as_str()).collect();
+    assert_eq!(names, vec!["max", "50%", "100%"]);
+    assert!(r.ratios[0].iops_ratio.unwrap() > 2.0, "{:?}", r.ratios[0]);
+    assert!(
+        r.ratios[0].latency_p99_ratio.unwrap() < 0.5,
+        "{:?}",
+        r.ratios[0]
+    );
+    let check = r.targets[1].curve_check.as_ref().unwrap();
+    assert_eq!(
+        check.rate_ok,
+        check.findings.iter().all(|f| !f.contains("delivered"))
+    );
+}
+
+fn schema() -> (boon::Schemas, boon::SchemaIndex) {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/bench-report.schema.json"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut schemas = boon::Schemas::new();
+    let mut compiler = boon::Compiler::new();
+    compiler
+        .add_resource("file:///bench-report.schema.json", value)
+        .unwrap();
+    let index = compiler
+        .compile("file:///bench-report.schema.json", &mut schemas)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    (schemas, index)
+}
+
+#[test]
+fn the_report_validates_against_the_schema_and_the_html_is_self_contained() {
+    let server = Server::start(Arc::new(MemExport::new(16 * MIB, Duration::ZERO)));
+    let baseline = Server::start(Arc::new(MemExport::new(16 * MIB, Duration::ZERO)));
+    let r = bench(&[
+        "--target",
+        &server.uri(),
+        "--baseline",
+        &baseline.uri(),
+        "--mode",
+        "curve",
+        "--curve-steps",
+        "50,100",
+        "--duration",
+        "300ms",
+        "--warmup",
+        "0s",
+        "--note",
+        "memory exports",
+    ]);
+    let json = serde_json::to_value(&r).unwrap();
+    let (schemas, index) = schema();
+    if let Err(e) = schemas.validate(&json, index) {
+        panic!("report does not match docs/bench-report.schema.json: {e:#}");
+    }
+    let mut broken = json.clone();
+    broken["targets"][0]["steps"][0]["service_levels"][0]["share"] = serde_json::json!(1.5);
+    assert!(
+        schemas.validate(&broken, index).is_err(),
+        "the schema checks shares"
+    );
+    let mut broken = json.clone();
+    broken.as_object_mut().unwrap().remove("targets");
+    assert!(
+        schemas.validate(&broken, index).is_err(),
+        "the schema requires targets"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let paths = strata_bench::write_outputs(&r, dir.path()).unwrap();
+    let html = std::fs::read_to_string(dir.path().join("report.html")).unwrap();
+    assert!(html.contains("<svg") && !html.contains("<script") && !html.contains("src=\""));
+    assert!(html.contains("memory exports"));
+    for chart in ["curve.svg", "service-levels.svg"] {
+        assert!(paths.iter().any(|p| p.ends_with(chart)), "{paths:?}");
+    }
+    let back: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("report.json")).unwrap())
+            .unwrap();
+    assert!(
+        schemas.validate(&back, index).is_ok(),
+        "the written report.json is valid too"
+    );
+    assert_eq!(
+        back["targets"][1]["steps"].as_array().map(Vec::len),
+        Some(3)
+    );
+}
+
+#[test]
+fn unreachable_and_unknown_exports_are_clear_errors() {
+    let server = Server::start(Arc::new(MemExport::new(MIB, Duration::ZERO)));
+    let wrong = format!("nbd://{}/nope", server.addr);
+    let cli =
+        Cli::try_parse_from(["bench", "--no-strata-api", "--quiet", "--target", &wrong]).unwrap();
+    let e = run_report(&cli.bench).unwrap_err().to_string();
+    assert!(e.contains("no export named \"nope\""), "{e}");
+    let cli = Cli::try_parse_from([
+        "bench",
+        "--no-strata-api",
+        "--quiet",
+        "--target",
+        "nbd://127.0.0.1:1/x",
+    ])
+    .unwrap();
+    let e = run_report(&cli.bench).unwrap_err().to_string();
+    assert!(e.contains("connection refused"), "{e}");
+}

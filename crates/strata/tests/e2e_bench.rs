@@ -1,0 +1,195 @@
+//! `strata bench` against a live daemon: a short ramp-up curve produces a report.json that
+//! validates against docs/bench-report.schema.json, with the daemon's time series and the
+//! emulation stated, and a self-contained report.html.
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+const BENCH_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn schema_check(report: &Value) {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/bench-report.schema.json"
+    );
+    let schema: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("schema file"))
+        .expect("schema JSON");
+    let mut schemas = boon::Schemas::new();
+    let mut compiler = boon::Compiler::new();
+    compiler
+        .add_resource("file:///bench-report.schema.json", schema)
+        .expect("schema resource");
+    let index = compiler
+        .compile("file:///bench-report.schema.json", &mut schemas)
+        .unwrap_or_else(|e| panic!("schema: {e:#}"));
+    if let Err(e) = schemas.validate(report, index) {
+        panic!("report.json does not match the schema: {e:#}");
+    }
+}
+
+#[test]
+fn a_short_curve_against_a_live_daemon_writes_valid_json_and_html() {
+    let daemon = Daemon::start(DaemonOpts {
+        extra_args: vec!["--fast-emulate".into(), "bw=400MB,mixed_bw=200MB".into()],
+        ..DaemonOpts::default()
+    });
+    let out_dir = daemon.scratch_dir().join("report");
+    let target = daemon.nbd_uri(VOL0);
+    let api = daemon.http_url();
+    let out_s = out_dir.to_str().expect("utf-8 path");
+    let args = [
+        "bench",
+        "--target",
+        &target,
+        "--strata-api",
+        &api,
+        "--mode",
+        "curve",
+        "--profile",
+        "70r-4k",
+        "--curve-steps",
+        "50,100",
+        "--duration",
+        "1500ms",
+        "--warmup",
+        "500ms",
+        "--conns",
+        "2",
+        "--qd",
+        "4",
+        "--working-set-pct",
+        "1",
+        "--output",
+        out_s,
+        "--quiet",
+    ];
+    let out = run_ok(&mut daemon.cli_cmd(&args), BENCH_TIMEOUT);
+    assert!(
+        out.stdout.is_empty(),
+        "--quiet prints nothing: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let report: Value = serde_json::from_str(
+        &std::fs::read_to_string(out_dir.join("report.json")).expect("report.json"),
+    )
+    .expect("JSON");
+    schema_check(&report);
+
+    let target = &report["targets"][0];
+    let steps = target["steps"].as_array().expect("steps");
+    let names: Vec<&str> = steps
+        .iter()
+        .map(|s| s["name"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(names, vec!["max", "50%", "100%"]);
+    for s in steps {
+        assert!(
+            s["ios"].as_u64().unwrap_or(0) > 0,
+            "step without I/O: {s:#}"
+        );
+        assert_eq!(s["errors"], 0);
+    }
+    let half = &steps[1];
+    let expected = steps[0]["iops"].as_f64().unwrap() / 2.0;
+    assert!((half["target_iops"].as_f64().unwrap() - expected).abs() < 1e-6 * expected);
+    assert!(target["curve_check"]["holds"].is_boolean());
+
+    let strata = &target["strata"];
+    let samples = strata["samples"]
+        .as_array()
+        .expect("the daemon's time series");
+    assert!(
+        samples.len() >= 3,
+        "a run of ~6 s has several 1 s samples: {}",
+        samples.len()
+    );
+    assert!(
+        samples
+            .iter()
+            .any(|s| s["host_write_bytes_per_s"].as_f64().unwrap_or(0.0) > 0.0),
+        "the daemon saw the writes"
+    );
+    let emulated = strata["emulated_devices"]
+        .as_array()
+        .expect("emulated_devices");
+    assert_eq!(emulated.len(), 1, "{strata:#}");
+    assert!(
+        emulated[0]
+            .as_str()
+            .unwrap()
+            .contains("fast.img [emulated: bw 400.0 MB/s, 50/50 200.0 MB/s]"),
+        "{emulated:?}"
+    );
+
+    let html = std::fs::read_to_string(out_dir.join("report.html")).expect("report.html");
+    assert!(html.contains("<svg") && html.contains("Write-log fill over time"));
+    assert!(
+        html.contains("Emulated devices"),
+        "the HTML states the emulation"
+    );
+    assert!(!html.contains("<script") && !html.contains("src=\"") && !html.contains("href=\"http"));
+    for svg in [
+        "curve.svg",
+        "service-levels.svg",
+        "fill-destage.svg",
+        "destage-rate.svg",
+    ] {
+        let text =
+            std::fs::read_to_string(out_dir.join(svg)).unwrap_or_else(|e| panic!("{svg}: {e}"));
+        assert!(
+            text.starts_with("<svg") && text.ends_with("</svg>"),
+            "{svg}"
+        );
+    }
+    daemon.cli_ok(&["status"]);
+}
+
+#[test]
+fn bench_refuses_bad_input_with_one_line() {
+    let daemon = Daemon::start_default();
+    let dir = daemon.scratch_dir().join("never");
+    let dir_s = dir.to_str().expect("utf-8 path");
+    let unknown = daemon.nbd_uri("missing");
+    for args in [
+        vec![
+            "bench",
+            "--target",
+            &unknown,
+            "--no-strata-api",
+            "--output",
+            dir_s,
+        ],
+        vec![
+            "bench",
+            "--target",
+            "nbd://127.0.0.1:1/x",
+            "--output",
+            dir_s,
+        ],
+        vec![
+            "bench",
+            "--target",
+            "nbd://h/x",
+            "--profile",
+            "nope",
+            "--output",
+            dir_s,
+        ],
+        vec![
+            "bench",
+            "--target",
+            "nbd://h/x",
+            "--curve-steps",
+            "90,10",
+            "--output",
+            dir_s,
+        ],
+    ] {
+        let out = run_fails(&mut daemon.cli_cmd(&args), BENCH_TIMEOUT);
+        assert_one_line_reason(&format!("{args:?}"), &out);
+    }
+    assert!(!dir.exists(), "a refused run writes nothing");
+}
