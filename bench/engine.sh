@@ -19,12 +19,12 @@ case $what in
     qd32) run qd32 "$DIR" "${ROUNDS:-3}" ;;
     saturate) run saturate "$DIR" "${SECS:-20}" "${CAP_MB_S:-50}" ;;
     hotset) run hotset "$DIR" ;;
-    index-ram) run index-ram ;;
+    index-ram) run index-ram "$DIR" ;;
     all)
         run qd32 "$DIR" "${ROUNDS:-3}"
         run saturate "$DIR" "${SECS:-20}" "${CAP_MB_S:-50}"
         run hotset "$DIR"
-        run index-ram
+        run index-ram "$DIR"
         ;;
     *) echo "usage: bench/engine.sh [qd32|saturate|hotset|index-ram|all]" >&2; exit 2 ;;
 esac

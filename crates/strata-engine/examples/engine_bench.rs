@@ -1,10 +1,13 @@
 //! In-process benchmarks of the tier engine (run through bench/engine.sh).
 //!
 //!   engine_bench qd32      DIR [rounds]        4 KiB random write/read at QD32 vs raw io_uring
+//!                                              (writes from 32 threads, and from one thread
+//!                                              keeping 32 asynchronous writes in flight)
 //!   engine_bench saturate  DIR [secs] [MB/s]   sustained random write once the log is full,
 //!                                              vs the capacity device's sequential bandwidth
 //!   engine_bench hotset    DIR                 hot set of half the fast tier written 10 times
-//!   engine_bench index-ram                     bytes of RAM the index needs
+//!   engine_bench index-ram DIR                 bytes of RAM the index needs, measured on a
+//!                                              running disk group as capacity data grows
 //!
 //! Every figure is printed with the baseline measured in the same run and their ratio.
 
@@ -17,7 +20,8 @@ use std::time::{Duration, Instant};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use strata_device::{open_with, raw_random_io, Device, IoBackend, OpenOptions, ThrottleConfig, Throttled};
-use strata_engine::{DiskGroup, EngineConfig, ExtentMap, Loc};
+use parking_lot::{Condvar, Mutex};
+use strata_engine::{DiskGroup, EngineConfig, ExtentMap, Loc, WriteDone};
 
 /// Counts live heap bytes so the index's memory can be measured, not estimated.
 struct Counting;
@@ -47,10 +51,7 @@ fn main() {
         "qd32" => qd32(&dir, arg(3, 3)),
         "saturate" => saturate(&dir, arg(3, 20), arg(4, 200)),
         "hotset" => hotset(&dir),
-        "index-ram" => {
-            index_ram();
-            Ok(())
-        }
+        "index-ram" => index_ram(&dir),
         _ => Err("usage: engine_bench qd32|saturate|hotset|index-ram [DIR] [args]".to_string()),
     };
     if let Err(e) = result {
@@ -117,6 +118,7 @@ fn qd32(dir: &Path, rounds: u64) -> Result<(), String> {
             let b = rng.gen_range(0..blocks);
             dg.write(v, b * 4096, &[0xa5; 4096]).expect("engine write");
         });
+        let wa = async_writes(&dg, v, blocks, ops, 32);
         let r = parallel(32, ops / 32, |rng| {
             let b = rng.gen_range(0..blocks);
             let mut buf = [0u8; 4096];
@@ -129,24 +131,27 @@ fn qd32(dir: &Path, rounds: u64) -> Result<(), String> {
         let raw_w = raw_random_io(&rig.fast_path, 4096, 32, ops, true, round).map_err(|e| e.to_string())?;
         let raw_r = raw_random_io(&rig.fast_path, 4096, 32, ops, false, round).map_err(|e| e.to_string())?;
         let ew = ops as f64 / w.as_secs_f64();
+        let ewa = ops as f64 / wa.as_secs_f64();
         let er = ops as f64 / r.as_secs_f64();
         println!(
-            "round {round}: write engine {ew:.0} IOPS raw {:.0} IOPS ratio {:.2} | read engine {er:.0} IOPS raw {:.0} IOPS ratio {:.2} | destaged {} MiB",
+            "round {round}: write engine {ew:.0} IOPS (32 threads), {ewa:.0} IOPS (async, one thread) raw {:.0} IOPS ratios {:.2} {:.2} | read engine {er:.0} IOPS raw {:.0} IOPS ratio {:.2} | destaged {} MiB",
             raw_w.ops_per_s,
             ew / raw_w.ops_per_s,
+            ewa / raw_w.ops_per_s,
             raw_r.ops_per_s,
             er / raw_r.ops_per_s,
             st.destaged_bytes_total / MIB
         );
-        rows.push((ew / raw_w.ops_per_s, er / raw_r.ops_per_s));
+        rows.push((ew / raw_w.ops_per_s, er / raw_r.ops_per_s, ewa / raw_w.ops_per_s));
     }
     let med = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
     println!(
-        "RESULT qd32 write_ratio_median {:.2} read_ratio_median {:.2} (target >= 0.85 each)",
+        "RESULT qd32 write_ratio_median {:.2} async_write_ratio_median {:.2} read_ratio_median {:.2} (target >= 0.85 each)",
         med(rows.iter().map(|r| r.0).collect()),
+        med(rows.iter().map(|r| r.2).collect()),
         med(rows.iter().map(|r| r.1).collect())
     );
     Ok(())
@@ -267,63 +272,127 @@ fn hotset(dir: &Path) -> Result<(), String> {
     dg.shutdown().map_err(|e| e.to_string())
 }
 
-/// Builds index maps of known shape and measures their heap bytes.
-fn index_ram() {
-    let measure = |f: &dyn Fn() -> ExtentMap| {
-        let before = HEAP.load(Ordering::Relaxed);
-        let m = f();
-        let bytes = HEAP.load(Ordering::Relaxed) - before;
-        (bytes as f64, m.run_count())
-    };
-    // Fast tier: 1 GiB of the log holding random 4 KiB writes, one entry each (worst case).
+/// `ops` random 4 KiB writes from one thread keeping `depth` asynchronous writes in flight
+/// (the way the raw baseline drives its ring). A write the engine cannot start at once runs
+/// on a thread of its own.
+fn async_writes(dg: &Arc<DiskGroup>, v: u32, blocks: u64, ops: u64, depth: usize) -> Duration {
+    let mut rng = SmallRng::seed_from_u64(99);
+    async_each(dg, v, ops, depth, |_| rng.gen_range(0..blocks))
+}
+
+/// `ops` 4 KiB writes at blocks `block(i)`, `depth` in flight, from this thread.
+fn async_each(dg: &Arc<DiskGroup>, v: u32, ops: u64, depth: usize, mut block: impl FnMut(u64) -> u64) -> Duration {
+    let state = Arc::new((Mutex::new(0usize), Condvar::new()));
+    let data = [0x5cu8; 4096];
+    let start = Instant::now();
+    for i in 0..ops {
+        {
+            let mut n = state.0.lock();
+            while *n >= depth {
+                state.1.wait(&mut n);
+            }
+            *n += 1;
+        }
+        let b = block(i);
+        let st = state.clone();
+        let done: WriteDone = Box::new(move |r| {
+            r.expect("engine write");
+            *st.0.lock() -= 1;
+            st.1.notify_one();
+        });
+        if let Err(done) = dg.write_async(v, b * 4096, &data, done) {
+            let dg = dg.clone();
+            std::thread::spawn(move || done(dg.write(v, b * 4096, &[0x5c; 4096])));
+        }
+    }
+    let mut n = state.0.lock();
+    while *n > 0 {
+        state.1.wait(&mut n);
+    }
+    start.elapsed()
+}
+
+/// RAM of the index. Fast tier: a map holding one entry per block of a log full of random
+/// 4 KiB writes (the worst case), measured directly. Capacity tier: a running disk group is
+/// given capacity data whose every block is its own extent (the worst case), destaged and
+/// flushed, with a small leaf cache; the heap is measured at two data sizes, so the growth per
+/// GiB is what the index needs beyond its fixed cache.
+fn index_ram(dir: &Path) -> Result<(), String> {
     let blocks = GIB / 4096;
-    let (fast, runs) = measure(&|| {
+    let before = HEAP.load(Ordering::Relaxed);
+    let fast_map = {
         let mut m = ExtentMap::default();
         let mut rng = SmallRng::seed_from_u64(1);
         for i in 0..blocks {
             m.set(rng.gen_range(0..1u64 << 40) * 2, 1, Some(Loc::Fast(i)));
         }
         m
-    });
-    let crcs = blocks as f64 * 4.0;
+    };
+    let fast = (HEAP.load(Ordering::Relaxed) - before) as f64 + blocks as f64 * 4.0;
     println!(
-        "fast tier, 1 GiB of random 4 KiB writes: {runs} runs, {:.1} MiB index + {:.1} MiB block crcs = {:.1} MiB per GiB",
+        "fast tier, 1 GiB of log holding random 4 KiB writes: {} entries, {:.1} MiB (map and block crcs)",
+        fast_map.run_count(),
+        fast / MIB as f64
+    );
+    drop(fast_map);
+    let cache = 8 * MIB;
+    let cfg = EngineConfig { index_cache_bytes: cache, ..EngineConfig::default() };
+    let rig = fresh_group(dir, GIB, 64 * GIB, 0, cfg)?;
+    let dg = rig.dg.clone();
+    let v = dg.create_volume("index", 32 * GIB).map_err(|e| e.to_string())?.id;
+    let mut points = Vec::new();
+    let mut next = 0u64;
+    for target_gib in [2u64, 4, 6, 8] {
+        // Every other block: no two written blocks are adjacent, so each is its own extent.
+        let upto = target_gib * GIB / 4096;
+        while next < upto {
+            let n = 65536.min(upto - next);
+            let from = next;
+            async_each(&dg, v, n, 64, |i| (from + i) * 2);
+            next += n;
+            if !dg.destage_all(Duration::from_secs(600)) {
+                return Err("destage did not finish".into());
+            }
+        }
+        if !dg.destage_all(Duration::from_secs(600)) {
+            return Err("destage did not finish".into());
+        }
+        // Let the destager flush the index and evict down to the cache.
+        std::thread::sleep(Duration::from_secs(2));
+        let st = dg.stats();
+        let heap = HEAP.load(Ordering::Relaxed);
+        println!(
+            "capacity tier, {target_gib} GiB as {} single-block extents: {} index pages on disk ({:.1} MiB), {} inner nodes, {} leaves and {} dirty nodes in memory ({:.2} MiB), heap {:.1} MiB",
+            upto,
+            st.index_pages_bytes / 4096,
+            st.index_pages_bytes as f64 / MIB as f64,
+            st.index_resident_inner,
+            st.index_resident_leaves,
+            st.index_dirty_nodes,
+            st.index_resident_bytes as f64 / MIB as f64,
+            heap as f64 / MIB as f64
+        );
+        points.push((target_gib as f64, heap as f64, st.index_resident_bytes as f64, st.index_pages_bytes as f64));
+    }
+    let (g0, h0, t0, p0) = points[0];
+    let (g1, h1, t1, p1) = points[points.len() - 1];
+    let tree_max = points.iter().map(|p| p.2).fold(0.0, f64::max);
+    println!(
+        "from {g0} to {g1} GiB: index nodes in memory {:.2} -> {:.2} MiB (cache {} MiB); index pages on disk {:.1} MiB per GiB of data (two copies); whole-process heap {:.0} KiB per GiB (other engine state, e.g. the summary cache of up to 128 segments)",
+        t0 / MIB as f64,
+        t1 / MIB as f64,
+        cache / MIB,
+        (p1 - p0) / (g1 - g0) / MIB as f64,
+        (h1 - h0) / (g1 - g0) / 1024.0
+    );
+    println!(
+        "RESULT index_ram fast_mib_per_gib {:.1} capacity_index_resident_mib_max {:.2} (cache {} MiB, any capacity) capacity_index_disk_mib_per_gib {:.1}",
         fast / MIB as f64,
-        crcs / MIB as f64,
-        (fast + crcs) / MIB as f64
+        tree_max / MIB as f64,
+        cache / MIB,
+        (p1 - p0) / (g1 - g0) / MIB as f64
     );
-    // Capacity tier written sequentially: one run per 8 MiB segment. Measured on 64 GiB.
-    let segs = 64 * GIB / (8 * MIB);
-    let (seq, runs) = measure(&|| {
-        let mut m = ExtentMap::default();
-        for s in 0..segs {
-            m.set(s * 2044, 2044, Some(Loc::Cap { seg: s as u32, block: 0 }));
-        }
-        m
-    });
-    println!(
-        "capacity tier, sequentially written: {runs} runs for 64 GiB -> {:.1} MiB per TiB",
-        seq * 16.0 / MIB as f64
-    );
-    // Capacity tier holding random 4 KiB writes destaged in address order per segment: the
-    // worst case, one run per block. Measured on 4 GiB, scaled to 1 TiB.
-    let (rnd, runs) = measure(&|| {
-        let mut m = ExtentMap::default();
-        for i in 0..4 * GIB / 4096 {
-            m.set(i * 2, 1, Some(Loc::Cap { seg: (i / 2044) as u32, block: (i % 2044) as u32 }));
-        }
-        m
-    });
-    println!(
-        "capacity tier, random 4 KiB writes (no two adjacent): {runs} runs for 4 GiB -> {:.1} GiB per TiB (NOT bounded: see docs/BENCHMARKS.md)",
-        rnd * 256.0 / GIB as f64
-    );
-    println!(
-        "RESULT index_ram fast_mib_per_gib {:.1} capacity_seq_mib_per_tib {:.1} capacity_random4k_gib_per_tib {:.1}",
-        (fast + crcs) / MIB as f64,
-        seq * 16.0 / MIB as f64,
-        rnd * 256.0 / GIB as f64
-    );
+    dg.shutdown().map_err(|e| e.to_string())
 }
 
 /// STRATA_IO_BACKEND=threads|io_uring picks the device backend (default: auto = io_uring).

@@ -163,6 +163,8 @@ pub struct EngineStats {
     pub index_pages_bytes: u64,
     pub index_resident_leaves: u64,
     pub index_resident_inner: u64,
+    /// Heap bytes of the index nodes in memory (the capacity index's RAM).
+    pub index_resident_bytes: u64,
     pub index_dirty_nodes: u64,
     pub index_flushes_total: u64,
     pub index_page_reads_total: u64,
@@ -493,7 +495,10 @@ impl DiskGroup {
             (s.segs.len() as u64, s.free_count() as u64, s.live_blocks_total(), data as u64, meta_live)
         };
         let runs = sh.index.read().layers.values().map(|l| l.fast.run_count() as u64).sum();
-        let tc = sh.tree.read().counts();
+        let (tc, tree_bytes) = {
+            let t = sh.tree.read();
+            (t.counts(), t.resident_bytes() as u64)
+        };
         let log_cap = sh.layout.log_blocks * BLOCK_U64;
         EngineStats {
             io_backend: String::new(),
@@ -529,6 +534,7 @@ impl DiskGroup {
             index_pages_bytes: meta_blocks * BLOCK_U64,
             index_resident_leaves: tc.resident_leaves as u64,
             index_resident_inner: tc.resident_inner as u64,
+            index_resident_bytes: tree_bytes,
             index_dirty_nodes: tc.dirty_nodes as u64,
             index_flushes_total: c.index_flushes.load(Ordering::Relaxed),
             index_page_reads_total: c.index_page_reads.load(Ordering::Relaxed),

@@ -27,9 +27,14 @@ const FLUSH_INTERVAL: Duration = Duration::from_secs(30);
 /// flushes). A flush writes at most the dirty limit plus what one destage stripe dirties (every
 /// block of it in a different leaf, at worst), plus the segment table, twice (two streams);
 /// each stream may also be partway through a segment.
+/// Index nodes the cache holds: a resident node takes about one full leaf's worth of memory.
+pub fn cache_nodes(cfg: &crate::EngineConfig) -> usize {
+    let node_ram = std::mem::size_of::<Entry>() * crate::ctree::page::LEAF_MAX + 128;
+    (cfg.index_cache_bytes as usize / node_ram).max(16)
+}
+
 pub fn index_limits(cfg: &crate::EngineConfig, layout: &crate::layout::Layout, devices: usize) -> (usize, usize) {
-    let leaf_ram = std::mem::size_of::<Entry>() * crate::ctree::page::LEAF_MAX + 128;
-    let cache_leaves = (cfg.index_cache_bytes as usize / leaf_ram).max(16);
+    let cache_leaves = cache_nodes(cfg);
     let seg_blocks = (layout.segment_size_bytes / crate::format::BLOCK_U64) as usize;
     let dirty_limit = (cache_leaves / 4).min(seg_blocks / 2).max(8);
     let stripe_blocks = devices * layout.geo.data_blocks as usize;
@@ -52,16 +57,16 @@ pub struct Maint {
     /// The index segment last cleaned, and when (so a segment that does not empty is not
     /// retried in a loop).
     last_cleaned: Option<(u32, Instant)>,
-    cache_leaves: usize,
+    /// Index nodes (leaves and inner nodes) kept in memory.
+    cache_nodes: usize,
     pub dirty_limit: usize,
 }
 
 impl Maint {
     pub fn new(sh: &Shared) -> Maint {
-        let leaf_ram = std::mem::size_of::<Entry>() * crate::ctree::page::LEAF_MAX + 128;
-        let cache_leaves = (sh.cfg.index_cache_bytes as usize / leaf_ram).max(16);
+        let cache_nodes = cache_nodes(&sh.cfg);
         let dirty_limit = sh.index_dirty_limit;
-        Maint { want_flush: false, merge_waits_for_log: false, last_flush: Instant::now(), last_cleaned: None, cache_leaves, dirty_limit }
+        Maint { want_flush: false, merge_waits_for_log: false, last_flush: Instant::now(), last_cleaned: None, cache_nodes, dirty_limit }
     }
 }
 
@@ -70,9 +75,9 @@ pub fn run(d: &mut Destager) -> Result<(), EngineError> {
     merge_layers(d)?;
     clean_index_segments(d)?;
     maybe_flush(d)?;
-    let over = d.sh.tree.read().counts().resident_leaves > d.maint.cache_leaves + d.maint.cache_leaves / 8;
-    if over {
-        d.sh.tree.write().evict(d.maint.cache_leaves);
+    let c = d.sh.tree.read().counts();
+    if c.resident_leaves + c.resident_inner > d.maint.cache_nodes + d.maint.cache_nodes / 8 {
+        d.sh.tree.write().evict(d.maint.cache_nodes);
     }
     Ok(())
 }

@@ -238,18 +238,26 @@ impl CTree {
         }
     }
 
-    /// Evicts clean leaves, least recently used first, until at most `keep` are resident.
+    /// Evicts clean nodes, least recently used first, until at most `keep` nodes are
+    /// resident: leaves first, then inner nodes none of whose children is resident (the root
+    /// always stays). Dirty nodes are never evicted.
     pub fn evict(&mut self, keep: usize) {
-        if self.counts.resident_leaves <= keep {
-            return;
-        }
-        let mut cands = Vec::new();
-        collect_clean_leaves(&self.root, KEY_MIN, KEY_MAX, true, &mut cands);
-        cands.sort_unstable_by_key(|c| c.0);
-        let excess = self.counts.resident_leaves - keep;
-        for &(_, lo) in cands.iter().take(excess) {
-            if evict_at(&mut self.root, KEY_MIN, KEY_MAX, lo) {
-                self.counts.resident_leaves -= 1;
+        for inner in [false, true] {
+            let resident = self.counts.resident_leaves + self.counts.resident_inner;
+            if resident <= keep {
+                return;
+            }
+            let mut cands = Vec::new();
+            collect_evictable(&self.root, KEY_MIN, KEY_MAX, 0, inner, &mut cands);
+            cands.sort_unstable_by_key(|c| c.0);
+            for &(_, lo, depth) in cands.iter().take(resident - keep) {
+                if evict_at(&mut self.root, KEY_MIN, KEY_MAX, lo, depth) {
+                    if inner {
+                        self.counts.resident_inner -= 1;
+                    } else {
+                        self.counts.resident_leaves -= 1;
+                    }
+                }
             }
         }
     }
@@ -299,6 +307,19 @@ impl CTree {
                 },
             }
         }
+    }
+
+    /// Heap bytes held by resident nodes (their allocations, not an estimate per entry).
+    pub fn resident_bytes(&self) -> usize {
+        fn walk(c: &Child) -> usize {
+            let Child::Mem(n) = c else { return 0 };
+            std::mem::size_of::<Node>()
+                + match &n.body {
+                    Body::Leaf(e) => e.capacity() * std::mem::size_of::<Entry>(),
+                    Body::Inner(ch) => ch.capacity() * std::mem::size_of::<(Key, Child)>() + ch.iter().map(|x| walk(&x.1)).sum::<usize>(),
+                }
+        }
+        walk(&self.root)
     }
 
     /// Every page the tree references that is known without reading (resident nodes' own
@@ -426,7 +447,7 @@ fn install_in(child: &mut Child, lo: Key, hi: Key, miss: Miss, node: Node) -> bo
 /// Applies a change to a resident subtree; returns whether it changed and a new right
 /// sibling when the node split.
 fn set_in(node: &mut Node, lo: Key, hi: Key, start: Key, end: Key, loc: Option<Loc>, cx: &mut Cx<'_>) -> (bool, Option<(Key, Box<Node>)>) {
-    let changed = match &mut node.body {
+    let (changed, appended) = match &mut node.body {
         Body::Leaf(entries) => set_leaf(entries, start, end, loc, cx.displaced),
         Body::Inner(children) => set_inner(children, lo, hi, start, end, loc, cx),
     };
@@ -434,15 +455,21 @@ fn set_in(node: &mut Node, lo: Key, hi: Key, start: Key, end: Key, loc: Option<L
         return (false, None);
     }
     cx.dirty(node);
-    (true, split_if_full(node, cx))
+    // An append at the end of a layer's key range keeps the left node full: address-ordered
+    // data then fills nodes instead of leaving them half empty.
+    let layer_end = hi == KEY_MAX || (hi >> 64) != (start >> 64);
+    (true, split_if_full(node, cx, appended && layer_end))
 }
 
-fn set_leaf(entries: &mut Vec<Entry>, start: Key, end: Key, loc: Option<Loc>, displaced: &mut Vec<Entry>) -> bool {
+/// Returns whether the leaf changed, and whether the change went past its last entry (an
+/// append, the common case of address-ordered destage).
+fn set_leaf(entries: &mut Vec<Entry>, start: Key, end: Key, loc: Option<Loc>, displaced: &mut Vec<Entry>) -> (bool, bool) {
     let i0 = entries.partition_point(|e| e.end() <= start);
     let i1 = entries.partition_point(|e| e.key < end);
     if i0 >= i1 && loc.is_none() {
-        return false;
+        return (false, false);
     }
+    let appended = i1 >= entries.len();
     let mut repl = Vec::with_capacity(3);
     let mut right = None;
     for e in &entries[i0..i1.max(i0)] {
@@ -461,7 +488,7 @@ fn set_leaf(entries: &mut Vec<Entry>, start: Key, end: Key, loc: Option<Loc>, di
     let n = repl.len();
     entries.splice(i0..i1.max(i0), repl);
     merge_window(entries, i0.saturating_sub(1), (i0 + n + 1).min(entries.len()));
-    true
+    (true, appended)
 }
 
 /// Merges neighbours in `entries[from..to]` that continue each other.
@@ -481,8 +508,9 @@ fn merge_window(entries: &mut Vec<Entry>, from: usize, to: usize) {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn set_inner(children: &mut Vec<(Key, Child)>, lo: Key, hi: Key, start: Key, end: Key, loc: Option<Loc>, cx: &mut Cx<'_>) -> bool {
+fn set_inner(children: &mut Vec<(Key, Child)>, lo: Key, hi: Key, start: Key, end: Key, loc: Option<Loc>, cx: &mut Cx<'_>) -> (bool, bool) {
     let range = overlapping(children, start, end);
+    let appended = range.end >= children.len();
     let mut changed = false;
     let mut splits = Vec::new();
     for i in range.clone() {
@@ -503,7 +531,7 @@ fn set_inner(children: &mut Vec<(Key, Child)>, lo: Key, hi: Key, start: Key, end
     if changed {
         remove_empty(children, cx);
     }
-    changed
+    (changed, appended)
 }
 
 /// Drops children that hold nothing (at least one child always stays).
@@ -535,15 +563,19 @@ fn forget_subtree(n: &Node, cx: &mut Cx<'_>) {
     cx.forget(n);
 }
 
-fn split_if_full(node: &mut Node, cx: &mut Cx<'_>) -> Option<(Key, Box<Node>)> {
+fn split_if_full(node: &mut Node, cx: &mut Cx<'_>, appended: bool) -> Option<(Key, Box<Node>)> {
     let right = match &mut node.body {
         Body::Leaf(entries) if entries.len() > LEAF_MAX => {
-            let r = entries.split_off(entries.len() / 2);
+            let at = if appended { LEAF_MAX } else { entries.len() / 2 };
+            let r = entries.split_off(at);
+            entries.shrink_to_fit();
             cx.counts.resident_leaves += 1;
             (r[0].key, Body::Leaf(r))
         }
         Body::Inner(children) if children.len() > INNER_MAX => {
-            let r = children.split_off(children.len() / 2);
+            let at = if appended { INNER_MAX } else { children.len() / 2 };
+            let r = children.split_off(at);
+            children.shrink_to_fit();
             cx.counts.resident_inner += 1;
             (r[0].0, Body::Inner(r))
         }
@@ -553,39 +585,48 @@ fn split_if_full(node: &mut Node, cx: &mut Cx<'_>) -> Option<(Key, Box<Node>)> {
     Some((right.0, Box::new(Node::new(right.1))))
 }
 
-fn collect_clean_leaves(child: &Child, lo: Key, hi: Key, is_root: bool, out: &mut Vec<(u64, Key)>) {
+/// Clean nodes that may be evicted: leaves (`inner` false), or inner nodes all of whose
+/// children are on disk (`inner` true), with their stamp, lower key and depth.
+fn collect_evictable(child: &Child, lo: Key, hi: Key, depth: usize, inner: bool, out: &mut Vec<(u64, Key, usize)>) {
     let Child::Mem(n) = child else { return };
+    let clean = depth > 0 && !n.dirty && n.ptr.is_some();
     match &n.body {
         Body::Leaf(_) => {
-            if !is_root && !n.dirty && n.ptr.is_some() {
-                out.push((n.stamp.load(Ordering::Relaxed), lo));
+            if clean && !inner {
+                out.push((n.stamp.load(Ordering::Relaxed), lo, depth));
             }
         }
         Body::Inner(children) => {
+            if clean && inner && children.iter().all(|c| matches!(c.1, Child::Disk(_))) {
+                out.push((n.stamp.load(Ordering::Relaxed), lo, depth));
+            }
             for i in 0..children.len() {
                 let (clo, chi) = bounds(children, i, lo, hi);
-                collect_clean_leaves(&children[i].1, clo, chi, false, out);
+                collect_evictable(&children[i].1, clo, chi, depth + 1, inner, out);
             }
         }
     }
 }
 
-fn evict_at(child: &mut Child, lo: Key, hi: Key, key: Key) -> bool {
+/// Evicts the clean node at `depth` whose range starts at `key`, if it still qualifies.
+fn evict_at(child: &mut Child, lo: Key, hi: Key, key: Key, depth: usize) -> bool {
     let Child::Mem(n) = child else { return false };
     let Body::Inner(children) = &mut n.body else { return false };
     let i = children[1..].partition_point(|c| c.0 <= key);
     let (clo, chi) = bounds(children, i, lo, hi);
-    let evictable = match &children[i].1 {
-        Child::Mem(c) => c.is_leaf() && !c.dirty && c.ptr.is_some() && clo == key,
-        Child::Disk(_) => false,
-    };
-    if evictable {
-        let Child::Mem(c) = &children[i].1 else { unreachable!() };
-        let ptr = c.ptr.expect("clean leaf has a page");
-        children[i].1 = Child::Disk(ptr);
-        return true;
+    if depth > 1 {
+        return evict_at(&mut children[i].1, clo, chi, key, depth - 1);
     }
-    evict_at(&mut children[i].1, clo, chi, key)
+    let ptr = match &children[i].1 {
+        Child::Mem(c) if !c.dirty && clo == key => match (&c.body, c.ptr) {
+            (Body::Leaf(_), Some(p)) => p,
+            (Body::Inner(gc), Some(p)) if gc.iter().all(|g| matches!(g.1, Child::Disk(_))) => p,
+            _ => return false,
+        },
+        _ => return false,
+    };
+    children[i].1 = Child::Disk(ptr);
+    true
 }
 
 fn plan_in<E>(child: &Child, alloc: &mut dyn FnMut() -> Result<PagePtr, E>, out: &mut Vec<(PagePtr, PageBody)>) -> Result<PagePtr, E> {
