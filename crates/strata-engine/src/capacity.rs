@@ -7,7 +7,7 @@
 //! sealed segments over that index. So it waits as `PendingFree` until the next index flush
 //! makes a tree without references to it durable.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -18,7 +18,7 @@ use crate::ctree::PagePtr;
 use crate::error::EngineError;
 use crate::format::*;
 use crate::map::Loc;
-use crate::shared::{bounded_insert, Shared};
+use crate::shared::{Shared, TwoGen};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SegState {
@@ -89,10 +89,6 @@ impl SegTable {
 
     pub fn page_count(&self) -> usize {
         self.page_ptrs.len()
-    }
-
-    pub fn device_of(&self, seg: u32) -> usize {
-        self.dev_of[seg as usize]
     }
 
     fn touch(&mut self, seg: u32) {
@@ -326,21 +322,55 @@ impl SegTable {
     }
 }
 
-pub type SummaryCache = HashMap<u32, Arc<SegmentSummary>>;
-const SUMMARY_CACHE_MAX: usize = 128;
+pub type SummaryCache = TwoGen<u32, Arc<SegmentSummary>>;
+/// Whole summaries cached (GC and scrub read them; host reads only need crc blocks).
+pub const SUMMARY_CACHE_MAX: usize = 64;
+pub type CrcCache = TwoGen<(u32, u32), Arc<Vec<u32>>>;
+/// Crc blocks cached per generation: 4096 blocks of 4 KiB, for 16 GiB of data each.
+pub const CRC_CACHE_MAX: usize = 4096;
 
 /// The summary of a sealed segment, from the cache or the device.
 pub fn load_summary(sh: &Shared, seg: u32) -> Result<Arc<SegmentSummary>, EngineError> {
     if let Some(s) = sh.summaries.lock().get(&seg) {
-        return Ok(s.clone());
+        return Ok(s);
     }
     let s = Arc::new(read_summary(sh, seg)?.ok_or_else(|| {
         sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
         tracing::error!(segment = seg, "segment summary unreadable (checksum mismatch)");
         EngineError::Corrupt(format!("summary of capacity segment {seg} is damaged"))
     })?);
-    bounded_insert(&mut sh.summaries.lock(), seg, s.clone(), SUMMARY_CACHE_MAX);
+    sh.summaries.lock().insert(seg, s.clone());
     Ok(s)
+}
+
+/// The crcs of data blocks `[block, block+n)` of a sealed segment: the few crc blocks that
+/// hold them, from the cache or the device (one 4 KiB read each), each checked on its own.
+pub fn block_crcs(sh: &Shared, seg: u32, block: u32, n: u32) -> Result<Vec<u32>, EngineError> {
+    let mut out = Vec::with_capacity(n as usize);
+    let (first, last) = (block as usize / CRCS_PER_BLOCK, (block + n - 1) as usize / CRCS_PER_BLOCK);
+    for idx in first..=last {
+        let crcs = crc_block(sh, seg, idx as u32)?;
+        let lo = (block as usize).max(idx * CRCS_PER_BLOCK) - idx * CRCS_PER_BLOCK;
+        let hi = ((block + n) as usize).min((idx + 1) * CRCS_PER_BLOCK) - idx * CRCS_PER_BLOCK;
+        out.extend_from_slice(&crcs[lo..hi]);
+    }
+    Ok(out)
+}
+
+fn crc_block(sh: &Shared, seg: u32, idx: u32) -> Result<Arc<Vec<u32>>, EngineError> {
+    if let Some(c) = sh.crc_blocks.lock().get(&(seg, idx)) {
+        return Ok(c);
+    }
+    let (dev, off) = sh.layout.seg_summary_byte(seg);
+    let mut b = AlignedBuf::new_zeroed(BLOCK);
+    sh.caps[dev].read_at(&mut b, off + u64::from(idx) * BLOCK_U64)?;
+    let crcs = Arc::new(decode_crc_block(&b, seg, idx).ok_or_else(|| {
+        sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(segment = seg, crc_block = idx, "segment summary crc block unreadable (checksum mismatch)");
+        EngineError::Corrupt(format!("summary of capacity segment {seg} is damaged (crc block {idx})"))
+    })?);
+    sh.crc_blocks.lock().insert((seg, idx), crcs.clone());
+    Ok(crcs)
 }
 
 pub fn read_summary(sh: &Shared, seg: u32) -> Result<Option<SegmentSummary>, EngineError> {
@@ -458,7 +488,12 @@ pub fn write_segment(sh: &Shared, seg: u32, b: &Builder, seq: u64) -> Result<(),
     let (_, soff) = sh.layout.seg_summary_byte(seg);
     device.write_at(&sb, soff)?;
     device.flush()?;
-    bounded_insert(&mut sh.summaries.lock(), seg, Arc::new(summary), SUMMARY_CACHE_MAX);
+    let mut crcs = sh.crc_blocks.lock();
+    for (idx, chunk) in summary.block_crcs.chunks(CRCS_PER_BLOCK).enumerate() {
+        crcs.insert((seg, idx as u32), Arc::new(chunk.to_vec()));
+    }
+    drop(crcs);
+    sh.summaries.lock().insert(seg, Arc::new(summary));
     Ok(())
 }
 
@@ -483,13 +518,14 @@ pub fn write_stripe(sh: &Shared, stripe: &[(u32, Builder, u64)]) -> Result<(), E
     })
 }
 
-/// Reads `n` blocks of segment data and checks them against the summary's crcs. Returns the
-/// first block that does not match; the caller decides what it means.
+/// Reads `n` blocks of segment data and checks them against their crcs (`crcs[i]` is block
+/// `block + i`'s). Returns the first block that does not match; the caller decides what it
+/// means.
 pub fn read_seg_blocks(sh: &Shared, seg: u32, block: u32, n: u32, out: &mut [u8], crcs: &[u32]) -> Result<Option<u32>, EngineError> {
     let (dev, off) = sh.layout.seg_data_byte(seg, block);
     sh.caps[dev].read_at(&mut out[..n as usize * BLOCK], off)?;
     for i in 0..n as usize {
-        let expect = crcs.get(block as usize + i).copied();
+        let expect = crcs.get(i).copied();
         if expect != Some(crc32c::crc32c(&out[i * BLOCK..(i + 1) * BLOCK])) {
             return Ok(Some(block + i as u32));
         }
@@ -499,12 +535,8 @@ pub fn read_seg_blocks(sh: &Shared, seg: u32, block: u32, n: u32, out: &mut [u8]
 
 /// Discards segments that just became free (their old content is of no value).
 pub fn discard_segments(sh: &Shared, segs: &[u32]) {
-    {
-        let mut cache = sh.summaries.lock();
-        for s in segs {
-            cache.remove(s);
-        }
-    }
+    sh.summaries.lock().forget(|k| segs.contains(k));
+    sh.crc_blocks.lock().forget(|k| segs.contains(&k.0));
     for &v in segs {
         let (dev, off) = sh.layout.segments[v as usize];
         if let Err(e) = sh.caps[dev].discard(off, sh.layout.segment_size_bytes) {

@@ -707,26 +707,33 @@ pub struct SummaryEntry {
 pub const SUMMARY_ENTRY_BYTES: usize = 32;
 pub const SUMMARY_HEADER_BYTES: usize = 64;
 
+/// Block crcs per crc block: the block's own crc takes the last four bytes.
+pub const CRCS_PER_BLOCK: usize = BLOCK / 4 - 1;
+
 /// Sizes of a segment's parts, fixed by the segment size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SegmentGeometry {
     pub segment_blocks: u32,
     pub data_blocks: u32,
+    /// The summary area at the segment's tail: crc blocks, then header and entries.
     pub summary_blocks: u32,
+    /// Crc blocks at the start of the summary area (one per `CRCS_PER_BLOCK` data blocks).
+    pub crc_blocks: u32,
     pub max_entries: u32,
 }
 
 impl SegmentGeometry {
     pub fn new(segment_size_bytes: u64) -> SegmentGeometry {
         let segment_blocks = (segment_size_bytes / BLOCK_U64) as u32;
-        // Each data block needs a crc (4 bytes) and at most one entry; tombstones share the
-        // entry budget, which is why max_entries equals the data block count.
+        // Each data block needs a crc and at most one entry; tombstones share the entry
+        // budget, which is why max_entries equals the data block count.
         let mut summary_blocks = 1u32;
         loop {
             let data = segment_blocks - summary_blocks;
-            let need = SUMMARY_HEADER_BYTES + data as usize * (SUMMARY_ENTRY_BYTES + 4);
-            if need <= summary_blocks as usize * BLOCK {
-                return SegmentGeometry { segment_blocks, data_blocks: data, summary_blocks, max_entries: data };
+            let crc_blocks = (data as usize).div_ceil(CRCS_PER_BLOCK) as u32;
+            let entry_blocks = (SUMMARY_HEADER_BYTES + data as usize * SUMMARY_ENTRY_BYTES).div_ceil(BLOCK) as u32;
+            if crc_blocks + entry_blocks <= summary_blocks {
+                return SegmentGeometry { segment_blocks, data_blocks: data, summary_blocks, crc_blocks, max_entries: data };
             }
             summary_blocks += 1;
         }
@@ -746,8 +753,37 @@ pub struct SegmentSummary {
     pub block_crcs: Vec<u32>,
 }
 
+/// The seal of crc block `idx` of segment `seg`: its crc also covers where it belongs, so a
+/// crc block found in another segment's or position's place does not check.
+fn seal_crc_block(b: &mut [u8], seg: u32, idx: u32) {
+    b[BLOCK - 4..].fill(0);
+    let c = crc32c::crc32c_append(crc32c::crc32c(&b[..BLOCK - 4]), &[&seg.to_le_bytes()[..], &idx.to_le_bytes()[..]].concat());
+    b[BLOCK - 4..].copy_from_slice(&c.to_le_bytes());
+}
+
+/// The crcs in crc block `idx` of segment `seg`, if the block checks.
+pub fn decode_crc_block(b: &[u8], seg: u32, idx: u32) -> Option<Vec<u32>> {
+    if b.len() < BLOCK {
+        return None;
+    }
+    let stored = u32::from_le_bytes([b[BLOCK - 4], b[BLOCK - 3], b[BLOCK - 2], b[BLOCK - 1]]);
+    let c = crc32c::crc32c_append(crc32c::crc32c(&b[..BLOCK - 4]), &[&seg.to_le_bytes()[..], &idx.to_le_bytes()[..]].concat());
+    (c == stored).then(|| b[..BLOCK - 4].chunks(4).map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]])).collect())
+}
+
 impl SegmentSummary {
+    /// The whole summary area: the crc blocks, then the header and entries (sealed by the
+    /// header's crc).
     pub fn encode(&self, geo: &SegmentGeometry) -> Vec<u8> {
+        let crc_bytes = geo.crc_blocks as usize * BLOCK;
+        let mut out = vec![0u8; geo.summary_blocks as usize * BLOCK];
+        for (idx, chunk) in self.block_crcs.chunks(CRCS_PER_BLOCK).enumerate() {
+            let b = &mut out[idx * BLOCK..(idx + 1) * BLOCK];
+            for (k, c) in chunk.iter().enumerate() {
+                b[k * 4..k * 4 + 4].copy_from_slice(&c.to_le_bytes());
+            }
+            seal_crc_block(b, self.segment_index, idx as u32);
+        }
         let mut w = Writer::default();
         w.bytes(SUMMARY_MAGIC).u32(FORMAT_VERSION).bytes(&self.group).u64(self.segment_seq);
         w.u32(self.segment_index).u32(self.data_blocks_used).u32(self.entries.len() as u32).u32(0);
@@ -756,20 +792,20 @@ impl SegmentSummary {
             w.u8(e.kind as u8).u8(0).u16(0).u32(e.layer).u64(e.lba).u32(e.nblocks).u64(e.seq);
             w.u32(e.data_block);
         }
-        for c in &self.block_crcs {
-            w.u32(*c);
-        }
-        let mut b = w.pad_to(geo.summary_blocks as usize * BLOCK).buf.clone();
-        // The crc sits at a fixed place in the header and covers the whole summary area.
-        seal_crc(&mut b, 48);
-        b
+        let head = &mut out[crc_bytes..];
+        head[..w.buf.len()].copy_from_slice(&w.buf);
+        // The crc sits at a fixed place in the header and covers the header and entries area.
+        seal_crc(head, 48);
+        out
     }
 
     pub fn decode(b: &[u8], group: &Uuid, geo: &SegmentGeometry) -> Option<SegmentSummary> {
-        if b.len() < geo.summary_blocks as usize * BLOCK || !check_crc(b, 48) {
+        let crc_bytes = geo.crc_blocks as usize * BLOCK;
+        if b.len() < geo.summary_blocks as usize * BLOCK || !check_crc(&b[crc_bytes..geo.summary_blocks as usize * BLOCK], 48) {
             return None;
         }
-        let mut r = Reader::new(b);
+        let head = &b[crc_bytes..];
+        let mut r = Reader::new(head);
         if r.bytes(8).ok()? != SUMMARY_MAGIC || r.u32().ok()? != FORMAT_VERSION || &r.uuid().ok()? != group {
             return None;
         }
@@ -780,7 +816,7 @@ impl SegmentSummary {
         if used > geo.data_blocks || n > geo.max_entries {
             return None;
         }
-        let mut r = Reader::new(&b[SUMMARY_HEADER_BYTES..]);
+        let mut r = Reader::new(&head[SUMMARY_HEADER_BYTES..]);
         let mut entries = Vec::with_capacity(n as usize);
         for _ in 0..n {
             let kind = match r.u8().ok()? {
@@ -804,8 +840,10 @@ impl SegmentSummary {
             entries.push(e);
         }
         let mut block_crcs = Vec::with_capacity(used as usize);
-        for _ in 0..used {
-            block_crcs.push(r.u32().ok()?);
+        for idx in 0..(used as usize).div_ceil(CRCS_PER_BLOCK) {
+            let crcs = decode_crc_block(&b[idx * BLOCK..(idx + 1) * BLOCK], segment_index, idx as u32)?;
+            let take = (used as usize - block_crcs.len()).min(CRCS_PER_BLOCK);
+            block_crcs.extend_from_slice(&crcs[..take]);
         }
         Some(SegmentSummary { group: *group, segment_seq, segment_index, data_blocks_used: used, entries, block_crcs })
     }
@@ -915,8 +953,15 @@ mod tests {
         let b = s.encode(&geo);
         assert_eq!(b.len(), geo.summary_blocks as usize * BLOCK);
         assert_eq!(SegmentSummary::decode(&b, &[9; 16], &geo).unwrap(), s);
-        let mut bad = b.clone();
-        bad[200] ^= 1;
-        assert!(SegmentSummary::decode(&bad, &[9; 16], &geo).is_none());
+        for at in [200, geo.crc_blocks as usize * BLOCK + 100] {
+            let mut bad = b.clone();
+            bad[at] ^= 1;
+            assert!(SegmentSummary::decode(&bad, &[9; 16], &geo).is_none(), "damage at {at} accepted");
+        }
+        // A crc block reads on its own, and only at its own place.
+        assert_eq!(decode_crc_block(&b[..BLOCK], 12, 0).map(|c| c[..2].to_vec()), Some(vec![1, 2]));
+        assert!(decode_crc_block(&b[..BLOCK], 13, 0).is_none());
+        assert!(decode_crc_block(&b[..BLOCK], 12, 1).is_none());
+        assert_eq!((geo.crc_blocks, geo.summary_blocks), (2, 18), "{geo:?}");
     }
 }

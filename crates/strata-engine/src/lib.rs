@@ -281,8 +281,8 @@ impl DiskGroup {
                 }
                 Some(Loc::Cap { seg, block }) => {
                     sh.counters.read_capacity_bytes.fetch_add(piece_bytes, Ordering::Relaxed);
-                    let s = capacity::load_summary(sh, seg)?;
-                    if let Some(bad) = capacity::read_seg_blocks(sh, seg, block, p.len as u32, dst, &s.block_crcs)? {
+                    let crcs = capacity::block_crcs(sh, seg, block, p.len as u32)?;
+                    if let Some(bad) = capacity::read_seg_blocks(sh, seg, block, p.len as u32, dst, &crcs)? {
                         return Err(self.corrupt(view, p.lba + u64::from(bad - block), "capacity"));
                     }
                 }

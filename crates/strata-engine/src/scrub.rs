@@ -326,7 +326,8 @@ impl<'a> Scrubber<'a> {
                         }
                     };
                     let mut buf = AlignedBuf::new_zeroed((e.len * BLOCK_U64) as usize);
-                    match read_seg_blocks(self.sh, seg, block, e.len as u32, &mut buf, &summary.block_crcs) {
+                    let crcs = summary.block_crcs.get(block as usize..block as usize + e.len as usize).unwrap_or(&[]);
+                    match read_seg_blocks(self.sh, seg, block, e.len as u32, &mut buf, crcs) {
                         Err(err) => bad.extend((0..e.len).map(|i| (elba + i, format!("unreadable: {err}")))),
                         Ok(_) => {
                             for i in 0..e.len as usize {

@@ -1,7 +1,7 @@
 //! State shared by the caller threads, the log writer and the destager.
 //!
 //! Lock order (never take an earlier one while holding a later one):
-//! `durable` -> `reclaim` -> `log` -> `index` -> `tree` -> `segs` -> `summaries`.
+//! `durable` -> `reclaim` -> `log` -> `index` -> `tree` -> `segs` -> `summaries` -> `crc_blocks`.
 //! Gates (per volume) come before all of them.
 
 use std::collections::{BTreeMap, HashMap};
@@ -11,7 +11,7 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex, RwLock};
 use strata_device::Device;
 
-use crate::capacity::{SegTable, SummaryCache};
+use crate::capacity::{CrcCache, SegTable, SummaryCache};
 use crate::ctree::{CTree, PagePtr};
 use crate::error::EngineError;
 use crate::format::*;
@@ -182,6 +182,8 @@ pub struct Shared {
     pub tree: RwLock<CTree>,
     pub segs: Mutex<SegTable>,
     pub summaries: Mutex<SummaryCache>,
+    /// Crc blocks of segment summaries, for reads (one 4 KiB block per 1023 data blocks).
+    pub crc_blocks: Mutex<CrcCache>,
     /// crc32c of every block in the log area, as written.
     pub fast_crcs: Vec<AtomicU32>,
     pub ranges: RangeLocks,
@@ -348,11 +350,40 @@ impl Shared {
     }
 }
 
-/// A bounded cache helper used for summaries: drops everything when it grows too large
-/// (summaries are cheap to reread, and a bound matters more than the hit ratio).
-pub fn bounded_insert<K: std::hash::Hash + Eq, V>(m: &mut HashMap<K, V>, k: K, v: V, max: usize) {
-    if m.len() >= max {
-        m.clear();
+/// A bounded cache with two generations: inserts go to the young one; when it is full, the
+/// old generation is dropped and the young one becomes old. A hit in the old generation moves
+/// the entry back to the young one. So it holds at most `2 * cap` entries and keeps what is
+/// used, without the bookkeeping of an exact LRU.
+pub struct TwoGen<K, V> {
+    young: HashMap<K, V>,
+    old: HashMap<K, V>,
+    cap: usize,
+}
+
+impl<K: std::hash::Hash + Eq + Copy, V: Clone> TwoGen<K, V> {
+    pub fn new(cap: usize) -> Self {
+        TwoGen { young: HashMap::new(), old: HashMap::new(), cap: cap.max(1) }
     }
-    m.insert(k, v);
+
+    pub fn get(&mut self, k: &K) -> Option<V> {
+        if let Some(v) = self.young.get(k) {
+            return Some(v.clone());
+        }
+        let v = self.old.remove(k)?;
+        self.insert(*k, v.clone());
+        Some(v)
+    }
+
+    pub fn insert(&mut self, k: K, v: V) {
+        if self.young.len() >= self.cap {
+            self.old = std::mem::take(&mut self.young);
+        }
+        self.young.insert(k, v);
+    }
+
+    /// Drops every entry whose key matches.
+    pub fn forget(&mut self, gone: impl Fn(&K) -> bool) {
+        self.young.retain(|k, _| !gone(k));
+        self.old.retain(|k, _| !gone(k));
+    }
 }
