@@ -59,12 +59,28 @@ pub trait Backend: Send + Sync + 'static {
     fn open(&self, name: &str) -> Option<Arc<dyn Export>>;
 }
 
+/// Called once with the outcome of a write started by [`Export::write_nowait`]; it may run on
+/// any thread and must not block.
+pub type WriteDone = Box<dyn FnOnce(Result<(), Errno>) + Send + 'static>;
+
 pub trait Export: Send + Sync + 'static {
     fn size_bytes(&self) -> u64;
     fn read_only(&self) -> bool;
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno>;
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Errno>;
+    /// Starts a write without blocking; `done` gets its outcome later. `Err` hands `done`
+    /// back untouched when the write cannot start that way, and the server then calls `write`
+    /// on its blocking pool. Exports without such a path keep this default.
+    fn write_nowait(&self, offset: u64, data: &[u8], fua: bool, done: WriteDone) -> Result<(), WriteDone> {
+        let _ = (offset, data, fua);
+        Err(done)
+    }
     fn flush(&self) -> Result<(), Errno>;
+    /// Answers a flush at once when that needs no waiting (an export whose replied writes are
+    /// already durable); None sends it to the blocking pool as `flush`.
+    fn flush_nowait(&self) -> Option<Result<(), Errno>> {
+        None
+    }
     fn trim(&self, offset: u64, len: u64) -> Result<(), Errno>;
     /// `may_trim` is false when the client sent NBD_CMD_FLAG_NO_HOLE.
     fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<(), Errno>;

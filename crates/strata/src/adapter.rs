@@ -5,13 +5,15 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use parking_lot::{Mutex, RwLock};
+
 use std::time::Instant;
 
 use crate::metrics::{IoMetrics, Kind};
 use crate::registry::Gate;
 pub use crate::registry::{ChangeError, Registry};
 use strata_engine::{DiskGroup, EngineError, ExtentKind, VolumeId};
-use strata_nbd::{Backend, BlockStatus, Errno, Export, ExportInfo};
+use strata_nbd::{Backend, BlockStatus, Errno, Export, ExportInfo, WriteDone};
 
 /// Most extents in one BLOCK_STATUS reply; the client asks again for the rest.
 pub const MAX_BLOCK_STATUS_EXTENTS: usize = 1024;
@@ -167,6 +169,59 @@ impl Export for VolumeExport {
                 self.group.write(self.id, offset, data)
             })
         })
+    }
+
+    /// Whole-block writes go to the engine without a blocking thread; the reply is sent from
+    /// the engine's completion. The view stays alive (forced changes wait) until it completes.
+    fn write_nowait(&self, offset: u64, data: &[u8], _fua: bool, done: WriteDone) -> Result<(), WriteDone> {
+        if self.read_only {
+            return Err(done);
+        }
+        let Some(alive) = RwLock::try_read_arc(&self.gate.alive) else { return Err(done) };
+        if !*alive {
+            drop(alive);
+            done(Err(Errno::Shutdown));
+            return Ok(());
+        }
+        // The callback is reachable until the engine takes the write, so a refusal hands it back.
+        let slot = Arc::new(Mutex::new(Some(done)));
+        let (slot_in, io, node_io, id) = (slot.clone(), self.io.clone(), self.node_io.clone(), self.id);
+        let (started, bytes) = (Instant::now(), data.len() as u64);
+        let finish: strata_engine::WriteDone = Box::new(move |result| {
+            let _alive = alive;
+            let result = result.map_err(|e| {
+                let errno = errno_for(Op::Write, &e);
+                if errno == Errno::Io {
+                    tracing::warn!(volume = id, op = "write", error = %e, "I/O error returned to an NBD client");
+                }
+                errno
+            });
+            let latency = started.elapsed();
+            io.record(Kind::Write, bytes, latency, result.is_ok());
+            node_io.record(Kind::Write, bytes, latency, result.is_ok());
+            if let Some(done) = slot_in.lock().take() {
+                done(result);
+            }
+        });
+        match self.group.write_async(self.id, offset, data, finish) {
+            Ok(()) => Ok(()),
+            Err(refused) => {
+                drop(refused);
+                Err(slot.lock().take().unwrap_or_else(|| Box::new(|_| {})))
+            }
+        }
+    }
+
+    /// Every replied write is already durable, so a flush only reports a failed group: it
+    /// never waits, unless the view is being changed under its clients.
+    fn flush_nowait(&self) -> Option<Result<(), Errno>> {
+        let alive = self.gate.alive.try_read()?;
+        let started = Instant::now();
+        let result = if *alive { self.group.flush().map_err(|e| errno_for(Op::Write, &e)) } else { Err(Errno::Shutdown) };
+        let latency = started.elapsed();
+        self.io.record(Kind::Flush, 0, latency, result.is_ok());
+        self.node_io.record(Kind::Flush, 0, latency, result.is_ok());
+        Some(result)
     }
 
     fn flush(&self) -> Result<(), Errno> {

@@ -18,7 +18,8 @@ use crate::metrics::IoMetrics;
 pub struct Gate {
     pub open_handles: AtomicUsize,
     /// false once the view is being or has been deleted or rolled back under its clients.
-    pub alive: RwLock<bool>,
+    /// Shared so a write in flight can hold it until it completes.
+    pub alive: Arc<RwLock<bool>>,
 }
 
 /// A change refused because clients have a view open, or refused by the engine.
@@ -92,7 +93,7 @@ impl Registry {
             .or_insert_with(|| {
                 Arc::new(Gate {
                     open_handles: AtomicUsize::new(0),
-                    alive: RwLock::new(true),
+                    alive: Arc::new(RwLock::new(true)),
                 })
             })
             .clone();

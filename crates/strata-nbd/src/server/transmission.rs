@@ -284,6 +284,25 @@ fn spawn_request(
     tx: mpsc::Sender<Reply>,
 ) {
     let session = session.clone();
+    let (slot, budget, tx) = match command {
+        Command::Write { offset, len, fua } if len > 0 => match start_write(&session, cookie, offset, fua, &payload, slot, budget, tx) {
+            None => return,
+            Some(back) => back,
+        },
+        Command::Flush => match session.export.flush_nowait() {
+            Some(result) => {
+                let wire = match result {
+                    Ok(()) => command::ok_reply(&session, cookie),
+                    Err(errno) => command::error_reply(&session, cookie, errno, "export failed the request"),
+                };
+                // Never full: the queue holds max_in_flight replies and each holds a slot.
+                let _ = tx.try_send(Reply { wire, _slot: slot, _budget: budget });
+                return;
+            }
+            None => (slot, budget, tx),
+        },
+        _ => (slot, budget, tx),
+    };
     tokio::task::spawn_blocking(move || {
         let run = || command::execute(&session, cookie, command, payload);
         let wire = catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|_| {
@@ -298,6 +317,42 @@ fn spawn_request(
             _budget: budget,
         });
     });
+}
+
+/// What a reply needs besides its wire: the slot and budget it holds, and the queue it goes to.
+type ReplyParts = (OwnedSemaphorePermit, Option<Budget>, mpsc::Sender<Reply>);
+
+/// Starts a write on the export's non-blocking path, its reply sent from the completion.
+/// Returns the reply's parts when the export cannot start it that way (then it runs on the
+/// blocking pool like any other request).
+#[allow(clippy::too_many_arguments)]
+fn start_write(
+    session: &Arc<Session>,
+    cookie: u64,
+    offset: u64,
+    fua: bool,
+    payload: &[u8],
+    slot: OwnedSemaphorePermit,
+    budget: Option<Budget>,
+    tx: mpsc::Sender<Reply>,
+) -> Option<ReplyParts> {
+    let held: Arc<std::sync::Mutex<Option<ReplyParts>>> = Arc::new(std::sync::Mutex::new(Some((slot, budget, tx))));
+    let (held_in, s) = (held.clone(), session.clone());
+    let done: crate::WriteDone = Box::new(move |result| {
+        let wire = match result {
+            Ok(()) => command::ok_reply(&s, cookie),
+            Err(errno) => command::error_reply(&s, cookie, errno, "export failed the request"),
+        };
+        let parts = held_in.lock().ok().and_then(|mut h| h.take());
+        if let Some((slot, budget, tx)) = parts {
+            // Never full: the queue holds max_in_flight replies and each holds a slot.
+            let _ = tx.try_send(Reply { wire, _slot: slot, _budget: budget });
+        }
+    });
+    match catch_unwind(AssertUnwindSafe(|| session.export.write_nowait(offset, payload, fua, done))) {
+        Ok(Ok(())) => None,
+        Ok(Err(_)) | Err(_) => held.lock().ok().and_then(|mut h| h.take()),
+    }
 }
 
 /// Owns the write half: writes replies in the order they complete, flushing whenever
