@@ -8,7 +8,6 @@
 //! makes a tree without references to it durable.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use strata_device::AlignedBuf;
@@ -335,7 +334,7 @@ pub fn load_summary(sh: &Shared, seg: u32) -> Result<Arc<SegmentSummary>, Engine
         return Ok(s);
     }
     let s = Arc::new(read_summary(sh, seg)?.ok_or_else(|| {
-        sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+        sh.checksum_error(sh.seg_device(seg), 1);
         tracing::error!(segment = seg, "segment summary unreadable (checksum mismatch)");
         EngineError::Corrupt(format!("summary of capacity segment {seg} is damaged"))
     })?);
@@ -365,7 +364,7 @@ fn crc_block(sh: &Shared, seg: u32, idx: u32) -> Result<Arc<Vec<u32>>, EngineErr
     let mut b = AlignedBuf::new_zeroed(BLOCK);
     sh.caps[dev].read_at(&mut b, off + u64::from(idx) * BLOCK_U64)?;
     let crcs = Arc::new(decode_crc_block(&b, seg, idx).ok_or_else(|| {
-        sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+        sh.checksum_error(1 + dev, 1);
         tracing::error!(segment = seg, crc_block = idx, "segment summary crc block unreadable (checksum mismatch)");
         EngineError::Corrupt(format!("summary of capacity segment {seg} is damaged (crc block {idx})"))
     })?);

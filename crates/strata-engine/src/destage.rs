@@ -677,7 +677,7 @@ fn add_live(sh: &Shared, builder: &mut Builder, run: &LiveRun, skip: u64, n: u64
     let crcs: Vec<u32> = (0..n).map(|k| sh.fast_crcs[(first + k) as usize].load(Ordering::Relaxed)).collect();
     for (k, chunk) in bytes.chunks(BLOCK).enumerate() {
         if crc32c::crc32c(chunk) != crcs[k] {
-            sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+            sh.checksum_error(0, 1);
             tracing::error!(layer = run.layer, block = run.lba + skip + k as u64, "checksum mismatch in the write log");
         }
     }
@@ -846,7 +846,7 @@ fn add_seg_runs(sh: &Shared, builder: &mut Builder, seg: u32, s: &SegmentSummary
         let crcs = &s.block_crcs[block as usize..(block as u64 + n) as usize];
         for (k, chunk) in data.chunks(BLOCK).enumerate() {
             if crc32c::crc32c(chunk) != crcs[k] {
-                sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                sh.checksum_error(sh.seg_device(seg), 1);
                 tracing::error!(segment = seg, block = block + k as u32, "checksum mismatch while cleaning; the damage is carried, not hidden");
             }
         }

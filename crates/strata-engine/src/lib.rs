@@ -153,6 +153,8 @@ pub struct EngineStats {
     /// Hot data written again at the log head instead of being destaged.
     pub hot_kept_bytes_total: u64,
     pub checksum_errors_total: u64,
+    /// Checksum failures by device: the fast device first, then the capacity devices.
+    pub checksum_errors_by_device: Vec<u64>,
     /// Host reads served from the fast tier, the capacity tier, and from never-written space.
     pub read_fast_bytes_total: u64,
     pub read_capacity_bytes_total: u64,
@@ -275,7 +277,7 @@ impl DiskGroup {
                     sh.fast.read_at(dst, sh.layout.log_byte(b))?;
                     for (i, chunk) in dst.chunks(BLOCK).enumerate() {
                         if crc32c::crc32c(chunk) != sh.fast_crcs[(b + i as u64) as usize].load(Ordering::Relaxed) {
-                            return Err(self.corrupt(view, p.lba + i as u64, "fast"));
+                            return Err(self.corrupt(view, p.lba + i as u64, "fast", 0));
                         }
                     }
                 }
@@ -283,7 +285,7 @@ impl DiskGroup {
                     sh.counters.read_capacity_bytes.fetch_add(piece_bytes, Ordering::Relaxed);
                     let crcs = capacity::block_crcs(sh, seg, block, p.len as u32)?;
                     if let Some(bad) = capacity::read_seg_blocks(sh, seg, block, p.len as u32, dst, &crcs)? {
-                        return Err(self.corrupt(view, p.lba + u64::from(bad - block), "capacity"));
+                        return Err(self.corrupt(view, p.lba + u64::from(bad - block), "capacity", sh.seg_device(seg)));
                     }
                 }
             }
@@ -291,8 +293,8 @@ impl DiskGroup {
         Ok(())
     }
 
-    fn corrupt(&self, view: VolumeId, lba: u64, tier: &str) -> EngineError {
-        self.sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+    fn corrupt(&self, view: VolumeId, lba: u64, tier: &str, dev: usize) -> EngineError {
+        self.sh.checksum_error(dev, 1);
         let offset = lba * BLOCK_U64;
         tracing::error!(volume = view, offset, tier, "checksum mismatch: returning an I/O error");
         EngineError::Corrupt(format!("volume #{view} offset {offset} ({tier} tier)"))
@@ -527,6 +529,7 @@ impl DiskGroup {
             gc_relocated_bytes_total: c.gc_relocated_bytes.load(Ordering::Relaxed),
             hot_kept_bytes_total: c.hot_kept_bytes.load(Ordering::Relaxed),
             checksum_errors_total: c.checksum_errors.load(Ordering::Relaxed),
+            checksum_errors_by_device: c.checksum_errors_by_device.iter().map(|x| x.load(Ordering::Relaxed)).collect(),
             read_fast_bytes_total: c.read_fast_bytes.load(Ordering::Relaxed),
             read_capacity_bytes_total: c.read_capacity_bytes.load(Ordering::Relaxed),
             read_unwritten_bytes_total: c.read_unwritten_bytes.load(Ordering::Relaxed),

@@ -47,7 +47,8 @@ pub fn read_page(sh: &Shared, ptr: PagePtr) -> Result<PageBody, EngineError> {
             Err(e) => why.push(format!("copy {copy}: {e}")),
         }
     }
-    sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+    sh.checksum_error(sh.seg_device((ptr.a >> 32) as u32), 1);
+    sh.checksum_error(sh.seg_device((ptr.b >> 32) as u32), 1);
     tracing::error!(page_a = ptr.a, page_b = ptr.b, "index page unreadable in both copies: {}", why.join("; "));
     Err(EngineError::Corrupt(format!("index page {:#x}/{:#x} is damaged in both copies", ptr.a, ptr.b)))
 }

@@ -182,6 +182,7 @@ fn new_shared(fast: Arc<dyn Device>, caps: Vec<Arc<dyn Device>>, cfg: EngineConf
     };
     let write_counter_at_open = std::iter::once(&fast).chain(caps.iter()).map(|d| d.stats().write_bytes).collect();
     let (index_dirty_limit, meta_reserve) = crate::maint::index_limits(&cfg, &layout, caps.len());
+    let caps_len = caps.len();
     let durable = Durable { generation: cp.generation, epoch: cp.epoch, clean_log_end_seq: 0, index_root: cp.index_root, index_generation: cp.index_generation };
     Shared {
         cfg,
@@ -200,7 +201,7 @@ fn new_shared(fast: Arc<dyn Device>, caps: Vec<Arc<dyn Device>>, cfg: EngineConf
         fast_crcs,
         ranges: Default::default(),
         gates: Mutex::new(Default::default()),
-        counters: Default::default(),
+        counters: Counters { checksum_errors_by_device: (0..1 + caps_len).map(|_| Default::default()).collect(), ..Default::default() },
         state: AtomicU8::new(STATE_RUNNING),
         failure: Mutex::new(None),
         abandon: AtomicBool::new(false),
@@ -266,7 +267,7 @@ fn apply_recent(sh: &Shared, recent: &[u32]) -> Result<usize, EngineError> {
             return Err(EngineError::Format(format!("the checkpoint names segment {seg}, which does not exist")));
         }
         let s = read_summary(sh, seg)?.ok_or_else(|| {
-            sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+            sh.checksum_error(sh.seg_device(seg), 1);
             EngineError::Corrupt(format!(
                 "the summary of capacity segment {seg}, sealed after the last index write, is damaged: data written since may be lost; refusing to open"
             ))

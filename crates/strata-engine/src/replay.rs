@@ -62,7 +62,7 @@ pub fn replay(sh: &Shared, tail_block: u64, tail_seq: u64, end_seq: u64) -> Resu
                 damaged_records = f.bad_records.len(),
                 "write log batch with damaged data (the medium, not a torn write): its damaged records' blocks will read as I/O errors"
             );
-            sh.counters.checksum_errors.fetch_add(f.bad_records.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            sh.checksum_error(0, f.bad_records.len() as u64);
             out.damaged_records += f.bad_records.len();
         }
         epoch = f.header.epoch;

@@ -227,9 +227,9 @@ impl<'a> Scrubber<'a> {
         }
     }
 
-    fn bad(&mut self, volume: &str, lba: u64, tier: &'static str, problem: String) {
+    fn bad(&mut self, volume: &str, lba: u64, tier: &'static str, dev: usize, problem: String) {
         self.report.bad_blocks_total += 1;
-        self.sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+        self.sh.checksum_error(dev, 1);
         tracing::error!(volume, offset = lba * BLOCK_U64, tier, problem = problem.as_str(), "scrub: bad block");
         if self.report.bad_blocks.len() < MAX_REPORTED_BAD_BLOCKS {
             self.report.bad_blocks.push(BadBlock { volume: volume.into(), offset: lba * BLOCK_U64, tier, problem });
@@ -295,7 +295,7 @@ impl<'a> Scrubber<'a> {
                 }
             }
             for (l, why) in bad {
-                self.bad(name, l, "fast", why);
+                self.bad(name, l, "fast", 0, why);
             }
             self.pace(n * BLOCK_U64)?;
             at += n;
@@ -318,22 +318,23 @@ impl<'a> Scrubber<'a> {
                 for e in ents {
                     let Loc::Cap { seg, block } = e.loc else { continue };
                     let elba = split_key(e.key).1;
+                    let dev = self.sh.seg_device(seg);
                     let summary = match load_summary(self.sh, seg) {
                         Ok(s) => s,
                         Err(err) => {
-                            bad.extend((0..e.len).map(|i| (elba + i, format!("segment {seg}: {err}"))));
+                            bad.extend((0..e.len).map(|i| (elba + i, dev, format!("segment {seg}: {err}"))));
                             continue;
                         }
                     };
                     let mut buf = AlignedBuf::new_zeroed((e.len * BLOCK_U64) as usize);
                     let crcs = summary.block_crcs.get(block as usize..block as usize + e.len as usize).unwrap_or(&[]);
                     match read_seg_blocks(self.sh, seg, block, e.len as u32, &mut buf, crcs) {
-                        Err(err) => bad.extend((0..e.len).map(|i| (elba + i, format!("unreadable: {err}")))),
+                        Err(err) => bad.extend((0..e.len).map(|i| (elba + i, dev, format!("unreadable: {err}")))),
                         Ok(_) => {
                             for i in 0..e.len as usize {
                                 let expect = summary.block_crcs.get(block as usize + i).copied();
                                 if expect != Some(crc32c::crc32c(&buf[i * BLOCK..(i + 1) * BLOCK])) {
-                                    bad.push((elba + i as u64, format!("checksum mismatch (segment {seg} block {})", block as usize + i)));
+                                    bad.push((elba + i as u64, dev, format!("checksum mismatch (segment {seg} block {})", block as usize + i)));
                                 }
                             }
                         }
@@ -341,8 +342,8 @@ impl<'a> Scrubber<'a> {
                     self.report.data_bytes_verified += e.len * BLOCK_U64;
                 }
             }
-            for (l, why) in bad {
-                self.bad(name, l, "capacity", why);
+            for (l, dev, why) in bad {
+                self.bad(name, l, "capacity", dev, why);
             }
             self.pace(n * BLOCK_U64)?;
             at += n;
@@ -452,7 +453,8 @@ impl<'a> Scrubber<'a> {
                 return Ok(Some(a));
             }
             (None, None) => {
-                self.sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                self.sh.checksum_error(self.sh.seg_device((ptr.a >> 32) as u32), 1);
+                self.sh.checksum_error(self.sh.seg_device((ptr.b >> 32) as u32), 1);
                 self.report.metadata_damaged.push(format!("{what} page {:#x}/{:#x}: both copies are damaged", ptr.a, ptr.b));
                 return Ok(None);
             }
@@ -499,7 +501,7 @@ impl<'a> Scrubber<'a> {
             self.report.metadata_copies_checked += 1;
             self.pace(u64::from(self.sh.layout.geo.summary_blocks) * BLOCK_U64)?;
             if !ok {
-                self.sh.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                self.sh.checksum_error(self.sh.seg_device(seg), 1);
                 self.report.metadata_damaged.push(format!("summary of capacity segment {seg} is damaged (it has one copy); its blocks cannot be read"));
             }
         }

@@ -115,6 +115,9 @@ pub struct Counters {
     pub hot_kept_bytes: AtomicU64,
     pub gc_relocated_bytes: AtomicU64,
     pub checksum_errors: AtomicU64,
+    /// Checksum failures by device where the bad copy lives: the fast device first, then the
+    /// capacity devices in order (see `Shared::checksum_error`).
+    pub checksum_errors_by_device: Vec<AtomicU64>,
     /// Host read bytes by where they were served from (4 KiB granular, before trimming to the
     /// request): the fast tier, the capacity tier, or never written (zeros, no I/O).
     pub read_fast_bytes: AtomicU64,
@@ -236,6 +239,20 @@ impl Shared {
         *self.failure.lock() = Some(why);
         self.state.store(STATE_FAILED, Ordering::Release);
         self.log_freed.notify_all();
+    }
+
+    /// Counts a checksum failure of data or metadata on device `dev` (0: the fast device,
+    /// 1 + i: capacity device i).
+    pub fn checksum_error(&self, dev: usize, n: u64) {
+        self.counters.checksum_errors.fetch_add(n, Ordering::Relaxed);
+        if let Some(c) = self.counters.checksum_errors_by_device.get(dev) {
+            c.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// The device index (as `checksum_error` numbers them) of a capacity segment.
+    pub fn seg_device(&self, seg: u32) -> usize {
+        1 + self.layout.segments.get(seg as usize).map_or(0, |s| s.0)
     }
 
     /// The gate of a volume.

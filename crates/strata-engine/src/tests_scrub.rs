@@ -18,14 +18,15 @@ fn block_of(lba: u64, fill: u8) -> Vec<u8> {
 
 /// Byte offset on `dev` of the block holding exactly `content`.
 fn find_block(dev: &MemDevice, content: &[u8]) -> u64 {
+    try_find_block(dev, content).unwrap_or_else(|| panic!("block not found on {}", dev.name()))
+}
+
+fn try_find_block(dev: &MemDevice, content: &[u8]) -> Option<u64> {
     let mut b = AlignedBuf::new_zeroed(4096);
-    for blk in 0..dev.size_bytes() / 4096 {
-        dev.read_at(&mut b, blk * 4096).unwrap();
-        if b[..] == content[..] {
-            return blk * 4096;
-        }
-    }
-    panic!("block not found on {}", dev.name());
+    (0..dev.size_bytes() / 4096).map(|blk| blk * 4096).find(|&off| {
+        dev.read_at(&mut b, off).unwrap();
+        b[..] == content[..]
+    })
 }
 
 /// Byte offset (on its capacity device) of copy A of the durable index's root page.
@@ -180,4 +181,24 @@ fn a_damaged_batch_header_mid_log_refuses_to_open_instead_of_losing_later_writes
         let err = rig.start().err().expect("opened over a damaged log");
         assert!(err.to_string().contains("write log is damaged"), "clean {clean}: {err}");
     }
+}
+
+#[test]
+fn checksum_failures_are_counted_on_the_device_that_holds_the_bad_copy() {
+    let rig = Rig::new(32 * MIB, &[24 * MIB, 24 * MIB], small_cfg(), 45);
+    let dg = rig.dg();
+    let v = dg.create_volume("v", 4 * MIB).unwrap().id;
+    for lba in 0..64u64 {
+        dg.write(v, lba * 4096, &block_of(lba, 0x44)).unwrap();
+    }
+    assert!(dg.destage_all(Duration::from_secs(10)));
+    dg.write(v, 100 * 4096, &block_of(100, 0x55)).unwrap();
+    rig.fast.flip_bit(find_block(&rig.fast, &block_of(100, 0x55)) + 9, 1).unwrap();
+    let on = (0..2).find(|&i| try_find_block(&rig.caps[i], &block_of(5, 0x44)).is_some()).expect("destaged");
+    rig.caps[on].flip_bit(find_block(&rig.caps[on], &block_of(5, 0x44)) + 9, 1).unwrap();
+    assert!(read_fails(dg, v, 100 * 4096) && read_fails(dg, v, 5 * 4096));
+    let by_dev = dg.stats().checksum_errors_by_device;
+    let mut want = vec![1, 0, 0];
+    want[1 + on] = 1;
+    assert_eq!(by_dev, want);
 }
