@@ -17,10 +17,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::{Condvar, Mutex};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use strata_device::{open_with, raw_random_io, Device, IoBackend, OpenOptions, ThrottleConfig, Throttled};
-use parking_lot::{Condvar, Mutex};
+use strata_device::{
+    open_with, raw_random_io, Device, IoBackend, OpenOptions, ThrottleConfig, Throttled,
+};
 use strata_engine::{DiskGroup, EngineConfig, ExtentMap, Loc, WriteDone};
 
 /// Counts live heap bytes so the index's memory can be measured, not estimated.
@@ -45,7 +47,10 @@ const GIB: u64 = 1 << 30;
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let cmd = args.get(1).map(String::as_str).unwrap_or("");
-    let dir = args.get(2).map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target/bench-engine"));
+    let dir = args
+        .get(2)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("target/bench-engine"));
     let arg = |i: usize, d: u64| args.get(i).and_then(|s| s.parse().ok()).unwrap_or(d);
     let result = match cmd {
         "qd32" => qd32(&dir, arg(3, 3)),
@@ -66,17 +71,45 @@ struct Rig {
     fast_path: PathBuf,
 }
 
-fn fresh_group(dir: &Path, fast: u64, cap: u64, cap_mb_s: u64, cfg: EngineConfig) -> Result<Rig, String> {
+fn fresh_group(
+    dir: &Path,
+    fast: u64,
+    cap: u64,
+    cap_mb_s: u64,
+    cfg: EngineConfig,
+) -> Result<Rig, String> {
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     let fast_path = dir.join("fast.img");
     let cap_path = dir.join("capacity.img");
     for p in [&fast_path, &cap_path] {
         let _ = std::fs::remove_file(p);
     }
-    let f = open_with(&fast_path, &OpenOptions { create_size_bytes: Some(fast), preallocate: true, backend: backend() }).map_err(|e| e.to_string())?;
-    let c = open_with(&cap_path, &OpenOptions { create_size_bytes: Some(cap), preallocate: false, backend: backend() }).map_err(|e| e.to_string())?;
+    let f = open_with(
+        &fast_path,
+        &OpenOptions {
+            create_size_bytes: Some(fast),
+            preallocate: true,
+            backend: backend(),
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let c = open_with(
+        &cap_path,
+        &OpenOptions {
+            create_size_bytes: Some(cap),
+            preallocate: false,
+            backend: backend(),
+        },
+    )
+    .map_err(|e| e.to_string())?;
     let cap: Arc<dyn Device> = if cap_mb_s > 0 {
-        Arc::new(Throttled::new(c, ThrottleConfig { bandwidth_bytes_per_s: cap_mb_s * 1_000_000, ..Default::default() }))
+        Arc::new(Throttled::new(
+            c,
+            ThrottleConfig {
+                bandwidth_bytes_per_s: cap_mb_s * 1_000_000,
+                ..Default::default()
+            },
+        ))
     } else {
         c
     };
@@ -108,7 +141,10 @@ fn qd32(dir: &Path, rounds: u64) -> Result<(), String> {
     for round in 0..rounds {
         let rig = fresh_group(dir, GIB, 8 * GIB, 0, EngineConfig::default())?;
         let dg = rig.dg.clone();
-        let v = dg.create_volume("bench", vol_bytes).map_err(|e| e.to_string())?.id;
+        let v = dg
+            .create_volume("bench", vol_bytes)
+            .map_err(|e| e.to_string())?
+            .id;
         let chunk = vec![0x5au8; MIB as usize];
         for i in 0..vol_bytes / MIB {
             dg.write(v, i * MIB, &chunk).map_err(|e| e.to_string())?;
@@ -128,8 +164,10 @@ fn qd32(dir: &Path, rounds: u64) -> Result<(), String> {
         dg.shutdown().map_err(|e| e.to_string())?;
         drop(dg);
         drop(rig.dg);
-        let raw_w = raw_random_io(&rig.fast_path, 4096, 32, ops, true, round).map_err(|e| e.to_string())?;
-        let raw_r = raw_random_io(&rig.fast_path, 4096, 32, ops, false, round).map_err(|e| e.to_string())?;
+        let raw_w =
+            raw_random_io(&rig.fast_path, 4096, 32, ops, true, round).map_err(|e| e.to_string())?;
+        let raw_r = raw_random_io(&rig.fast_path, 4096, 32, ops, false, round)
+            .map_err(|e| e.to_string())?;
         let ew = ops as f64 / w.as_secs_f64();
         let ewa = ops as f64 / wa.as_secs_f64();
         let er = ops as f64 / r.as_secs_f64();
@@ -142,7 +180,11 @@ fn qd32(dir: &Path, rounds: u64) -> Result<(), String> {
             er / raw_r.ops_per_s,
             st.destaged_bytes_total / MIB
         );
-        rows.push((ew / raw_w.ops_per_s, er / raw_r.ops_per_s, ewa / raw_w.ops_per_s));
+        rows.push((
+            ew / raw_w.ops_per_s,
+            er / raw_r.ops_per_s,
+            ewa / raw_w.ops_per_s,
+        ));
     }
     let med = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -166,13 +208,18 @@ fn saturate(dir: &Path, secs: u64, cap_mb_s: u64) -> Result<(), String> {
     let buf = strata_device::AlignedBuf::new_zeroed(8 * MIB as usize);
     let t = Instant::now();
     for i in 0..probe / (8 * MIB) {
-        rig.cap.write_at(&buf, base + i * 8 * MIB).map_err(|e| e.to_string())?;
+        rig.cap
+            .write_at(&buf, base + i * 8 * MIB)
+            .map_err(|e| e.to_string())?;
     }
     rig.cap.flush().map_err(|e| e.to_string())?;
     let seq_bw = probe as f64 / t.elapsed().as_secs_f64();
     let dg = rig.dg.clone();
     let vol_bytes = 4 * GIB;
-    let v = dg.create_volume("sat", vol_bytes).map_err(|e| e.to_string())?.id;
+    let v = dg
+        .create_volume("sat", vol_bytes)
+        .map_err(|e| e.to_string())?
+        .id;
     let stop = std::sync::atomic::AtomicBool::new(false);
     let written = AtomicU64::new(0);
     let mut samples = Vec::new();
@@ -193,7 +240,11 @@ fn saturate(dir: &Path, secs: u64, cap_mb_s: u64) -> Result<(), String> {
         while start.elapsed() < Duration::from_secs(secs + 120) {
             std::thread::sleep(Duration::from_millis(250));
             let st = dg.stats();
-            let now = (start.elapsed().as_secs_f64(), written.load(Ordering::Relaxed), st.log_fill_ratio);
+            let now = (
+                start.elapsed().as_secs_f64(),
+                written.load(Ordering::Relaxed),
+                st.log_fill_ratio,
+            );
             samples.push(now);
             if saturated_at.is_none() && st.log_fill_ratio >= st.fill_ratio_high {
                 saturated_at = Some(now);
@@ -281,7 +332,13 @@ fn async_writes(dg: &Arc<DiskGroup>, v: u32, blocks: u64, ops: u64, depth: usize
 }
 
 /// `ops` 4 KiB writes at blocks `block(i)`, `depth` in flight, from this thread.
-fn async_each(dg: &Arc<DiskGroup>, v: u32, ops: u64, depth: usize, mut block: impl FnMut(u64) -> u64) -> Duration {
+fn async_each(
+    dg: &Arc<DiskGroup>,
+    v: u32,
+    ops: u64,
+    depth: usize,
+    mut block: impl FnMut(u64) -> u64,
+) -> Duration {
     let state = Arc::new((Mutex::new(0usize), Condvar::new()));
     let data = [0x5cu8; 4096];
     let start = Instant::now();
@@ -336,10 +393,16 @@ fn index_ram(dir: &Path) -> Result<(), String> {
     );
     drop(fast_map);
     let cache = 8 * MIB;
-    let cfg = EngineConfig { index_cache_bytes: cache, ..EngineConfig::default() };
+    let cfg = EngineConfig {
+        index_cache_bytes: cache,
+        ..EngineConfig::default()
+    };
     let rig = fresh_group(dir, GIB, 64 * GIB, 0, cfg)?;
     let dg = rig.dg.clone();
-    let v = dg.create_volume("index", 32 * GIB).map_err(|e| e.to_string())?.id;
+    let v = dg
+        .create_volume("index", 32 * GIB)
+        .map_err(|e| e.to_string())?
+        .id;
     let mut points = Vec::new();
     let mut next = 0u64;
     for target_gib in [2u64, 4, 6, 8] {
@@ -372,7 +435,12 @@ fn index_ram(dir: &Path) -> Result<(), String> {
             st.index_resident_bytes as f64 / MIB as f64,
             heap as f64 / MIB as f64
         );
-        points.push((target_gib as f64, heap as f64, st.index_resident_bytes as f64, st.index_pages_bytes as f64));
+        points.push((
+            target_gib as f64,
+            heap as f64,
+            st.index_resident_bytes as f64,
+            st.index_pages_bytes as f64,
+        ));
     }
     let (g0, h0, t0, p0) = points[0];
     let (g1, h1, t1, p1) = points[points.len() - 1];

@@ -8,6 +8,7 @@
 //! makes a tree without references to it durable.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use strata_device::AlignedBuf;
@@ -42,7 +43,12 @@ pub struct SegInfo {
     pub sealed_unix_s: u32,
 }
 
-const FREE_INFO: SegInfo = SegInfo { state: SegState::Free, live_blocks: 0, used_blocks: 0, sealed_unix_s: 0 };
+const FREE_INFO: SegInfo = SegInfo {
+    state: SegState::Free,
+    live_blocks: 0,
+    used_blocks: 0,
+    sealed_unix_s: 0,
+};
 
 /// Segment bookkeeping. Protected by `Shared::segs`.
 pub struct SegTable {
@@ -63,6 +69,8 @@ pub struct SegTable {
     /// ... and as of the last completed index flush (what checkpoints record).
     pub durable_streams: [StreamPos; 2],
     segment_blocks: u32,
+    /// Bumped each time a segment is allocated: cached copies of its old content are stale.
+    pub gen: Arc<Vec<AtomicU32>>,
 }
 
 impl SegTable {
@@ -83,6 +91,11 @@ impl SegTable {
             streams: [StreamPos::NONE; 2],
             durable_streams: [StreamPos::NONE; 2],
             segment_blocks,
+            gen: Arc::new(
+                (0..layout_segments.len())
+                    .map(|_| AtomicU32::new(0))
+                    .collect(),
+            ),
         }
     }
 
@@ -99,7 +112,10 @@ impl SegTable {
     }
 
     pub fn pending_count(&self) -> usize {
-        self.segs.iter().filter(|s| s.state == SegState::PendingFree).count()
+        self.segs
+            .iter()
+            .filter(|s| s.state == SegState::PendingFree)
+            .count()
     }
 
     /// Takes a free data segment, rotating across devices; `reserve` segments are kept back
@@ -123,6 +139,7 @@ impl SegTable {
     fn take_free(&mut self, dev: usize) -> Option<u32> {
         let seg = *self.free[dev].iter().next()?;
         self.free[dev].remove(&seg);
+        self.gen[seg as usize].fetch_add(1, Ordering::AcqRel);
         Some(seg)
     }
 
@@ -130,9 +147,17 @@ impl SegTable {
     fn alloc_meta(&mut self, avoid: Option<usize>) -> Option<u32> {
         let n = self.free.len();
         let order = (0..n).map(|k| (self.next_dev + k) % n);
-        let dev = order.clone().find(|&d| Some(d) != avoid && !self.free[d].is_empty()).or_else(|| order.clone().find(|&d| !self.free[d].is_empty()))?;
+        let dev = order
+            .clone()
+            .find(|&d| Some(d) != avoid && !self.free[d].is_empty())
+            .or_else(|| order.clone().find(|&d| !self.free[d].is_empty()))?;
         let seg = self.take_free(dev)?;
-        self.segs[seg as usize] = SegInfo { state: SegState::Meta, live_blocks: 0, used_blocks: 0, sealed_unix_s: unix_now_s() as u32 };
+        self.segs[seg as usize] = SegInfo {
+            state: SegState::Meta,
+            live_blocks: 0,
+            used_blocks: 0,
+            sealed_unix_s: unix_now_s() as u32,
+        };
         self.touch(seg);
         Some(seg)
     }
@@ -160,8 +185,13 @@ impl SegTable {
     /// A page copy stopped being referenced.
     pub fn page_freed(&mut self, addr: u64) {
         let seg = (addr >> 32) as u32;
-        let Some(info) = self.segs.get_mut(seg as usize) else { return };
-        debug_assert!(info.state == SegState::Meta && info.live_blocks > 0, "page {addr:#x} freed twice");
+        let Some(info) = self.segs.get_mut(seg as usize) else {
+            return;
+        };
+        debug_assert!(
+            info.state == SegState::Meta && info.live_blocks > 0,
+            "page {addr:#x} freed twice"
+        );
         info.live_blocks = info.live_blocks.saturating_sub(1);
         let streaming = self.streams.iter().any(|s| s.seg == seg);
         if info.live_blocks == 0 && info.state == SegState::Meta && !streaming {
@@ -197,8 +227,17 @@ impl SegTable {
 
     /// Seals a data segment just written with `live` blocks the index now references.
     pub fn seal(&mut self, seg: u32, used: u32, live: u32) {
-        let state = if live == 0 { SegState::PendingFree } else { SegState::Sealed };
-        self.segs[seg as usize] = SegInfo { state, live_blocks: live, used_blocks: used, sealed_unix_s: unix_now_s() as u32 };
+        let state = if live == 0 {
+            SegState::PendingFree
+        } else {
+            SegState::Sealed
+        };
+        self.segs[seg as usize] = SegInfo {
+            state,
+            live_blocks: live,
+            used_blocks: used,
+            sealed_unix_s: unix_now_s() as u32,
+        };
         self.recent.push(seg);
         self.touch(seg);
     }
@@ -217,7 +256,10 @@ impl SegTable {
     /// `blocks` of the segment stopped being referenced.
     pub fn release(&mut self, seg: u32, blocks: u32) {
         let s = &mut self.segs[seg as usize];
-        debug_assert!(s.live_blocks >= blocks, "segment {seg} live count underflow");
+        debug_assert!(
+            s.live_blocks >= blocks,
+            "segment {seg} live count underflow"
+        );
         s.live_blocks = s.live_blocks.saturating_sub(blocks);
         if s.live_blocks == 0 && s.state == SegState::Sealed {
             s.state = SegState::PendingFree;
@@ -257,9 +299,19 @@ impl SegTable {
         self.segs[from..to]
             .iter()
             .map(|s| match s.state {
-                SegState::Sealed => SegRecord { state: 1, live: s.live_blocks, used: s.used_blocks, sealed_unix_s: s.sealed_unix_s },
+                SegState::Sealed => SegRecord {
+                    state: 1,
+                    live: s.live_blocks,
+                    used: s.used_blocks,
+                    sealed_unix_s: s.sealed_unix_s,
+                },
                 // Meta live counts are recounted from the index at open.
-                SegState::Meta => SegRecord { state: 2, live: 0, used: s.used_blocks, sealed_unix_s: s.sealed_unix_s },
+                SegState::Meta => SegRecord {
+                    state: 2,
+                    live: 0,
+                    used: s.used_blocks,
+                    sealed_unix_s: s.sealed_unix_s,
+                },
                 _ => SegRecord::default(),
             })
             .collect()
@@ -279,7 +331,12 @@ impl SegTable {
             };
             self.free[self.dev_of[seg]].remove(&(seg as u32));
             let live = if state == SegState::Meta { 0 } else { r.live };
-            self.segs[seg] = SegInfo { state, live_blocks: live, used_blocks: r.used, sealed_unix_s: r.sealed_unix_s };
+            self.segs[seg] = SegInfo {
+                state,
+                live_blocks: live,
+                used_blocks: r.used,
+                sealed_unix_s: r.sealed_unix_s,
+            };
         }
     }
 
@@ -299,13 +356,22 @@ impl SegTable {
     /// Marks a segment sealed for recovery (a recent segment whose summary is being applied).
     pub fn mark_recovered(&mut self, seg: u32, used: u32, seq: u64) {
         self.free[self.dev_of[seg as usize]].remove(&seg);
-        self.segs[seg as usize] = SegInfo { state: SegState::PendingFree, live_blocks: 0, used_blocks: used, sealed_unix_s: unix_now_s() as u32 };
+        self.segs[seg as usize] = SegInfo {
+            state: SegState::PendingFree,
+            live_blocks: 0,
+            used_blocks: used,
+            sealed_unix_s: unix_now_s() as u32,
+        };
         self.next_seq = self.next_seq.max(seq + 1);
         self.touch(seg);
     }
 
     pub fn live_blocks_total(&self) -> u64 {
-        self.segs.iter().filter(|s| s.state == SegState::Sealed).map(|s| u64::from(s.live_blocks)).sum()
+        self.segs
+            .iter()
+            .filter(|s| s.state == SegState::Sealed)
+            .map(|s| u64::from(s.live_blocks))
+            .sum()
     }
 
     pub fn count(&self, state: SegState) -> usize {
@@ -317,7 +383,9 @@ impl SegTable {
         self.segs
             .iter()
             .filter(|s| s.state == SegState::Meta)
-            .fold((0, 0), |(l, u), s| (l + u64::from(s.live_blocks), u + u64::from(s.used_blocks)))
+            .fold((0, 0), |(l, u), s| {
+                (l + u64::from(s.live_blocks), u + u64::from(s.used_blocks))
+            })
     }
 }
 
@@ -335,7 +403,10 @@ pub fn load_summary(sh: &Shared, seg: u32) -> Result<Arc<SegmentSummary>, Engine
     }
     let s = Arc::new(read_summary(sh, seg)?.ok_or_else(|| {
         sh.checksum_error(sh.seg_device(seg), 1);
-        tracing::error!(segment = seg, "segment summary unreadable (checksum mismatch)");
+        tracing::error!(
+            segment = seg,
+            "segment summary unreadable (checksum mismatch)"
+        );
         EngineError::Corrupt(format!("summary of capacity segment {seg} is damaged"))
     })?);
     sh.summaries.lock().insert(seg, s.clone());
@@ -346,7 +417,10 @@ pub fn load_summary(sh: &Shared, seg: u32) -> Result<Arc<SegmentSummary>, Engine
 /// hold them, from the cache or the device (one 4 KiB read each), each checked on its own.
 pub fn block_crcs(sh: &Shared, seg: u32, block: u32, n: u32) -> Result<Vec<u32>, EngineError> {
     let mut out = Vec::with_capacity(n as usize);
-    let (first, last) = (block as usize / CRCS_PER_BLOCK, (block + n - 1) as usize / CRCS_PER_BLOCK);
+    let (first, last) = (
+        block as usize / CRCS_PER_BLOCK,
+        (block + n - 1) as usize / CRCS_PER_BLOCK,
+    );
     for idx in first..=last {
         let crcs = crc_block(sh, seg, idx as u32)?;
         let lo = (block as usize).max(idx * CRCS_PER_BLOCK) - idx * CRCS_PER_BLOCK;
@@ -365,8 +439,14 @@ fn crc_block(sh: &Shared, seg: u32, idx: u32) -> Result<Arc<Vec<u32>>, EngineErr
     sh.caps[dev].read_at(&mut b, off + u64::from(idx) * BLOCK_U64)?;
     let crcs = Arc::new(decode_crc_block(&b, seg, idx).ok_or_else(|| {
         sh.checksum_error(1 + dev, 1);
-        tracing::error!(segment = seg, crc_block = idx, "segment summary crc block unreadable (checksum mismatch)");
-        EngineError::Corrupt(format!("summary of capacity segment {seg} is damaged (crc block {idx})"))
+        tracing::error!(
+            segment = seg,
+            crc_block = idx,
+            "segment summary crc block unreadable (checksum mismatch)"
+        );
+        EngineError::Corrupt(format!(
+            "summary of capacity segment {seg} is damaged (crc block {idx})"
+        ))
     })?);
     sh.crc_blocks.lock().insert((seg, idx), crcs.clone());
     Ok(crcs)
@@ -439,7 +519,15 @@ impl Builder {
     }
 
     /// Adds `data` (whole blocks, with their crcs) as the newest copy of `lba..` at `seq`.
-    pub fn add_data(&mut self, layer: u32, lba: u64, seq: u64, data: &[u8], crcs: &[u32], from: Loc) {
+    pub fn add_data(
+        &mut self,
+        layer: u32,
+        lba: u64,
+        seq: u64,
+        data: &[u8],
+        crcs: &[u32],
+        from: Loc,
+    ) {
         let n = crcs.len() as u32;
         let at = self.used as usize * BLOCK;
         self.data[at..at + data.len()].copy_from_slice(data);
@@ -452,15 +540,40 @@ impl Builder {
                 e.nblocks += n;
             }
         } else {
-            self.entries.push(SummaryEntry { kind: RecordKind::Write, layer, lba, nblocks: n, seq, data_block: self.used });
+            self.entries.push(SummaryEntry {
+                kind: RecordKind::Write,
+                layer,
+                lba,
+                nblocks: n,
+                seq,
+                data_block: self.used,
+            });
         }
-        self.moves.push(Move { layer, lba, nblocks: u64::from(n), from, to_block: self.used });
+        self.moves.push(Move {
+            layer,
+            lba,
+            nblocks: u64::from(n),
+            from,
+            to_block: self.used,
+        });
         self.used += n;
     }
 
     pub fn add_tombstone(&mut self, layer: u32, lba: u64, nblocks: u32, seq: u64) {
-        self.entries.push(SummaryEntry { kind: RecordKind::Zero, layer, lba, nblocks, seq, data_block: 0 });
-        self.zeros.push(ZeroMove { layer, lba, nblocks: u64::from(nblocks), seq });
+        self.entries.push(SummaryEntry {
+            kind: RecordKind::Zero,
+            layer,
+            lba,
+            nblocks,
+            seq,
+            data_block: 0,
+        });
+        self.zeros.push(ZeroMove {
+            layer,
+            lba,
+            nblocks: u64::from(nblocks),
+            seq,
+        });
     }
 }
 
@@ -504,7 +617,10 @@ pub fn write_stripe(sh: &Shared, stripe: &[(u32, Builder, u64)]) -> Result<(), E
         return write_segment(sh, *seg, b, *seq);
     }
     std::thread::scope(|s| {
-        let handles: Vec<_> = stripe.iter().map(|(seg, b, seq)| s.spawn(move || write_segment(sh, *seg, b, *seq))).collect();
+        let handles: Vec<_> = stripe
+            .iter()
+            .map(|(seg, b, seq)| s.spawn(move || write_segment(sh, *seg, b, *seq)))
+            .collect();
         let mut result = Ok(());
         for h in handles {
             match h.join() {
@@ -520,7 +636,14 @@ pub fn write_stripe(sh: &Shared, stripe: &[(u32, Builder, u64)]) -> Result<(), E
 /// Reads `n` blocks of segment data and checks them against their crcs (`crcs[i]` is block
 /// `block + i`'s). Returns the first block that does not match; the caller decides what it
 /// means.
-pub fn read_seg_blocks(sh: &Shared, seg: u32, block: u32, n: u32, out: &mut [u8], crcs: &[u32]) -> Result<Option<u32>, EngineError> {
+pub fn read_seg_blocks(
+    sh: &Shared,
+    seg: u32,
+    block: u32,
+    n: u32,
+    out: &mut [u8],
+    crcs: &[u32],
+) -> Result<Option<u32>, EngineError> {
     let (dev, off) = sh.layout.seg_data_byte(seg, block);
     sh.caps[dev].read_at(&mut out[..n as usize * BLOCK], off)?;
     for i in 0..n as usize {

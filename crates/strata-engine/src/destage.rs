@@ -21,9 +21,12 @@ use crate::format::*;
 use crate::log::{BatchMeta, RecMeta, WriteReq};
 use crate::map::Loc;
 use crate::meta;
+use crate::policy::Mode;
 use crate::shared::{Counters, Shared, STATE_FAILED};
 use crossbeam_channel::Sender;
 
+/// Log fill (cached copies included) at which the destager runs flat out whatever else holds.
+const PHYSICAL_FULL: f64 = 0.95;
 /// Batches handed to one destage step at most (bounds the memory of a step).
 const MAX_BATCHES_PER_STEP: usize = 4096;
 /// Stripes one destage step pipelines at most.
@@ -38,17 +41,39 @@ pub struct Destager {
     last: Instant,
     gc_backoff_until: Instant,
     pub(crate) maint: crate::maint::Maint,
+    /// Promotions refused for want of cache room, as last seen.
+    refused_seen: u64,
+}
+
+/// What the oldest log data says about tier-mode volumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TierTail {
+    /// Nothing of a tier-mode volume at the tail.
+    None,
+    /// Tier-mode data at the tail is younger than its volume's minimum age: it stays.
+    Young,
+    /// Tier-mode data at the tail is old enough to move (unless hot).
+    Cold,
 }
 
 impl Destager {
     pub fn new(sh: Arc<Shared>, tx: Sender<WriteReq>) -> Destager {
         let maint = crate::maint::Maint::new(&sh);
-        Destager { sh, tx, integral: 0.0, last: Instant::now(), gc_backoff_until: Instant::now(), maint }
+        Destager {
+            sh,
+            tx,
+            integral: 0.0,
+            last: Instant::now(),
+            gc_backoff_until: Instant::now(),
+            maint,
+            refused_seen: 0,
+        }
     }
 
     pub fn run(mut self) {
         loop {
-            let stop = self.sh.abandon.load(Ordering::Relaxed) || self.sh.destager_stop.load(Ordering::Relaxed);
+            let stop = self.sh.abandon.load(Ordering::Relaxed)
+                || self.sh.destager_stop.load(Ordering::Relaxed);
             if stop || self.sh.state.load(Ordering::Acquire) == STATE_FAILED {
                 return;
             }
@@ -75,7 +100,10 @@ impl Destager {
                 Err(EngineError::NoSpace) => match self.make_room() {
                     Ok(true) => {}
                     Ok(false) => {
-                        self.sh.counters.capacity_full.store(true, Ordering::Relaxed);
+                        self.sh
+                            .counters
+                            .capacity_full
+                            .store(true, Ordering::Relaxed);
                         self.sh.log_freed.notify_all();
                         self.idle(Duration::from_millis(100));
                     }
@@ -117,12 +145,33 @@ impl Destager {
 
     /// The share of time to spend destaging, 0..=1.
     fn duty_cycle(&mut self) -> f64 {
-        let fill = self.sh.log.lock().fill_ratio();
+        let (fill, physical, cache_full) = {
+            let log = self.sh.log.lock();
+            (
+                log.fill_ratio(),
+                log.physical_fill_ratio(),
+                !log.cache_has_room(log.cache_budget_blocks / 10 + 1),
+            )
+        };
         let (low, high) = (self.sh.cfg.fill_ratio_low, self.sh.cfg.fill_ratio_high);
         let now = Instant::now();
         let dt = now.duration_since(self.last).as_secs_f64().min(1.0);
         self.last = now;
-        if self.forced() || fill >= high {
+        if self.forced() || fill >= high || physical >= PHYSICAL_FULL {
+            return 1.0;
+        }
+        match self.tier_tail() {
+            TierTail::Young => {
+                self.integral = 0.0;
+                return 0.0;
+            }
+            TierTail::Cold => return 1.0,
+            TierTail::None => {}
+        }
+        // The read cache wants room: pass the tail over its oldest copies.
+        let refused = self.sh.counters.promotions_refused.load(Ordering::Relaxed);
+        if cache_full && refused > self.refused_seen {
+            self.refused_seen = refused;
             return 1.0;
         }
         if fill < low {
@@ -132,6 +181,38 @@ impl Destager {
         let e = (fill - low) / (high - low);
         self.integral = (self.integral + 0.5 * e * dt).clamp(0.0, 1.0);
         (0.05 + e + self.integral).clamp(0.05, 1.0)
+    }
+
+    /// Looks at the oldest durable batch's live data of tier-mode volumes.
+    fn tier_tail(&self) -> TierTail {
+        let Some(front) = self
+            .sh
+            .log
+            .lock()
+            .batches
+            .front()
+            .filter(|b| b.durable)
+            .cloned()
+        else {
+            return TierTail::None;
+        };
+        let now = self.sh.cfg.clock.now_ms();
+        let mut out = TierTail::None;
+        for (i, _, _) in live_runs(&self.sh, &front) {
+            let r = &front.records[i];
+            let Some(rt) = self.sh.head_runtime(r.layer) else {
+                continue;
+            };
+            let p = rt.policy();
+            if p.mode != Mode::Tier {
+                continue;
+            }
+            if now.saturating_sub(r.aged_from_ms) < p.tier_min_age_s.saturating_mul(1000) {
+                return TierTail::Young;
+            }
+            out = TierTail::Cold;
+        }
+        out
     }
 
     fn gc_needed(&self) -> bool {
@@ -202,7 +283,13 @@ impl Destager {
     fn next_stripe(&self, skip: usize) -> Result<Option<(Vec<Builder>, usize)>, EngineError> {
         let batches: Vec<BatchMeta> = {
             let log = self.sh.log.lock();
-            log.batches.iter().skip(skip).take(MAX_BATCHES_PER_STEP).take_while(|b| b.durable).cloned().collect()
+            log.batches
+                .iter()
+                .skip(skip)
+                .take(MAX_BATCHES_PER_STEP)
+                .take_while(|b| b.durable)
+                .cloned()
+                .collect()
         };
         if batches.is_empty() {
             return Ok(None);
@@ -223,7 +310,9 @@ impl Destager {
         }
         let plan = self.plan(&batches, width);
         if plan.is_empty() {
-            return Err(EngineError::Failed("a log batch does not fit a segment".into()));
+            return Err(EngineError::Failed(
+                "a log batch does not fit a segment".into(),
+            ));
         }
         let taken = plan.len();
         Ok(Some((build_stripe(&self.sh, &plan, width)?, taken)))
@@ -237,7 +326,9 @@ impl Destager {
                 // A summary may have reached the device; such a segment is never reused before
                 // the next open (it is not in any checkpoint's recent list, so recovery
                 // ignores it).
-                tracing::error!("segment write failed; its segments are set aside until restart: {e}");
+                tracing::error!(
+                    "segment write failed; its segments are set aside until restart: {e}"
+                );
                 return Err(e);
             }
             Err(_) => return Err(EngineError::Failed("segment writer panicked".into())),
@@ -247,7 +338,11 @@ impl Destager {
             commit_destage(&self.sh, *seg, b)?;
             written += u64::from(b.used) * BLOCK_U64;
         }
-        self.sh.counters.destaged_bytes.fetch_add(written, Ordering::Relaxed);
+        self.sh
+            .counters
+            .destaged_bytes
+            .fetch_add(written, Ordering::Relaxed);
+        self.second_chance(f.taken);
         let freed = self.advance_tail(f.taken)?;
         // What one flush writes stays within the reserve: at most one stripe over the limit.
         if self.sh.tree.read().counts().dirty_nodes >= self.sh.index_dirty_limit {
@@ -299,7 +394,7 @@ impl Destager {
                 let r = &b.records[i];
                 for (lba, len) in self.hot_parts(r.layer, r.lba + off, n) {
                     let from = r.data_start + (lba - r.lba);
-                    match self.submit_rewrite(r.layer, lba, len, from) {
+                    match self.submit_rewrite(r.layer, lba, len, from, r.born_ms) {
                         Ok(Some(p)) => pending.push(p),
                         Ok(None) => {}
                         Err(_) => break,
@@ -316,12 +411,19 @@ impl Destager {
         }
     }
 
-    /// Sub-runs of `[lba, lba+n)` whose blocks were overwritten recently (have heat).
+    /// Sub-runs of `[lba, lba+n)` hot enough to stay: with any heat (overwritten recently),
+    /// or for a tier-mode volume, heat (rewrites and reads) above its policy's cold mark.
     fn hot_parts(&self, layer: u32, lba: u64, n: u64) -> Vec<(u64, u64)> {
+        let cold_mark = self
+            .sh
+            .head_runtime(layer)
+            .map(|rt| rt.policy())
+            .filter(|p| p.mode == Mode::Tier)
+            .map_or(0, |p| p.tier_max_cold_heat);
         let heat = self.sh.heat.lock();
         let mut out: Vec<(u64, u64)> = Vec::new();
         for b in lba..lba + n {
-            if heat.get(&(layer, b)).copied().unwrap_or(0) == 0 {
+            if heat.get(&(layer, b)).copied().unwrap_or(0) <= cold_mark {
                 continue;
             }
             match out.last_mut() {
@@ -335,27 +437,59 @@ impl Destager {
     /// Like a host writing the same data again, under the same range lock (held until the
     /// write completes), so no host write can slip in between. Skipped when a host holds the
     /// range or the data moved meanwhile.
-    fn submit_rewrite(&self, layer: u32, lba: u64, len: u64, from: u64) -> Result<Option<Pending<'_>>, EngineError> {
-        let Some(guard) = self.sh.ranges.try_lock(layer, lba, lba + len) else { return Ok(None) };
+    fn submit_rewrite(
+        &self,
+        layer: u32,
+        lba: u64,
+        len: u64,
+        from: u64,
+        born_ms: u64,
+    ) -> Result<Option<Pending<'_>>, EngineError> {
+        let Some(guard) = self.sh.ranges.try_lock(layer, lba, lba + len) else {
+            return Ok(None);
+        };
         let still_here = {
             let idx = self.sh.index.read();
-            let Some(l) = idx.layers.get(&layer) else { return Ok(None) };
-            l.fast.lookup(lba, len) == vec![crate::map::Piece { lba, len, loc: Some(Loc::Fast(from)) }]
+            let Some(l) = idx.layers.get(&layer) else {
+                return Ok(None);
+            };
+            l.fast.lookup(lba, len)
+                == vec![crate::map::Piece {
+                    lba,
+                    len,
+                    loc: Some(Loc::Fast(from)),
+                }]
         };
         if !still_here {
             return Ok(None);
         }
         let mut data = AlignedBuf::new_zeroed((len * BLOCK_U64) as usize);
-        self.sh.fast.read_at(&mut data, self.sh.layout.log_byte(from))?;
+        self.sh
+            .fast
+            .read_at(&mut data, self.sh.layout.log_byte(from))?;
         for (k, chunk) in data.chunks(BLOCK).enumerate() {
-            if crc32c::crc32c(chunk) != self.sh.fast_crcs[(from + k as u64) as usize].load(Ordering::Relaxed) {
+            if crc32c::crc32c(chunk)
+                != self.sh.fast_crcs[(from + k as u64) as usize].load(Ordering::Relaxed)
+            {
                 // A damaged block is left for the destager, which keeps its original crc so the
                 // damage stays detectable; rewriting it here would give it a fresh, valid crc.
                 return Ok(None);
             }
         }
         let (done, wait) = crossbeam_channel::bounded(1);
-        let req = WriteReq { kind: RecordKind::Write, layer, lba, nblocks: len, data: Some(data), done: crate::log::Done::Chan(done), no_wait: true, relocation: true };
+        let req = WriteReq {
+            kind: RecordKind::Write,
+            layer,
+            lba,
+            nblocks: len,
+            data: Some(data),
+            done: crate::log::Done::Chan(done),
+            no_wait: true,
+            relocation: true,
+            born_ms: Some(born_ms),
+            cache_gen: 0,
+            vol: 0,
+        };
         // Never block on a full queue: the log writer may be waiting for space only this
         // thread can free.
         self.tx.try_send(req).map_err(|_| EngineError::NoSpace)?;
@@ -372,7 +506,10 @@ impl Destager {
                 }
             }
         }
-        self.sh.counters.hot_kept_bytes.fetch_add(len * BLOCK_U64, Ordering::Relaxed);
+        self.sh
+            .counters
+            .hot_kept_bytes
+            .fetch_add(len * BLOCK_U64, Ordering::Relaxed);
     }
 
     /// Allocates a segment for each builder of the stripe (one per device).
@@ -390,7 +527,10 @@ impl Destager {
             segs.next_seq += 1;
             placed.push((seg, b, seq));
         }
-        self.sh.counters.capacity_full.store(false, Ordering::Relaxed);
+        self.sh
+            .counters
+            .capacity_full
+            .store(false, Ordering::Relaxed);
         Ok(placed)
     }
 
@@ -409,15 +549,126 @@ impl Destager {
         let _excl = self.sh.reclaim.write();
         let mut log = self.sh.log.lock();
         let mut freed = 0;
+        let mut cached = Vec::new();
         for _ in 0..batches {
             if let Some(b) = log.pop() {
                 freed += (b.blocks + b.skip) * BLOCK_U64;
+                cached.extend(
+                    b.records
+                        .into_iter()
+                        .filter(|r| r.kind == RecordKind::Cache),
+                );
             }
         }
         drop(log);
+        self.forget_cached(&cached);
         self.sh.log_freed.notify_all();
-        self.sh.counters.log_freed_bytes.fetch_add(freed, Ordering::Relaxed);
+        self.sh
+            .counters
+            .log_freed_bytes
+            .fetch_add(freed, Ordering::Relaxed);
         Ok(freed)
+    }
+
+    /// Cached copies the tail is about to pass that were read since they were written get
+    /// written again at the head (a fast-tier write; nothing moves to the capacity tier).
+    fn second_chance(&self, batches: usize) {
+        let records: Vec<RecMeta> = {
+            let log = self.sh.log.lock();
+            log.batches
+                .iter()
+                .take(batches)
+                .flat_map(|b| {
+                    b.records
+                        .iter()
+                        .filter(|r| r.kind == RecordKind::Cache)
+                        .copied()
+                })
+                .collect()
+        };
+        for r in records {
+            let (seg, block0) = (r.layer, r.lba as u32);
+            let mut i = 0;
+            while i < r.nblocks as u32 {
+                let keep = |k: u32| {
+                    self.sh.cache.lock().take_second_chance(
+                        seg,
+                        block0 + k,
+                        r.data_start + u64::from(k),
+                    )
+                };
+                if !keep(i) {
+                    i += 1;
+                    continue;
+                }
+                let mut j = i + 1;
+                while j < r.nblocks as u32 && keep(j) {
+                    j += 1;
+                }
+                self.recache(&r, i, j);
+                i = j;
+            }
+        }
+    }
+
+    /// Writes blocks `i..j` of a cache record again at the log head, if they read back intact.
+    fn recache(&self, r: &RecMeta, i: u32, j: u32) {
+        let from = r.data_start + u64::from(i);
+        let mut data = AlignedBuf::new_zeroed((j - i) as usize * BLOCK);
+        if self
+            .sh
+            .fast
+            .read_at(&mut data, self.sh.layout.log_byte(from))
+            .is_err()
+        {
+            return;
+        }
+        let intact = data.chunks(BLOCK).enumerate().all(|(k, c)| {
+            crc32c::crc32c(c) == self.sh.fast_crcs[from as usize + k].load(Ordering::Relaxed)
+        });
+        if !intact {
+            return;
+        }
+        let req = WriteReq {
+            kind: RecordKind::Cache,
+            layer: r.layer,
+            lba: r.lba + u64::from(i),
+            nblocks: u64::from(j - i),
+            data: Some(data),
+            done: crate::log::Done::Call(Box::new(|_| {})),
+            no_wait: true,
+            relocation: true,
+            born_ms: Some(r.born_ms),
+            cache_gen: r.cache_gen,
+            vol: r.vol,
+        };
+        let _ = self.tx.try_send(req);
+    }
+
+    /// The log space of these cache records is being reused: their copies are gone.
+    fn forget_cached(&self, records: &[RecMeta]) {
+        if records.is_empty() {
+            return;
+        }
+        let mut evicted = Vec::new();
+        {
+            let mut cache = self.sh.cache.lock();
+            for r in records {
+                let gone = cache.forget(r.layer, r.lba as u32, r.nblocks as u32, r.data_start);
+                if gone > 0 {
+                    evicted.push((r.vol, gone));
+                }
+            }
+        }
+        for (vol, n) in evicted {
+            self.sh
+                .counters
+                .evicted_blocks
+                .fetch_add(n, Ordering::Relaxed);
+            if let Some(rt) = self.sh.runtime(vol) {
+                rt.stats.evicted_blocks.fetch_add(n, Ordering::Relaxed);
+            }
+        }
     }
 
     fn measure(&self, started: Instant, freed: u64, written: u64) {
@@ -425,9 +676,19 @@ impl Destager {
         let c = &self.sh.counters;
         let bw = Counters::get_f64(&c.destage_bw_bytes_per_s);
         let sample = freed as f64 / busy;
-        Counters::set_f64(&c.destage_bw_bytes_per_s, if bw == 0.0 { sample } else { 0.8 * bw + 0.2 * sample });
+        Counters::set_f64(
+            &c.destage_bw_bytes_per_s,
+            if bw == 0.0 {
+                sample
+            } else {
+                0.8 * bw + 0.2 * sample
+            },
+        );
         let rate = Counters::get_f64(&c.destage_rate_bytes_per_s);
-        Counters::set_f64(&c.destage_rate_bytes_per_s, 0.8 * rate + 0.2 * (written as f64 / busy));
+        Counters::set_f64(
+            &c.destage_rate_bytes_per_s,
+            0.8 * rate + 0.2 * (written as f64 / busy),
+        );
     }
 
     /// One round of cost-benefit cleaning: packs the live data of the best victims into one
@@ -452,29 +713,44 @@ impl Destager {
             let (seg, seq) = {
                 let mut segs = self.sh.segs.lock();
                 // GC may dip into the index's reserve: the flush after it frees more than it used.
-                let Some(seg) = segs.alloc(self.sh.meta_reserve / 2) else { return Ok(false) };
+                let Some(seg) = segs.alloc(self.sh.meta_reserve / 2) else {
+                    return Ok(false);
+                };
                 let seq = segs.next_seq;
                 segs.next_seq += 1;
                 (seg, seq)
             };
             if let Err(e) = write_segment(&self.sh, seg, &builder, seq) {
                 self.sh.segs.lock().set_aside(seg);
-                tracing::error!("GC segment write failed; segment {seg} is set aside until restart: {e}");
+                tracing::error!(
+                    "GC segment write failed; segment {seg} is set aside until restart: {e}"
+                );
                 return Err(e);
             }
             commit_relocation(&self.sh, seg, &builder)?;
-            self.sh.counters.gc_relocated_bytes.fetch_add(u64::from(builder.used) * BLOCK_U64, Ordering::Relaxed);
+            self.sh
+                .counters
+                .gc_relocated_bytes
+                .fetch_add(u64::from(builder.used) * BLOCK_U64, Ordering::Relaxed);
         }
         let mut segs = self.sh.segs.lock();
         for p in &plan {
             let s = &segs.segs[p.seg as usize];
-            debug_assert!(s.live_blocks == 0, "GC victim {} still has {} live blocks", p.seg, s.live_blocks);
+            debug_assert!(
+                s.live_blocks == 0,
+                "GC victim {} still has {} live blocks",
+                p.seg,
+                s.live_blocks
+            );
             if s.state == SegState::Sealed && s.live_blocks == 0 {
                 segs.release(p.seg, 0);
             }
         }
         drop(segs);
-        self.sh.counters.gc_segments_cleaned.fetch_add(plan.len() as u64, Ordering::Relaxed);
+        self.sh
+            .counters
+            .gc_segments_cleaned
+            .fetch_add(plan.len() as u64, Ordering::Relaxed);
         // The victims are reusable once an index without references to them is durable.
         self.maint.want_flush = true;
         Ok(true)
@@ -493,7 +769,9 @@ impl Destager {
             let summary = load_summary(&self.sh, seg)?;
             let runs = live_seg_runs(&self.sh, seg, &summary)?;
             let b: u64 = runs.iter().map(|r| r.2).sum();
-            if blocks + b > u64::from(geo.data_blocks) || entries + runs.len() > geo.max_entries as usize {
+            if blocks + b > u64::from(geo.data_blocks)
+                || entries + runs.len() > geo.max_entries as usize
+            {
                 // Another candidate may still fit.
                 continue;
             }
@@ -556,7 +834,11 @@ fn gc_candidates(sh: &Shared) -> Vec<u32> {
         .map(|(i, s)| {
             let u = f64::from(s.live_blocks) / f64::from(sh.layout.geo.data_blocks.max(1));
             let age = (now - f64::from(s.sealed_unix_s)).max(0.0) + 1.0;
-            let score = if short { 1.0 - u } else { (1.0 - u) * age / (1.0 + u) };
+            let score = if short {
+                1.0 - u
+            } else {
+                (1.0 - u) * age / (1.0 + u)
+            };
             (score, i as u32)
         })
         .collect();
@@ -572,7 +854,9 @@ fn live_runs(sh: &Shared, b: &BatchMeta) -> Vec<(usize, u64, u64)> {
         if r.kind != RecordKind::Write || !idx.layer_live(r.layer) {
             continue;
         }
-        let Some(l) = idx.layers.get(&r.layer) else { continue };
+        let Some(l) = idx.layers.get(&r.layer) else {
+            continue;
+        };
         for p in l.fast.lookup(r.lba, r.nblocks) {
             let off = p.lba - r.lba;
             if p.loc == Some(Loc::Fast(r.data_start + off)) {
@@ -590,8 +874,13 @@ fn live_zero_records<'b>(sh: &Shared, b: &'b BatchMeta) -> Vec<&'b RecMeta> {
         .iter()
         .filter(|r| r.kind == RecordKind::Zero && idx.layer_live(r.layer))
         .filter(|r| {
-            let Some(l) = idx.layers.get(&r.layer) else { return false };
-            l.fast.lookup(r.lba, r.nblocks).iter().any(|p| p.loc == Some(Loc::Zero(r.seq)))
+            let Some(l) = idx.layers.get(&r.layer) else {
+                return false;
+            };
+            l.fast
+                .lookup(r.lba, r.nblocks)
+                .iter()
+                .any(|p| p.loc == Some(Loc::Zero(r.seq)))
         })
         .collect()
 }
@@ -601,6 +890,7 @@ struct LiveRun<'a> {
     layer: u32,
     lba: u64,
     seq: u64,
+    born_ms: u64,
     first: u64,
     data: &'a [u8],
 }
@@ -609,7 +899,11 @@ struct LiveRun<'a> {
 /// of them into the stripe's segments in address order (coalescing by address), followed by
 /// the zero records still in effect (whole: recovery applies them in sequence order, so newer
 /// data over part of one still wins).
-fn build_stripe(sh: &Shared, plan: &[Planned<'_>], width: usize) -> Result<Vec<Builder>, EngineError> {
+fn build_stripe(
+    sh: &Shared,
+    plan: &[Planned<'_>],
+    width: usize,
+) -> Result<Vec<Builder>, EngineError> {
     let mut bufs = Vec::with_capacity(plan.len());
     for (b, runs) in plan {
         if runs.is_empty() {
@@ -627,10 +921,18 @@ fn build_stripe(sh: &Shared, plan: &[Planned<'_>], width: usize) -> Result<Vec<B
             let first = r.data_start + off;
             let at = ((first - b.start - 1) * BLOCK_U64) as usize;
             let data = &buf[at..at + (n * BLOCK_U64) as usize];
-            live.push(LiveRun { layer: r.layer, lba: r.lba + off, seq: r.seq, first, data });
+            live.push(LiveRun {
+                layer: r.layer,
+                lba: r.lba + off,
+                seq: r.seq,
+                born_ms: r.born_ms,
+                first,
+                data,
+            });
         }
     }
     live.sort_by_key(|r| (r.layer, r.lba));
+    record_residency(sh, &live);
     let geo = sh.layout.geo;
     let mut stripe = vec![Builder::new(geo)];
     for run in &live {
@@ -640,7 +942,9 @@ fn build_stripe(sh: &Shared, plan: &[Planned<'_>], width: usize) -> Result<Vec<B
             let room = stripe.last().map_or(0, |s| s.room_blocks());
             if room == 0 || !stripe.last().is_some_and(|s| s.fits(1, 1)) {
                 if stripe.len() == width {
-                    return Err(EngineError::Failed("destage plan overflowed its stripe".into()));
+                    return Err(EngineError::Failed(
+                        "destage plan overflowed its stripe".into(),
+                    ));
                 }
                 stripe.push(Builder::new(geo));
                 continue;
@@ -655,7 +959,9 @@ fn build_stripe(sh: &Shared, plan: &[Planned<'_>], width: usize) -> Result<Vec<B
             // Any segment of the stripe with an entry to spare takes it.
             if !stripe.iter().any(|s| s.fits(0, 1)) {
                 if stripe.len() == width {
-                    return Err(EngineError::Failed("destage plan overflowed its stripe".into()));
+                    return Err(EngineError::Failed(
+                        "destage plan overflowed its stripe".into(),
+                    ));
                 }
                 stripe.push(Builder::new(geo));
             }
@@ -668,20 +974,46 @@ fn build_stripe(sh: &Shared, plan: &[Planned<'_>], width: usize) -> Result<Vec<B
     Ok(stripe)
 }
 
+/// How long the data about to move stayed on the fast tier, per volume.
+fn record_residency(sh: &Shared, live: &[LiveRun<'_>]) {
+    let now = sh.cfg.clock.now_ms();
+    for run in live {
+        if let Some(rt) = sh.head_runtime(run.layer) {
+            rt.stats.record_residency(
+                (run.data.len() / BLOCK) as u64,
+                now.saturating_sub(run.born_ms),
+            );
+        }
+    }
+}
+
 /// Adds blocks `[skip, skip+n)` of a live run to a segment.
 fn add_live(sh: &Shared, builder: &mut Builder, run: &LiveRun, skip: u64, n: u64) {
     let first = run.first + skip;
     let bytes = &run.data[(skip * BLOCK_U64) as usize..((skip + n) * BLOCK_U64) as usize];
     // The crc recorded at write time goes into the summary even if the log copy has gone bad:
     // a damaged block then stays detectably damaged instead of becoming valid.
-    let crcs: Vec<u32> = (0..n).map(|k| sh.fast_crcs[(first + k) as usize].load(Ordering::Relaxed)).collect();
+    let crcs: Vec<u32> = (0..n)
+        .map(|k| sh.fast_crcs[(first + k) as usize].load(Ordering::Relaxed))
+        .collect();
     for (k, chunk) in bytes.chunks(BLOCK).enumerate() {
         if crc32c::crc32c(chunk) != crcs[k] {
             sh.checksum_error(0, 1);
-            tracing::error!(layer = run.layer, block = run.lba + skip + k as u64, "checksum mismatch in the write log");
+            tracing::error!(
+                layer = run.layer,
+                block = run.lba + skip + k as u64,
+                "checksum mismatch in the write log"
+            );
         }
     }
-    builder.add_data(run.layer, run.lba + skip, run.seq, bytes, &crcs, Loc::Fast(first));
+    builder.add_data(
+        run.layer,
+        run.lba + skip,
+        run.seq,
+        bytes,
+        &crcs,
+        Loc::Fast(first),
+    );
     let mut heat = sh.heat.lock();
     if !heat.is_empty() {
         for k in 0..n {
@@ -703,9 +1035,20 @@ pub(crate) struct TreeSet {
 /// Applies tree changes (loading the pages they need first) and keeps segment live counts in
 /// step: what they displace is released, and, with `count_new`, what they add is counted
 /// (destage and GC count a new segment's blocks when they seal it).
-pub(crate) fn apply_tree_sets(sh: &Shared, sets: &[TreeSet], count_new: bool) -> Result<(), EngineError> {
-    let ranges: Vec<(u128, u128)> = sets.iter().map(|s| (key_of(s.layer, s.lba), key_of(s.layer, s.lba + s.len))).collect();
-    meta::with_tree_read(sh, |t| ranges.iter().try_for_each(|&(a, b)| t.ensure_resident(a, b)))?;
+pub(crate) fn apply_tree_sets(
+    sh: &Shared,
+    sets: &[TreeSet],
+    count_new: bool,
+) -> Result<(), EngineError> {
+    let ranges: Vec<(u128, u128)> = sets
+        .iter()
+        .map(|s| (key_of(s.layer, s.lba), key_of(s.layer, s.lba + s.len)))
+        .collect();
+    meta::with_tree_read(sh, |t| {
+        ranges
+            .iter()
+            .try_for_each(|&(a, b)| t.ensure_resident(a, b))
+    })?;
     let mut displaced: Vec<Entry> = Vec::new();
     {
         let mut tree = sh.tree.write();
@@ -745,22 +1088,43 @@ fn commit_destage(sh: &Shared, seg: u32, b: &Builder) -> Result<(), EngineError>
     {
         let idx = sh.index.read();
         for m in &b.moves {
-            let Some(l) = idx.layers.get(&m.layer).filter(|_| idx.layer_live(m.layer)) else { continue };
+            let Some(l) = idx.layers.get(&m.layer).filter(|_| idx.layer_live(m.layer)) else {
+                continue;
+            };
             for p in l.fast.lookup(m.lba, m.nblocks) {
                 let off = p.lba - m.lba;
                 if p.loc == Some(m.from.advance(off)) {
-                    let loc = Loc::Cap { seg, block: m.to_block + off as u32 };
-                    sets.push(TreeSet { layer: m.layer, lba: p.lba, len: p.len, loc: Some(loc) });
+                    let loc = Loc::Cap {
+                        seg,
+                        block: m.to_block + off as u32,
+                    };
+                    sets.push(TreeSet {
+                        layer: m.layer,
+                        lba: p.lba,
+                        len: p.len,
+                        loc: Some(loc),
+                    });
                     live += p.len;
                 }
             }
         }
         for z in &b.zeros {
-            let Some(l) = idx.layers.get(&z.layer).filter(|_| idx.layer_live(z.layer)) else { continue };
-            let zero = if l.rec.parent != 0 { Some(Loc::Zero(0)) } else { None };
+            let Some(l) = idx.layers.get(&z.layer).filter(|_| idx.layer_live(z.layer)) else {
+                continue;
+            };
+            let zero = if l.rec.parent != 0 {
+                Some(Loc::Zero(0))
+            } else {
+                None
+            };
             for p in l.fast.lookup(z.lba, z.nblocks) {
                 if p.loc == Some(Loc::Zero(z.seq)) {
-                    sets.push(TreeSet { layer: z.layer, lba: p.lba, len: p.len, loc: zero });
+                    sets.push(TreeSet {
+                        layer: z.layer,
+                        lba: p.lba,
+                        len: p.len,
+                        loc: zero,
+                    });
                 }
             }
         }
@@ -781,7 +1145,9 @@ fn commit_destage(sh: &Shared, seg: u32, b: &Builder) -> Result<(), EngineError>
             }
         }
     }
-    sh.counters.fast_live_blocks.fetch_sub(removed, Ordering::Relaxed);
+    sh.counters
+        .fast_live_blocks
+        .fetch_sub(removed, Ordering::Relaxed);
     Ok(())
 }
 
@@ -798,8 +1164,16 @@ fn commit_relocation(sh: &Shared, seg: u32, b: &Builder) -> Result<(), EngineErr
         for e in found {
             let off = (e.key - a) as u64;
             if e.loc == m.from.advance(off) {
-                let loc = Loc::Cap { seg, block: m.to_block + off as u32 };
-                sets.push(TreeSet { layer: m.layer, lba: m.lba + off, len: e.len, loc: Some(loc) });
+                let loc = Loc::Cap {
+                    seg,
+                    block: m.to_block + off as u32,
+                };
+                sets.push(TreeSet {
+                    layer: m.layer,
+                    lba: m.lba + off,
+                    len: e.len,
+                    loc: Some(loc),
+                });
                 live += e.len;
             }
         }
@@ -809,20 +1183,32 @@ fn commit_relocation(sh: &Shared, seg: u32, b: &Builder) -> Result<(), EngineErr
 }
 
 /// Live data of a segment per the index: (entry index, block offset in entry, blocks).
-fn live_seg_runs(sh: &Shared, seg: u32, s: &SegmentSummary) -> Result<Vec<(usize, u64, u64)>, EngineError> {
+fn live_seg_runs(
+    sh: &Shared,
+    seg: u32,
+    s: &SegmentSummary,
+) -> Result<Vec<(usize, u64, u64)>, EngineError> {
     let mut out = Vec::new();
     for (i, e) in s.entries.iter().enumerate() {
         if e.kind != RecordKind::Write {
             continue;
         }
-        let (a, z) = (key_of(e.layer, e.lba), key_of(e.layer, e.lba + u64::from(e.nblocks)));
+        let (a, z) = (
+            key_of(e.layer, e.lba),
+            key_of(e.layer, e.lba + u64::from(e.nblocks)),
+        );
         let found = meta::with_tree_read(sh, |t| {
             let mut v = Vec::new();
             t.lookup(a, z, &mut v).map(|()| v)
         })?;
         for h in found {
             let off = (h.key - a) as u64;
-            if h.loc == (Loc::Cap { seg, block: e.data_block + off as u32 }) {
+            if h.loc
+                == (Loc::Cap {
+                    seg,
+                    block: e.data_block + off as u32,
+                })
+            {
                 out.push((i, off, h.len));
             }
         }
@@ -830,7 +1216,13 @@ fn live_seg_runs(sh: &Shared, seg: u32, s: &SegmentSummary) -> Result<Vec<(usize
     Ok(out)
 }
 
-fn add_seg_runs(sh: &Shared, builder: &mut Builder, seg: u32, s: &SegmentSummary, runs: &[(usize, u64, u64)]) -> Result<(), EngineError> {
+fn add_seg_runs(
+    sh: &Shared,
+    builder: &mut Builder,
+    seg: u32,
+    s: &SegmentSummary,
+    runs: &[(usize, u64, u64)],
+) -> Result<(), EngineError> {
     if runs.is_empty() {
         return Ok(());
     }
@@ -847,10 +1239,21 @@ fn add_seg_runs(sh: &Shared, builder: &mut Builder, seg: u32, s: &SegmentSummary
         for (k, chunk) in data.chunks(BLOCK).enumerate() {
             if crc32c::crc32c(chunk) != crcs[k] {
                 sh.checksum_error(sh.seg_device(seg), 1);
-                tracing::error!(segment = seg, block = block + k as u32, "checksum mismatch while cleaning; the damage is carried, not hidden");
+                tracing::error!(
+                    segment = seg,
+                    block = block + k as u32,
+                    "checksum mismatch while cleaning; the damage is carried, not hidden"
+                );
             }
         }
-        builder.add_data(e.layer, e.lba + off, e.seq, data, crcs, Loc::Cap { seg, block });
+        builder.add_data(
+            e.layer,
+            e.lba + off,
+            e.seq,
+            data,
+            crcs,
+            Loc::Cap { seg, block },
+        );
     }
     Ok(())
 }

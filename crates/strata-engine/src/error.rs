@@ -10,7 +10,11 @@ pub enum EngineError {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("range {offset}+{len} is beyond the end of the volume ({size_bytes} bytes)")]
-    OutOfRange { offset: u64, len: u64, size_bytes: u64 },
+    OutOfRange {
+        offset: u64,
+        len: u64,
+        size_bytes: u64,
+    },
     #[error("no space left: the capacity tier is full and the write log cannot take more")]
     NoSpace,
     #[error("checksum mismatch: {0}")]

@@ -119,13 +119,18 @@ pub fn uuid_hex(u: &Uuid) -> String {
 /// A fresh random disk-group UUID.
 /// Seconds since the Unix epoch; 0 if the clock is before it.
 pub fn unix_now_s() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 pub fn new_uuid() -> Uuid {
     use std::io::Read;
     let mut u = [0u8; 16];
-    let ok = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut u)).is_ok();
+    let ok = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut u))
+        .is_ok();
     if !ok {
         // No /dev/urandom: time and pid still make collisions between groups implausible.
         let t = std::time::SystemTime::now()
@@ -174,11 +179,21 @@ pub enum SuperblockRead {
 impl Superblock {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
-        w.bytes(SUPERBLOCK_MAGIC).u32(FORMAT_VERSION).u32(self.role as u32).bytes(&self.group);
-        w.u32(self.device_index).u32(self.capacity_devices).u32(BLOCK as u32);
+        w.bytes(SUPERBLOCK_MAGIC)
+            .u32(FORMAT_VERSION)
+            .u32(self.role as u32)
+            .bytes(&self.group);
+        w.u32(self.device_index)
+            .u32(self.capacity_devices)
+            .u32(BLOCK as u32);
         w.u64(self.device_size_bytes).u64(self.segment_size_bytes);
-        w.u64(self.checkpoint_offsets[0]).u64(self.checkpoint_offsets[1]).u64(self.checkpoint_size_bytes);
-        w.u64(self.log_offset).u64(self.log_size_bytes).u64(self.segments_offset).u64(self.segment_count);
+        w.u64(self.checkpoint_offsets[0])
+            .u64(self.checkpoint_offsets[1])
+            .u64(self.checkpoint_size_bytes);
+        w.u64(self.log_offset)
+            .u64(self.log_size_bytes)
+            .u64(self.segments_offset)
+            .u64(self.segment_count);
         let mut b = w.pad_to(BLOCK).buf.clone();
         seal_crc(&mut b, BLOCK - 4);
         b
@@ -197,7 +212,9 @@ impl Superblock {
     fn decode_inner(b: &[u8]) -> Result<Superblock, EngineError> {
         let mut r = Reader::new(b);
         if r.bytes(8)? != SUPERBLOCK_MAGIC {
-            return Err(EngineError::Format("not a Strata device (bad superblock magic)".into()));
+            return Err(EngineError::Format(
+                "not a Strata device (bad superblock magic)".into(),
+            ));
         }
         let version = r.u32()?;
         if version > FORMAT_VERSION {
@@ -311,7 +328,10 @@ pub struct StreamPos {
 }
 
 impl StreamPos {
-    pub const NONE: StreamPos = StreamPos { seg: u32::MAX, next_block: 0 };
+    pub const NONE: StreamPos = StreamPos {
+        seg: u32::MAX,
+        next_block: 0,
+    };
 }
 
 /// The fast device's mutable metadata, stored twice (both copies on every update). It is the
@@ -360,7 +380,10 @@ fn get_name(p: &mut Reader<'_>) -> Result<String, EngineError> {
 }
 
 fn put_ptr(p: &mut Writer, ptr: Option<PagePtr>) {
-    let ptr = ptr.unwrap_or(PagePtr { a: u64::MAX, b: u64::MAX });
+    let ptr = ptr.unwrap_or(PagePtr {
+        a: u64::MAX,
+        b: u64::MAX,
+    });
     p.u64(ptr.a).u64(ptr.b);
 }
 
@@ -373,7 +396,9 @@ fn get_ptr(p: &mut Reader<'_>) -> Result<Option<PagePtr>, EngineError> {
 fn get_count(p: &mut Reader<'_>, max: u32, what: &str) -> Result<u32, EngineError> {
     let n = p.u32()?;
     if n > max {
-        return Err(EngineError::Format(format!("{what} count {n} is beyond the limit {max}")));
+        return Err(EngineError::Format(format!(
+            "{what} count {n} is beyond the limit {max}"
+        )));
     }
     Ok(n)
 }
@@ -381,7 +406,11 @@ fn get_count(p: &mut Reader<'_>, max: u32, what: &str) -> Result<u32, EngineErro
 impl Checkpoint {
     fn encode_payload(&self) -> Writer {
         let mut p = Writer::default();
-        p.u32(self.next_id).u32(self.epoch).u64(self.index_generation).u64(self.next_segment_seq).u64(self.log_end_seq);
+        p.u32(self.next_id)
+            .u32(self.epoch)
+            .u64(self.index_generation)
+            .u64(self.next_segment_seq)
+            .u64(self.log_end_seq);
         put_ptr(&mut p, self.index_root);
         for s in &self.streams {
             p.u32(s.seg).u32(s.next_block);
@@ -400,13 +429,20 @@ impl Checkpoint {
         }
         p.u32(self.volumes.len() as u32);
         for v in &self.volumes {
-            p.u32(v.id).u32(v.head).u64(v.size_bytes).u64(v.created_unix_s);
+            p.u32(v.id)
+                .u32(v.head)
+                .u64(v.size_bytes)
+                .u64(v.created_unix_s);
             put_name(&mut p, &v.name);
             p.u16(v.policy.len() as u16).bytes(&v.policy);
         }
         p.u32(self.snapshots.len() as u32);
         for s in &self.snapshots {
-            p.u32(s.id).u32(s.volume).u32(s.layer).u64(s.size_bytes).u64(s.created_unix_s);
+            p.u32(s.id)
+                .u32(s.volume)
+                .u32(s.layer)
+                .u64(s.size_bytes)
+                .u64(s.created_unix_s);
             put_name(&mut p, &s.name);
         }
         p.u32(self.wear.len() as u32);
@@ -421,7 +457,9 @@ impl Checkpoint {
     fn check_limits(&self) -> Result<(), EngineError> {
         let over = |n: usize, max: u32, what: &str| {
             if n > max as usize {
-                Err(EngineError::InvalidArgument(format!("the metadata would hold {n} {what}, more than the {max} it can record")))
+                Err(EngineError::InvalidArgument(format!(
+                    "the metadata would hold {n} {what}, more than the {max} it can record"
+                )))
             } else {
                 Ok(())
             }
@@ -432,8 +470,14 @@ impl Checkpoint {
         over(self.volumes.len(), MAX_RECORDS, "volumes")?;
         over(self.snapshots.len(), MAX_RECORDS, "snapshots")?;
         over(self.wear.len(), MAX_WEAR_DEVICES, "devices")?;
-        if self.volumes.iter().any(|v| v.policy.len() > MAX_POLICY_BYTES) {
-            return Err(EngineError::InvalidArgument(format!("a volume policy is longer than {MAX_POLICY_BYTES} bytes")));
+        if self
+            .volumes
+            .iter()
+            .any(|v| v.policy.len() > MAX_POLICY_BYTES)
+        {
+            return Err(EngineError::InvalidArgument(format!(
+                "a volume policy is longer than {MAX_POLICY_BYTES} bytes"
+            )));
         }
         Ok(())
     }
@@ -442,7 +486,10 @@ impl Checkpoint {
         self.check_limits()?;
         let p = self.encode_payload();
         let mut w = Writer::default();
-        w.bytes(CHECKPOINT_MAGIC).u32(FORMAT_VERSION).bytes(&self.group).u64(self.generation);
+        w.bytes(CHECKPOINT_MAGIC)
+            .u32(FORMAT_VERSION)
+            .bytes(&self.group)
+            .u64(self.generation);
         w.u64(self.log_tail_offset).u64(self.log_tail_seq);
         w.u32(p.buf.len() as u32).u32(crc32c::crc32c(&p.buf)).u32(0);
         let header_len = w.buf.len();
@@ -470,7 +517,9 @@ impl Checkpoint {
         }
         let version = r.u32().map_err(e)?;
         if version != FORMAT_VERSION {
-            return Err(format!("format version {version}, this build reads {FORMAT_VERSION}"));
+            return Err(format!(
+                "format version {version}, this build reads {FORMAT_VERSION}"
+            ));
         }
         let g = r.uuid().map_err(e)?;
         let generation = r.u64().map_err(e)?;
@@ -505,15 +554,26 @@ impl Checkpoint {
         let index_root = get_ptr(&mut p)?;
         let mut streams = [StreamPos::NONE; 2];
         for s in &mut streams {
-            *s = StreamPos { seg: p.u32()?, next_block: p.u32()? };
+            *s = StreamPos {
+                seg: p.u32()?,
+                next_block: p.u32()?,
+            };
         }
         let n = get_count(&mut p, MAX_SEGTAB_PAGES, "segment table page")?;
-        let segtab = (0..n).map(|_| get_ptr(&mut p)).collect::<Result<Vec<_>, _>>()?;
+        let segtab = (0..n)
+            .map(|_| get_ptr(&mut p))
+            .collect::<Result<Vec<_>, _>>()?;
         let n = get_count(&mut p, MAX_RECENT_SEGMENTS, "recent segment")?;
         let recent = (0..n).map(|_| p.u32()).collect::<Result<Vec<_>, _>>()?;
         let n = get_count(&mut p, MAX_LAYERS, "layer")?;
         let layers = (0..n)
-            .map(|_| Ok(LayerRecord { id: p.u32()?, parent: p.u32()?, flags: p.u32()? }))
+            .map(|_| {
+                Ok(LayerRecord {
+                    id: p.u32()?,
+                    parent: p.u32()?,
+                    flags: p.u32()?,
+                })
+            })
             .collect::<Result<Vec<_>, EngineError>>()?;
         let n = get_count(&mut p, MAX_RECORDS, "volume")?;
         let mut volumes = Vec::with_capacity(n as usize);
@@ -522,20 +582,42 @@ impl Checkpoint {
             let name = get_name(&mut p)?;
             let plen = p.u16()? as usize;
             if plen > MAX_POLICY_BYTES {
-                return Err(EngineError::Format(format!("volume policy of {plen} bytes is beyond the limit")));
+                return Err(EngineError::Format(format!(
+                    "volume policy of {plen} bytes is beyond the limit"
+                )));
             }
             let policy = p.bytes(plen)?.to_vec();
-            volumes.push(VolumeRecord { id, head, size_bytes, created_unix_s, name, policy });
+            volumes.push(VolumeRecord {
+                id,
+                head,
+                size_bytes,
+                created_unix_s,
+                name,
+                policy,
+            });
         }
         let n = get_count(&mut p, MAX_RECORDS, "snapshot")?;
         let mut snapshots = Vec::with_capacity(n as usize);
         for _ in 0..n {
-            let (id, volume, layer, size_bytes, created_unix_s) = (p.u32()?, p.u32()?, p.u32()?, p.u64()?, p.u64()?);
-            snapshots.push(SnapshotRecord { id, volume, layer, size_bytes, created_unix_s, name: get_name(&mut p)? });
+            let (id, volume, layer, size_bytes, created_unix_s) =
+                (p.u32()?, p.u32()?, p.u32()?, p.u64()?, p.u64()?);
+            snapshots.push(SnapshotRecord {
+                id,
+                volume,
+                layer,
+                size_bytes,
+                created_unix_s,
+                name: get_name(&mut p)?,
+            });
         }
         let n = get_count(&mut p, MAX_WEAR_DEVICES, "device")?;
         let wear = (0..n)
-            .map(|_| Ok(DeviceWear { bytes_written_total: p.u64()?, first_use_unix_s: p.u64()? }))
+            .map(|_| {
+                Ok(DeviceWear {
+                    bytes_written_total: p.u64()?,
+                    first_use_unix_s: p.u64()?,
+                })
+            })
             .collect::<Result<Vec<_>, EngineError>>()?;
         Ok(Checkpoint {
             group: [0; 16],
@@ -565,6 +647,9 @@ pub enum RecordKind {
     Write = 0,
     /// The range reads as zeros from now on (WRITE_ZEROES, TRIM); no data.
     Zero = 1,
+    /// A clean copy of capacity-tier blocks (the read cache): the layer field holds the
+    /// segment, the offset the first block. Data follows; replay ignores it.
+    Cache = 2,
 }
 
 /// One record header inside a log batch (64 bytes).
@@ -587,15 +672,24 @@ pub const MAX_RECORDS_PER_BATCH: usize = (BLOCK - BATCH_HEADER_BYTES - 4) / RECO
 impl RecordHeader {
     pub fn encode(&self, out: &mut [u8]) {
         let mut w = Writer::default();
-        w.u32(RECORD_MAGIC).u16(FORMAT_VERSION as u16).u16(self.kind as u16).u64(self.seq);
-        w.u32(self.layer).u32(0).u64(self.offset_bytes).u64(self.len_bytes).u32(self.data_crc);
+        w.u32(RECORD_MAGIC)
+            .u16(FORMAT_VERSION as u16)
+            .u16(self.kind as u16)
+            .u64(self.seq);
+        w.u32(self.layer)
+            .u32(0)
+            .u64(self.offset_bytes)
+            .u64(self.len_bytes)
+            .u32(self.data_crc);
         let mut b = w.pad_to(RECORD_HEADER_BYTES).buf.clone();
         seal_crc(&mut b, RECORD_HEADER_BYTES - 4);
         out[..RECORD_HEADER_BYTES].copy_from_slice(&b);
     }
 
     pub fn decode(b: &[u8]) -> Option<RecordHeader> {
-        if b.len() < RECORD_HEADER_BYTES || !check_crc(&b[..RECORD_HEADER_BYTES], RECORD_HEADER_BYTES - 4) {
+        if b.len() < RECORD_HEADER_BYTES
+            || !check_crc(&b[..RECORD_HEADER_BYTES], RECORD_HEADER_BYTES - 4)
+        {
             return None;
         }
         let mut r = Reader::new(b);
@@ -605,6 +699,7 @@ impl RecordHeader {
         let kind = match r.u16().ok()? {
             0 => RecordKind::Write,
             1 => RecordKind::Zero,
+            2 => RecordKind::Cache,
             _ => return None,
         };
         let seq = r.u64().ok()?;
@@ -616,12 +711,19 @@ impl RecordHeader {
         if offset_bytes % BLOCK_U64 != 0 || len_bytes % BLOCK_U64 != 0 || len_bytes == 0 {
             return None;
         }
-        Some(RecordHeader { kind, seq, layer, offset_bytes, len_bytes, data_crc })
+        Some(RecordHeader {
+            kind,
+            seq,
+            layer,
+            offset_bytes,
+            len_bytes,
+            data_crc,
+        })
     }
 
     pub fn data_blocks(&self) -> u64 {
         match self.kind {
-            RecordKind::Write => self.len_bytes / BLOCK_U64,
+            RecordKind::Write | RecordKind::Cache => self.len_bytes / BLOCK_U64,
             RecordKind::Zero => 0,
         }
     }
@@ -646,8 +748,14 @@ impl BatchHeader {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; BLOCK];
         let mut w = Writer::default();
-        w.bytes(BATCH_MAGIC).u32(FORMAT_VERSION).bytes(&self.group).u64(self.first_seq);
-        w.u32(self.total_blocks).u32(self.records.len() as u32).u32(self.epoch).u64(self.committed_seq);
+        w.bytes(BATCH_MAGIC)
+            .u32(FORMAT_VERSION)
+            .bytes(&self.group)
+            .u64(self.first_seq);
+        w.u32(self.total_blocks)
+            .u32(self.records.len() as u32)
+            .u32(self.epoch)
+            .u64(self.committed_seq);
         b[..w.buf.len()].copy_from_slice(&w.buf);
         for (i, rec) in self.records.iter().enumerate() {
             let at = BATCH_HEADER_BYTES + i * RECORD_HEADER_BYTES;
@@ -663,7 +771,10 @@ impl BatchHeader {
             return None;
         }
         let mut r = Reader::new(b);
-        if r.bytes(8).ok()? != BATCH_MAGIC || r.u32().ok()? != FORMAT_VERSION || &r.uuid().ok()? != group {
+        if r.bytes(8).ok()? != BATCH_MAGIC
+            || r.u32().ok()? != FORMAT_VERSION
+            || &r.uuid().ok()? != group
+        {
             return None;
         }
         let first_seq = r.u64().ok()?;
@@ -687,7 +798,14 @@ impl BatchHeader {
         if data + 1 != u64::from(total_blocks) {
             return None;
         }
-        Some(BatchHeader { group: *group, epoch, committed_seq, first_seq, total_blocks, records })
+        Some(BatchHeader {
+            group: *group,
+            epoch,
+            committed_seq,
+            first_seq,
+            total_blocks,
+            records,
+        })
     }
 }
 
@@ -731,9 +849,16 @@ impl SegmentGeometry {
         loop {
             let data = segment_blocks - summary_blocks;
             let crc_blocks = (data as usize).div_ceil(CRCS_PER_BLOCK) as u32;
-            let entry_blocks = (SUMMARY_HEADER_BYTES + data as usize * SUMMARY_ENTRY_BYTES).div_ceil(BLOCK) as u32;
+            let entry_blocks =
+                (SUMMARY_HEADER_BYTES + data as usize * SUMMARY_ENTRY_BYTES).div_ceil(BLOCK) as u32;
             if crc_blocks + entry_blocks <= summary_blocks {
-                return SegmentGeometry { segment_blocks, data_blocks: data, summary_blocks, crc_blocks, max_entries: data };
+                return SegmentGeometry {
+                    segment_blocks,
+                    data_blocks: data,
+                    summary_blocks,
+                    crc_blocks,
+                    max_entries: data,
+                };
             }
             summary_blocks += 1;
         }
@@ -757,7 +882,10 @@ pub struct SegmentSummary {
 /// crc block found in another segment's or position's place does not check.
 fn seal_crc_block(b: &mut [u8], seg: u32, idx: u32) {
     b[BLOCK - 4..].fill(0);
-    let c = crc32c::crc32c_append(crc32c::crc32c(&b[..BLOCK - 4]), &[&seg.to_le_bytes()[..], &idx.to_le_bytes()[..]].concat());
+    let c = crc32c::crc32c_append(
+        crc32c::crc32c(&b[..BLOCK - 4]),
+        &[&seg.to_le_bytes()[..], &idx.to_le_bytes()[..]].concat(),
+    );
     b[BLOCK - 4..].copy_from_slice(&c.to_le_bytes());
 }
 
@@ -767,8 +895,16 @@ pub fn decode_crc_block(b: &[u8], seg: u32, idx: u32) -> Option<Vec<u32>> {
         return None;
     }
     let stored = u32::from_le_bytes([b[BLOCK - 4], b[BLOCK - 3], b[BLOCK - 2], b[BLOCK - 1]]);
-    let c = crc32c::crc32c_append(crc32c::crc32c(&b[..BLOCK - 4]), &[&seg.to_le_bytes()[..], &idx.to_le_bytes()[..]].concat());
-    (c == stored).then(|| b[..BLOCK - 4].chunks(4).map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]])).collect())
+    let c = crc32c::crc32c_append(
+        crc32c::crc32c(&b[..BLOCK - 4]),
+        &[&seg.to_le_bytes()[..], &idx.to_le_bytes()[..]].concat(),
+    );
+    (c == stored).then(|| {
+        b[..BLOCK - 4]
+            .chunks(4)
+            .map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+            .collect()
+    })
 }
 
 impl SegmentSummary {
@@ -785,11 +921,23 @@ impl SegmentSummary {
             seal_crc_block(b, self.segment_index, idx as u32);
         }
         let mut w = Writer::default();
-        w.bytes(SUMMARY_MAGIC).u32(FORMAT_VERSION).bytes(&self.group).u64(self.segment_seq);
-        w.u32(self.segment_index).u32(self.data_blocks_used).u32(self.entries.len() as u32).u32(0);
+        w.bytes(SUMMARY_MAGIC)
+            .u32(FORMAT_VERSION)
+            .bytes(&self.group)
+            .u64(self.segment_seq);
+        w.u32(self.segment_index)
+            .u32(self.data_blocks_used)
+            .u32(self.entries.len() as u32)
+            .u32(0);
         w.pad_to(SUMMARY_HEADER_BYTES);
         for e in &self.entries {
-            w.u8(e.kind as u8).u8(0).u16(0).u32(e.layer).u64(e.lba).u32(e.nblocks).u64(e.seq);
+            w.u8(e.kind as u8)
+                .u8(0)
+                .u16(0)
+                .u32(e.layer)
+                .u64(e.lba)
+                .u32(e.nblocks)
+                .u64(e.seq);
             w.u32(e.data_block);
         }
         let head = &mut out[crc_bytes..];
@@ -801,12 +949,17 @@ impl SegmentSummary {
 
     pub fn decode(b: &[u8], group: &Uuid, geo: &SegmentGeometry) -> Option<SegmentSummary> {
         let crc_bytes = geo.crc_blocks as usize * BLOCK;
-        if b.len() < geo.summary_blocks as usize * BLOCK || !check_crc(&b[crc_bytes..geo.summary_blocks as usize * BLOCK], 48) {
+        if b.len() < geo.summary_blocks as usize * BLOCK
+            || !check_crc(&b[crc_bytes..geo.summary_blocks as usize * BLOCK], 48)
+        {
             return None;
         }
         let head = &b[crc_bytes..];
         let mut r = Reader::new(head);
-        if r.bytes(8).ok()? != SUMMARY_MAGIC || r.u32().ok()? != FORMAT_VERSION || &r.uuid().ok()? != group {
+        if r.bytes(8).ok()? != SUMMARY_MAGIC
+            || r.u32().ok()? != FORMAT_VERSION
+            || &r.uuid().ok()? != group
+        {
             return None;
         }
         let segment_seq = r.u64().ok()?;
@@ -841,11 +994,22 @@ impl SegmentSummary {
         }
         let mut block_crcs = Vec::with_capacity(used as usize);
         for idx in 0..(used as usize).div_ceil(CRCS_PER_BLOCK) {
-            let crcs = decode_crc_block(&b[idx * BLOCK..(idx + 1) * BLOCK], segment_index, idx as u32)?;
+            let crcs = decode_crc_block(
+                &b[idx * BLOCK..(idx + 1) * BLOCK],
+                segment_index,
+                idx as u32,
+            )?;
             let take = (used as usize - block_crcs.len()).min(CRCS_PER_BLOCK);
             block_crcs.extend_from_slice(&crcs[..take]);
         }
-        Some(SegmentSummary { group: *group, segment_seq, segment_index, data_blocks_used: used, entries, block_crcs })
+        Some(SegmentSummary {
+            group: *group,
+            segment_seq,
+            segment_index,
+            data_blocks_used: used,
+            entries,
+            block_crcs,
+        })
     }
 }
 
@@ -871,7 +1035,10 @@ mod tests {
         };
         let mut b = sb.encode();
         assert!(matches!(Superblock::decode(&b), SuperblockRead::Valid(x) if x == sb));
-        assert!(matches!(Superblock::decode(&[0u8; BLOCK]), SuperblockRead::Blank));
+        assert!(matches!(
+            Superblock::decode(&[0u8; BLOCK]),
+            SuperblockRead::Blank
+        ));
         b[100] ^= 1;
         assert!(matches!(Superblock::decode(&b), SuperblockRead::Invalid(_)));
         let mut newer = sb.encode();
@@ -896,14 +1063,51 @@ mod tests {
             next_segment_seq: 99,
             index_root: Some(PagePtr { a: 1 << 32, b: 7 }),
             segtab: vec![Some(PagePtr { a: 3, b: 4 }), None],
-            streams: [StreamPos { seg: 5, next_block: 6 }, StreamPos::NONE],
+            streams: [
+                StreamPos {
+                    seg: 5,
+                    next_block: 6,
+                },
+                StreamPos::NONE,
+            ],
             recent: vec![8, 2],
-            layers: vec![LayerRecord { id: 2, parent: 0, flags: 0 }, LayerRecord { id: 5, parent: 2, flags: LAYER_DELETED }],
-            volumes: vec![VolumeRecord { id: 1, head: 5, size_bytes: 1 << 33, created_unix_s: 5, name: "vol0".into(), policy: vec![1, 2] }],
-            snapshots: vec![SnapshotRecord { id: 3, volume: 1, layer: 2, size_bytes: 1 << 33, created_unix_s: 6, name: "s1".into() }],
+            layers: vec![
+                LayerRecord {
+                    id: 2,
+                    parent: 0,
+                    flags: 0,
+                },
+                LayerRecord {
+                    id: 5,
+                    parent: 2,
+                    flags: LAYER_DELETED,
+                },
+            ],
+            volumes: vec![VolumeRecord {
+                id: 1,
+                head: 5,
+                size_bytes: 1 << 33,
+                created_unix_s: 5,
+                name: "vol0".into(),
+                policy: vec![1, 2],
+            }],
+            snapshots: vec![SnapshotRecord {
+                id: 3,
+                volume: 1,
+                layer: 2,
+                size_bytes: 1 << 33,
+                created_unix_s: 6,
+                name: "s1".into(),
+            }],
             wear: vec![
-                DeviceWear { bytes_written_total: 1 << 40, first_use_unix_s: 1_700_000_000 },
-                DeviceWear { bytes_written_total: 12345, first_use_unix_s: 1_700_000_001 },
+                DeviceWear {
+                    bytes_written_total: 1 << 40,
+                    first_use_unix_s: 1_700_000_000,
+                },
+                DeviceWear {
+                    bytes_written_total: 12345,
+                    first_use_unix_s: 1_700_000_001,
+                },
             ],
         };
         let b = cp.encode(1 << 20).unwrap();
@@ -917,10 +1121,31 @@ mod tests {
     #[test]
     fn batch_header_round_trip_and_torn_detection() {
         let recs = vec![
-            RecordHeader { kind: RecordKind::Write, seq: 10, layer: 1, offset_bytes: 8192, len_bytes: 8192, data_crc: 5 },
-            RecordHeader { kind: RecordKind::Zero, seq: 11, layer: 1, offset_bytes: 0, len_bytes: 4096, data_crc: 0 },
+            RecordHeader {
+                kind: RecordKind::Write,
+                seq: 10,
+                layer: 1,
+                offset_bytes: 8192,
+                len_bytes: 8192,
+                data_crc: 5,
+            },
+            RecordHeader {
+                kind: RecordKind::Zero,
+                seq: 11,
+                layer: 1,
+                offset_bytes: 0,
+                len_bytes: 4096,
+                data_crc: 0,
+            },
         ];
-        let h = BatchHeader { group: [3; 16], epoch: 2, committed_seq: 9, first_seq: 10, total_blocks: 3, records: recs };
+        let h = BatchHeader {
+            group: [3; 16],
+            epoch: 2,
+            committed_seq: 9,
+            first_seq: 10,
+            total_blocks: 3,
+            records: recs,
+        };
         let b = h.encode();
         assert_eq!(BatchHeader::decode(&b, &[3; 16]).unwrap(), h);
         assert!(BatchHeader::decode(&b, &[4; 16]).is_none());
@@ -932,9 +1157,23 @@ mod tests {
     #[test]
     fn a_full_batch_header_round_trips() {
         let recs: Vec<_> = (0..MAX_RECORDS_PER_BATCH as u64)
-            .map(|i| RecordHeader { kind: RecordKind::Write, seq: 5 + i, layer: 1, offset_bytes: i * 4096, len_bytes: 4096, data_crc: i as u32 })
+            .map(|i| RecordHeader {
+                kind: RecordKind::Write,
+                seq: 5 + i,
+                layer: 1,
+                offset_bytes: i * 4096,
+                len_bytes: 4096,
+                data_crc: i as u32,
+            })
             .collect();
-        let h = BatchHeader { group: [3; 16], epoch: 1, committed_seq: 5, first_seq: 5, total_blocks: 1 + recs.len() as u32, records: recs };
+        let h = BatchHeader {
+            group: [3; 16],
+            epoch: 1,
+            committed_seq: 5,
+            first_seq: 5,
+            total_blocks: 1 + recs.len() as u32,
+            records: recs,
+        };
         assert_eq!(BatchHeader::decode(&h.encode(), &[3; 16]).unwrap(), h);
     }
 
@@ -947,7 +1186,14 @@ mod tests {
             segment_seq: 4,
             segment_index: 12,
             data_blocks_used: 2,
-            entries: vec![SummaryEntry { kind: RecordKind::Write, layer: 1, lba: 5, nblocks: 2, seq: 99, data_block: 0 }],
+            entries: vec![SummaryEntry {
+                kind: RecordKind::Write,
+                layer: 1,
+                lba: 5,
+                nblocks: 2,
+                seq: 99,
+                data_block: 0,
+            }],
             block_crcs: vec![1, 2],
         };
         let b = s.encode(&geo);
@@ -956,10 +1202,16 @@ mod tests {
         for at in [200, geo.crc_blocks as usize * BLOCK + 100] {
             let mut bad = b.clone();
             bad[at] ^= 1;
-            assert!(SegmentSummary::decode(&bad, &[9; 16], &geo).is_none(), "damage at {at} accepted");
+            assert!(
+                SegmentSummary::decode(&bad, &[9; 16], &geo).is_none(),
+                "damage at {at} accepted"
+            );
         }
         // A crc block reads on its own, and only at its own place.
-        assert_eq!(decode_crc_block(&b[..BLOCK], 12, 0).map(|c| c[..2].to_vec()), Some(vec![1, 2]));
+        assert_eq!(
+            decode_crc_block(&b[..BLOCK], 12, 0).map(|c| c[..2].to_vec()),
+            Some(vec![1, 2])
+        );
         assert!(decode_crc_block(&b[..BLOCK], 13, 0).is_none());
         assert!(decode_crc_block(&b[..BLOCK], 12, 1).is_none());
         assert_eq!((geo.crc_blocks, geo.summary_blocks), (2, 18), "{geo:?}");

@@ -80,7 +80,10 @@ pub fn read_superblock(dev: &dyn Device) -> Result<Option<Superblock>, EngineErr
     if blank == 2 {
         return Ok(None);
     }
-    Err(EngineError::Format(format!("device {}: {problem}", dev.name())))
+    Err(EngineError::Format(format!(
+        "device {}: {problem}",
+        dev.name()
+    )))
 }
 
 /// Writes both superblock copies and flushes.
@@ -152,7 +155,13 @@ pub fn format(
     }
     let layout = layout_from(&sbs)?;
     let now = crate::format::unix_now_s();
-    let wear = vec![DeviceWear { bytes_written_total: 0, first_use_unix_s: now }; 1 + caps.len()];
+    let wear = vec![
+        DeviceWear {
+            bytes_written_total: 0,
+            first_use_unix_s: now
+        };
+        1 + caps.len()
+    ];
     let cp = Checkpoint {
         group,
         generation: 1,
@@ -224,7 +233,11 @@ pub fn read_checkpoint(fast: &dyn Device, layout: &Layout) -> Result<Checkpoint,
             }
         }
     }
-    let best = copies.iter().flatten().max_by_key(|c| c.generation).cloned();
+    let best = copies
+        .iter()
+        .flatten()
+        .max_by_key(|c| c.generation)
+        .cloned();
     let Some(best) = best else {
         return Err(EngineError::Format(format!(
             "fast device {}: both metadata copies are unreadable ({})",
@@ -232,8 +245,14 @@ pub fn read_checkpoint(fast: &dyn Device, layout: &Layout) -> Result<Checkpoint,
             problems.join("; ")
         )));
     };
-    if copies.iter().any(|c| c.as_ref().map(|c| c.generation) != Some(best.generation)) {
-        tracing::warn!(device = fast.name(), "a metadata copy was damaged or stale; rewriting both copies");
+    if copies
+        .iter()
+        .any(|c| c.as_ref().map(|c| c.generation) != Some(best.generation))
+    {
+        tracing::warn!(
+            device = fast.name(),
+            "a metadata copy was damaged or stale; rewriting both copies"
+        );
         write_checkpoint(fast, layout, &best)?;
     }
     Ok(best)
@@ -241,7 +260,11 @@ pub fn read_checkpoint(fast: &dyn Device, layout: &Layout) -> Result<Checkpoint,
 
 /// Writes the checkpoint to both copies, one after the other, each made durable before the
 /// next: at every instant at least one copy is complete.
-pub fn write_checkpoint(fast: &dyn Device, layout: &Layout, cp: &Checkpoint) -> Result<(), EngineError> {
+pub fn write_checkpoint(
+    fast: &dyn Device,
+    layout: &Layout,
+    cp: &Checkpoint,
+) -> Result<(), EngineError> {
     let bytes = cp.encode(CHECKPOINT_AREA_BYTES as usize)?;
     for off in layout.checkpoint_offsets {
         write_padded(fast, &bytes, off)?;

@@ -9,6 +9,7 @@
 //! - a snapshot holds exactly the writes completed before it was taken;
 //! - after a crash or power loss, `open` restores every completed write.
 
+mod cache;
 mod capacity;
 mod ctree;
 mod destage;
@@ -20,9 +21,11 @@ mod maint;
 mod map;
 mod meta;
 mod open;
+mod policy;
 mod rangelock;
 mod replay;
 mod resolve;
+mod runtime;
 mod scrub;
 mod shared;
 mod space;
@@ -32,6 +35,9 @@ mod tests;
 mod tests_scrub;
 #[cfg(test)]
 mod tests_snap;
+#[cfg(test)]
+mod tests_tiering;
+mod tiering;
 mod volumes;
 
 use std::sync::atomic::Ordering;
@@ -48,6 +54,8 @@ pub use error::EngineError;
 pub use format::DeviceWear;
 pub use map::{ExtentMap, Loc};
 pub use open::OpenReport;
+pub use policy::{Clock, ManualClock, Mode, Policy, SystemClock};
+pub use runtime::VolumeFigures;
 pub use scrub::{BadBlock, ScrubOptions, ScrubReport, ScrubStatus};
 pub use space::SpaceReport;
 pub use volumes::{SnapshotInfo, ViewInfo};
@@ -88,6 +96,11 @@ pub struct EngineConfig {
     pub scrub_interval: Option<Duration>,
     /// Read rate of the background scrub, bytes per second (0: unlimited).
     pub scrub_rate_bytes_per_s: u64,
+    /// Share of the write log's area the read cache may hold (0: no read cache). Hybrid
+    /// setups (rotational capacity devices) use 0.7 by default; all-flash, none.
+    pub read_cache_ratio: f64,
+    /// Time as policies see it (ages, promotion windows, I/O limits); tests inject their own.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Default for EngineConfig {
@@ -100,6 +113,8 @@ impl Default for EngineConfig {
             index_cache_bytes: 64 << 20,
             scrub_interval: None,
             scrub_rate_bytes_per_s: 64 << 20,
+            read_cache_ratio: 0.0,
+            clock: Arc::new(SystemClock::default()),
         }
     }
 }
@@ -159,6 +174,15 @@ pub struct EngineStats {
     pub read_fast_bytes_total: u64,
     pub read_capacity_bytes_total: u64,
     pub read_unwritten_bytes_total: u64,
+    /// The read cache: host reads its copies served, what it holds and may hold, blocks
+    /// promoted into it and copies dropped from it, and promotions refused for want of room.
+    pub read_cached_bytes_total: u64,
+    pub read_cache_bytes: u64,
+    pub read_cache_log_bytes: u64,
+    pub read_cache_budget_bytes: u64,
+    pub promoted_bytes_total: u64,
+    pub evicted_bytes_total: u64,
+    pub promotions_refused_total: u64,
     /// Entries of the fast-tier maps.
     pub index_runs: u64,
     /// The capacity index: pages on the devices, leaves and inner nodes in memory, flushes.
@@ -196,14 +220,22 @@ impl DiskGroup {
         let writer = log::LogWriter::new(sh.clone(), rx, rx_hot)?;
         let destager = destage::Destager::new(sh.clone(), tx_hot);
         let mut threads = writer.start()?;
-        let t2 = std::thread::Builder::new().name("strata-destage".into()).spawn(move || destager.run());
+        let t2 = std::thread::Builder::new()
+            .name("strata-destage".into())
+            .spawn(move || destager.run());
         let mut spawned = vec![t2];
         if let Some(every) = sh.cfg.scrub_interval {
             let sh2 = sh.clone();
-            spawned.push(std::thread::Builder::new().name("strata-scrub".into()).spawn(move || scrub::background(sh2, every)));
+            spawned.push(
+                std::thread::Builder::new()
+                    .name("strata-scrub".into())
+                    .spawn(move || scrub::background(sh2, every)),
+            );
         }
         for t in spawned {
-            threads.push(t.map_err(|e| EngineError::Failed(format!("cannot start engine threads: {e}")))?);
+            threads.push(
+                t.map_err(|e| EngineError::Failed(format!("cannot start engine threads: {e}")))?,
+            );
         }
         tracing::info!(
             formatted = report.formatted,
@@ -212,7 +244,12 @@ impl DiskGroup {
             recent_segments = report.recent_segments,
             "disk group open"
         );
-        Ok(Arc::new(DiskGroup { sh, tx: Mutex::new(Some(tx)), threads: Mutex::new(threads), report }))
+        Ok(Arc::new(DiskGroup {
+            sh,
+            tx: Mutex::new(Some(tx)),
+            threads: Mutex::new(threads),
+            report,
+        }))
     }
 
     pub fn open_report(&self) -> &OpenReport {
@@ -226,11 +263,20 @@ impl DiskGroup {
     }
 
     /// Checks a view's range; returns (top layer, read_only).
-    fn view_range(&self, view: VolumeId, offset: u64, len: u64) -> Result<(u32, bool), EngineError> {
+    fn view_range(
+        &self,
+        view: VolumeId,
+        offset: u64,
+        len: u64,
+    ) -> Result<(u32, bool), EngineError> {
         let idx = self.sh.index.read();
         let v = idx.view(view)?;
         if offset.checked_add(len).is_none_or(|e| e > v.size_bytes) {
-            return Err(EngineError::OutOfRange { offset, len, size_bytes: v.size_bytes });
+            return Err(EngineError::OutOfRange {
+                offset,
+                len,
+                size_bytes: v.size_bytes,
+            });
         }
         Ok((v.chain.first().copied().unwrap_or(0), v.read_only))
     }
@@ -244,22 +290,53 @@ impl DiskGroup {
         Ok(head)
     }
 
-    /// Fills `buf` from the view (volume or snapshot) at byte `offset`.
+    /// Fills `buf` from the view (volume or snapshot) at byte `offset`. A volume's reads wait
+    /// for its I/O limits, count in its figures and may promote what they read.
     pub fn read(&self, view: VolumeId, offset: u64, buf: &mut [u8]) -> Result<(), EngineError> {
-        self.view_range(view, offset, buf.len() as u64)?;
+        let (top, _) = self.view_range(view, offset, buf.len() as u64)?;
         if buf.is_empty() {
             return Ok(());
         }
+        let rt = self.sh.runtime(view);
+        let host = rt.as_ref().map(|rt| {
+            rt.admit(&*self.sh.cfg.clock, buf.len() as u64);
+            let sequential_bytes = rt.reads.lock().note(offset, buf.len() as u64);
+            HostRead {
+                rt: rt.as_ref(),
+                head: top,
+                sequential_bytes,
+            }
+        });
         let (b0, b1) = block_span(offset, buf.len() as u64);
         let mut tmp = AlignedBuf::new_zeroed(((b1 - b0) * BLOCK_U64) as usize);
-        self.read_blocks(view, b0, b1 - b0, &mut tmp)?;
+        self.read_view(view, b0, b1 - b0, &mut tmp, host.as_ref())?;
         let at = (offset - b0 * BLOCK_U64) as usize;
         buf.copy_from_slice(&tmp[at..at + buf.len()]);
-        self.sh.counters.host_read_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.sh
+            .counters
+            .host_read_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
-    fn read_blocks(&self, view: VolumeId, lba: u64, n: u64, out: &mut [u8]) -> Result<(), EngineError> {
+    fn read_blocks(
+        &self,
+        view: VolumeId,
+        lba: u64,
+        n: u64,
+        out: &mut [u8],
+    ) -> Result<(), EngineError> {
+        self.read_view(view, lba, n, out, None)
+    }
+
+    fn read_view(
+        &self,
+        view: VolumeId,
+        lba: u64,
+        n: u64,
+        out: &mut [u8],
+        host: Option<&HostRead<'_>>,
+    ) -> Result<(), EngineError> {
         let sh = &self.sh;
         let _shared = sh.reclaim.read();
         let pieces = resolve::resolve_view(sh, view, lba, n)?;
@@ -270,39 +347,162 @@ impl DiskGroup {
             match p.loc {
                 None | Some(Loc::Zero(_)) => {
                     dst.fill(0);
-                    sh.counters.read_unwritten_bytes.fetch_add(piece_bytes, Ordering::Relaxed);
+                    sh.counters
+                        .read_unwritten_bytes
+                        .fetch_add(piece_bytes, Ordering::Relaxed);
                 }
                 Some(Loc::Fast(b)) => {
-                    sh.counters.read_fast_bytes.fetch_add(piece_bytes, Ordering::Relaxed);
+                    sh.counters
+                        .read_fast_bytes
+                        .fetch_add(piece_bytes, Ordering::Relaxed);
                     sh.fast.read_at(dst, sh.layout.log_byte(b))?;
                     for (i, chunk) in dst.chunks(BLOCK).enumerate() {
-                        if crc32c::crc32c(chunk) != sh.fast_crcs[(b + i as u64) as usize].load(Ordering::Relaxed) {
+                        if crc32c::crc32c(chunk)
+                            != sh.fast_crcs[(b + i as u64) as usize].load(Ordering::Relaxed)
+                        {
                             return Err(self.corrupt(view, p.lba + i as u64, "fast", 0));
                         }
                     }
+                    if let Some(h) = host {
+                        h.rt.stats
+                            .read_fast_blocks
+                            .fetch_add(p.len, Ordering::Relaxed);
+                        sh.note_read_heat(h.rt, h.head, p.lba, p.len);
+                    }
                 }
                 Some(Loc::Cap { seg, block }) => {
-                    sh.counters.read_capacity_bytes.fetch_add(piece_bytes, Ordering::Relaxed);
-                    let crcs = capacity::block_crcs(sh, seg, block, p.len as u32)?;
-                    if let Some(bad) = capacity::read_seg_blocks(sh, seg, block, p.len as u32, dst, &crcs)? {
-                        return Err(self.corrupt(view, p.lba + u64::from(bad - block), "capacity", sh.seg_device(seg)));
-                    }
+                    self.read_capacity(view, host, p.lba, seg, block, p.len as u32, dst)?
                 }
             }
         }
         Ok(())
     }
 
+    /// Reads blocks stored on the capacity tier: from their cached copies where the read
+    /// cache has valid ones, else from the segment (then perhaps promoting them).
+    #[allow(clippy::too_many_arguments)]
+    fn read_capacity(
+        &self,
+        view: VolumeId,
+        host: Option<&HostRead<'_>>,
+        lba: u64,
+        seg: u32,
+        block: u32,
+        n: u32,
+        dst: &mut [u8],
+    ) -> Result<(), EngineError> {
+        let sh = &self.sh;
+        let (cached, gen) = {
+            let mut c = sh.cache.lock();
+            let cached: Vec<Option<u64>> = if c.entries() == 0 {
+                Vec::new()
+            } else {
+                (0..n).map(|i| c.lookup(seg, block + i)).collect()
+            };
+            (cached, c.gen_of(seg))
+        };
+        let at = |i: u32| cached.get(i as usize).copied().flatten();
+        let mut i = 0;
+        while i < n {
+            // The longest part that is all uncached, or all cached in consecutive log blocks.
+            let first = at(i);
+            let mut j = i + 1;
+            while j < n && at(j) == first.map(|f| f + u64::from(j - i)) {
+                j += 1;
+            }
+            let part = &mut dst[i as usize * BLOCK..j as usize * BLOCK];
+            let blocks = u64::from(j - i);
+            if first.is_some_and(|f| self.read_cached(seg, block + i, f, part)) {
+                sh.counters
+                    .read_cached_bytes
+                    .fetch_add(blocks * BLOCK_U64, Ordering::Relaxed);
+                if let Some(h) = host {
+                    h.rt.stats
+                        .read_cached_blocks
+                        .fetch_add(blocks, Ordering::Relaxed);
+                }
+            } else {
+                sh.counters
+                    .read_capacity_bytes
+                    .fetch_add(blocks * BLOCK_U64, Ordering::Relaxed);
+                let crcs = capacity::block_crcs(sh, seg, block + i, j - i)?;
+                if let Some(bad) =
+                    capacity::read_seg_blocks(sh, seg, block + i, j - i, part, &crcs)?
+                {
+                    return Err(self.corrupt(
+                        view,
+                        lba + u64::from(bad - block),
+                        "capacity",
+                        sh.seg_device(seg),
+                    ));
+                }
+                if let Some(h) = host {
+                    h.rt.stats
+                        .read_capacity_blocks
+                        .fetch_add(blocks, Ordering::Relaxed);
+                    if sh.cfg.read_cache_ratio > 0.0 {
+                        let p = h.rt.policy();
+                        let now = sh.cfg.clock.now_ms();
+                        if sh.cache.lock().note_miss(
+                            &p,
+                            h.head,
+                            lba + u64::from(i),
+                            blocks,
+                            h.sequential_bytes,
+                            now,
+                        ) {
+                            self.promote(Some(h.rt), seg, block + i, gen, part);
+                        }
+                    }
+                }
+            }
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// Reads a cached copy; false (and the copy forgotten) when it cannot be read or fails
+    /// its checksum: the caller then reads the capacity tier, so a damaged clean copy costs
+    /// a miss, never wrong data.
+    fn read_cached(&self, seg: u32, block: u32, fast: u64, part: &mut [u8]) -> bool {
+        let sh = &self.sh;
+        let read = sh.fast.read_at(part, sh.layout.log_byte(fast)).is_ok();
+        let ok = read
+            && part.chunks(BLOCK).enumerate().all(|(k, c)| {
+                crc32c::crc32c(c) == sh.fast_crcs[fast as usize + k].load(Ordering::Relaxed)
+            });
+        if !ok {
+            if read {
+                sh.checksum_error(0, 1);
+            }
+            tracing::error!(
+                segment = seg,
+                block,
+                "a cached copy on the fast tier cannot be used: reading the capacity tier instead"
+            );
+            sh.cache
+                .lock()
+                .forget(seg, block, (part.len() / BLOCK) as u32, fast);
+        }
+        ok
+    }
+
     fn corrupt(&self, view: VolumeId, lba: u64, tier: &str, dev: usize) -> EngineError {
         self.sh.checksum_error(dev, 1);
         let offset = lba * BLOCK_U64;
-        tracing::error!(volume = view, offset, tier, "checksum mismatch: returning an I/O error");
+        tracing::error!(
+            volume = view,
+            offset,
+            tier,
+            "checksum mismatch: returning an I/O error"
+        );
         EngineError::Corrupt(format!("volume #{view} offset {offset} ({tier} tier)"))
     }
 
     /// Writes `data` at byte `offset` of a volume; returns once it is durable on the fast tier.
     pub fn write(&self, vol: VolumeId, offset: u64, data: &[u8]) -> Result<(), EngineError> {
         self.sh.check_running()?;
+        self.admit(vol, data.len() as u64);
         let gate = self.sh.gate(vol);
         let _g = gate.read();
         let head = self.writable_head(vol, offset, data.len() as u64)?;
@@ -315,7 +515,13 @@ impl DiskGroup {
     }
 
     /// Read-modify-write of the partial blocks at either end, then the whole blocks.
-    fn write_locked(&self, vol: VolumeId, head: u32, offset: u64, data: &[u8]) -> Result<(), EngineError> {
+    fn write_locked(
+        &self,
+        vol: VolumeId,
+        head: u32,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), EngineError> {
         let (b0, b1) = block_span(offset, data.len() as u64);
         let n = b1 - b0;
         let mut buf = AlignedBuf::new_zeroed((n * BLOCK_U64) as usize);
@@ -332,7 +538,8 @@ impl DiskGroup {
         let mut waits = Vec::new();
         let mut lba = b0;
         // A record, with its batch header, must fit one batch and so one segment.
-        let record_blocks = (self.sh.cfg.max_batch_bytes as u64 / BLOCK_U64 - 1).min(MAX_RECORD_BLOCKS);
+        let record_blocks =
+            (self.sh.cfg.max_batch_bytes as u64 / BLOCK_U64 - 1).min(MAX_RECORD_BLOCKS);
         for chunk in buf.chunks(record_blocks as usize * BLOCK) {
             let mut d = AlignedBuf::new_zeroed(chunk.len());
             d.copy_from_slice(chunk);
@@ -341,6 +548,13 @@ impl DiskGroup {
             lba += nb;
         }
         wait_all(waits)
+    }
+
+    /// Waits until the volume's I/O limits admit a request (no wait without limits).
+    fn admit(&self, vol: VolumeId, bytes: u64) {
+        if let Some(rt) = self.sh.runtime(vol) {
+            rt.admit(&*self.sh.cfg.clock, bytes);
+        }
     }
 
     fn submit(
@@ -353,7 +567,20 @@ impl DiskGroup {
     ) -> Result<crossbeam_channel::Receiver<Result<(), EngineError>>, EngineError> {
         let (done, wait) = crossbeam_channel::bounded(1);
         let tx = self.tx.lock().clone().ok_or(EngineError::ShuttingDown)?;
-        tx.send(WriteReq { kind, layer, lba, nblocks, data, done: log::Done::Chan(done), no_wait: false, relocation: false }).map_err(|_| EngineError::ShuttingDown)?;
+        tx.send(WriteReq {
+            kind,
+            layer,
+            lba,
+            nblocks,
+            data,
+            done: log::Done::Chan(done),
+            no_wait: false,
+            relocation: false,
+            born_ms: None,
+            cache_gen: 0,
+            vol: 0,
+        })
+        .map_err(|_| EngineError::ShuttingDown)?;
         Ok(wait)
     }
 
@@ -362,14 +589,33 @@ impl DiskGroup {
     /// have returned. A write that cannot start without waiting (not whole blocks, larger than
     /// one log record, its blocks or its volume busy, the queue full) is refused with
     /// `Err(done)`, untouched: the caller then calls `write` on a thread that may block.
-    pub fn write_async(self: &Arc<Self>, vol: VolumeId, offset: u64, data: &[u8], done: WriteDone) -> Result<(), WriteDone> {
-        let max_bytes = (self.sh.cfg.max_batch_bytes as u64 / BLOCK_U64 - 1).min(MAX_RECORD_BLOCKS) * BLOCK_U64;
-        let whole = offset.is_multiple_of(BLOCK_U64) && (data.len() as u64).is_multiple_of(BLOCK_U64) && !data.is_empty();
+    pub fn write_async(
+        self: &Arc<Self>,
+        vol: VolumeId,
+        offset: u64,
+        data: &[u8],
+        done: WriteDone,
+    ) -> Result<(), WriteDone> {
+        let max_bytes =
+            (self.sh.cfg.max_batch_bytes as u64 / BLOCK_U64 - 1).min(MAX_RECORD_BLOCKS) * BLOCK_U64;
+        let whole = offset.is_multiple_of(BLOCK_U64)
+            && (data.len() as u64).is_multiple_of(BLOCK_U64)
+            && !data.is_empty();
         if !whole || data.len() as u64 > max_bytes || self.sh.check_running().is_err() {
             return Err(done);
         }
+        // Over its limits, the volume's write waits (on the caller's blocking path).
+        if self
+            .sh
+            .runtime(vol)
+            .is_some_and(|rt| !rt.try_admit(&*self.sh.cfg.clock, data.len() as u64))
+        {
+            return Err(done);
+        }
         let gate = self.sh.gate(vol);
-        let Some(quiet) = gate.try_read_arc() else { return Err(done) };
+        let Some(quiet) = gate.try_read_arc() else {
+            return Err(done);
+        };
         let head = match self.writable_head(vol, offset, data.len() as u64) {
             Ok(h) => h,
             Err(_) => return Err(done),
@@ -393,7 +639,19 @@ impl DiskGroup {
             }
         });
         let tx = self.tx.lock().clone();
-        let req = WriteReq { kind: RecordKind::Write, layer: head, lba: b0, nblocks: n, data: Some(d), done: log::Done::Call(finish), no_wait: false, relocation: false };
+        let req = WriteReq {
+            kind: RecordKind::Write,
+            layer: head,
+            lba: b0,
+            nblocks: n,
+            data: Some(d),
+            done: log::Done::Call(finish),
+            no_wait: false,
+            relocation: false,
+            born_ms: None,
+            cache_gen: 0,
+            vol: 0,
+        };
         match tx.map(|t| t.try_send(req)) {
             Some(Ok(())) => Ok(()),
             _ => {
@@ -408,6 +666,8 @@ impl DiskGroup {
     /// Makes the range of a volume read as zeros. Whole blocks are a metadata record, not data.
     pub fn write_zeroes(&self, vol: VolumeId, offset: u64, len: u64) -> Result<(), EngineError> {
         self.sh.check_running()?;
+        // A metadata operation: it counts against the volume's IOPS, not its bandwidth.
+        self.admit(vol, 0);
         let gate = self.sh.gate(vol);
         let _g = gate.read();
         let head = self.writable_head(vol, offset, len)?;
@@ -423,16 +683,30 @@ impl DiskGroup {
             return self.write_locked(vol, head, offset, &vec![0u8; len as usize]);
         }
         if offset < full0 * BLOCK_U64 {
-            self.write_locked(vol, head, offset, &vec![0u8; (full0 * BLOCK_U64 - offset) as usize])?;
+            self.write_locked(
+                vol,
+                head,
+                offset,
+                &vec![0u8; (full0 * BLOCK_U64 - offset) as usize],
+            )?;
         }
         if end > full1 * BLOCK_U64 {
-            self.write_locked(vol, head, full1 * BLOCK_U64, &vec![0u8; (end - full1 * BLOCK_U64) as usize])?;
+            self.write_locked(
+                vol,
+                head,
+                full1 * BLOCK_U64,
+                &vec![0u8; (end - full1 * BLOCK_U64) as usize],
+            )?;
         }
         // Only the span that holds something needs a record: zeros already read as zeros.
         let pieces = resolve::resolve_view(&self.sh, vol, full0, full1 - full0)?;
         let mut data = pieces.iter().filter(|p| p.loc.is_some());
         let present = data.next().map(|first| {
-            let last = pieces.iter().rev().find(|p| p.loc.is_some()).unwrap_or(first);
+            let last = pieces
+                .iter()
+                .rev()
+                .find(|p| p.loc.is_some())
+                .unwrap_or(first);
             (first.lba, last.lba + last.len)
         });
         if let Some((s, e)) = present {
@@ -462,7 +736,12 @@ impl DiskGroup {
     }
 
     /// Allocation map of a byte range of a view: data or zero, adjacent extents of one kind merged.
-    pub fn extents(&self, view: VolumeId, offset: u64, len: u64) -> Result<Vec<Extent>, EngineError> {
+    pub fn extents(
+        &self,
+        view: VolumeId,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<Extent>, EngineError> {
         self.view_range(view, offset, len)?;
         if len == 0 {
             return Ok(Vec::new());
@@ -474,10 +753,18 @@ impl DiskGroup {
         for p in pieces {
             let s = (p.lba * BLOCK_U64).max(offset);
             let e = ((p.lba + p.len) * BLOCK_U64).min(end);
-            let kind = if p.loc.is_some() { ExtentKind::Data } else { ExtentKind::Zero };
+            let kind = if p.loc.is_some() {
+                ExtentKind::Data
+            } else {
+                ExtentKind::Zero
+            };
             match out.last_mut() {
                 Some(last) if last.kind == kind => last.len += e - s,
-                _ => out.push(Extent { offset: s, len: e - s, kind }),
+                _ => out.push(Extent {
+                    offset: s,
+                    len: e - s,
+                    kind,
+                }),
             }
         }
         Ok(out)
@@ -486,17 +773,38 @@ impl DiskGroup {
     pub fn stats(&self) -> EngineStats {
         let sh = &self.sh;
         let c = &sh.counters;
-        let (used, backlog) = {
+        let (used, backlog, cache_log, cache_budget, fill) = {
             let log = sh.log.lock();
-            (log.used_blocks * BLOCK_U64, log.batches.iter().map(|b| b.blocks * BLOCK_U64).sum())
+            let backlog: u64 = log.batches.iter().map(|b| b.blocks * BLOCK_U64).sum();
+            (
+                log.used_blocks * BLOCK_U64,
+                backlog - log.cache_blocks * BLOCK_U64,
+                log.cache_blocks * BLOCK_U64,
+                log.cache_budget_blocks * BLOCK_U64,
+                log.fill_ratio(),
+            )
         };
         let (seg_total, seg_free, live_blocks, data_segs, meta_blocks) = {
             let s = sh.segs.lock();
-            let data = s.count(capacity::SegState::Sealed) + s.count(capacity::SegState::Open) + s.count(capacity::SegState::PendingFree);
+            let data = s.count(capacity::SegState::Sealed)
+                + s.count(capacity::SegState::Open)
+                + s.count(capacity::SegState::PendingFree);
             let (meta_live, _) = s.meta_pages();
-            (s.segs.len() as u64, s.free_count() as u64, s.live_blocks_total(), data as u64, meta_live)
+            (
+                s.segs.len() as u64,
+                s.free_count() as u64,
+                s.live_blocks_total(),
+                data as u64,
+                meta_live,
+            )
         };
-        let runs = sh.index.read().layers.values().map(|l| l.fast.run_count() as u64).sum();
+        let runs = sh
+            .index
+            .read()
+            .layers
+            .values()
+            .map(|l| l.fast.run_count() as u64)
+            .sum();
         let (tc, tree_bytes) = {
             let t = sh.tree.read();
             (t.counts(), t.resident_bytes() as u64)
@@ -508,7 +816,7 @@ impl DiskGroup {
             capacity_devices: sh.caps.iter().map(|d| d.stats()).collect(),
             log_capacity_bytes: log_cap,
             log_used_bytes: used,
-            log_fill_ratio: used as f64 / log_cap as f64,
+            log_fill_ratio: fill,
             fill_ratio_low: sh.cfg.fill_ratio_low,
             fill_ratio_high: sh.cfg.fill_ratio_high,
             destage_rate_bytes_per_s: shared::Counters::get_f64(&c.destage_rate_bytes_per_s),
@@ -529,10 +837,21 @@ impl DiskGroup {
             gc_relocated_bytes_total: c.gc_relocated_bytes.load(Ordering::Relaxed),
             hot_kept_bytes_total: c.hot_kept_bytes.load(Ordering::Relaxed),
             checksum_errors_total: c.checksum_errors.load(Ordering::Relaxed),
-            checksum_errors_by_device: c.checksum_errors_by_device.iter().map(|x| x.load(Ordering::Relaxed)).collect(),
+            checksum_errors_by_device: c
+                .checksum_errors_by_device
+                .iter()
+                .map(|x| x.load(Ordering::Relaxed))
+                .collect(),
             read_fast_bytes_total: c.read_fast_bytes.load(Ordering::Relaxed),
             read_capacity_bytes_total: c.read_capacity_bytes.load(Ordering::Relaxed),
             read_unwritten_bytes_total: c.read_unwritten_bytes.load(Ordering::Relaxed),
+            read_cached_bytes_total: c.read_cached_bytes.load(Ordering::Relaxed),
+            read_cache_bytes: sh.cache.lock().entries() * BLOCK_U64,
+            read_cache_log_bytes: cache_log,
+            read_cache_budget_bytes: cache_budget,
+            promoted_bytes_total: c.promoted_blocks.load(Ordering::Relaxed) * BLOCK_U64,
+            evicted_bytes_total: c.evicted_blocks.load(Ordering::Relaxed) * BLOCK_U64,
+            promotions_refused_total: c.promotions_refused.load(Ordering::Relaxed),
             index_runs: runs,
             index_pages_bytes: meta_blocks * BLOCK_U64,
             index_resident_leaves: tc.resident_leaves as u64,
@@ -577,7 +896,9 @@ impl DiskGroup {
         while Instant::now() < deadline {
             let pending = {
                 let idx = self.sh.index.read();
-                idx.layers.values().any(|l| l.rec.flags & (format::LAYER_DELETED | format::LAYER_MERGING) != 0)
+                idx.layers
+                    .values()
+                    .any(|l| l.rec.flags & (format::LAYER_DELETED | format::LAYER_MERGING) != 0)
             };
             if !pending {
                 return true;
@@ -591,7 +912,12 @@ impl DiskGroup {
     /// Stops background work and makes everything durable: completed writes stay in the log
     /// and are replayed on the next open; the index is written so the next open is quick.
     pub fn shutdown(&self) -> Result<(), EngineError> {
-        let _ = self.sh.state.compare_exchange(STATE_RUNNING, STATE_STOPPING, Ordering::AcqRel, Ordering::Acquire);
+        let _ = self.sh.state.compare_exchange(
+            STATE_RUNNING,
+            STATE_STOPPING,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
         self.stop_threads();
         if self.sh.state.load(Ordering::Acquire) != shared::STATE_FAILED {
             // Nothing more reaches the log: the last checkpoint says where it ends.
@@ -610,7 +936,12 @@ impl DiskGroup {
     /// Pair with a device-level crash (MemDevice) to simulate power loss. For tests.
     pub fn halt_for_test(&self) {
         self.sh.abandon.store(true, Ordering::Relaxed);
-        let _ = self.sh.state.compare_exchange(STATE_RUNNING, STATE_STOPPING, Ordering::AcqRel, Ordering::Acquire);
+        let _ = self.sh.state.compare_exchange(
+            STATE_RUNNING,
+            STATE_STOPPING,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
         self.stop_threads();
     }
 
@@ -635,7 +966,9 @@ impl Drop for DiskGroup {
     }
 }
 
-fn wait_all(waits: Vec<crossbeam_channel::Receiver<Result<(), EngineError>>>) -> Result<(), EngineError> {
+fn wait_all(
+    waits: Vec<crossbeam_channel::Receiver<Result<(), EngineError>>>,
+) -> Result<(), EngineError> {
     let mut result = Ok(());
     for w in waits {
         let r = w.recv().unwrap_or(Err(EngineError::ShuttingDown));
@@ -646,6 +979,15 @@ fn wait_all(waits: Vec<crossbeam_channel::Receiver<Result<(), EngineError>>>) ->
     result
 }
 
+/// A host's read of a volume: whose figures it counts in, and whether it may promote.
+struct HostRead<'a> {
+    rt: &'a runtime::VolRuntime,
+    /// The volume's head layer (heat and promotion evidence are kept per layer).
+    head: u32,
+    /// How long the sequential stream this read continues already is.
+    sequential_bytes: u64,
+}
+
 /// Blocks `[b0, b1)` touched by a byte range.
 fn block_span(offset: u64, len: u64) -> (u64, u64) {
     (offset / BLOCK_U64, (offset + len).div_ceil(BLOCK_U64))
@@ -654,8 +996,13 @@ fn block_span(offset: u64, len: u64) -> (u64, u64) {
 fn validate_name(name: &str, what: &str) -> Result<(), EngineError> {
     let ok = !name.is_empty()
         && name.len() <= MAX_VOLUME_NAME
-        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
     if ok {
         Ok(())
     } else {

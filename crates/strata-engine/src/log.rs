@@ -31,6 +31,16 @@ pub struct RecMeta {
     pub data_start: u64,
     /// Written by the destager to keep hot data on the fast tier (not persisted).
     pub relocation: bool,
+    /// When the data first reached the fast tier (engine clock, ms; not persisted: replayed
+    /// records count from the opening).
+    pub born_ms: u64,
+    /// Where tier mode's minimum age counts from: when the data was written, or last kept
+    /// on the fast tier because it was hot.
+    pub aged_from_ms: u64,
+    /// Cache records: the generation of the segment the copy was read from.
+    pub cache_gen: u32,
+    /// Cache records: the volume that promoted the copy (its figures count the eviction).
+    pub vol: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -53,15 +63,43 @@ pub struct LogState {
     pub next_seq: u64,
     pub batches: VecDeque<BatchMeta>,
     pub used_blocks: u64,
+    /// Blocks of the log held by read-cache records (valid copies or not).
+    pub cache_blocks: u64,
+    /// The share of the log the read cache may hold, in blocks.
+    pub cache_budget_blocks: u64,
 }
 
 impl LogState {
     pub fn new(log_blocks: u64, head: u64, next_seq: u64) -> LogState {
-        LogState { log_blocks, head, next_seq, batches: VecDeque::new(), used_blocks: 0 }
+        LogState {
+            log_blocks,
+            head,
+            next_seq,
+            batches: VecDeque::new(),
+            used_blocks: 0,
+            cache_blocks: 0,
+            cache_budget_blocks: 0,
+        }
     }
 
+    /// Fill of the write buffer: the log less the read cache's share, against the data the
+    /// log holds besides cached copies. The destage marks apply to it.
     pub fn fill_ratio(&self) -> f64 {
+        let room = self
+            .log_blocks
+            .saturating_sub(self.cache_budget_blocks)
+            .max(1);
+        self.used_blocks.saturating_sub(self.cache_blocks) as f64 / room as f64
+    }
+
+    /// Fill of the whole log area, cached copies included.
+    pub fn physical_fill_ratio(&self) -> f64 {
         self.used_blocks as f64 / self.log_blocks as f64
+    }
+
+    /// Whether the read cache may take `n` more blocks of the log.
+    pub fn cache_has_room(&self, n: u64) -> bool {
+        self.cache_blocks + n <= self.cache_budget_blocks
     }
 
     /// Where replay must start: the oldest batch still needed, or the head if none.
@@ -76,7 +114,11 @@ impl LogState {
     pub fn place(&self, n: u64) -> Option<(u64, u64)> {
         let l = self.log_blocks;
         let Some(front) = self.batches.front() else {
-            return Some(if self.head + n <= l { (self.head, 0) } else { (0, l - self.head) });
+            return Some(if self.head + n <= l {
+                (self.head, 0)
+            } else {
+                (0, l - self.head)
+            });
         };
         let tail = front.start;
         if self.head > tail {
@@ -99,6 +141,7 @@ impl LogState {
         debug_assert!(meta.start + meta.blocks <= self.log_blocks);
         self.head = (meta.start + meta.blocks) % self.log_blocks;
         self.used_blocks += meta.blocks + meta.skip;
+        self.cache_blocks += meta.cache_blocks();
         self.next_seq = meta.first_seq + meta.records.len() as u64;
         self.batches.push_back(meta);
     }
@@ -106,7 +149,18 @@ impl LogState {
     pub fn pop(&mut self) -> Option<BatchMeta> {
         let b = self.batches.pop_front()?;
         self.used_blocks -= b.blocks + b.skip;
+        self.cache_blocks -= b.cache_blocks();
         Some(b)
+    }
+}
+
+impl BatchMeta {
+    pub fn cache_blocks(&self) -> u64 {
+        self.records
+            .iter()
+            .filter(|r| r.kind == RecordKind::Cache)
+            .map(|r| r.nblocks)
+            .sum()
     }
 }
 
@@ -124,6 +178,12 @@ pub struct WriteReq {
     pub no_wait: bool,
     /// The destager keeping hot data on the fast tier: not a rewrite, so it adds no heat.
     pub relocation: bool,
+    /// Relocations: when the data first reached the fast tier.
+    pub born_ms: Option<u64>,
+    /// Cache records: the generation of the segment the copy was read from.
+    pub cache_gen: u32,
+    /// Cache records: the volume that promoted the copy (its figures count the eviction).
+    pub vol: u32,
 }
 
 /// How a request is answered: a channel a thread waits on, or a callback run by the engine
@@ -147,7 +207,7 @@ impl Done {
 
 impl WriteReq {
     fn data_blocks(&self) -> u64 {
-        if self.kind == RecordKind::Write {
+        if matches!(self.kind, RecordKind::Write | RecordKind::Cache) {
             self.nblocks
         } else {
             0
@@ -203,11 +263,21 @@ struct Taken {
 pub const PIPELINE_DEPTH: usize = 4;
 
 impl LogWriter {
-    pub fn new(sh: Arc<Shared>, rx: Receiver<WriteReq>, rx_hot: Receiver<WriteReq>) -> Result<LogWriter, EngineError> {
+    pub fn new(
+        sh: Arc<Shared>,
+        rx: Receiver<WriteReq>,
+        rx_hot: Receiver<WriteReq>,
+    ) -> Result<LogWriter, EngineError> {
         let max_batch_blocks = (sh.cfg.max_batch_bytes as u64 / BLOCK_U64).max(2);
         let epoch = sh.durable.lock().epoch;
         let committed_seq = AtomicU64::new(sh.log.lock().next_seq);
-        let front = Front { held: VecDeque::new(), next_admit: Instant::now(), next_ticket: 0, host_open: true, hot_open: true };
+        let front = Front {
+            held: VecDeque::new(),
+            next_admit: Instant::now(),
+            next_ticket: 0,
+            host_open: true,
+            hot_open: true,
+        };
         Ok(LogWriter {
             sh,
             rx,
@@ -239,7 +309,13 @@ impl LogWriter {
 
     fn committer(&self) {
         while let Some(t) = self.take_batch() {
-            let (buf, crcs) = build_batch(&self.sh.layout.group, self.epoch, self.committed_seq.load(Ordering::Acquire), &t.meta, &t.reqs);
+            let (buf, crcs) = build_batch(
+                &self.sh.layout.group,
+                self.epoch,
+                self.committed_seq.load(Ordering::Acquire),
+                &t.meta,
+                &t.reqs,
+            );
             let result = write_durably(&self.sh, &buf, self.sh.layout.log_byte(t.meta.start));
             self.retire(t, &crcs, result);
         }
@@ -334,7 +410,11 @@ impl LogWriter {
                 let ticket = f.next_ticket;
                 f.next_ticket += 1;
                 self.inflight.fetch_add(1, Ordering::Relaxed);
-                Some(Taken { ticket, meta, reqs: batch })
+                Some(Taken {
+                    ticket,
+                    meta,
+                    reqs: batch,
+                })
             }
             Err(e) => {
                 reply_all(batch, || clone_err(&e));
@@ -356,7 +436,9 @@ impl LogWriter {
                 self.sh.fail(format!("write log: {e}"));
                 Err(e)
             }
-            Ok(()) if self.sh.state.load(Ordering::Acquire) == crate::shared::STATE_FAILED => self.sh.check_running(),
+            Ok(()) if self.sh.state.load(Ordering::Acquire) == crate::shared::STATE_FAILED => {
+                self.sh.check_running()
+            }
             Ok(()) => {
                 self.apply(&t.meta, crcs);
                 Ok(())
@@ -368,9 +450,20 @@ impl LogWriter {
         self.turn_moved.notify_all();
         match result {
             Ok(()) => {
-                self.committed_seq.store(t.meta.first_seq + t.meta.records.len() as u64, Ordering::Release);
-                let bytes: u64 = t.reqs.iter().filter(|r| !r.relocation).map(|r| r.nblocks * BLOCK_U64).sum();
-                self.sh.counters.host_write_bytes.fetch_add(bytes, Ordering::Relaxed);
+                self.committed_seq.store(
+                    t.meta.first_seq + t.meta.records.len() as u64,
+                    Ordering::Release,
+                );
+                let bytes: u64 = t
+                    .reqs
+                    .iter()
+                    .filter(|r| !r.relocation)
+                    .map(|r| r.nblocks * BLOCK_U64)
+                    .sum();
+                self.sh
+                    .counters
+                    .host_write_bytes
+                    .fetch_add(bytes, Ordering::Relaxed);
                 reply_all(t.reqs, || Ok(()));
                 if self.sh.log.lock().fill_ratio() >= self.sh.cfg.fill_ratio_low {
                     self.sh.wake_destager();
@@ -391,7 +484,8 @@ impl LogWriter {
         }
         if f.held.iter().any(|r| r.no_wait) {
             let held = std::mem::take(&mut f.held);
-            let (refused, kept): (VecDeque<_>, VecDeque<_>) = held.into_iter().partition(|r| r.no_wait);
+            let (refused, kept): (VecDeque<_>, VecDeque<_>) =
+                held.into_iter().partition(|r| r.no_wait);
             f.held = kept;
             reply_all(refused.into_iter().collect(), || Err(EngineError::NoSpace));
         }
@@ -424,7 +518,8 @@ impl LogWriter {
         }
         self.sh.counters.throttled.store(true, Ordering::Relaxed);
         let x = ((fill - high) / (1.0 - high).max(1e-6)).clamp(0.0, 1.0);
-        let bw = Counters::get_f64(&self.sh.counters.destage_bw_bytes_per_s).max(1.0 * 1024.0 * 1024.0);
+        let bw =
+            Counters::get_f64(&self.sh.counters.destage_bw_bytes_per_s).max(1.0 * 1024.0 * 1024.0);
         let rate = bw * (1.25 - 0.5 * x);
         let cost = Duration::from_secs_f64((blocks * BLOCK_U64) as f64 / rate);
         let now = Instant::now();
@@ -436,7 +531,12 @@ impl LogWriter {
 
     /// Waits for log space; fails with NoSpace when the destager cannot make room because the
     /// capacity tier is full and no batch in flight will add a durable one to destage.
-    fn reserve(&self, f: &mut Front, batch: &[WriteReq], blocks: u64) -> Result<BatchMeta, EngineError> {
+    fn reserve(
+        &self,
+        f: &mut Front,
+        batch: &[WriteReq],
+        blocks: u64,
+    ) -> Result<BatchMeta, EngineError> {
         loop {
             {
                 let mut log = self.sh.log.lock();
@@ -445,18 +545,29 @@ impl LogWriter {
                     e => Err(e),
                 })?;
                 if let Some((start, skip)) = log.place(blocks) {
-                    let meta = describe(batch, start, skip, blocks, log.next_seq);
+                    let meta = describe(
+                        batch,
+                        start,
+                        skip,
+                        blocks,
+                        log.next_seq,
+                        self.sh.cfg.clock.now_ms(),
+                    );
                     log.push(meta.clone());
                     return Ok(meta);
                 }
-                if self.inflight.load(Ordering::Relaxed) == 0 && self.sh.counters.capacity_full.load(Ordering::Relaxed) {
+                if self.inflight.load(Ordering::Relaxed) == 0
+                    && self.sh.counters.capacity_full.load(Ordering::Relaxed)
+                {
                     return Err(EngineError::NoSpace);
                 }
             }
             self.sh.wake_destager();
             self.refuse_queued_no_wait(f);
             let mut log = self.sh.log.lock();
-            self.sh.log_freed.wait_for(&mut log, Duration::from_millis(50));
+            self.sh
+                .log_freed
+                .wait_for(&mut log, Duration::from_millis(50));
         }
     }
 
@@ -468,8 +579,30 @@ impl LogWriter {
         }
         let displaced = apply_records(&self.sh, &meta.records);
         self.sh.release(&displaced);
+        let cached: Vec<&RecMeta> = meta
+            .records
+            .iter()
+            .filter(|r| r.kind == RecordKind::Cache)
+            .collect();
+        if !cached.is_empty() {
+            let mut cache = self.sh.cache.lock();
+            for r in cached {
+                cache.insert(
+                    r.layer,
+                    r.lba as u32,
+                    r.nblocks as u32,
+                    r.data_start,
+                    r.cache_gen,
+                );
+            }
+        }
         let mut log = self.sh.log.lock();
-        if let Some(m) = log.batches.iter_mut().rev().find(|m| m.first_seq == meta.first_seq) {
+        if let Some(m) = log
+            .batches
+            .iter_mut()
+            .rev()
+            .find(|m| m.first_seq == meta.first_seq)
+        {
             m.durable = true;
         }
     }
@@ -500,30 +633,47 @@ pub fn apply_records(sh: &Shared, records: &[RecMeta]) -> Vec<(u64, u64, Loc)> {
             if !idx.layer_live(r.layer) {
                 continue;
             }
-            let Some(l) = idx.layers.get_mut(&r.layer) else { continue };
+            let Some(l) = idx.layers.get_mut(&r.layer) else {
+                continue;
+            };
             let loc = match r.kind {
                 RecordKind::Write => {
                     added += r.nblocks;
                     Loc::Fast(r.data_start)
                 }
                 RecordKind::Zero => Loc::Zero(r.seq),
+                // Clean copies are not volume data (see cache.rs).
+                RecordKind::Cache => continue,
             };
             let d = l.fast.set(r.lba, r.nblocks, Some(loc));
             if r.kind == RecordKind::Write && !r.relocation {
                 // An overwrite of data still on the fast tier is evidence of heat.
-                rewrites.extend(d.iter().filter(|x| matches!(x.2, Loc::Fast(_))).map(|x| (r.layer, x.0, x.1)));
+                rewrites.extend(
+                    d.iter()
+                        .filter(|x| matches!(x.2, Loc::Fast(_)))
+                        .map(|x| (r.layer, x.0, x.1)),
+                );
             }
             displaced.extend(d);
         }
     }
-    sh.counters.fast_live_blocks.fetch_add(added, Ordering::Relaxed);
+    sh.counters
+        .fast_live_blocks
+        .fetch_add(added, Ordering::Relaxed);
     if !rewrites.is_empty() {
         sh.note_rewrites(&rewrites);
     }
     displaced
 }
 
-fn describe(batch: &[WriteReq], start: u64, skip: u64, blocks: u64, first_seq: u64) -> BatchMeta {
+fn describe(
+    batch: &[WriteReq],
+    start: u64,
+    skip: u64,
+    blocks: u64,
+    first_seq: u64,
+    now_ms: u64,
+) -> BatchMeta {
     let mut data_at = start + 1;
     let records = batch
         .iter()
@@ -537,16 +687,33 @@ fn describe(batch: &[WriteReq], start: u64, skip: u64, blocks: u64, first_seq: u
                 seq: first_seq + i as u64,
                 data_start: data_at,
                 relocation: r.relocation,
+                born_ms: r.born_ms.unwrap_or(now_ms),
+                aged_from_ms: now_ms,
+                cache_gen: r.cache_gen,
+                vol: r.vol,
             };
             data_at += r.data_blocks();
             m
         })
         .collect();
-    BatchMeta { start, blocks, skip, first_seq, records, durable: false }
+    BatchMeta {
+        start,
+        blocks,
+        skip,
+        first_seq,
+        records,
+        durable: false,
+    }
 }
 
 /// The batch as it goes to the device, and the crc of each data block.
-fn build_batch(group: &Uuid, epoch: u32, committed_seq: u64, meta: &BatchMeta, batch: &[WriteReq]) -> (AlignedBuf, Vec<u32>) {
+fn build_batch(
+    group: &Uuid,
+    epoch: u32,
+    committed_seq: u64,
+    meta: &BatchMeta,
+    batch: &[WriteReq],
+) -> (AlignedBuf, Vec<u32>) {
     let mut buf = AlignedBuf::new_zeroed((meta.blocks * BLOCK_U64) as usize);
     let mut crcs = Vec::with_capacity(meta.blocks as usize - 1);
     let mut headers = Vec::with_capacity(batch.len());
@@ -569,7 +736,14 @@ fn build_batch(group: &Uuid, epoch: u32, committed_seq: u64, meta: &BatchMeta, b
             data_crc,
         });
     }
-    let h = BatchHeader { group: *group, epoch, committed_seq, first_seq: meta.first_seq, total_blocks: meta.blocks as u32, records: headers };
+    let h = BatchHeader {
+        group: *group,
+        epoch,
+        committed_seq,
+        first_seq: meta.first_seq,
+        total_blocks: meta.blocks as u32,
+        records: headers,
+    };
     buf[..BLOCK].copy_from_slice(&h.encode());
     (buf, crcs)
 }

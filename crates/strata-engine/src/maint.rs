@@ -33,12 +33,19 @@ pub fn cache_nodes(cfg: &crate::EngineConfig) -> usize {
     (cfg.index_cache_bytes as usize / node_ram).max(16)
 }
 
-pub fn index_limits(cfg: &crate::EngineConfig, layout: &crate::layout::Layout, devices: usize) -> (usize, usize) {
+pub fn index_limits(
+    cfg: &crate::EngineConfig,
+    layout: &crate::layout::Layout,
+    devices: usize,
+) -> (usize, usize) {
     let cache_leaves = cache_nodes(cfg);
     let seg_blocks = (layout.segment_size_bytes / crate::format::BLOCK_U64) as usize;
     let dirty_limit = (cache_leaves / 4).min(seg_blocks / 2).max(8);
     let stripe_blocks = devices * layout.geo.data_blocks as usize;
-    let segtab_pages = layout.segments.len().div_ceil(crate::ctree::page::SEGTAB_PER_PAGE);
+    let segtab_pages = layout
+        .segments
+        .len()
+        .div_ceil(crate::ctree::page::SEGTAB_PER_PAGE);
     let per_flush = dirty_limit + stripe_blocks + stripe_blocks / 64 + segtab_pages + 8;
     let per_stream = per_flush.div_ceil(seg_blocks) + 1;
     (dirty_limit, 2 * per_stream)
@@ -66,7 +73,14 @@ impl Maint {
     pub fn new(sh: &Shared) -> Maint {
         let cache_nodes = cache_nodes(&sh.cfg);
         let dirty_limit = sh.index_dirty_limit;
-        Maint { want_flush: false, merge_waits_for_log: false, last_flush: Instant::now(), last_cleaned: None, cache_nodes, dirty_limit }
+        Maint {
+            want_flush: false,
+            merge_waits_for_log: false,
+            last_flush: Instant::now(),
+            last_cleaned: None,
+            cache_nodes,
+            dirty_limit,
+        }
     }
 }
 
@@ -90,8 +104,13 @@ fn maybe_flush(d: &mut Destager) -> Result<(), EngineError> {
         (s.recent.len(), s.pending_count(), s.free_count())
     };
     let low_space = pending > 0 && free < crate::destage::gc_trigger(sh) + sh.meta_reserve;
-    let stale = d.maint.last_flush.elapsed() >= FLUSH_INTERVAL && (dirty > 0 || recent > 0 || pending > 0);
-    let due = dirty >= d.maint.dirty_limit || recent >= RECENT_FLUSH || low_space || stale || (d.maint.want_flush && pending > 0);
+    let stale =
+        d.maint.last_flush.elapsed() >= FLUSH_INTERVAL && (dirty > 0 || recent > 0 || pending > 0);
+    let due = dirty >= d.maint.dirty_limit
+        || recent >= RECENT_FLUSH
+        || low_space
+        || stale
+        || (d.maint.want_flush && pending > 0);
     if due {
         flush(d)?;
     }
@@ -122,7 +141,11 @@ fn first_entries(sh: &Shared, layer: u32, limit: usize) -> Result<Vec<Entry>, En
 fn reap_deleted(d: &mut Destager) -> Result<(), EngineError> {
     let deleted: Vec<u32> = {
         let idx = d.sh.index.read();
-        idx.layers.values().filter(|l| l.rec.flags & LAYER_DELETED != 0).map(|l| l.rec.id).collect()
+        idx.layers
+            .values()
+            .filter(|l| l.rec.flags & LAYER_DELETED != 0)
+            .map(|l| l.rec.id)
+            .collect()
     };
     let mut done = Vec::new();
     let mut budget = CHUNKS_PER_ROUND;
@@ -139,7 +162,16 @@ fn reap_deleted(d: &mut Destager) -> Result<(), EngineError> {
             budget -= 1;
             let (_, lba) = split_key(first.key);
             let len = (last.end() - first.key) as u64;
-            apply_tree_sets(&d.sh, &[TreeSet { layer, lba, len, loc: None }], false)?;
+            apply_tree_sets(
+                &d.sh,
+                &[TreeSet {
+                    layer,
+                    lba,
+                    len,
+                    loc: None,
+                }],
+                false,
+            )?;
         }
     }
     if !done.is_empty() {
@@ -178,8 +210,16 @@ fn merge_layers(d: &mut Destager) -> Result<(), EngineError> {
             .values()
             .filter(|l| l.rec.flags & LAYER_MERGING != 0)
             .map(|l| {
-                let kids: Vec<u32> = idx.children(l.rec.id).into_iter().filter(|c| idx.layer_live(*c)).collect();
-                (l.rec.id, (kids.len() == 1).then(|| kids[0]), l.fast.is_empty())
+                let kids: Vec<u32> = idx
+                    .children(l.rec.id)
+                    .into_iter()
+                    .filter(|c| idx.layer_live(*c))
+                    .collect();
+                (
+                    l.rec.id,
+                    (kids.len() == 1).then(|| kids[0]),
+                    l.fast.is_empty(),
+                )
             })
             .collect()
     };
@@ -219,9 +259,18 @@ fn merge_chunk(sh: &Shared, layer: u32, child: u32, ents: &[Entry]) -> Result<()
         let (_, lba) = split_key(e.key);
         let own = meta::with_index_tree(sh, |idx, t| layer_own(idx, t, child, lba, e.len))?;
         let mut at = lba;
-        for (olba, olen, _) in own.iter().copied().chain(std::iter::once((lba + e.len, 0, Loc::Zero(0)))) {
+        for (olba, olen, _) in
+            own.iter()
+                .copied()
+                .chain(std::iter::once((lba + e.len, 0, Loc::Zero(0))))
+        {
             if olba > at {
-                moves.push(TreeSet { layer: child, lba: at, len: olba - at, loc: Some(e.loc.advance(at - lba)) });
+                moves.push(TreeSet {
+                    layer: child,
+                    lba: at,
+                    len: olba - at,
+                    loc: Some(e.loc.advance(at - lba)),
+                });
             }
             at = at.max(olba + olen);
         }
@@ -231,7 +280,12 @@ fn merge_chunk(sh: &Shared, layer: u32, child: u32, ents: &[Entry]) -> Result<()
         .iter()
         .map(|e| {
             let (_, lba) = split_key(e.key);
-            TreeSet { layer, lba, len: e.len, loc: None }
+            TreeSet {
+                layer,
+                lba,
+                len: e.len,
+                loc: None,
+            }
         })
         .collect();
     apply_tree_sets(sh, &clear, false)
@@ -248,7 +302,9 @@ fn clean_index_segments(d: &mut Destager) -> Result<(), EngineError> {
             .segs
             .iter()
             .enumerate()
-            .filter(|(i, s)| s.state == SegState::Meta && !segs.streams.iter().any(|p| p.seg == *i as u32))
+            .filter(|(i, s)| {
+                s.state == SegState::Meta && !segs.streams.iter().any(|p| p.seg == *i as u32)
+            })
             .map(|(i, s)| (i, s.live_blocks))
             .collect();
         let live: u64 = metas.iter().map(|m| u64::from(m.1)).sum();
@@ -259,17 +315,31 @@ fn clean_index_segments(d: &mut Destager) -> Result<(), EngineError> {
         metas.into_iter().min_by_key(|m| m.1).map(|m| m.0 as u32)
     };
     let Some(victim) = victim else { return Ok(()) };
-    if d.maint.last_cleaned.is_some_and(|(v, at)| v == victim && at.elapsed() < Duration::from_secs(10)) {
+    if d.maint
+        .last_cleaned
+        .is_some_and(|(v, at)| v == victim && at.elapsed() < Duration::from_secs(10))
+    {
         return Ok(());
     }
     d.maint.last_cleaned = Some((victim, Instant::now()));
-    let in_victim = move |p: crate::ctree::PagePtr| (p.a >> 32) as u32 == victim || (p.b >> 32) as u32 == victim;
+    let in_victim = move |p: crate::ctree::PagePtr| {
+        (p.a >> 32) as u32 == victim || (p.b >> 32) as u32 == victim
+    };
     meta::with_tree(&sh, |t| t.redirty(&in_victim))?;
     {
         let mut segs = sh.segs.lock();
-        let pages: Vec<usize> = segs.page_ptrs.iter().enumerate().filter(|(_, p)| p.is_some_and(in_victim)).map(|(i, _)| i).collect();
+        let pages: Vec<usize> = segs
+            .page_ptrs
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.is_some_and(in_victim))
+            .map(|(i, _)| i)
+            .collect();
         segs.dirty_pages.extend(pages);
     }
-    tracing::debug!(segment = victim, "moving live index pages out of a mostly empty segment");
+    tracing::debug!(
+        segment = victim,
+        "moving live index pages out of a mostly empty segment"
+    );
     flush(d)
 }

@@ -24,7 +24,10 @@ impl Loc {
     pub fn advance(self, n: u64) -> Loc {
         match self {
             Loc::Fast(b) => Loc::Fast(b + n),
-            Loc::Cap { seg, block } => Loc::Cap { seg, block: block + n as u32 },
+            Loc::Cap { seg, block } => Loc::Cap {
+                seg,
+                block: block + n as u32,
+            },
             Loc::Zero(s) => Loc::Zero(s),
         }
     }
@@ -64,22 +67,39 @@ impl ExtentMap {
         let end = lba + len;
         let mut out = Vec::new();
         let mut pos = lba;
-        let first = self.runs.range(..=lba).next_back().map(|(&k, _)| k).unwrap_or(lba);
+        let first = self
+            .runs
+            .range(..=lba)
+            .next_back()
+            .map(|(&k, _)| k)
+            .unwrap_or(lba);
         for (&k, &(rlen, loc)) in self.runs.range(first..end) {
             let rend = k + rlen;
             if rend <= pos {
                 continue;
             }
             if k > pos {
-                out.push(Piece { lba: pos, len: k - pos, loc: None });
+                out.push(Piece {
+                    lba: pos,
+                    len: k - pos,
+                    loc: None,
+                });
                 pos = k;
             }
             let take = rend.min(end) - pos;
-            out.push(Piece { lba: pos, len: take, loc: Some(loc.advance(pos - k)) });
+            out.push(Piece {
+                lba: pos,
+                len: take,
+                loc: Some(loc.advance(pos - k)),
+            });
             pos += take;
         }
         if pos < end {
-            out.push(Piece { lba: pos, len: end - pos, loc: None });
+            out.push(Piece {
+                lba: pos,
+                len: end - pos,
+                loc: None,
+            });
         }
         out
     }
@@ -143,7 +163,9 @@ impl ExtentMap {
     }
 
     fn split_at(&mut self, at: u64) {
-        let Some((&k, &(len, loc))) = self.runs.range(..at).next_back() else { return };
+        let Some((&k, &(len, loc))) = self.runs.range(..at).next_back() else {
+            return;
+        };
         if at < k + len {
             self.runs.insert(k, (at - k, loc));
             self.runs.insert(at, (k + len - at, loc.advance(at - k)));
@@ -229,7 +251,14 @@ mod tests {
     fn sequential_writes_merge_into_one_run() {
         let mut m = ExtentMap::default();
         for i in 0..1000 {
-            m.set(i, 1, Some(Loc::Cap { seg: 1, block: i as u32 }));
+            m.set(
+                i,
+                1,
+                Some(Loc::Cap {
+                    seg: 1,
+                    block: i as u32,
+                }),
+            );
         }
         assert_eq!(m.run_count(), 1);
         m.set(500, 1, None);

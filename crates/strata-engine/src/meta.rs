@@ -27,7 +27,8 @@ fn page_place(sh: &Shared, addr: u64) -> Option<(usize, u64)> {
     let seg = (addr >> 32) as usize;
     let block = addr as u32;
     let (dev, off) = *sh.layout.segments.get(seg)?;
-    (u64::from(block) < sh.layout.segment_size_bytes / BLOCK_U64).then(|| (dev, off + u64::from(block) * BLOCK_U64))
+    (u64::from(block) < sh.layout.segment_size_bytes / BLOCK_U64)
+        .then(|| (dev, off + u64::from(block) * BLOCK_U64))
 }
 
 /// Reads a page, trying copy B when copy A is unreadable or damaged. A damaged copy is
@@ -38,8 +39,15 @@ pub fn read_page(sh: &Shared, ptr: PagePtr) -> Result<PageBody, EngineError> {
         match read_copy(sh, addr) {
             Ok(Some(body)) => {
                 if !why.is_empty() {
-                    sh.counters.index_copy_repairs_needed.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(page_a = ptr.a, page_b = ptr.b, "index page copy A was bad ({}); read copy B", why.join("; "));
+                    sh.counters
+                        .index_copy_repairs_needed
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        page_a = ptr.a,
+                        page_b = ptr.b,
+                        "index page copy A was bad ({}); read copy B",
+                        why.join("; ")
+                    );
                 }
                 return Ok(body);
             }
@@ -49,13 +57,25 @@ pub fn read_page(sh: &Shared, ptr: PagePtr) -> Result<PageBody, EngineError> {
     }
     sh.checksum_error(sh.seg_device((ptr.a >> 32) as u32), 1);
     sh.checksum_error(sh.seg_device((ptr.b >> 32) as u32), 1);
-    tracing::error!(page_a = ptr.a, page_b = ptr.b, "index page unreadable in both copies: {}", why.join("; "));
-    Err(EngineError::Corrupt(format!("index page {:#x}/{:#x} is damaged in both copies", ptr.a, ptr.b)))
+    tracing::error!(
+        page_a = ptr.a,
+        page_b = ptr.b,
+        "index page unreadable in both copies: {}",
+        why.join("; ")
+    );
+    Err(EngineError::Corrupt(format!(
+        "index page {:#x}/{:#x} is damaged in both copies",
+        ptr.a, ptr.b
+    )))
 }
 
 /// One copy of a page: None when it does not decode as the page written there.
 pub fn read_copy(sh: &Shared, addr: u64) -> Result<Option<PageBody>, EngineError> {
-    let (dev, off) = page_place(sh, addr).ok_or_else(|| EngineError::Corrupt(format!("index page address {addr:#x} is outside the devices")))?;
+    let (dev, off) = page_place(sh, addr).ok_or_else(|| {
+        EngineError::Corrupt(format!(
+            "index page address {addr:#x} is outside the devices"
+        ))
+    })?;
     let mut b = AlignedBuf::new_zeroed(BLOCK);
     sh.caps[dev].read_at(&mut b, off)?;
     Ok(decode(&b, &sh.layout.group, addr).map(|(body, _)| body))
@@ -70,7 +90,10 @@ pub fn load(sh: &Shared, miss: Miss) -> Result<(), EngineError> {
 }
 
 /// Runs a tree operation until it stops missing pages, loading them as needed.
-pub fn with_tree<T>(sh: &Shared, mut f: impl FnMut(&mut CTree) -> Result<T, Miss>) -> Result<T, EngineError> {
+pub fn with_tree<T>(
+    sh: &Shared,
+    mut f: impl FnMut(&mut CTree) -> Result<T, Miss>,
+) -> Result<T, EngineError> {
     for _ in 0..MAX_TREE_RETRIES {
         let miss = match f(&mut sh.tree.write()) {
             Ok(v) => return Ok(v),
@@ -78,11 +101,16 @@ pub fn with_tree<T>(sh: &Shared, mut f: impl FnMut(&mut CTree) -> Result<T, Miss
         };
         load(sh, miss)?;
     }
-    Err(EngineError::Failed("the index kept missing pages (cache too small for one operation?)".into()))
+    Err(EngineError::Failed(
+        "the index kept missing pages (cache too small for one operation?)".into(),
+    ))
 }
 
 /// Like `with_tree`, under the read lock.
-pub fn with_tree_read<T>(sh: &Shared, mut f: impl FnMut(&CTree) -> Result<T, Miss>) -> Result<T, EngineError> {
+pub fn with_tree_read<T>(
+    sh: &Shared,
+    mut f: impl FnMut(&CTree) -> Result<T, Miss>,
+) -> Result<T, EngineError> {
     for _ in 0..MAX_TREE_RETRIES {
         let miss = match f(&sh.tree.read()) {
             Ok(v) => return Ok(v),
@@ -90,12 +118,17 @@ pub fn with_tree_read<T>(sh: &Shared, mut f: impl FnMut(&CTree) -> Result<T, Mis
         };
         load(sh, miss)?;
     }
-    Err(EngineError::Failed("the index kept missing pages (cache too small for one operation?)".into()))
+    Err(EngineError::Failed(
+        "the index kept missing pages (cache too small for one operation?)".into(),
+    ))
 }
 
 /// Like `with_tree_read`, with the index (volume table and fast maps) read-locked first, in
 /// the lock order.
-pub fn with_index_tree<T>(sh: &Shared, mut f: impl FnMut(&crate::shared::Index, &CTree) -> Result<T, Miss>) -> Result<T, EngineError> {
+pub fn with_index_tree<T>(
+    sh: &Shared,
+    mut f: impl FnMut(&crate::shared::Index, &CTree) -> Result<T, Miss>,
+) -> Result<T, EngineError> {
     for _ in 0..MAX_TREE_RETRIES {
         let miss = {
             let idx = sh.index.read();
@@ -107,7 +140,9 @@ pub fn with_index_tree<T>(sh: &Shared, mut f: impl FnMut(&crate::shared::Index, 
         };
         load(sh, miss)?;
     }
-    Err(EngineError::Failed("the index kept missing pages (cache too small for one operation?)".into()))
+    Err(EngineError::Failed(
+        "the index kept missing pages (cache too small for one operation?)".into(),
+    ))
 }
 
 /// Each retry loads one page, and one operation may touch many leaves.
@@ -130,17 +165,32 @@ pub fn flush_index(sh: &Shared) -> Result<(), EngineError> {
         let mut segs = sh.segs.lock();
         let plan = tree.plan_flush(&mut || alloc_ptr(&mut segs))?;
         let segtab = plan_segtab(&mut segs)?;
-        let mut writes = PageWrites { pages: Vec::with_capacity(2 * (plan.pages.len() + segtab.len())) };
-        for (ptr, body) in plan.pages.iter().map(|(p, b)| (p, b)).chain(segtab.iter().map(|(_, p, b)| (p, b))) {
+        let mut writes = PageWrites {
+            pages: Vec::with_capacity(2 * (plan.pages.len() + segtab.len())),
+        };
+        for (ptr, body) in plan
+            .pages
+            .iter()
+            .map(|(p, b)| (p, b))
+            .chain(segtab.iter().map(|(_, p, b)| (p, b)))
+        {
             for addr in [ptr.a, ptr.b] {
-                writes.pages.push((addr, encode(body, &sh.layout.group, generation, addr)));
+                writes
+                    .pages
+                    .push((addr, encode(body, &sh.layout.group, generation, addr)));
             }
         }
         let mut segtab_ptrs = segs.page_ptrs.clone();
         for (page, ptr, _) in &segtab {
             segtab_ptrs[*page] = Some(*ptr);
         }
-        let parts = IndexParts { root: Some(plan.root), generation, segtab: segtab_ptrs, streams: segs.streams, recent: Vec::new() };
+        let parts = IndexParts {
+            root: Some(plan.root),
+            generation,
+            segtab: segtab_ptrs,
+            streams: segs.streams,
+            recent: Vec::new(),
+        };
         (plan, writes, parts)
     };
     // 2. The pages, durable. 3. The commit point.
@@ -173,13 +223,22 @@ pub fn flush_index(sh: &Shared) -> Result<(), EngineError> {
     // 4. Clean nodes; free what the old index used.
     commit(sh, &plan, &old_segtab, &parts.segtab);
     sh.counters.index_flushes.fetch_add(1, Ordering::Relaxed);
-    sh.counters.index_pages_written.fetch_add(writes.pages.len() as u64, Ordering::Relaxed);
-    tracing::debug!(pages = writes.pages.len(), ms = started.elapsed().as_millis() as u64, "index flushed");
+    sh.counters
+        .index_pages_written
+        .fetch_add(writes.pages.len() as u64, Ordering::Relaxed);
+    tracing::debug!(
+        pages = writes.pages.len(),
+        ms = started.elapsed().as_millis() as u64,
+        "index flushed"
+    );
     Ok(())
 }
 
 fn alloc_ptr(segs: &mut SegTable) -> Result<PagePtr, EngineError> {
-    Ok(PagePtr { a: segs.alloc_page(0)?, b: segs.alloc_page(1)? })
+    Ok(PagePtr {
+        a: segs.alloc_page(0)?,
+        b: segs.alloc_page(1)?,
+    })
 }
 
 /// Places the changed segment-table pages. Placing pages can open a new index segment, which
@@ -187,7 +246,12 @@ fn alloc_ptr(segs: &mut SegTable) -> Result<PagePtr, EngineError> {
 fn plan_segtab(segs: &mut SegTable) -> Result<Vec<(usize, PagePtr, PageBody)>, EngineError> {
     let mut placed: Vec<(usize, PagePtr)> = Vec::new();
     loop {
-        let todo: Vec<usize> = segs.dirty_pages.iter().copied().filter(|p| !placed.iter().any(|x| x.0 == *p)).collect();
+        let todo: Vec<usize> = segs
+            .dirty_pages
+            .iter()
+            .copied()
+            .filter(|p| !placed.iter().any(|x| x.0 == *p))
+            .collect();
         if todo.is_empty() {
             break;
         }
@@ -197,7 +261,10 @@ fn plan_segtab(segs: &mut SegTable) -> Result<Vec<(usize, PagePtr, PageBody)>, E
         }
     }
     // Encoded last, from the final state (including every page placed above).
-    Ok(placed.into_iter().map(|(page, ptr)| (page, ptr, PageBody::SegTable(segs.page_records(page)))).collect())
+    Ok(placed
+        .into_iter()
+        .map(|(page, ptr)| (page, ptr, PageBody::SegTable(segs.page_records(page))))
+        .collect())
 }
 
 /// Writes page copies in runs of consecutive addresses (one write per run), then flushes
@@ -209,10 +276,14 @@ fn write_pages(sh: &Shared, w: &PageWrites) -> Result<(), EngineError> {
     let mut i = 0;
     while i < sorted.len() {
         let mut j = i + 1;
-        while j < sorted.len() && sorted[j].0 == sorted[j - 1].0 + 1 && (sorted[j].0 >> 32) == (sorted[i].0 >> 32) {
+        while j < sorted.len()
+            && sorted[j].0 == sorted[j - 1].0 + 1
+            && (sorted[j].0 >> 32) == (sorted[i].0 >> 32)
+        {
             j += 1;
         }
-        let (dev, off) = page_place(sh, sorted[i].0).ok_or_else(|| EngineError::Failed("index page placed outside the devices".into()))?;
+        let (dev, off) = page_place(sh, sorted[i].0)
+            .ok_or_else(|| EngineError::Failed("index page placed outside the devices".into()))?;
         let mut buf = AlignedBuf::new_zeroed((j - i) * BLOCK);
         for (k, p) in sorted[i..j].iter().enumerate() {
             buf[k * BLOCK..(k + 1) * BLOCK].copy_from_slice(&p.1);
@@ -229,7 +300,12 @@ fn write_pages(sh: &Shared, w: &PageWrites) -> Result<(), EngineError> {
     Ok(())
 }
 
-fn commit(sh: &Shared, plan: &FlushPlan, old_segtab: &[Option<PagePtr>], new_segtab: &[Option<PagePtr>]) {
+fn commit(
+    sh: &Shared,
+    plan: &FlushPlan,
+    old_segtab: &[Option<PagePtr>],
+    new_segtab: &[Option<PagePtr>],
+) {
     let freed = sh.tree.write().commit_flush(plan);
     // No reader may still be using a location in a segment about to be discarded or reused.
     drop(sh.reclaim.write());

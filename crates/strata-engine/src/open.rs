@@ -16,9 +16,9 @@ use crate::error::EngineError;
 use crate::format::*;
 use crate::layout::*;
 use crate::log::LogState;
-use crate::replay::replay;
 use crate::map::{ExtentMap, Loc};
 use crate::meta;
+use crate::replay::replay;
 use crate::shared::*;
 use crate::EngineConfig;
 
@@ -41,14 +41,19 @@ pub fn open_shared(
     create_if_blank: bool,
 ) -> Result<(Arc<Shared>, OpenReport), EngineError> {
     if caps.is_empty() {
-        return Err(EngineError::InvalidArgument("a disk group needs at least one capacity device".into()));
+        return Err(EngineError::InvalidArgument(
+            "a disk group needs at least one capacity device".into(),
+        ));
     }
     validate_config(&cfg)?;
     let mut report = OpenReport::default();
     let (layout, checkpoint) = match read_superblock(fast.as_ref())? {
         None => {
             if !create_if_blank {
-                return Err(EngineError::Format(format!("fast device {} is not formatted", fast.name())));
+                return Err(EngineError::Format(format!(
+                    "fast device {} is not formatted",
+                    fast.name()
+                )));
             }
             for c in &caps {
                 if read_superblock(c.as_ref())?.is_some() {
@@ -80,7 +85,12 @@ pub fn open_shared(
     load_segment_table(&sh, &checkpoint)?;
     recount_index_pages(&sh, &checkpoint)?;
     report.recent_segments = apply_recent(&sh, &checkpoint.recent)?;
-    let r = replay(&sh, checkpoint.log_tail_offset / BLOCK_U64, checkpoint.log_tail_seq, checkpoint.log_end_seq)?;
+    let r = replay(
+        &sh,
+        checkpoint.log_tail_offset / BLOCK_U64,
+        checkpoint.log_tail_seq,
+        checkpoint.log_end_seq,
+    )?;
     for &(b, c) in &r.crcs {
         sh.fast_crcs[b as usize].store(c, Ordering::Relaxed);
     }
@@ -88,8 +98,11 @@ pub fn open_shared(
     report.replayed_records = r.records;
     report.damaged_log_records = r.damaged_records;
     crate::replay::clear_end(&sh, &r.state)?;
-    *sh.log.lock() = r.state;
+    let mut state = r.state;
+    state.cache_budget_blocks = (sh.cfg.read_cache_ratio * sh.layout.log_blocks as f64) as u64;
+    *sh.log.lock() = state;
     count_fast_live(&sh);
+    sh.rebuild_runtimes();
     // A new epoch before anything new reaches the log, and an index without recent segments:
     // the next open starts from here.
     sh.durable.lock().epoch = checkpoint.epoch + 1;
@@ -98,7 +111,9 @@ pub fn open_shared(
 }
 
 fn validate_config(cfg: &EngineConfig) -> Result<(), EngineError> {
-    let ok_marks = 0.0 <= cfg.fill_ratio_low && cfg.fill_ratio_low < cfg.fill_ratio_high && cfg.fill_ratio_high <= 1.0;
+    let ok_marks = 0.0 <= cfg.fill_ratio_low
+        && cfg.fill_ratio_low < cfg.fill_ratio_high
+        && cfg.fill_ratio_high <= 1.0;
     if !ok_marks {
         return Err(EngineError::InvalidArgument(format!(
             "destage marks must satisfy 0 <= low < high <= 1 (got low {} high {})",
@@ -107,18 +122,35 @@ fn validate_config(cfg: &EngineConfig) -> Result<(), EngineError> {
     }
     let seg = cfg.segment_size_bytes;
     if !(1 << 20..=1 << 30).contains(&seg) || !seg.is_multiple_of(BLOCK_U64) {
-        return Err(EngineError::InvalidArgument("segment size must be a multiple of 4 KiB between 1 MiB and 1 GiB".into()));
+        return Err(EngineError::InvalidArgument(
+            "segment size must be a multiple of 4 KiB between 1 MiB and 1 GiB".into(),
+        ));
+    }
+    if !(0.0..=0.9).contains(&cfg.read_cache_ratio) {
+        return Err(EngineError::InvalidArgument(format!(
+            "the read cache's share of the fast tier must be between 0 and 0.9 (got {})",
+            cfg.read_cache_ratio
+        )));
     }
     if cfg.max_batch_bytes < 64 * 1024 || !cfg.max_batch_bytes.is_multiple_of(BLOCK) {
-        return Err(EngineError::InvalidArgument("max batch size must be a multiple of 4 KiB, at least 64 KiB".into()));
+        return Err(EngineError::InvalidArgument(
+            "max batch size must be a multiple of 4 KiB, at least 64 KiB".into(),
+        ));
     }
     Ok(())
 }
 
 /// Checks that every capacity device belongs to this fast device's group, in this order.
-fn identify(fast_sb: &Superblock, fast: &dyn Device, caps: &[Arc<dyn Device>]) -> Result<Layout, EngineError> {
+fn identify(
+    fast_sb: &Superblock,
+    fast: &dyn Device,
+    caps: &[Arc<dyn Device>],
+) -> Result<Layout, EngineError> {
     if fast_sb.role != Role::Fast {
-        return Err(EngineError::Format(format!("device {} is a capacity device, not a fast device", fast.name())));
+        return Err(EngineError::Format(format!(
+            "device {} is a capacity device, not a fast device",
+            fast.name()
+        )));
     }
     if fast_sb.capacity_devices as usize != caps.len() {
         return Err(EngineError::Format(format!(
@@ -130,8 +162,13 @@ fn identify(fast_sb: &Superblock, fast: &dyn Device, caps: &[Arc<dyn Device>]) -
     }
     let mut sbs = vec![fast_sb.clone()];
     for (i, c) in caps.iter().enumerate() {
-        let sb = read_superblock(c.as_ref())?
-            .ok_or_else(|| EngineError::Format(format!("capacity device {} is blank, but disk group {} expects it formatted", c.name(), uuid_hex(&fast_sb.group))))?;
+        let sb = read_superblock(c.as_ref())?.ok_or_else(|| {
+            EngineError::Format(format!(
+                "capacity device {} is blank, but disk group {} expects it formatted",
+                c.name(),
+                uuid_hex(&fast_sb.group)
+            ))
+        })?;
         if sb.group != fast_sb.group {
             return Err(EngineError::Format(format!(
                 "device {} belongs to disk group {}, not {}",
@@ -149,23 +186,51 @@ fn identify(fast_sb: &Superblock, fast: &dyn Device, caps: &[Arc<dyn Device>]) -
             )));
         }
         if sb.segment_size_bytes != fast_sb.segment_size_bytes {
-            return Err(EngineError::Format(format!("device {} has segments of {} bytes, the fast device says {}", c.name(), sb.segment_size_bytes, fast_sb.segment_size_bytes)));
+            return Err(EngineError::Format(format!(
+                "device {} has segments of {} bytes, the fast device says {}",
+                c.name(),
+                sb.segment_size_bytes,
+                fast_sb.segment_size_bytes
+            )));
         }
         if c.size_bytes() < sb.device_size_bytes {
-            return Err(EngineError::Format(format!("device {} is smaller than when it was formatted", c.name())));
+            return Err(EngineError::Format(format!(
+                "device {} is smaller than when it was formatted",
+                c.name()
+            )));
         }
         sbs.push(sb);
     }
     if fast.size_bytes() < fast_sb.device_size_bytes {
-        return Err(EngineError::Format(format!("device {} is smaller than when it was formatted", fast.name())));
+        return Err(EngineError::Format(format!(
+            "device {} is smaller than when it was formatted",
+            fast.name()
+        )));
     }
     layout_from(&sbs)
 }
 
-fn new_shared(fast: Arc<dyn Device>, caps: Vec<Arc<dyn Device>>, cfg: EngineConfig, layout: Layout, cp: &Checkpoint) -> Shared {
-    let mut index = Index { layers: BTreeMap::new(), volumes: BTreeMap::new(), snapshots: BTreeMap::new(), next_id: cp.next_id };
+fn new_shared(
+    fast: Arc<dyn Device>,
+    caps: Vec<Arc<dyn Device>>,
+    cfg: EngineConfig,
+    layout: Layout,
+    cp: &Checkpoint,
+) -> Shared {
+    let mut index = Index {
+        layers: BTreeMap::new(),
+        volumes: BTreeMap::new(),
+        snapshots: BTreeMap::new(),
+        next_id: cp.next_id,
+    };
     for l in &cp.layers {
-        index.layers.insert(l.id, LayerState { rec: *l, fast: ExtentMap::default() });
+        index.layers.insert(
+            l.id,
+            LayerState {
+                rec: *l,
+                fast: ExtentMap::default(),
+            },
+        );
     }
     index.volumes = cp.volumes.iter().map(|v| (v.id, v.clone())).collect();
     index.snapshots = cp.snapshots.iter().map(|s| (s.id, s.clone())).collect();
@@ -173,17 +238,34 @@ fn new_shared(fast: Arc<dyn Device>, caps: Vec<Arc<dyn Device>>, cfg: EngineConf
     let mut segs = SegTable::new(&layout.segments, caps.len(), seg_blocks);
     segs.next_seq = cp.next_segment_seq.max(1);
     let fast_crcs = (0..layout.log_blocks).map(|_| AtomicU32::new(0)).collect();
+    let seg_gen = segs.gen.clone();
+    let layout_log_blocks = layout.log_blocks;
     // A checkpoint with a device count that no longer matches starts the count afresh.
     let devices = 1 + caps.len();
     let wear_at_open = if cp.wear.len() == devices {
         cp.wear.clone()
     } else {
-        vec![DeviceWear { bytes_written_total: 0, first_use_unix_s: unix_now_s() }; devices]
+        vec![
+            DeviceWear {
+                bytes_written_total: 0,
+                first_use_unix_s: unix_now_s()
+            };
+            devices
+        ]
     };
-    let write_counter_at_open = std::iter::once(&fast).chain(caps.iter()).map(|d| d.stats().write_bytes).collect();
+    let write_counter_at_open = std::iter::once(&fast)
+        .chain(caps.iter())
+        .map(|d| d.stats().write_bytes)
+        .collect();
     let (index_dirty_limit, meta_reserve) = crate::maint::index_limits(&cfg, &layout, caps.len());
     let caps_len = caps.len();
-    let durable = Durable { generation: cp.generation, epoch: cp.epoch, clean_log_end_seq: 0, index_root: cp.index_root, index_generation: cp.index_generation };
+    let durable = Durable {
+        generation: cp.generation,
+        epoch: cp.epoch,
+        clean_log_end_seq: 0,
+        index_root: cp.index_root,
+        index_generation: cp.index_generation,
+    };
     Shared {
         cfg,
         fast,
@@ -196,18 +278,25 @@ fn new_shared(fast: Arc<dyn Device>, caps: Vec<Arc<dyn Device>>, cfg: EngineConf
         index: RwLock::new(index),
         tree: RwLock::new(CTree::open(cp.index_root)),
         segs: Mutex::new(segs),
-        summaries: Mutex::new(crate::shared::TwoGen::new(crate::capacity::SUMMARY_CACHE_MAX)),
+        summaries: Mutex::new(crate::shared::TwoGen::new(
+            crate::capacity::SUMMARY_CACHE_MAX,
+        )),
         crc_blocks: Mutex::new(crate::shared::TwoGen::new(crate::capacity::CRC_CACHE_MAX)),
         fast_crcs,
         ranges: Default::default(),
         gates: Mutex::new(Default::default()),
-        counters: Counters { checksum_errors_by_device: (0..1 + caps_len).map(|_| Default::default()).collect(), ..Default::default() },
+        counters: Counters {
+            checksum_errors_by_device: (0..1 + caps_len).map(|_| Default::default()).collect(),
+            ..Default::default()
+        },
         state: AtomicU8::new(STATE_RUNNING),
         failure: Mutex::new(None),
         abandon: AtomicBool::new(false),
         drain: AtomicBool::new(false),
         destager_stop: AtomicBool::new(false),
         heat: Mutex::new(Default::default()),
+        cache: Mutex::new(crate::cache::ReadCache::new(seg_gen, layout_log_blocks)),
+        vols: RwLock::new(Default::default()),
         destage_wake: Condvar::new(),
         destage_wake_lock: Mutex::new(false),
         wear_at_open,
@@ -223,13 +312,21 @@ fn new_shared(fast: Arc<dyn Device>, caps: Vec<Arc<dyn Device>>, cfg: EngineConf
 fn load_segment_table(sh: &Shared, cp: &Checkpoint) -> Result<(), EngineError> {
     let mut segs = sh.segs.lock();
     if cp.segtab.len() > segs.page_count() {
-        return Err(EngineError::Format(format!("the checkpoint names {} segment table pages; the devices hold {}", cp.segtab.len(), segs.page_count())));
+        return Err(EngineError::Format(format!(
+            "the checkpoint names {} segment table pages; the devices hold {}",
+            cp.segtab.len(),
+            segs.page_count()
+        )));
     }
     for (page, ptr) in cp.segtab.iter().enumerate() {
         let Some(ptr) = ptr else { continue };
         match meta::read_page(sh, *ptr)? {
             PageBody::SegTable(records) => segs.load_page(page, &records),
-            _ => return Err(EngineError::Corrupt(format!("segment table page {page} holds something else"))),
+            _ => {
+                return Err(EngineError::Corrupt(format!(
+                    "segment table page {page} holds something else"
+                )))
+            }
         }
         segs.page_ptrs[page] = Some(*ptr);
     }
@@ -264,7 +361,9 @@ fn apply_recent(sh: &Shared, recent: &[u32]) -> Result<usize, EngineError> {
     let mut all = Vec::new();
     for &seg in recent {
         if seg >= sh.layout.segment_count() {
-            return Err(EngineError::Format(format!("the checkpoint names segment {seg}, which does not exist")));
+            return Err(EngineError::Format(format!(
+                "the checkpoint names segment {seg}, which does not exist"
+            )));
         }
         let s = read_summary(sh, seg)?.ok_or_else(|| {
             sh.checksum_error(sh.seg_device(seg), 1);
@@ -272,7 +371,9 @@ fn apply_recent(sh: &Shared, recent: &[u32]) -> Result<usize, EngineError> {
                 "the summary of capacity segment {seg}, sealed after the last index write, is damaged: data written since may be lost; refusing to open"
             ))
         })?;
-        sh.segs.lock().mark_recovered(seg, s.data_blocks_used, s.segment_seq);
+        sh.segs
+            .lock()
+            .mark_recovered(seg, s.data_blocks_used, s.segment_seq);
         for e in &s.entries {
             all.push((e.seq, s.segment_seq, seg, *e));
         }
@@ -287,11 +388,25 @@ fn apply_recent(sh: &Shared, recent: &[u32]) -> Result<usize, EngineError> {
             continue;
         }
         let loc = match e.kind {
-            RecordKind::Write => Some(Loc::Cap { seg, block: e.data_block }),
+            RecordKind::Write => Some(Loc::Cap {
+                seg,
+                block: e.data_block,
+            }),
             RecordKind::Zero if parent => Some(Loc::Zero(0)),
             RecordKind::Zero => None,
+            // Summaries never hold cached copies (their decoder refuses the kind).
+            RecordKind::Cache => continue,
         };
-        apply_tree_sets(sh, &[TreeSet { layer: e.layer, lba: e.lba, len: u64::from(e.nblocks), loc }], true)?;
+        apply_tree_sets(
+            sh,
+            &[TreeSet {
+                layer: e.layer,
+                lba: e.lba,
+                len: u64::from(e.nblocks),
+                loc,
+            }],
+            true,
+        )?;
     }
     Ok(recent.len())
 }
@@ -299,6 +414,12 @@ fn apply_recent(sh: &Shared, recent: &[u32]) -> Result<usize, EngineError> {
 /// The fast tier's live block count, from the fast maps.
 fn count_fast_live(sh: &Shared) {
     let idx = sh.index.read();
-    let fast: u64 = idx.layers.values().flat_map(|l| l.fast.iter()).filter(|r| matches!(r.2, Loc::Fast(_))).map(|r| r.1).sum();
+    let fast: u64 = idx
+        .layers
+        .values()
+        .flat_map(|l| l.fast.iter())
+        .filter(|r| matches!(r.2, Loc::Fast(_)))
+        .map(|r| r.1)
+        .sum();
     sh.counters.fast_live_blocks.store(fast, Ordering::Relaxed);
 }

@@ -18,11 +18,17 @@ impl RangeLocks {
     /// Blocks until no held range of `volume` overlaps `[start, end)`, then holds it.
     pub fn lock(&self, volume: u32, start: u64, end: u64) -> RangeGuard<'_> {
         let mut held = self.held.lock();
-        while held.iter().any(|&(v, s, e)| v == volume && s < end && start < e) {
+        while held
+            .iter()
+            .any(|&(v, s, e)| v == volume && s < end && start < e)
+        {
             self.released.wait(&mut held);
         }
         held.push((volume, start, end));
-        RangeGuard { locks: self, key: (volume, start, end) }
+        RangeGuard {
+            locks: self,
+            key: (volume, start, end),
+        }
     }
 }
 
@@ -30,11 +36,17 @@ impl RangeLocks {
     /// Holds `[start, end)` of `volume` if nobody holds an overlapping range; never waits.
     pub fn try_lock(&self, volume: u32, start: u64, end: u64) -> Option<RangeGuard<'_>> {
         let mut held = self.held.lock();
-        if held.iter().any(|&(v, s, e)| v == volume && s < end && start < e) {
+        if held
+            .iter()
+            .any(|&(v, s, e)| v == volume && s < end && start < e)
+        {
             return None;
         }
         held.push((volume, start, end));
-        Some(RangeGuard { locks: self, key: (volume, start, end) })
+        Some(RangeGuard {
+            locks: self,
+            key: (volume, start, end),
+        })
     }
 }
 
@@ -43,7 +55,10 @@ impl RangeLocks {
     /// holder calls `release` with the same key); never waits.
     pub fn try_claim(&self, volume: u32, start: u64, end: u64) -> bool {
         let mut held = self.held.lock();
-        if held.iter().any(|&(v, s, e)| v == volume && s < end && start < e) {
+        if held
+            .iter()
+            .any(|&(v, s, e)| v == volume && s < end && start < e)
+        {
             return false;
         }
         held.push((volume, start, end));

@@ -42,10 +42,21 @@ struct Found {
 
 /// Replays the log from `tail_block`/`tail_seq`. `end_seq` (0: unknown) is where a clean
 /// shutdown said the log ends; finding less is an error, not a silent loss.
-pub fn replay(sh: &Shared, tail_block: u64, tail_seq: u64, end_seq: u64) -> Result<Replay, EngineError> {
+pub fn replay(
+    sh: &Shared,
+    tail_block: u64,
+    tail_seq: u64,
+    end_seq: u64,
+) -> Result<Replay, EngineError> {
     let l = sh.layout.log_blocks;
     let mut state = LogState::new(l, tail_block % l, tail_seq);
-    let mut out = Replay { state: LogState::new(l, 0, 0), batches: 0, records: 0, damaged_records: 0, crcs: Vec::new() };
+    let mut out = Replay {
+        state: LogState::new(l, 0, 0),
+        batches: 0,
+        records: 0,
+        damaged_records: 0,
+        crcs: Vec::new(),
+    };
     let mut epoch = 0;
     while let Some(f) = find(sh, state.head, state.next_seq, epoch)? {
         let blocks = u64::from(f.header.total_blocks);
@@ -66,7 +77,7 @@ pub fn replay(sh: &Shared, tail_block: u64, tail_seq: u64, end_seq: u64) -> Resu
             out.damaged_records += f.bad_records.len();
         }
         epoch = f.header.epoch;
-        let meta = describe(&f);
+        let meta = describe(&f, sh.cfg.clock.now_ms());
         collect_crcs(&f, &meta, &mut out.crcs);
         out.records += meta.records.len();
         out.batches += 1;
@@ -99,8 +110,20 @@ pub fn replay(sh: &Shared, tail_block: u64, tail_seq: u64, end_seq: u64) -> Resu
 /// first). The newer epoch wins; within an epoch only one of them can have been written.
 fn find(sh: &Shared, pos: u64, seq: u64, min_epoch: u32) -> Result<Option<Found>, EngineError> {
     let l = sh.layout.log_blocks;
-    let here = read_batch(sh, pos, seq, min_epoch)?.map(|f| Found { start: pos, skip: 0, ..f });
-    let wrapped = if pos != 0 { read_batch(sh, 0, seq, min_epoch)?.map(|f| Found { start: 0, skip: l - pos, ..f }) } else { None };
+    let here = read_batch(sh, pos, seq, min_epoch)?.map(|f| Found {
+        start: pos,
+        skip: 0,
+        ..f
+    });
+    let wrapped = if pos != 0 {
+        read_batch(sh, 0, seq, min_epoch)?.map(|f| Found {
+            start: 0,
+            skip: l - pos,
+            ..f
+        })
+    } else {
+        None
+    };
     Ok(match (here, wrapped) {
         (Some(h), Some(w)) if w.header.epoch > h.header.epoch => Some(w),
         (Some(h), _) => Some(h),
@@ -123,7 +146,12 @@ pub fn clear_end(sh: &Shared, state: &LogState) -> Result<(), EngineError> {
 
 /// After replay stopped at `head`: a valid batch a little further on that records the missing
 /// batch as acknowledged means it was damaged, not torn.
-fn probe_beyond(sh: &Shared, head: u64, seq: u64, min_epoch: u32) -> Result<Option<u64>, EngineError> {
+fn probe_beyond(
+    sh: &Shared,
+    head: u64,
+    seq: u64,
+    min_epoch: u32,
+) -> Result<Option<u64>, EngineError> {
     let l = sh.layout.log_blocks;
     // Up to the pipeline's depth of whole batches lie between a batch and the first one that
     // records it as acknowledged; a batch is at most half a segment's data area (whatever
@@ -132,11 +160,18 @@ fn probe_beyond(sh: &Shared, head: u64, seq: u64, min_epoch: u32) -> Result<Opti
     let span = depth * (u64::from(sh.layout.geo.data_blocks) / 2 + 1);
     let max_seq = seq + depth * MAX_RECORDS_PER_BATCH as u64;
     let mut hb = AlignedBuf::new_zeroed(BLOCK);
-    let starts = (1..=span).map(|k| head + k).filter(|&p| p < l).chain(0..span.min(head));
+    let starts = (1..=span)
+        .map(|k| head + k)
+        .filter(|&p| p < l)
+        .chain(0..span.min(head));
     for p in starts {
         sh.fast.read_at(&mut hb, sh.layout.log_byte(p))?;
         if let Some(h) = BatchHeader::decode(&hb, &sh.layout.group) {
-            if h.first_seq > seq && h.first_seq <= max_seq && h.epoch >= min_epoch && h.committed_seq > seq {
+            if h.first_seq > seq
+                && h.first_seq <= max_seq
+                && h.epoch >= min_epoch
+                && h.committed_seq > seq
+            {
                 return Ok(Some(h.first_seq));
             }
         }
@@ -155,7 +190,9 @@ fn acknowledged_later(sh: &Shared, f: &Found) -> Result<bool, EngineError> {
         let mut next = None;
         for p in [pos, 0] {
             sh.fast.read_at(&mut hb, sh.layout.log_byte(p))?;
-            if let Some(h) = BatchHeader::decode(&hb, &sh.layout.group).filter(|h| h.first_seq == seq && h.epoch >= f.header.epoch) {
+            if let Some(h) = BatchHeader::decode(&hb, &sh.layout.group)
+                .filter(|h| h.first_seq == seq && h.epoch >= f.header.epoch)
+            {
                 next = Some((p, h));
                 break;
             }
@@ -172,15 +209,25 @@ fn acknowledged_later(sh: &Shared, f: &Found) -> Result<bool, EngineError> {
 
 /// Reads the batch at `pos` if its header is valid, of this group, starts with `seq` and is
 /// of epoch `min_epoch` or later; notes which records' data fails its crc.
-fn read_batch(sh: &Shared, pos: u64, seq: u64, min_epoch: u32) -> Result<Option<Found>, EngineError> {
+fn read_batch(
+    sh: &Shared,
+    pos: u64,
+    seq: u64,
+    min_epoch: u32,
+) -> Result<Option<Found>, EngineError> {
     let l = sh.layout.log_blocks;
     if pos >= l {
         return Ok(None);
     }
     let mut hb = AlignedBuf::new_zeroed(BLOCK);
     sh.fast.read_at(&mut hb, sh.layout.log_byte(pos))?;
-    let Some(header) = BatchHeader::decode(&hb, &sh.layout.group) else { return Ok(None) };
-    if header.first_seq != seq || header.epoch < min_epoch || pos + u64::from(header.total_blocks) > l {
+    let Some(header) = BatchHeader::decode(&hb, &sh.layout.group) else {
+        return Ok(None);
+    };
+    if header.first_seq != seq
+        || header.epoch < min_epoch
+        || pos + u64::from(header.total_blocks) > l
+    {
         return Ok(None);
     }
     let data_blocks = u64::from(header.total_blocks) - 1;
@@ -197,12 +244,25 @@ fn read_batch(sh: &Shared, pos: u64, seq: u64, min_epoch: u32) -> Result<Option<
         }
         at += len;
     }
-    Ok(Some(Found { header, data, bad_records, start: pos, skip: 0 }))
+    Ok(Some(Found {
+        header,
+        data,
+        bad_records,
+        start: pos,
+        skip: 0,
+    }))
 }
 
-fn describe(f: &Found) -> BatchMeta {
+fn describe(f: &Found, now_ms: u64) -> BatchMeta {
     let blocks = u64::from(f.header.total_blocks);
-    let mut meta = BatchMeta { start: f.start, blocks, skip: f.skip, first_seq: f.header.first_seq, records: Vec::new(), durable: true };
+    let mut meta = BatchMeta {
+        start: f.start,
+        blocks,
+        skip: f.skip,
+        first_seq: f.header.first_seq,
+        records: Vec::new(),
+        durable: true,
+    };
     let mut data_at = f.start + 1;
     for (i, r) in f.header.records.iter().enumerate() {
         meta.records.push(RecMeta {
@@ -213,6 +273,10 @@ fn describe(f: &Found) -> BatchMeta {
             seq: f.header.first_seq + i as u64,
             data_start: data_at,
             relocation: false,
+            born_ms: now_ms,
+            aged_from_ms: now_ms,
+            cache_gen: 0,
+            vol: 0,
         });
         data_at += r.data_blocks();
     }

@@ -37,7 +37,13 @@ pub fn resolve_view(sh: &Shared, view: u32, lba: u64, n: u64) -> Result<Vec<Piec
 }
 
 /// Resolves through `chain` with the index and tree locks held.
-pub fn resolve_locked(idx: &Index, tree: &CTree, chain: &[u32], lba: u64, n: u64) -> Result<Vec<Piece>, Miss> {
+pub fn resolve_locked(
+    idx: &Index,
+    tree: &CTree,
+    chain: &[u32],
+    lba: u64,
+    n: u64,
+) -> Result<Vec<Piece>, Miss> {
     let mut out = Vec::new();
     let mut pending = vec![(lba, n)];
     let mut hits = Vec::new();
@@ -45,16 +51,32 @@ pub fn resolve_locked(idx: &Index, tree: &CTree, chain: &[u32], lba: u64, n: u64
         if pending.is_empty() {
             break;
         }
-        let Some(l) = idx.layers.get(&layer) else { continue };
+        let Some(l) = idx.layers.get(&layer) else {
+            continue;
+        };
         let mut next = Vec::new();
         for &(s, len) in &pending {
             for p in l.fast.lookup(s, len) {
                 match p.loc {
-                    Some(Loc::Zero(_)) => out.push(Piece { lba: p.lba, len: p.len, loc: None, layer }),
-                    Some(loc) => out.push(Piece { lba: p.lba, len: p.len, loc: Some(loc), layer }),
+                    Some(Loc::Zero(_)) => out.push(Piece {
+                        lba: p.lba,
+                        len: p.len,
+                        loc: None,
+                        layer,
+                    }),
+                    Some(loc) => out.push(Piece {
+                        lba: p.lba,
+                        len: p.len,
+                        loc: Some(loc),
+                        layer,
+                    }),
                     None => {
                         hits.clear();
-                        tree.lookup(key_of(layer, p.lba), key_of(layer, p.lba + p.len), &mut hits)?;
+                        tree.lookup(
+                            key_of(layer, p.lba),
+                            key_of(layer, p.lba + p.len),
+                            &mut hits,
+                        )?;
                         fill_from_tree(&hits, layer, p.lba, p.len, &mut out, &mut next);
                     }
                 }
@@ -62,13 +84,25 @@ pub fn resolve_locked(idx: &Index, tree: &CTree, chain: &[u32], lba: u64, n: u64
         }
         pending = next;
     }
-    out.extend(pending.into_iter().map(|(lba, len)| Piece { lba, len, loc: None, layer: 0 }));
+    out.extend(pending.into_iter().map(|(lba, len)| Piece {
+        lba,
+        len,
+        loc: None,
+        layer: 0,
+    }));
     out.sort_unstable_by_key(|p| p.lba);
     Ok(out)
 }
 
 /// Adds what the tree holds of `[lba, lba+len)` to `out`, and the rest to `holes`.
-fn fill_from_tree(hits: &[Entry], layer: u32, lba: u64, len: u64, out: &mut Vec<Piece>, holes: &mut Vec<(u64, u64)>) {
+fn fill_from_tree(
+    hits: &[Entry],
+    layer: u32,
+    lba: u64,
+    len: u64,
+    out: &mut Vec<Piece>,
+    holes: &mut Vec<(u64, u64)>,
+) {
     let mut at = lba;
     for e in hits {
         let (_, elba) = split_key(e.key);
@@ -76,7 +110,12 @@ fn fill_from_tree(hits: &[Entry], layer: u32, lba: u64, len: u64, out: &mut Vec<
             holes.push((at, elba - at));
         }
         let loc = if e.loc.is_data() { Some(e.loc) } else { None };
-        out.push(Piece { lba: elba, len: e.len, loc, layer });
+        out.push(Piece {
+            lba: elba,
+            len: e.len,
+            loc,
+            layer,
+        });
         at = elba + e.len;
     }
     if at < lba + len {
@@ -86,16 +125,28 @@ fn fill_from_tree(hits: &[Entry], layer: u32, lba: u64, len: u64, out: &mut Vec<
 
 /// What one layer holds of `[lba, lba+n)` by itself (its fast map over its tree), without
 /// its parents: (lba, len, loc) with `Loc::Zero` for zero runs. Holes are absent.
-pub fn layer_own(idx: &Index, tree: &CTree, layer: u32, lba: u64, n: u64) -> Result<Vec<(u64, u64, Loc)>, Miss> {
+pub fn layer_own(
+    idx: &Index,
+    tree: &CTree,
+    layer: u32,
+    lba: u64,
+    n: u64,
+) -> Result<Vec<(u64, u64, Loc)>, Miss> {
     let mut out = Vec::new();
-    let Some(l) = idx.layers.get(&layer) else { return Ok(out) };
+    let Some(l) = idx.layers.get(&layer) else {
+        return Ok(out);
+    };
     let mut hits = Vec::new();
     for p in l.fast.lookup(lba, n) {
         match p.loc {
             Some(loc) => out.push((p.lba, p.len, loc)),
             None => {
                 hits.clear();
-                tree.lookup(key_of(layer, p.lba), key_of(layer, p.lba + p.len), &mut hits)?;
+                tree.lookup(
+                    key_of(layer, p.lba),
+                    key_of(layer, p.lba + p.len),
+                    &mut hits,
+                )?;
                 out.extend(hits.iter().map(|e| (split_key(e.key).1, e.len, e.loc)));
             }
         }

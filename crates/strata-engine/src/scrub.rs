@@ -104,7 +104,10 @@ impl DiskGroup {
 
 /// The background scrubber: everything, at the configured rate, every `every`.
 pub fn background(sh: std::sync::Arc<Shared>, every: Duration) {
-    let opts = ScrubOptions { volume: None, rate_bytes_per_s: sh.cfg.scrub_rate_bytes_per_s };
+    let opts = ScrubOptions {
+        volume: None,
+        rate_bytes_per_s: sh.cfg.scrub_rate_bytes_per_s,
+    };
     let mut next = Instant::now() + every;
     loop {
         if sh.destager_stop.load(Ordering::Relaxed) || sh.abandon.load(Ordering::Relaxed) {
@@ -115,7 +118,11 @@ pub fn background(sh: std::sync::Arc<Shared>, every: Duration) {
             continue;
         }
         match run(&sh, &opts) {
-            Ok(r) if !r.clean() => tracing::error!(bad_blocks = r.bad_blocks_total, damaged_metadata = r.metadata_damaged.len(), "background scrub found damage"),
+            Ok(r) if !r.clean() => tracing::error!(
+                bad_blocks = r.bad_blocks_total,
+                damaged_metadata = r.metadata_damaged.len(),
+                "background scrub found damage"
+            ),
             Ok(_) | Err(EngineError::InUse(_)) | Err(EngineError::ShuttingDown) => {}
             Err(e) => tracing::error!("background scrub: {e}"),
         }
@@ -125,12 +132,18 @@ pub fn background(sh: std::sync::Arc<Shared>, every: Duration) {
 
 fn run(sh: &Shared, opts: &ScrubOptions) -> Result<ScrubReport, EngineError> {
     {
-        let _one = sh.scrub.running.try_lock().ok_or_else(|| EngineError::InUse("a scrub is already running".into()))?;
+        let _one = sh
+            .scrub
+            .running
+            .try_lock()
+            .ok_or_else(|| EngineError::InUse("a scrub is already running".into()))?;
         let mut s = Scrubber::new(sh, opts);
         s.report.started_unix_s = unix_now_s();
         let layers = s.layers_in_scope()?;
         sh.scrub.progress_bytes.store(0, Ordering::Relaxed);
-        sh.scrub.total_bytes.store(s.estimate(&layers), Ordering::Relaxed);
+        sh.scrub
+            .total_bytes
+            .store(s.estimate(&layers), Ordering::Relaxed);
         s.check_metadata()?;
         for (layer, name) in &layers {
             s.check_layer(*layer, name)?;
@@ -161,17 +174,30 @@ struct Scrubber<'a> {
 impl<'a> Scrubber<'a> {
     fn new(sh: &'a Shared, opts: &'a ScrubOptions) -> Scrubber<'a> {
         let scope = opts.volume.clone().unwrap_or_else(|| "all".into());
-        Scrubber { sh, opts, report: ScrubReport { scope, ..Default::default() }, started: Instant::now(), read_bytes: 0 }
+        Scrubber {
+            sh,
+            opts,
+            report: ScrubReport {
+                scope,
+                ..Default::default()
+            },
+            started: Instant::now(),
+            read_bytes: 0,
+        }
     }
 
     /// Sleeps as needed to keep to the rate limit after reading `bytes`; stops the scrub when
     /// the disk group stops.
     fn pace(&mut self, bytes: u64) -> Result<(), EngineError> {
-        if self.sh.destager_stop.load(Ordering::Relaxed) || self.sh.abandon.load(Ordering::Relaxed) {
+        if self.sh.destager_stop.load(Ordering::Relaxed) || self.sh.abandon.load(Ordering::Relaxed)
+        {
             return Err(EngineError::ShuttingDown);
         }
         self.read_bytes += bytes;
-        self.sh.scrub.progress_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.sh
+            .scrub
+            .progress_bytes
+            .fetch_add(bytes, Ordering::Relaxed);
         let rate = self.opts.rate_bytes_per_s;
         if rate == 0 {
             return Ok(());
@@ -198,8 +224,11 @@ impl<'a> Scrubber<'a> {
         let wanted: Option<std::collections::HashSet<u32>> = match &self.opts.volume {
             None => None,
             Some(v) => {
-                let rec = idx.volume_by_name(v).ok_or_else(|| EngineError::NotFound(v.clone()))?;
-                let mut set: std::collections::HashSet<u32> = idx.chain(rec.head).into_iter().collect();
+                let rec = idx
+                    .volume_by_name(v)
+                    .ok_or_else(|| EngineError::NotFound(v.clone()))?;
+                let mut set: std::collections::HashSet<u32> =
+                    idx.chain(rec.head).into_iter().collect();
                 for s in idx.snapshots.values().filter(|s| s.volume == rec.id) {
                     set.extend(idx.chain(s.layer));
                 }
@@ -211,7 +240,15 @@ impl<'a> Scrubber<'a> {
             .values()
             .filter(|l| idx.layer_live(l.rec.id))
             .filter(|l| wanted.as_ref().is_none_or(|w| w.contains(&l.rec.id)))
-            .map(|l| (l.rec.id, names.get(&l.rec.id).cloned().unwrap_or_else(|| format!("layer #{}", l.rec.id))))
+            .map(|l| {
+                (
+                    l.rec.id,
+                    names
+                        .get(&l.rec.id)
+                        .cloned()
+                        .unwrap_or_else(|| format!("layer #{}", l.rec.id)),
+                )
+            })
             .collect())
     }
 
@@ -230,9 +267,20 @@ impl<'a> Scrubber<'a> {
     fn bad(&mut self, volume: &str, lba: u64, tier: &'static str, dev: usize, problem: String) {
         self.report.bad_blocks_total += 1;
         self.sh.checksum_error(dev, 1);
-        tracing::error!(volume, offset = lba * BLOCK_U64, tier, problem = problem.as_str(), "scrub: bad block");
+        tracing::error!(
+            volume,
+            offset = lba * BLOCK_U64,
+            tier,
+            problem = problem.as_str(),
+            "scrub: bad block"
+        );
         if self.report.bad_blocks.len() < MAX_REPORTED_BAD_BLOCKS {
-            self.report.bad_blocks.push(BadBlock { volume: volume.into(), offset: lba * BLOCK_U64, tier, problem });
+            self.report.bad_blocks.push(BadBlock {
+                volume: volume.into(),
+                offset: lba * BLOCK_U64,
+                tier,
+                problem,
+            });
         }
     }
 
@@ -240,7 +288,10 @@ impl<'a> Scrubber<'a> {
     fn check_layer(&mut self, layer: u32, name: &str) -> Result<(), EngineError> {
         let runs: Vec<(u64, u64, Loc)> = {
             let idx = self.sh.index.read();
-            idx.layers.get(&layer).map(|l| l.fast.iter().collect()).unwrap_or_default()
+            idx.layers
+                .get(&layer)
+                .map(|l| l.fast.iter().collect())
+                .unwrap_or_default()
         };
         for (lba, len, loc) in runs {
             if let Loc::Fast(_) = loc {
@@ -267,7 +318,13 @@ impl<'a> Scrubber<'a> {
 
     /// Checks log blocks of `[lba, lba+len)` that the layer's fast map still points at (looked
     /// up again under the guard: the run may have moved since it was listed).
-    fn check_fast_run(&mut self, layer: u32, name: &str, lba: u64, len: u64) -> Result<(), EngineError> {
+    fn check_fast_run(
+        &mut self,
+        layer: u32,
+        name: &str,
+        lba: u64,
+        len: u64,
+    ) -> Result<(), EngineError> {
         let mut at = lba;
         while at < lba + len {
             let n = CHUNK_BLOCKS.min(lba + len - at);
@@ -277,7 +334,10 @@ impl<'a> Scrubber<'a> {
                 let _guard = self.sh.reclaim.read();
                 let pieces = {
                     let idx = self.sh.index.read();
-                    idx.layers.get(&layer).map(|l| l.fast.lookup(at, n)).unwrap_or_default()
+                    idx.layers
+                        .get(&layer)
+                        .map(|l| l.fast.lookup(at, n))
+                        .unwrap_or_default()
                 };
                 for p in pieces {
                     let Some(Loc::Fast(b)) = p.loc else { continue };
@@ -287,7 +347,9 @@ impl<'a> Scrubber<'a> {
                         continue;
                     }
                     for (i, chunk) in dst.chunks(BLOCK).enumerate() {
-                        if crc32c::crc32c(chunk) != self.sh.fast_crcs[(b + i as u64) as usize].load(Ordering::Relaxed) {
+                        if crc32c::crc32c(chunk)
+                            != self.sh.fast_crcs[(b + i as u64) as usize].load(Ordering::Relaxed)
+                        {
                             bad.push((p.lba + i as u64, "checksum mismatch".into()));
                         }
                     }
@@ -304,7 +366,13 @@ impl<'a> Scrubber<'a> {
     }
 
     /// Checks capacity blocks of `[lba, lba+len)` that the layer's tree entry still points at.
-    fn check_cap_run(&mut self, layer: u32, name: &str, lba: u64, len: u64) -> Result<(), EngineError> {
+    fn check_cap_run(
+        &mut self,
+        layer: u32,
+        name: &str,
+        lba: u64,
+        len: u64,
+    ) -> Result<(), EngineError> {
         let mut at = lba;
         while at < lba + len {
             let n = CHUNK_BLOCKS.min(lba + len - at);
@@ -313,28 +381,47 @@ impl<'a> Scrubber<'a> {
                 let _guard = self.sh.reclaim.read();
                 let ents = meta::with_tree_read(self.sh, |t| {
                     let mut v = Vec::new();
-                    t.lookup(key_of(layer, at), key_of(layer, at + n), &mut v).map(|()| v)
+                    t.lookup(key_of(layer, at), key_of(layer, at + n), &mut v)
+                        .map(|()| v)
                 })?;
                 for e in ents {
-                    let Loc::Cap { seg, block } = e.loc else { continue };
+                    let Loc::Cap { seg, block } = e.loc else {
+                        continue;
+                    };
                     let elba = split_key(e.key).1;
                     let dev = self.sh.seg_device(seg);
                     let summary = match load_summary(self.sh, seg) {
                         Ok(s) => s,
                         Err(err) => {
-                            bad.extend((0..e.len).map(|i| (elba + i, dev, format!("segment {seg}: {err}"))));
+                            bad.extend(
+                                (0..e.len)
+                                    .map(|i| (elba + i, dev, format!("segment {seg}: {err}"))),
+                            );
                             continue;
                         }
                     };
                     let mut buf = AlignedBuf::new_zeroed((e.len * BLOCK_U64) as usize);
-                    let crcs = summary.block_crcs.get(block as usize..block as usize + e.len as usize).unwrap_or(&[]);
+                    let crcs = summary
+                        .block_crcs
+                        .get(block as usize..block as usize + e.len as usize)
+                        .unwrap_or(&[]);
                     match read_seg_blocks(self.sh, seg, block, e.len as u32, &mut buf, crcs) {
-                        Err(err) => bad.extend((0..e.len).map(|i| (elba + i, dev, format!("unreadable: {err}")))),
+                        Err(err) => bad.extend(
+                            (0..e.len).map(|i| (elba + i, dev, format!("unreadable: {err}"))),
+                        ),
                         Ok(_) => {
                             for i in 0..e.len as usize {
                                 let expect = summary.block_crcs.get(block as usize + i).copied();
-                                if expect != Some(crc32c::crc32c(&buf[i * BLOCK..(i + 1) * BLOCK])) {
-                                    bad.push((elba + i as u64, dev, format!("checksum mismatch (segment {seg} block {})", block as usize + i)));
+                                if expect != Some(crc32c::crc32c(&buf[i * BLOCK..(i + 1) * BLOCK]))
+                                {
+                                    bad.push((
+                                        elba + i as u64,
+                                        dev,
+                                        format!(
+                                            "checksum mismatch (segment {seg} block {})",
+                                            block as usize + i
+                                        ),
+                                    ));
                                 }
                             }
                         }
@@ -354,7 +441,9 @@ impl<'a> Scrubber<'a> {
     /// Superblocks of every device, both checkpoint copies, every index and segment-table page
     /// (both copies), and the summary of every sealed segment.
     fn check_metadata(&mut self) -> Result<(), EngineError> {
-        let devices: Vec<_> = std::iter::once(self.sh.fast.clone()).chain(self.sh.caps.iter().cloned()).collect();
+        let devices: Vec<_> = std::iter::once(self.sh.fast.clone())
+            .chain(self.sh.caps.iter().cloned())
+            .collect();
         for dev in devices {
             self.check_superblocks(dev.as_ref())?;
         }
@@ -367,20 +456,33 @@ impl<'a> Scrubber<'a> {
         let mut copies = Vec::new();
         for copy in 0..2u64 {
             let mut b = AlignedBuf::new_zeroed(BLOCK);
-            let ok = dev.read_at(&mut b, copy * BLOCK_U64).is_ok() && matches!(Superblock::decode(&b), SuperblockRead::Valid(_));
+            let ok = dev.read_at(&mut b, copy * BLOCK_U64).is_ok()
+                && matches!(Superblock::decode(&b), SuperblockRead::Valid(_));
             copies.push((b, ok));
         }
         self.report.metadata_copies_checked += 2;
         self.pace(2 * BLOCK_U64)?;
         match (copies[0].1, copies[1].1) {
-            (true, true) if copies[0].0[..] != copies[1].0[..] => self.report.metadata_damaged.push(format!("device {}: the superblock copies differ", dev.name())),
+            (true, true) if copies[0].0[..] != copies[1].0[..] => {
+                self.report.metadata_damaged.push(format!(
+                    "device {}: the superblock copies differ",
+                    dev.name()
+                ))
+            }
             (true, true) => {}
-            (false, false) => self.report.metadata_damaged.push(format!("device {}: both superblock copies are damaged", dev.name())),
+            (false, false) => self.report.metadata_damaged.push(format!(
+                "device {}: both superblock copies are damaged",
+                dev.name()
+            )),
             (a_ok, _) => {
                 let (good, bad_copy) = if a_ok { (0, 1u64) } else { (1, 0u64) };
                 dev.write_at(&copies[good].0, bad_copy * BLOCK_U64)?;
                 dev.flush()?;
-                self.repaired(format!("device {}: superblock copy {} rewritten from the other", dev.name(), if bad_copy == 0 { "A" } else { "B" }));
+                self.repaired(format!(
+                    "device {}: superblock copy {} rewritten from the other",
+                    dev.name(),
+                    if bad_copy == 0 { "A" } else { "B" }
+                ));
             }
         }
         Ok(())
@@ -399,7 +501,11 @@ impl<'a> Scrubber<'a> {
         for off in self.sh.layout.checkpoint_offsets {
             let mut b = AlignedBuf::new_zeroed(crate::layout::CHECKPOINT_AREA_BYTES as usize);
             self.sh.fast.read_at(&mut b, off)?;
-            gens.push(Checkpoint::decode(&b, &self.sh.layout.group).map(|c| c.generation).ok());
+            gens.push(
+                Checkpoint::decode(&b, &self.sh.layout.group)
+                    .map(|c| c.generation)
+                    .ok(),
+            );
         }
         self.report.metadata_copies_checked += 2;
         if gens[0].is_some() && gens[0] == gens[1] {
@@ -424,7 +530,15 @@ impl<'a> Scrubber<'a> {
             let d = self.sh.durable.lock();
             (d.index_root, d.index_generation)
         };
-        let segtab: Vec<PagePtr> = self.sh.segs.lock().page_ptrs.iter().flatten().copied().collect();
+        let segtab: Vec<PagePtr> = self
+            .sh
+            .segs
+            .lock()
+            .page_ptrs
+            .iter()
+            .flatten()
+            .copied()
+            .collect();
         let mut stack: Vec<PagePtr> = root.into_iter().collect();
         let mut seen = 0usize;
         while let Some(ptr) = stack.pop() {
@@ -441,7 +555,12 @@ impl<'a> Scrubber<'a> {
     }
 
     /// Reads both copies of a page; a bad copy is rewritten from the good one.
-    fn check_page(&mut self, ptr: PagePtr, generation: u64, what: &str) -> Result<Option<PageBody>, EngineError> {
+    fn check_page(
+        &mut self,
+        ptr: PagePtr,
+        generation: u64,
+        what: &str,
+    ) -> Result<Option<PageBody>, EngineError> {
         let a = read_copy(self.sh, ptr.a).ok().flatten();
         let b = read_copy(self.sh, ptr.b).ok().flatten();
         self.report.metadata_copies_checked += 2;
@@ -449,23 +568,37 @@ impl<'a> Scrubber<'a> {
         let body = match (a, b) {
             (Some(a), Some(b)) if a == b => return Ok(Some(a)),
             (Some(a), Some(_)) => {
-                self.report.metadata_damaged.push(format!("{what} page {:#x}/{:#x}: the two copies differ", ptr.a, ptr.b));
+                self.report.metadata_damaged.push(format!(
+                    "{what} page {:#x}/{:#x}: the two copies differ",
+                    ptr.a, ptr.b
+                ));
                 return Ok(Some(a));
             }
             (None, None) => {
-                self.sh.checksum_error(self.sh.seg_device((ptr.a >> 32) as u32), 1);
-                self.sh.checksum_error(self.sh.seg_device((ptr.b >> 32) as u32), 1);
-                self.report.metadata_damaged.push(format!("{what} page {:#x}/{:#x}: both copies are damaged", ptr.a, ptr.b));
+                self.sh
+                    .checksum_error(self.sh.seg_device((ptr.a >> 32) as u32), 1);
+                self.sh
+                    .checksum_error(self.sh.seg_device((ptr.b >> 32) as u32), 1);
+                self.report.metadata_damaged.push(format!(
+                    "{what} page {:#x}/{:#x}: both copies are damaged",
+                    ptr.a, ptr.b
+                ));
                 return Ok(None);
             }
             (Some(good), None) => {
                 self.rewrite_copy(ptr.b, &good, generation)?;
-                self.repaired(format!("{what} page copy B at {:#x} rewritten from copy A", ptr.b));
+                self.repaired(format!(
+                    "{what} page copy B at {:#x} rewritten from copy A",
+                    ptr.b
+                ));
                 good
             }
             (None, Some(good)) => {
                 self.rewrite_copy(ptr.a, &good, generation)?;
-                self.repaired(format!("{what} page copy A at {:#x} rewritten from copy B", ptr.a));
+                self.repaired(format!(
+                    "{what} page copy A at {:#x} rewritten from copy B",
+                    ptr.a
+                ));
                 good
             }
         };
@@ -488,7 +621,12 @@ impl<'a> Scrubber<'a> {
     fn check_summaries(&mut self) -> Result<(), EngineError> {
         let sealed: Vec<u32> = {
             let segs = self.sh.segs.lock();
-            segs.segs.iter().enumerate().filter(|(_, s)| s.state == SegState::Sealed).map(|(i, _)| i as u32).collect()
+            segs.segs
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.state == SegState::Sealed)
+                .map(|(i, _)| i as u32)
+                .collect()
         };
         for seg in sealed {
             let ok = {

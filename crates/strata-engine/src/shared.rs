@@ -57,7 +57,9 @@ impl Index {
     }
 
     pub fn snapshot_by_name(&self, volume: u32, name: &str) -> Option<&SnapshotRecord> {
-        self.snapshots.values().find(|s| s.volume == volume && s.name == name)
+        self.snapshots
+            .values()
+            .find(|s| s.volume == volume && s.name == name)
     }
 
     /// The layers a read of `top` goes through, top first.
@@ -82,16 +84,27 @@ impl Index {
             return Err(EngineError::NotFound(format!("#{id}")));
         };
         let chain = self.chain(top);
-        let deeper = chain.last().and_then(|l| self.layers.get(l)).is_some_and(|l| l.rec.parent != 0 && chain.len() >= MAX_CHAIN);
+        let deeper = chain
+            .last()
+            .and_then(|l| self.layers.get(l))
+            .is_some_and(|l| l.rec.parent != 0 && chain.len() >= MAX_CHAIN);
         if deeper {
-            return Err(EngineError::Corrupt(format!("view #{id} reads through more than {MAX_CHAIN} layers")));
+            return Err(EngineError::Corrupt(format!(
+                "view #{id} reads through more than {MAX_CHAIN} layers"
+            )));
         }
-        Ok(ViewLayers { size_bytes, read_only, chain })
+        Ok(ViewLayers {
+            size_bytes,
+            read_only,
+            chain,
+        })
     }
 
     /// Whether records of this layer still matter (it exists and is not being removed).
     pub fn layer_live(&self, id: u32) -> bool {
-        self.layers.get(&id).is_some_and(|l| l.rec.flags & LAYER_DELETED == 0)
+        self.layers
+            .get(&id)
+            .is_some_and(|l| l.rec.flags & LAYER_DELETED == 0)
     }
 
     pub fn has_parent(&self, id: u32) -> bool {
@@ -100,7 +113,11 @@ impl Index {
 
     /// Layers whose parent is `id`.
     pub fn children(&self, id: u32) -> Vec<u32> {
-        self.layers.values().filter(|l| l.rec.parent == id).map(|l| l.rec.id).collect()
+        self.layers
+            .values()
+            .filter(|l| l.rec.parent == id)
+            .map(|l| l.rec.id)
+            .collect()
     }
 }
 
@@ -123,6 +140,12 @@ pub struct Counters {
     pub read_fast_bytes: AtomicU64,
     pub read_capacity_bytes: AtomicU64,
     pub read_unwritten_bytes: AtomicU64,
+    /// Host reads served by cached copies; blocks promoted, and cached copies dropped.
+    pub read_cached_bytes: AtomicU64,
+    pub promoted_blocks: AtomicU64,
+    pub evicted_blocks: AtomicU64,
+    /// Promotions the evidence asked for but the cache's share of the log had no room for.
+    pub promotions_refused: AtomicU64,
     pub fast_live_blocks: AtomicU64,
     /// f64 bits: log space the destager frees per busy second, smoothed.
     pub destage_bw_bytes_per_s: AtomicU64,
@@ -221,6 +244,10 @@ pub struct Shared {
     /// Each device's own write counter when the group opened it (a device object may outlive
     /// one opening, as in tests).
     pub write_counter_at_open: Vec<u64>,
+    /// Clean copies of capacity blocks in the log area (see cache.rs).
+    pub cache: Mutex<crate::cache::ReadCache>,
+    /// Per volume: policy, limits, figures (rebuilt from the volume table on every change).
+    pub vols: RwLock<crate::runtime::Runtimes>,
 }
 
 impl Shared {
@@ -228,7 +255,9 @@ impl Shared {
         match self.state.load(Ordering::Acquire) {
             STATE_RUNNING => Ok(()),
             STATE_STOPPING => Err(EngineError::ShuttingDown),
-            _ => Err(EngineError::Failed(self.failure.lock().clone().unwrap_or_default())),
+            _ => Err(EngineError::Failed(
+                self.failure.lock().clone().unwrap_or_default(),
+            )),
         }
     }
 
@@ -244,7 +273,9 @@ impl Shared {
     /// Counts a checksum failure of data or metadata on device `dev` (0: the fast device,
     /// 1 + i: capacity device i).
     pub fn checksum_error(&self, dev: usize, n: u64) {
-        self.counters.checksum_errors.fetch_add(n, Ordering::Relaxed);
+        self.counters
+            .checksum_errors
+            .fetch_add(n, Ordering::Relaxed);
         if let Some(c) = self.counters.checksum_errors_by_device.get(dev) {
             c.fetch_add(n, Ordering::Relaxed);
         }
@@ -275,7 +306,9 @@ impl Shared {
             }
         }
         if fast > 0 {
-            self.counters.fast_live_blocks.fetch_sub(fast, Ordering::Relaxed);
+            self.counters
+                .fast_live_blocks
+                .fetch_sub(fast, Ordering::Relaxed);
         }
     }
 
@@ -293,21 +326,36 @@ impl Shared {
 
     /// Writes the checkpoint with the durable index and volume table as they stand. The
     /// caller holds `durable`.
-    pub fn write_checkpoint_locked(&self, d: &mut Durable, tail: (u64, u64)) -> Result<(), EngineError> {
+    pub fn write_checkpoint_locked(
+        &self,
+        d: &mut Durable,
+        tail: (u64, u64),
+    ) -> Result<(), EngineError> {
         let parts = self.durable_parts(d);
         let t = self.tables();
         self.write_checkpoint_full(d, tail, &parts, &t)
     }
 
     /// Writes the checkpoint with the given index and the current volume table.
-    pub fn write_checkpoint_parts(&self, d: &mut Durable, tail: (u64, u64), parts: &IndexParts) -> Result<(), EngineError> {
+    pub fn write_checkpoint_parts(
+        &self,
+        d: &mut Durable,
+        tail: (u64, u64),
+        parts: &IndexParts,
+    ) -> Result<(), EngineError> {
         let t = self.tables();
         self.write_checkpoint_full(d, tail, parts, &t)
     }
 
     /// Writes the checkpoint: the log tail, the given index and volume table. The caller
     /// holds `durable` (every change of the volume table does too).
-    pub fn write_checkpoint_full(&self, d: &mut Durable, tail: (u64, u64), parts: &IndexParts, t: &Tables) -> Result<(), EngineError> {
+    pub fn write_checkpoint_full(
+        &self,
+        d: &mut Durable,
+        tail: (u64, u64),
+        parts: &IndexParts,
+        t: &Tables,
+    ) -> Result<(), EngineError> {
         let next_segment_seq = self.segs.lock().next_seq;
         let cp = Checkpoint {
             group: self.layout.group,
@@ -354,7 +402,8 @@ impl Shared {
         devices
             .zip(self.wear_at_open.iter().zip(&self.write_counter_at_open))
             .map(|(dev, (base, counter_at_open))| DeviceWear {
-                bytes_written_total: base.bytes_written_total + dev.stats().write_bytes.saturating_sub(*counter_at_open),
+                bytes_written_total: base.bytes_written_total
+                    + dev.stats().write_bytes.saturating_sub(*counter_at_open),
                 first_use_unix_s: base.first_use_unix_s,
             })
             .collect()
@@ -379,7 +428,11 @@ pub struct TwoGen<K, V> {
 
 impl<K: std::hash::Hash + Eq + Copy, V: Clone> TwoGen<K, V> {
     pub fn new(cap: usize) -> Self {
-        TwoGen { young: HashMap::new(), old: HashMap::new(), cap: cap.max(1) }
+        TwoGen {
+            young: HashMap::new(),
+            old: HashMap::new(),
+            cap: cap.max(1),
+        }
     }
 
     pub fn get(&mut self, k: &K) -> Option<V> {

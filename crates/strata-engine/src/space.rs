@@ -4,15 +4,15 @@
 
 use serde::Serialize;
 
+use crate::ctree::CTree;
 use crate::ctree::Miss;
 use crate::error::EngineError;
+use crate::format::BLOCK_U64;
 use crate::map::Loc;
 use crate::meta;
 use crate::resolve::{layer_own, resolve_locked, Piece};
 use crate::shared::Index;
 use crate::{DiskGroup, VolumeId};
-use crate::ctree::CTree;
-use crate::format::BLOCK_U64;
 
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
 pub struct SpaceReport {
@@ -29,7 +29,13 @@ impl DiskGroup {
     /// What a view holds on each tier. Walks the view's whole map: for the admin API, not for
     /// the I/O path.
     pub fn space(&self, view: VolumeId) -> Result<SpaceReport, EngineError> {
-        let size_blocks = self.sh.index.read().view(view)?.size_bytes.div_ceil(BLOCK_U64);
+        let size_blocks = self
+            .sh
+            .index
+            .read()
+            .view(view)?
+            .size_bytes
+            .div_ceil(BLOCK_U64);
         let mut r = SpaceReport::default();
         let mut at = 0;
         while at < size_blocks {
@@ -53,10 +59,21 @@ fn add(r: &mut SpaceReport, p: &SpaceReport) {
     r.shared_capacity_bytes += p.shared_capacity_bytes;
 }
 
-fn count_chunk(idx: &Index, t: &CTree, view: VolumeId, lba: u64, n: u64, r: &mut SpaceReport) -> Result<(), Miss> {
+fn count_chunk(
+    idx: &Index,
+    t: &CTree,
+    view: VolumeId,
+    lba: u64,
+    n: u64,
+    r: &mut SpaceReport,
+) -> Result<(), Miss> {
     let Ok(v) = idx.view(view) else { return Ok(()) };
     let top = v.chain.first().copied().unwrap_or(0);
-    let children: Vec<u32> = idx.children(top).into_iter().filter(|c| idx.layer_live(*c)).collect();
+    let children: Vec<u32> = idx
+        .children(top)
+        .into_iter()
+        .filter(|c| idx.layer_live(*c))
+        .collect();
     for p in resolve_locked(idx, t, &v.chain, lba, n)? {
         let Some(loc) = p.loc else { continue };
         let exclusive = if p.layer != top {
@@ -70,7 +87,10 @@ fn count_chunk(idx: &Index, t: &CTree, view: VolumeId, lba: u64, n: u64, r: &mut
         let (ex, sh) = if fast {
             (&mut r.exclusive_fast_bytes, &mut r.shared_fast_bytes)
         } else {
-            (&mut r.exclusive_capacity_bytes, &mut r.shared_capacity_bytes)
+            (
+                &mut r.exclusive_capacity_bytes,
+                &mut r.shared_capacity_bytes,
+            )
         };
         *ex += exclusive * BLOCK_U64;
         *sh += (p.len - exclusive) * BLOCK_U64;

@@ -73,23 +73,47 @@ pub(crate) struct Rig {
 
 impl Rig {
     pub fn new(fast_bytes: u64, cap_bytes: &[u64], cfg: EngineConfig, seed: u64) -> Rig {
-        let fast = Arc::new(MemDevice::with_faults("fast", fast_bytes, FaultConfig::seeded(seed)));
+        let fast = Arc::new(MemDevice::with_faults(
+            "fast",
+            fast_bytes,
+            FaultConfig::seeded(seed),
+        ));
         let caps = cap_bytes
             .iter()
             .enumerate()
-            .map(|(i, &b)| Arc::new(MemDevice::with_faults(format!("cap{i}"), b, FaultConfig::seeded(seed + 1 + i as u64))))
+            .map(|(i, &b)| {
+                Arc::new(MemDevice::with_faults(
+                    format!("cap{i}"),
+                    b,
+                    FaultConfig::seeded(seed + 1 + i as u64),
+                ))
+            })
             .collect();
-        let mut rig = Rig { fast, caps, power: Arc::new(AtomicBool::new(false)), cfg, dg: None };
+        let mut rig = Rig {
+            fast,
+            caps,
+            power: Arc::new(AtomicBool::new(false)),
+            cfg,
+            dg: None,
+        };
         rig.start().expect("format");
         rig
     }
 
     pub fn devices(&self) -> (Arc<dyn Device>, Vec<Arc<dyn Device>>) {
-        let fast: Arc<dyn Device> = Arc::new(Switched { inner: self.fast.clone(), off: self.power.clone() });
+        let fast: Arc<dyn Device> = Arc::new(Switched {
+            inner: self.fast.clone(),
+            off: self.power.clone(),
+        });
         let caps = self
             .caps
             .iter()
-            .map(|c| Arc::new(Switched { inner: c.clone(), off: self.power.clone() }) as Arc<dyn Device>)
+            .map(|c| {
+                Arc::new(Switched {
+                    inner: c.clone(),
+                    off: self.power.clone(),
+                }) as Arc<dyn Device>
+            })
             .collect();
         (fast, caps)
     }
@@ -127,23 +151,42 @@ impl Rig {
 }
 
 pub(crate) fn small_cfg() -> EngineConfig {
-    EngineConfig { segment_size_bytes: MIB, fill_ratio_low: 0.3, fill_ratio_high: 0.7, max_batch_bytes: 256 * 1024, index_cache_bytes: 64 * 1024, ..EngineConfig::default() }
+    EngineConfig {
+        segment_size_bytes: MIB,
+        fill_ratio_low: 0.3,
+        fill_ratio_high: 0.7,
+        max_batch_bytes: 256 * 1024,
+        index_cache_bytes: 64 * 1024,
+        ..EngineConfig::default()
+    }
 }
 
 pub(crate) fn seed_for(test: &str) -> u64 {
-    let seed = std::env::var("STRATA_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1);
-        t ^ 0x9e37_79b9_7f4a_7c15
-    });
+    let seed = std::env::var("STRATA_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1);
+            t ^ 0x9e37_79b9_7f4a_7c15
+        });
     eprintln!("{test}: seed {seed} (replay with STRATA_TEST_SEED={seed})");
     seed
 }
 
 fn check_volume(dg: &DiskGroup, vol: u32, model: &[u8], what: &str) {
     let mut buf = vec![0u8; model.len()];
-    dg.read(vol, 0, &mut buf).unwrap_or_else(|e| panic!("{what}: read failed: {e}"));
+    dg.read(vol, 0, &mut buf)
+        .unwrap_or_else(|e| panic!("{what}: read failed: {e}"));
     if let Some(i) = (0..model.len()).find(|&i| buf[i] != model[i]) {
-        panic!("{what}: byte {i} (block {}) is {:#x}, expected {:#x}", i / 4096, buf[i], model[i]);
+        panic!(
+            "{what}: byte {i} (block {}) is {:#x}, expected {:#x}",
+            i / 4096,
+            buf[i],
+            model[i]
+        );
     }
 }
 
@@ -157,7 +200,10 @@ fn write_read_zero_across_both_tiers() {
     dg.write(v, 1000, &data).unwrap();
     model[1000..1000 + data.len()].copy_from_slice(&data);
     check_volume(dg, v, &model, "after write");
-    assert!(dg.destage_all(Duration::from_secs(10)), "destage did not finish");
+    assert!(
+        dg.destage_all(Duration::from_secs(10)),
+        "destage did not finish"
+    );
     assert!(dg.stats().destaged_bytes_total > 0);
     check_volume(dg, v, &model, "after destage");
     dg.write_zeroes(v, 5000, 2 * MIB).unwrap();
@@ -166,7 +212,11 @@ fn write_read_zero_across_both_tiers() {
     model[513..1024].fill(0xee);
     check_volume(dg, v, &model, "after zero");
     let ex = dg.extents(v, 0, 8 * MIB).unwrap();
-    assert!(ex.iter().any(|e| e.kind == ExtentKind::Zero && e.len >= MIB), "{ex:?}");
+    assert!(
+        ex.iter()
+            .any(|e| e.kind == ExtentKind::Zero && e.len >= MIB),
+        "{ex:?}"
+    );
     assert_eq!(ex.iter().map(|e| e.len).sum::<u64>(), 8 * MIB);
     rig.clean_restart();
     check_volume(rig.dg(), v, &model, "after restart");
@@ -179,13 +229,34 @@ fn bad_requests_are_refused_and_change_nothing() {
     let rig = Rig::new(32 * MIB, &[24 * MIB], small_cfg(), 2);
     let dg = rig.dg();
     let v = dg.create_volume("v", MIB).unwrap().id;
-    assert!(matches!(dg.write(v, MIB - 10, &[1; 20]), Err(EngineError::OutOfRange { .. })));
-    assert!(matches!(dg.read(v, u64::MAX - 2, &mut [0; 4]), Err(EngineError::OutOfRange { .. })));
-    assert!(matches!(dg.write(99, 0, &[1]), Err(EngineError::NotFound(_))));
-    assert!(matches!(dg.create_volume("v", MIB), Err(EngineError::AlreadyExists(_))));
-    assert!(matches!(dg.create_volume("bad/name", MIB), Err(EngineError::InvalidArgument(_))));
-    assert!(matches!(dg.create_volume("w", 1000), Err(EngineError::InvalidArgument(_))));
-    assert!(matches!(dg.resize_volume("v", 4096), Err(EngineError::InvalidArgument(_))));
+    assert!(matches!(
+        dg.write(v, MIB - 10, &[1; 20]),
+        Err(EngineError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        dg.read(v, u64::MAX - 2, &mut [0; 4]),
+        Err(EngineError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        dg.write(99, 0, &[1]),
+        Err(EngineError::NotFound(_))
+    ));
+    assert!(matches!(
+        dg.create_volume("v", MIB),
+        Err(EngineError::AlreadyExists(_))
+    ));
+    assert!(matches!(
+        dg.create_volume("bad/name", MIB),
+        Err(EngineError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        dg.create_volume("w", 1000),
+        Err(EngineError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        dg.resize_volume("v", 4096),
+        Err(EngineError::InvalidArgument(_))
+    ));
     let mut buf = vec![1u8; MIB as usize];
     dg.read(v, 0, &mut buf).unwrap();
     assert!(buf.iter().all(|&b| b == 0));
@@ -198,13 +269,20 @@ fn volumes_survive_restart_and_delete_frees_space() {
     let mut rig = Rig::new(32 * MIB, &[24 * MIB, 16 * MIB], small_cfg(), 3);
     let a = rig.dg().create_volume("a", 4 * MIB).unwrap();
     let b = rig.dg().create_volume("b", 4 * MIB).unwrap();
-    rig.dg().write(a.id, 0, &vec![0xaa; 4 * MIB as usize]).unwrap();
-    rig.dg().write(b.id, 0, &vec![0xbb; 4 * MIB as usize]).unwrap();
+    rig.dg()
+        .write(a.id, 0, &vec![0xaa; 4 * MIB as usize])
+        .unwrap();
+    rig.dg()
+        .write(b.id, 0, &vec![0xbb; 4 * MIB as usize])
+        .unwrap();
     assert!(rig.dg().destage_all(Duration::from_secs(10)));
     let live_before = rig.dg().stats().capacity_live_bytes;
     assert_eq!(live_before, 8 * MIB);
     rig.dg().delete_volume("a", false).unwrap();
-    assert!(rig.dg().settle(Duration::from_secs(10)), "the deleted volume's blocks were not released");
+    assert!(
+        rig.dg().settle(Duration::from_secs(10)),
+        "the deleted volume's blocks were not released"
+    );
     assert_eq!(rig.dg().stats().capacity_live_bytes, 4 * MIB);
     rig.power_cut_and_restart();
     let names: Vec<_> = rig.dg().volumes().into_iter().map(|v| v.name).collect();
@@ -242,10 +320,18 @@ fn model_run(seed: u64, steps: usize, cfg: EngineConfig, caps: &[u64]) {
                     2 => rng.gen_range(1..70_000),
                     _ => rng.gen_range(1..600_000),
                 };
-                let off = if rng.gen_bool(0.5) { rng.gen_range(0..size - len) } else { rng.gen_range(0..(size - len) / 512) * 512 };
+                let off = if rng.gen_bool(0.5) {
+                    rng.gen_range(0..size - len)
+                } else {
+                    rng.gen_range(0..(size - len) / 512) * 512
+                };
                 let byte: u8 = rng.gen();
-                let data: Vec<u8> = (0..len).map(|i| byte.wrapping_add((i / 512) as u8)).collect();
-                rig.dg().write(v, off as u64, &data).unwrap_or_else(|e| panic!("{what}: write: {e}"));
+                let data: Vec<u8> = (0..len)
+                    .map(|i| byte.wrapping_add((i / 512) as u8))
+                    .collect();
+                rig.dg()
+                    .write(v, off as u64, &data)
+                    .unwrap_or_else(|e| panic!("{what}: write: {e}"));
                 model[off..off + len].copy_from_slice(&data);
             }
             55..=64 => {
@@ -262,8 +348,13 @@ fn model_run(seed: u64, steps: usize, cfg: EngineConfig, caps: &[u64]) {
                 let len = rng.gen_range(1..300_000);
                 let off = rng.gen_range(0..size - len);
                 let mut buf = vec![0u8; len];
-                rig.dg().read(v, off as u64, &mut buf).unwrap_or_else(|e| panic!("{what}: read: {e}"));
-                assert!(buf == model[off..off + len], "{what}: read mismatch at {off}+{len}");
+                rig.dg()
+                    .read(v, off as u64, &mut buf)
+                    .unwrap_or_else(|e| panic!("{what}: read: {e}"));
+                assert!(
+                    buf == model[off..off + len],
+                    "{what}: read mismatch at {off}+{len}"
+                );
             }
             80..=86 => {
                 rig.dg().destage_all(Duration::from_secs(20));
@@ -278,12 +369,19 @@ fn model_run(seed: u64, steps: usize, cfg: EngineConfig, caps: &[u64]) {
             }
         }
         if t0.elapsed() > Duration::from_secs(2) {
-            eprintln!("{what}: op {op} took {:?}: {:?}", t0.elapsed(), rig.dg().stats());
+            eprintln!(
+                "{what}: op {op} took {:?}: {:?}",
+                t0.elapsed(),
+                rig.dg().stats()
+            );
         }
     }
     check_volume(rig.dg(), v, &model, &format!("seed {seed}: final"));
     let st = rig.dg().stats();
-    assert_eq!(st.checksum_errors_total, 0, "seed {seed}: checksum errors without faults");
+    assert_eq!(
+        st.checksum_errors_total, 0,
+        "seed {seed}: checksum errors without faults"
+    );
 }
 
 #[test]
@@ -297,9 +395,18 @@ fn model_random_ops_with_power_cuts() {
 #[test]
 fn model_eager_destage_two_capacity_devices_tight_space() {
     let seed = seed_for("model_eager_destage_two_capacity_devices_tight_space");
-    let cfg = EngineConfig { fill_ratio_low: 0.0, fill_ratio_high: 0.05, ..small_cfg() };
+    let cfg = EngineConfig {
+        fill_ratio_low: 0.0,
+        fill_ratio_high: 0.05,
+        ..small_cfg()
+    };
     for i in 0..8 {
-        model_run(seed.wrapping_add(i), 150, cfg.clone(), &[14 * MIB, 14 * MIB]);
+        model_run(
+            seed.wrapping_add(i),
+            150,
+            cfg.clone(),
+            &[14 * MIB, 14 * MIB],
+        );
     }
 }
 
@@ -307,7 +414,11 @@ fn model_eager_destage_two_capacity_devices_tight_space() {
 #[test]
 fn stress_hot_set_overwrites_with_destage_and_gc() {
     let seed = seed_for("stress_hot_set_overwrites_with_destage_and_gc");
-    let cfg = EngineConfig { fill_ratio_low: 0.05, fill_ratio_high: 0.3, ..small_cfg() };
+    let cfg = EngineConfig {
+        fill_ratio_low: 0.05,
+        fill_ratio_high: 0.3,
+        ..small_cfg()
+    };
     let rig = Rig::new(24 * MIB, &[32 * MIB], cfg, seed);
     let dg = rig.dg.clone().expect("running");
     let size = 8 * MIB;
@@ -325,8 +436,11 @@ fn stress_hot_set_overwrites_with_destage_and_gc() {
                     let blocks = rng.gen_range(1..8u64);
                     let off = base + rng.gen_range(0..(size / 4 / 4096 - blocks)) * 4096;
                     let data = vec![(i as u8).wrapping_add(t as u8 * 64); (blocks * 4096) as usize];
-                    if let Err(e) = dg.write(v, off, &data) { panic!("write: {e}: {:?}", dg.stats()) }
-                    model.lock()[off as usize..(off + blocks * 4096) as usize].copy_from_slice(&data);
+                    if let Err(e) = dg.write(v, off, &data) {
+                        panic!("write: {e}: {:?}", dg.stats())
+                    }
+                    model.lock()[off as usize..(off + blocks * 4096) as usize]
+                        .copy_from_slice(&data);
                 }
             })
         })
@@ -366,7 +480,10 @@ fn concurrent_small_writes_to_one_block_are_all_kept() {
     for blk in 0..4 {
         for t in 0..8 {
             let at = blk * 4096 + t * 512;
-            assert!(buf[at..at + 512].iter().all(|&b| b == t as u8 + 1), "block {blk} sector {t}");
+            assert!(
+                buf[at..at + 512].iter().all(|&b| b == t as u8 + 1),
+                "block {blk} sector {t}"
+            );
         }
     }
 }
@@ -395,7 +512,10 @@ fn corruption_on_either_tier_is_an_error_not_data() {
     flip_first(&rig.caps[0], 0x11);
     flip_first(&rig.fast, 0x22);
     let mut whole = vec![0u8; 4 * MIB as usize];
-    assert!(matches!(dg.read(v, 0, &mut whole), Err(EngineError::Corrupt(_))));
+    assert!(matches!(
+        dg.read(v, 0, &mut whole),
+        Err(EngineError::Corrupt(_))
+    ));
     let mut bad = 0;
     for blk in 0..(3 * MIB / 4096) {
         let mut b = vec![0u8; 4096];
@@ -417,7 +537,9 @@ fn foreign_and_newer_devices_are_refused() {
     rig2.dg().shutdown().unwrap();
     let (fast1, _) = rig1.devices();
     let (_, caps2) = rig2.devices();
-    let err = DiskGroup::open(fast1.clone(), caps2, small_cfg(), true).err().expect("foreign device accepted");
+    let err = DiskGroup::open(fast1.clone(), caps2, small_cfg(), true)
+        .err()
+        .expect("foreign device accepted");
     assert!(err.to_string().contains("belongs to disk group"), "{err}");
     let (_, caps1) = rig1.devices();
     // A newer format version in both superblock copies is refused with a clear message.
@@ -428,7 +550,9 @@ fn foreign_and_newer_devices_are_refused() {
         format::seal_crc(&mut b, 4092);
         rig1.fast.write_at(&b, copy * 4096).unwrap();
     }
-    let err = DiskGroup::open(fast1, caps1, small_cfg(), true).err().expect("newer format accepted");
+    let err = DiskGroup::open(fast1, caps1, small_cfg(), true)
+        .err()
+        .expect("newer format accepted");
     assert!(err.to_string().contains("newer"), "{err}");
 }
 
@@ -448,7 +572,11 @@ fn damaged_metadata_copy_is_repaired_from_the_other() {
 
 #[test]
 fn capacity_exhaustion_is_enospc_and_data_stays_readable() {
-    let cfg = EngineConfig { fill_ratio_low: 0.0, fill_ratio_high: 0.2, ..small_cfg() };
+    let cfg = EngineConfig {
+        fill_ratio_low: 0.0,
+        fill_ratio_high: 0.2,
+        ..small_cfg()
+    };
     let rig = Rig::new(20 * MIB, &[12 * MIB], cfg, 10);
     let dg = rig.dg();
     let v = dg.create_volume("big", 64 * MIB).unwrap().id;
@@ -464,12 +592,18 @@ fn capacity_exhaustion_is_enospc_and_data_stays_readable() {
             Err(e) => panic!("unexpected error {e}"),
         }
     }
-    assert!(got_enospc, "thin volume larger than the tiers never hit ENOSPC");
+    assert!(
+        got_enospc,
+        "thin volume larger than the tiers never hit ENOSPC"
+    );
     assert!(written > 8, "only {written} MiB fit");
     for i in 0..written {
         let mut b = vec![0u8; MIB as usize];
         dg.read(v, i * MIB, &mut b).unwrap();
-        assert!(b.iter().all(|&x| x == (i + 1) as u8), "MiB {i} damaged after ENOSPC");
+        assert!(
+            b.iter().all(|&x| x == (i + 1) as u8),
+            "MiB {i} damaged after ENOSPC"
+        );
     }
 }
 
@@ -479,10 +613,23 @@ fn capacity_exhaustion_is_enospc_and_data_stays_readable() {
 fn injected_io_errors_never_return_wrong_data() {
     let seed = seed_for("injected_io_errors_never_return_wrong_data");
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut rig = Rig::new(24 * MIB, &[24 * MIB], EngineConfig { fill_ratio_low: 0.0, ..small_cfg() }, seed);
+    let mut rig = Rig::new(
+        24 * MIB,
+        &[24 * MIB],
+        EngineConfig {
+            fill_ratio_low: 0.0,
+            ..small_cfg()
+        },
+        seed,
+    );
     let v = rig.dg().create_volume("f", 4 * MIB).unwrap().id;
     let mut model = vec![0u8; 4 * MIB as usize];
-    let faults = |s: u64| FaultConfig { read_error_rate: 0.02, write_error_rate: 0.02, flush_error_rate: 0.02, ..FaultConfig::seeded(s) };
+    let faults = |s: u64| FaultConfig {
+        read_error_rate: 0.02,
+        write_error_rate: 0.02,
+        flush_error_rate: 0.02,
+        ..FaultConfig::seeded(s)
+    };
     rig.caps[0].set_faults(faults(seed ^ 1));
     for step in 0..300 {
         let len = rng.gen_range(1..50_000usize);
@@ -500,11 +647,16 @@ fn injected_io_errors_never_return_wrong_data() {
                     rig.power_cut_and_restart();
                     // The failed write may or may not have landed, but only as a whole.
                     let mut b = vec![0u8; len];
-                    rig.dg().read(v, off as u64, &mut b).expect("read after restart");
+                    rig.dg()
+                        .read(v, off as u64, &mut b)
+                        .expect("read after restart");
                     if b == data {
                         model[off..off + len].copy_from_slice(&data);
                     } else {
-                        assert!(b == model[off..off + len], "seed {seed} step {step}: failed write left a mix");
+                        assert!(
+                            b == model[off..off + len],
+                            "seed {seed} step {step}: failed write left a mix"
+                        );
                     }
                     rig.caps[0].set_faults(faults(seed ^ step));
                 }
@@ -512,7 +664,10 @@ fn injected_io_errors_never_return_wrong_data() {
         } else {
             let mut b = vec![0u8; len];
             if rig.dg().read(v, off as u64, &mut b).is_ok() {
-                assert!(b == model[off..off + len], "seed {seed} step {step}: wrong data returned");
+                assert!(
+                    b == model[off..off + len],
+                    "seed {seed} step {step}: wrong data returned"
+                );
             }
         }
     }
@@ -525,7 +680,16 @@ fn injected_io_errors_never_return_wrong_data() {
 /// restart: every acknowledged write must come back.
 #[test]
 fn full_batches_survive_restart_and_power_cut() {
-    let mut rig = Rig::new(64 * MIB, &[24 * MIB], EngineConfig { fill_ratio_low: 0.9, fill_ratio_high: 0.95, ..small_cfg() }, 11);
+    let mut rig = Rig::new(
+        64 * MIB,
+        &[24 * MIB],
+        EngineConfig {
+            fill_ratio_low: 0.9,
+            fill_ratio_high: 0.95,
+            ..small_cfg()
+        },
+        11,
+    );
     let dg = rig.dg.clone().expect("running");
     let v = dg.create_volume("many", 4 * MIB).unwrap().id;
     let threads: Vec<_> = (0..128u64)
@@ -534,7 +698,8 @@ fn full_batches_survive_restart_and_power_cut() {
             std::thread::spawn(move || {
                 for i in 0..8u64 {
                     let blk = t * 8 + i;
-                    dg.write(v, blk * 4096, &[(blk % 251) as u8 + 1; 4096]).expect("write");
+                    dg.write(v, blk * 4096, &[(blk % 251) as u8 + 1; 4096])
+                        .expect("write");
                 }
             })
         })
@@ -543,7 +708,9 @@ fn full_batches_survive_restart_and_power_cut() {
         t.join().expect("thread");
     }
     drop(dg);
-    let model: Vec<u8> = (0..1024u64).flat_map(|b| vec![(b % 251) as u8 + 1; 4096]).collect();
+    let model: Vec<u8> = (0..1024u64)
+        .flat_map(|b| vec![(b % 251) as u8 + 1; 4096])
+        .collect();
     rig.clean_restart();
     check_volume(rig.dg(), v, &model, "after clean restart");
     rig.power_cut_and_restart();
@@ -553,27 +720,52 @@ fn full_batches_survive_restart_and_power_cut() {
 #[test]
 fn device_wear_counts_every_device_write_and_survives_restart() {
     let mut rig = Rig::new(32 * MIB, &[24 * MIB, 24 * MIB], small_cfg(), 7);
-    let before: Vec<u64> = rig.dg().device_wear().iter().map(|w| w.bytes_written_total).collect();
+    let before: Vec<u64> = rig
+        .dg()
+        .device_wear()
+        .iter()
+        .map(|w| w.bytes_written_total)
+        .collect();
     assert_eq!(before.len(), 3);
-    assert!(rig.dg().device_wear().iter().all(|w| w.first_use_unix_s > 0));
-    let raw_before: Vec<u64> =
-        std::iter::once(rig.fast.stats().write_bytes).chain(rig.caps.iter().map(|c| c.stats().write_bytes)).collect();
+    assert!(rig
+        .dg()
+        .device_wear()
+        .iter()
+        .all(|w| w.first_use_unix_s > 0));
+    let raw_before: Vec<u64> = std::iter::once(rig.fast.stats().write_bytes)
+        .chain(rig.caps.iter().map(|c| c.stats().write_bytes))
+        .collect();
     let v = rig.dg().create_volume("v", 8 * MIB).unwrap().id;
     rig.dg().write(v, 0, &vec![0x5a; 4 * MIB as usize]).unwrap();
     assert!(rig.dg().destage_all(Duration::from_secs(10)));
     rig.clean_restart();
-    let raw_after: Vec<u64> =
-        std::iter::once(rig.fast.stats().write_bytes).chain(rig.caps.iter().map(|c| c.stats().write_bytes)).collect();
-    let after: Vec<u64> = rig.dg().device_wear().iter().map(|w| w.bytes_written_total).collect();
+    let raw_after: Vec<u64> = std::iter::once(rig.fast.stats().write_bytes)
+        .chain(rig.caps.iter().map(|c| c.stats().write_bytes))
+        .collect();
+    let after: Vec<u64> = rig
+        .dg()
+        .device_wear()
+        .iter()
+        .map(|w| w.bytes_written_total)
+        .collect();
     for i in 0..3 {
         // The count persisted at shutdown is what the device received, minus at most the
         // final checkpoint write itself (two copies of one block each).
         let device_saw = raw_after[i] - raw_before[i];
         let counted = after[i] - before[i];
-        assert!(counted <= device_saw && device_saw - counted <= 2 * 4096, "device {i}: counted {counted}, device saw {device_saw}");
+        assert!(
+            counted <= device_saw && device_saw - counted <= 2 * 4096,
+            "device {i}: counted {counted}, device saw {device_saw}"
+        );
     }
-    assert!(after[0] - before[0] >= 4 * MIB, "fast tier took the log writes");
-    assert!(after[1] + after[2] - before[1] - before[2] >= 4 * MIB, "capacity took the destage");
+    assert!(
+        after[0] - before[0] >= 4 * MIB,
+        "fast tier took the log writes"
+    );
+    assert!(
+        after[1] + after[2] - before[1] - before[2] >= 4 * MIB,
+        "capacity took the destage"
+    );
 }
 
 /// Asynchronous writes: whole blocks start without waiting and complete like `write`; the
@@ -597,22 +789,35 @@ fn async_writes_complete_durably_and_refuse_what_must_wait() {
     }
     let mut ok = std::collections::HashSet::new();
     for _ in 0..200 {
-        let (i, good) = rx.recv_timeout(Duration::from_secs(10)).expect("every write completes");
+        let (i, good) = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("every write completes");
         assert!(good, "write {i} failed");
         ok.insert(i);
     }
     assert_eq!(ok.len(), 200);
-    assert!(started > 100, "most writes started asynchronously ({started})");
+    assert!(
+        started > 100,
+        "most writes started asynchronously ({started})"
+    );
     // Not whole blocks, or a snapshot: handed back, nothing written.
     let never: WriteDone = Box::new(|_| panic!("a refused write must not complete"));
-    let back = dg.write_async(v, 100, &[7u8; 4096], never).err().expect("unaligned refused");
+    let back = dg
+        .write_async(v, 100, &[7u8; 4096], never)
+        .err()
+        .expect("unaligned refused");
     drop(back);
     let s = dg.create_snapshot("a", "s").unwrap();
     let never: WriteDone = Box::new(|_| panic!("a refused write must not complete"));
-    assert!(dg.write_async(s.id, 0, &[7u8; 4096], never).is_err(), "snapshot writes refused");
+    assert!(
+        dg.write_async(s.id, 0, &[7u8; 4096], never).is_err(),
+        "snapshot writes refused"
+    );
     drop(dg);
     rig.power_cut_and_restart();
-    let mut model: Vec<u8> = (0..200u64).flat_map(|i| vec![(i % 250) as u8 + 1; 8192]).collect();
+    let mut model: Vec<u8> = (0..200u64)
+        .flat_map(|i| vec![(i % 250) as u8 + 1; 8192])
+        .collect();
     model.resize(4 * MIB as usize, 0);
     check_volume(rig.dg(), v, &model, "after power cut");
 }

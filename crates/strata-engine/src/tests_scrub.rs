@@ -23,15 +23,22 @@ fn find_block(dev: &MemDevice, content: &[u8]) -> u64 {
 
 fn try_find_block(dev: &MemDevice, content: &[u8]) -> Option<u64> {
     let mut b = AlignedBuf::new_zeroed(4096);
-    (0..dev.size_bytes() / 4096).map(|blk| blk * 4096).find(|&off| {
-        dev.read_at(&mut b, off).unwrap();
-        b[..] == content[..]
-    })
+    (0..dev.size_bytes() / 4096)
+        .map(|blk| blk * 4096)
+        .find(|&off| {
+            dev.read_at(&mut b, off).unwrap();
+            b[..] == content[..]
+        })
 }
 
 /// Byte offset (on its capacity device) of copy A of the durable index's root page.
 fn root_page_copy_a(dg: &DiskGroup) -> u64 {
-    let root = dg.sh.durable.lock().index_root.expect("an index was written");
+    let root = dg
+        .sh
+        .durable
+        .lock()
+        .index_root
+        .expect("an index was written");
     let (seg, block) = ((root.a >> 32) as usize, root.a as u32 as u64);
     let (dev, off) = dg.sh.layout.segments[seg];
     assert_eq!(dev, 0, "one capacity device");
@@ -59,15 +66,22 @@ fn scrub_reports_every_bad_block_and_repairs_every_metadata_copy() {
     // A clean restart writes the index, so there are index pages on the capacity device.
     rig.clean_restart();
     let clean = rig.dg().scrub(&ScrubOptions::default()).unwrap();
-    assert!(clean.clean() && clean.metadata_repaired.is_empty(), "{clean:?}");
+    assert!(
+        clean.clean() && clean.metadata_repaired.is_empty(),
+        "{clean:?}"
+    );
     assert!(clean.data_bytes_verified >= 4 * MIB, "{clean:?}");
 
     // Two capacity blocks (held by the snapshot's layer), two log blocks (the volume's).
     for lba in [7u64, 300] {
-        rig.caps[0].flip_bit(find_block(&rig.caps[0], &block_of(lba, 0x11)) + 99, 2).unwrap();
+        rig.caps[0]
+            .flip_bit(find_block(&rig.caps[0], &block_of(lba, 0x11)) + 99, 2)
+            .unwrap();
     }
     for lba in [600u64, 1000] {
-        rig.fast.flip_bit(find_block(&rig.fast, &block_of(lba, 0x22)) + 17, 5).unwrap();
+        rig.fast
+            .flip_bit(find_block(&rig.fast, &block_of(lba, 0x22)) + 17, 5)
+            .unwrap();
     }
     // One copy of each kind of metadata.
     rig.caps[0].flip_bit(4096 + 300, 1).unwrap(); // superblock copy B of the capacity device
@@ -77,7 +91,11 @@ fn scrub_reports_every_bad_block_and_repairs_every_metadata_copy() {
 
     let dg = rig.dg();
     let report = dg.scrub(&ScrubOptions::default()).unwrap();
-    let mut bad: Vec<(String, u64, &str)> = report.bad_blocks.iter().map(|b| (b.volume.clone(), b.offset, b.tier)).collect();
+    let mut bad: Vec<(String, u64, &str)> = report
+        .bad_blocks
+        .iter()
+        .map(|b| (b.volume.clone(), b.offset, b.tier))
+        .collect();
     bad.sort();
     assert_eq!(
         bad,
@@ -111,9 +129,18 @@ fn scrub_reports_every_bad_block_and_repairs_every_metadata_copy() {
     assert!(again.metadata_repaired.is_empty(), "{again:#?}");
     // And the repaired metadata holds across a restart.
     rig.clean_restart();
-    let after = rig.dg().scrub(&ScrubOptions { volume: Some("v".into()), rate_bytes_per_s: 0 }).unwrap();
+    let after = rig
+        .dg()
+        .scrub(&ScrubOptions {
+            volume: Some("v".into()),
+            rate_bytes_per_s: 0,
+        })
+        .unwrap();
     assert_eq!(after.bad_blocks_total, 4, "{after:#?}");
-    assert!(after.metadata_repaired.is_empty() && after.metadata_damaged.is_empty(), "{after:#?}");
+    assert!(
+        after.metadata_repaired.is_empty() && after.metadata_damaged.is_empty(),
+        "{after:#?}"
+    );
 }
 
 #[test]
@@ -125,11 +152,26 @@ fn scrub_of_one_volume_checks_only_its_blocks_and_keeps_to_its_rate() {
     dg.write(a, 0, &vec![1u8; 2 * MIB as usize]).unwrap();
     dg.write(b, 0, &vec![2u8; MIB as usize]).unwrap();
     let started = std::time::Instant::now();
-    let r = dg.scrub(&ScrubOptions { volume: Some("b".into()), rate_bytes_per_s: 4 * MIB }).unwrap();
+    let r = dg
+        .scrub(&ScrubOptions {
+            volume: Some("b".into()),
+            rate_bytes_per_s: 4 * MIB,
+        })
+        .unwrap();
     assert_eq!(r.data_bytes_verified, MIB, "{r:?}");
     // 1 MiB of data plus metadata at 4 MiB/s takes at least a quarter of a second.
-    assert!(started.elapsed() >= Duration::from_millis(240), "{:?}", started.elapsed());
-    assert!(matches!(dg.scrub(&ScrubOptions { volume: Some("nope".into()), rate_bytes_per_s: 0 }), Err(EngineError::NotFound(_))));
+    assert!(
+        started.elapsed() >= Duration::from_millis(240),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(matches!(
+        dg.scrub(&ScrubOptions {
+            volume: Some("nope".into()),
+            rate_bytes_per_s: 0
+        }),
+        Err(EngineError::NotFound(_))
+    ));
     let status = dg.scrub_status();
     assert!(!status.running && status.last.is_some_and(|l| l.scope == "b"));
 }
@@ -143,27 +185,47 @@ fn one_batch_per_block(dg: &DiskGroup, v: u32, n: u64) {
 
 #[test]
 fn damaged_log_data_of_an_acknowledged_batch_is_an_error_not_the_end_of_the_log() {
-    let cfg = EngineConfig { fill_ratio_low: 0.9, fill_ratio_high: 0.95, ..small_cfg() };
+    let cfg = EngineConfig {
+        fill_ratio_low: 0.9,
+        fill_ratio_high: 0.95,
+        ..small_cfg()
+    };
     let mut rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 43);
     let v = rig.dg().create_volume("v", MIB).unwrap().id;
     one_batch_per_block(rig.dg(), v, 100);
-    rig.fast.flip_bit(find_block(&rig.fast, &block_of(10, 0x33)) + 5, 0).unwrap();
+    rig.fast
+        .flip_bit(find_block(&rig.fast, &block_of(10, 0x33)) + 5, 0)
+        .unwrap();
     rig.power_cut_and_restart();
     let dg = rig.dg();
     assert_eq!(dg.open_report().damaged_log_records, 1);
-    assert!(read_fails(dg, v, 10 * 4096), "the damaged block read as data");
+    assert!(
+        read_fails(dg, v, 10 * 4096),
+        "the damaged block read as data"
+    );
     for lba in (0..100).filter(|&l| l != 10) {
         let mut b = vec![0u8; 4096];
         dg.read(v, lba * 4096, &mut b).unwrap();
-        assert_eq!(b, block_of(lba, 0x33), "block {lba} after the damaged one was lost");
+        assert_eq!(
+            b,
+            block_of(lba, 0x33),
+            "block {lba} after the damaged one was lost"
+        );
     }
     let r = dg.scrub(&ScrubOptions::default()).unwrap();
-    assert_eq!(r.bad_blocks.iter().map(|b| b.offset).collect::<Vec<_>>(), vec![10 * 4096]);
+    assert_eq!(
+        r.bad_blocks.iter().map(|b| b.offset).collect::<Vec<_>>(),
+        vec![10 * 4096]
+    );
 }
 
 #[test]
 fn a_damaged_batch_header_mid_log_refuses_to_open_instead_of_losing_later_writes() {
-    let cfg = EngineConfig { fill_ratio_low: 0.9, fill_ratio_high: 0.95, ..small_cfg() };
+    let cfg = EngineConfig {
+        fill_ratio_low: 0.9,
+        fill_ratio_high: 0.95,
+        ..small_cfg()
+    };
     for clean in [false, true] {
         let mut rig = Rig::new(32 * MIB, &[24 * MIB], cfg.clone(), 44);
         let v = rig.dg().create_volume("v", MIB).unwrap().id;
@@ -179,7 +241,10 @@ fn a_damaged_batch_header_mid_log_refuses_to_open_instead_of_losing_later_writes
             }
         }
         let err = rig.start().err().expect("opened over a damaged log");
-        assert!(err.to_string().contains("write log is damaged"), "clean {clean}: {err}");
+        assert!(
+            err.to_string().contains("write log is damaged"),
+            "clean {clean}: {err}"
+        );
     }
 }
 
@@ -193,9 +258,15 @@ fn checksum_failures_are_counted_on_the_device_that_holds_the_bad_copy() {
     }
     assert!(dg.destage_all(Duration::from_secs(10)));
     dg.write(v, 100 * 4096, &block_of(100, 0x55)).unwrap();
-    rig.fast.flip_bit(find_block(&rig.fast, &block_of(100, 0x55)) + 9, 1).unwrap();
-    let on = (0..2).find(|&i| try_find_block(&rig.caps[i], &block_of(5, 0x44)).is_some()).expect("destaged");
-    rig.caps[on].flip_bit(find_block(&rig.caps[on], &block_of(5, 0x44)) + 9, 1).unwrap();
+    rig.fast
+        .flip_bit(find_block(&rig.fast, &block_of(100, 0x55)) + 9, 1)
+        .unwrap();
+    let on = (0..2)
+        .find(|&i| try_find_block(&rig.caps[i], &block_of(5, 0x44)).is_some())
+        .expect("destaged");
+    rig.caps[on]
+        .flip_bit(find_block(&rig.caps[on], &block_of(5, 0x44)) + 9, 1)
+        .unwrap();
     assert!(read_fails(dg, v, 100 * 4096) && read_fails(dg, v, 5 * 4096));
     let by_dev = dg.stats().checksum_errors_by_device;
     let mut want = vec![1, 0, 0];

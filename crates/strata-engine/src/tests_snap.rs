@@ -23,20 +23,35 @@ struct Model {
 
 fn check_all(dg: &DiskGroup, m: &Model, what: &str) {
     for (name, image) in m.volumes.iter().chain(m.snapshots.iter()) {
-        let v = dg.view(name).unwrap_or_else(|| panic!("{what}: view {name} is missing"));
+        let v = dg
+            .view(name)
+            .unwrap_or_else(|| panic!("{what}: view {name} is missing"));
         assert_eq!(v.size_bytes as usize, image.len(), "{what}: size of {name}");
         let mut buf = vec![0u8; image.len()];
-        dg.read(v.id, 0, &mut buf).unwrap_or_else(|e| panic!("{what}: read {name}: {e}"));
+        dg.read(v.id, 0, &mut buf)
+            .unwrap_or_else(|e| panic!("{what}: read {name}: {e}"));
         if let Some(i) = (0..buf.len()).find(|&i| buf[i] != image[i]) {
-            panic!("{what}: {name} byte {i} (block {}) is {:#x}, expected {:#x}", i / 4096, buf[i], image[i]);
+            panic!(
+                "{what}: {name} byte {i} (block {}) is {:#x}, expected {:#x}",
+                i / 4096,
+                buf[i],
+                image[i]
+            );
         }
     }
     let views = dg.views().len();
-    assert_eq!(views, m.volumes.len() + m.snapshots.len(), "{what}: views {:?}", dg.views());
+    assert_eq!(
+        views,
+        m.volumes.len() + m.snapshots.len(),
+        "{what}: views {:?}",
+        dg.views()
+    );
 }
 
 fn random_write(rng: &mut StdRng, dg: &DiskGroup, m: &mut Model, what: &str) {
-    let Some(name) = pick(rng, m.volumes.keys()) else { return };
+    let Some(name) = pick(rng, m.volumes.keys()) else {
+        return;
+    };
     let id = dg.volume(&name).expect("volume").id;
     let image = m.volumes.get_mut(&name).expect("model");
     let len = match rng.gen_range(0..3) {
@@ -46,12 +61,16 @@ fn random_write(rng: &mut StdRng, dg: &DiskGroup, m: &mut Model, what: &str) {
     };
     let off = rng.gen_range(0..image.len() - len);
     if rng.gen_bool(0.15) {
-        dg.write_zeroes(id, off as u64, len as u64).unwrap_or_else(|e| panic!("{what}: zero: {e}"));
+        dg.write_zeroes(id, off as u64, len as u64)
+            .unwrap_or_else(|e| panic!("{what}: zero: {e}"));
         image[off..off + len].fill(0);
     } else {
         let byte: u8 = rng.gen();
-        let data: Vec<u8> = (0..len).map(|i| byte.wrapping_add((i / 512) as u8)).collect();
-        dg.write(id, off as u64, &data).unwrap_or_else(|e| panic!("{what}: write: {e}"));
+        let data: Vec<u8> = (0..len)
+            .map(|i| byte.wrapping_add((i / 512) as u8))
+            .collect();
+        dg.write(id, off as u64, &data)
+            .unwrap_or_else(|e| panic!("{what}: write: {e}"));
         image[off..off + len].copy_from_slice(&data);
     }
 }
@@ -74,45 +93,67 @@ fn snapshot_run(seed: u64, steps: usize) {
         match rng.gen_range(0..100) {
             0..=49 => random_write(&mut rng, &dg, &mut m, &what),
             50..=59 => {
-                let Some(vol) = pick(&mut rng, m.volumes.keys()) else { continue };
+                let Some(vol) = pick(&mut rng, m.volumes.keys()) else {
+                    continue;
+                };
                 names += 1;
                 let snap = format!("s{names}");
-                dg.create_snapshot(&vol, &snap).unwrap_or_else(|e| panic!("{what}: snapshot: {e}"));
+                dg.create_snapshot(&vol, &snap)
+                    .unwrap_or_else(|e| panic!("{what}: snapshot: {e}"));
                 let image = m.volumes[&vol].clone();
                 m.snapshots.insert(format!("{vol}@{snap}"), image);
             }
             60..=65 => {
-                let Some(full) = pick(&mut rng, m.snapshots.keys()) else { continue };
+                let Some(full) = pick(&mut rng, m.snapshots.keys()) else {
+                    continue;
+                };
                 let (vol, snap) = full.split_once('@').expect("vol@snap");
-                dg.delete_snapshot(vol, snap).unwrap_or_else(|e| panic!("{what}: delete snapshot: {e}"));
+                dg.delete_snapshot(vol, snap)
+                    .unwrap_or_else(|e| panic!("{what}: delete snapshot: {e}"));
                 m.snapshots.remove(&full);
             }
             66..=70 if m.volumes.len() < 4 => {
-                let Some(full) = pick(&mut rng, m.snapshots.keys()) else { continue };
+                let Some(full) = pick(&mut rng, m.snapshots.keys()) else {
+                    continue;
+                };
                 let (vol, snap) = full.split_once('@').expect("vol@snap");
                 names += 1;
                 let clone = format!("c{names}");
-                dg.clone_snapshot(vol, snap, &clone).unwrap_or_else(|e| panic!("{what}: clone: {e}"));
+                dg.clone_snapshot(vol, snap, &clone)
+                    .unwrap_or_else(|e| panic!("{what}: clone: {e}"));
                 let image = m.snapshots[&full].clone();
                 m.volumes.insert(clone, image);
             }
             71..=74 => {
-                let Some(full) = pick(&mut rng, m.snapshots.keys()) else { continue };
+                let Some(full) = pick(&mut rng, m.snapshots.keys()) else {
+                    continue;
+                };
                 let (vol, snap) = full.split_once('@').expect("vol@snap");
-                dg.rollback_volume(vol, snap).unwrap_or_else(|e| panic!("{what}: rollback: {e}"));
+                dg.rollback_volume(vol, snap)
+                    .unwrap_or_else(|e| panic!("{what}: rollback: {e}"));
                 let image = m.snapshots[&full].clone();
                 m.volumes.insert(vol.to_string(), image);
             }
             75..=77 if m.volumes.len() > 1 => {
-                let Some(vol) = pick(&mut rng, m.volumes.keys()) else { continue };
-                let has = m.snapshots.keys().any(|k| k.starts_with(&format!("{vol}@")));
+                let Some(vol) = pick(&mut rng, m.volumes.keys()) else {
+                    continue;
+                };
+                let has = m
+                    .snapshots
+                    .keys()
+                    .any(|k| k.starts_with(&format!("{vol}@")));
                 if has && rng.gen_bool(0.5) {
-                    assert!(matches!(dg.delete_volume(&vol, false), Err(EngineError::InUse(_))), "{what}: delete with snapshots");
+                    assert!(
+                        matches!(dg.delete_volume(&vol, false), Err(EngineError::InUse(_))),
+                        "{what}: delete with snapshots"
+                    );
                     continue;
                 }
-                dg.delete_volume(&vol, true).unwrap_or_else(|e| panic!("{what}: delete volume: {e}"));
+                dg.delete_volume(&vol, true)
+                    .unwrap_or_else(|e| panic!("{what}: delete volume: {e}"));
                 m.volumes.remove(&vol);
-                m.snapshots.retain(|k, _| !k.starts_with(&format!("{vol}@")));
+                m.snapshots
+                    .retain(|k, _| !k.starts_with(&format!("{vol}@")));
             }
             78..=85 => {
                 dg.destage_all(Duration::from_secs(20));
@@ -134,8 +175,15 @@ fn snapshot_run(seed: u64, steps: usize) {
         }
     }
     check_all(rig.dg(), &m, &format!("seed {seed}: final"));
-    assert!(rig.dg().settle(Duration::from_secs(30)), "seed {seed}: background release never finished");
-    assert_eq!(rig.dg().stats().checksum_errors_total, 0, "seed {seed}: checksum errors without faults");
+    assert!(
+        rig.dg().settle(Duration::from_secs(30)),
+        "seed {seed}: background release never finished"
+    );
+    assert_eq!(
+        rig.dg().stats().checksum_errors_total,
+        0,
+        "seed {seed}: checksum errors without faults"
+    );
 }
 
 #[test]
@@ -202,8 +250,16 @@ fn snapshot_under_concurrent_writes_holds_exactly_the_completed_ones() {
             })
             .max()
             .unwrap_or(0);
-        assert!(newest >= before[t], "writer {t}: snapshot lacks round {} completed before it (has {newest})", before[t]);
-        assert!(newest <= after[t] + 1, "writer {t}: snapshot has round {newest}, started after it returned (after {})", after[t]);
+        assert!(
+            newest >= before[t],
+            "writer {t}: snapshot lacks round {} completed before it (has {newest})",
+            before[t]
+        );
+        assert!(
+            newest <= after[t] + 1,
+            "writer {t}: snapshot has round {newest}, started after it returned (after {})",
+            after[t]
+        );
     }
 }
 
@@ -228,12 +284,19 @@ fn deleting_snapshots_and_volumes_gives_space_back_on_both_tiers() {
     assert_eq!(dg.stats().capacity_live_bytes, 6 * MIB);
     dg.delete_snapshot("v", "a").unwrap();
     assert!(dg.settle(Duration::from_secs(20)));
-    assert_eq!(dg.stats().capacity_live_bytes, 4 * MIB, "the snapshot's exclusive 2 MiB came back");
+    assert_eq!(
+        dg.stats().capacity_live_bytes,
+        4 * MIB,
+        "the snapshot's exclusive 2 MiB came back"
+    );
     let sv = dg.space(v).unwrap();
     assert_eq!(sv.exclusive_capacity_bytes, 4 * MIB, "{sv:?}");
     let mut b = vec![0u8; 4 * MIB as usize];
     dg.read(v, 0, &mut b).unwrap();
-    assert!(b[..2 * MIB as usize].iter().all(|&x| x == 2) && b[2 * MIB as usize..].iter().all(|&x| x == 1));
+    assert!(
+        b[..2 * MIB as usize].iter().all(|&x| x == 2)
+            && b[2 * MIB as usize..].iter().all(|&x| x == 1)
+    );
     dg.delete_volume("v", false).unwrap();
     assert!(dg.settle(Duration::from_secs(20)));
     assert_eq!(dg.stats().capacity_live_bytes, 0);
@@ -246,10 +309,28 @@ fn snapshots_are_read_only() {
     let dg = rig.dg();
     dg.create_volume("v", MIB).unwrap();
     let s = dg.create_snapshot("v", "s").unwrap();
-    assert!(matches!(dg.write(s.id, 0, &[1; 10]), Err(EngineError::ReadOnly(_))));
-    assert!(matches!(dg.write_zeroes(s.id, 0, 4096), Err(EngineError::ReadOnly(_))));
-    assert!(matches!(dg.create_snapshot("v", "s"), Err(EngineError::AlreadyExists(_))));
-    assert!(matches!(dg.create_snapshot("v", "bad@name"), Err(EngineError::InvalidArgument(_))));
-    assert!(matches!(dg.clone_snapshot("v", "nope", "c"), Err(EngineError::NotFound(_))));
-    assert!(matches!(dg.delete_volume("v", false), Err(EngineError::InUse(_))));
+    assert!(matches!(
+        dg.write(s.id, 0, &[1; 10]),
+        Err(EngineError::ReadOnly(_))
+    ));
+    assert!(matches!(
+        dg.write_zeroes(s.id, 0, 4096),
+        Err(EngineError::ReadOnly(_))
+    ));
+    assert!(matches!(
+        dg.create_snapshot("v", "s"),
+        Err(EngineError::AlreadyExists(_))
+    ));
+    assert!(matches!(
+        dg.create_snapshot("v", "bad@name"),
+        Err(EngineError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        dg.clone_snapshot("v", "nope", "c"),
+        Err(EngineError::NotFound(_))
+    ));
+    assert!(matches!(
+        dg.delete_volume("v", false),
+        Err(EngineError::InUse(_))
+    ));
 }

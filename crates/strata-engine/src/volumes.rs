@@ -17,7 +17,9 @@ use crate::error::EngineError;
 use crate::format::*;
 use crate::map::ExtentMap;
 use crate::shared::{Durable, LayerState, Shared};
-use crate::{validate_name, validate_size, DiskGroup, VolumeId, VolumeInfo, MAX_SNAPSHOTS, MAX_VOLUMES};
+use crate::{
+    validate_name, validate_size, DiskGroup, VolumeId, VolumeInfo, MAX_SNAPSHOTS, MAX_VOLUMES,
+};
 
 /// The records of the volume table (what a checkpoint stores), apart from the fast maps.
 #[derive(Debug, Clone, Default)]
@@ -30,10 +32,18 @@ pub struct Tables {
 
 impl Tables {
     fn volume_named(&self, name: &str) -> Result<&VolumeRecord, EngineError> {
-        self.volumes.values().find(|v| v.name == name).ok_or_else(|| EngineError::NotFound(name.into()))
+        self.volumes
+            .values()
+            .find(|v| v.name == name)
+            .ok_or_else(|| EngineError::NotFound(name.into()))
     }
 
-    fn snapshot_named(&self, vol: u32, vol_name: &str, name: &str) -> Result<&SnapshotRecord, EngineError> {
+    fn snapshot_named(
+        &self,
+        vol: u32,
+        vol_name: &str,
+        name: &str,
+    ) -> Result<&SnapshotRecord, EngineError> {
         self.snapshots
             .values()
             .find(|s| s.volume == vol && s.name == name)
@@ -42,7 +52,9 @@ impl Tables {
 
     fn take_id(&mut self) -> Result<u32, EngineError> {
         if self.next_id >= u32::MAX - 1 {
-            return Err(EngineError::InvalidArgument("volume and layer ids are exhausted".into()));
+            return Err(EngineError::InvalidArgument(
+                "volume and layer ids are exhausted".into(),
+            ));
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -69,7 +81,14 @@ impl Tables {
             )));
         }
         let id = self.take_id()?;
-        self.layers.insert(id, LayerRecord { id, parent, flags: 0 });
+        self.layers.insert(
+            id,
+            LayerRecord {
+                id,
+                parent,
+                flags: 0,
+            },
+        );
         Ok(id)
     }
 
@@ -77,18 +96,33 @@ impl Tables {
     /// merging into it.
     pub fn settle_layers(&mut self) {
         let mut needed = HashSet::new();
-        let tops = self.volumes.values().map(|v| v.head).chain(self.snapshots.values().map(|s| s.layer));
+        let tops = self
+            .volumes
+            .values()
+            .map(|v| v.head)
+            .chain(self.snapshots.values().map(|s| s.layer));
         for top in tops.collect::<Vec<_>>() {
             let mut at = top;
             while at != 0 && needed.insert(at) {
                 at = self.layers.get(&at).map_or(0, |l| l.parent);
             }
         }
-        let referenced: HashSet<u32> = self.volumes.values().map(|v| v.head).chain(self.snapshots.values().map(|s| s.layer)).collect();
+        let referenced: HashSet<u32> = self
+            .volumes
+            .values()
+            .map(|v| v.head)
+            .chain(self.snapshots.values().map(|s| s.layer))
+            .collect();
         let ids: Vec<u32> = self.layers.keys().copied().collect();
         for id in ids {
-            let kids = self.layers.values().filter(|l| l.parent == id && needed.contains(&l.id)).count();
-            let Some(l) = self.layers.get_mut(&id) else { continue };
+            let kids = self
+                .layers
+                .values()
+                .filter(|l| l.parent == id && needed.contains(&l.id))
+                .count();
+            let Some(l) = self.layers.get_mut(&id) else {
+                continue;
+            };
             if !needed.contains(&id) {
                 l.flags = (l.flags | LAYER_DELETED) & !LAYER_MERGING;
             } else if !referenced.contains(&id) && kids == 1 {
@@ -170,7 +204,13 @@ impl Shared {
                         l.rec = *rec;
                     }
                     None => {
-                        idx.layers.insert(*id, LayerState { rec: *rec, fast: ExtentMap::default() });
+                        idx.layers.insert(
+                            *id,
+                            LayerState {
+                                rec: *rec,
+                                fast: ExtentMap::default(),
+                            },
+                        );
                     }
                 }
             }
@@ -179,7 +219,11 @@ impl Shared {
             idx.next_id = t.next_id;
         }
         self.release(&dropped);
-        if t.layers.values().any(|l| l.flags & (LAYER_DELETED | LAYER_MERGING) != 0) {
+        self.rebuild_runtimes();
+        if t.layers
+            .values()
+            .any(|l| l.flags & (LAYER_DELETED | LAYER_MERGING) != 0)
+        {
             self.wake_destager();
         }
     }
@@ -187,7 +231,10 @@ impl Shared {
 
 impl DiskGroup {
     /// Runs a change of the volume table: `f` edits a copy, which is made durable and current.
-    fn change<T>(&self, f: impl FnOnce(&mut Tables) -> Result<T, EngineError>) -> Result<T, EngineError> {
+    fn change<T>(
+        &self,
+        f: impl FnOnce(&mut Tables) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
         self.sh.check_running()?;
         let mut d = self.sh.durable.lock();
         let mut t = self.sh.tables();
@@ -197,21 +244,55 @@ impl DiskGroup {
         Ok(out)
     }
 
-    pub fn create_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo, EngineError> {
-        validate_name(name, "volume")?;
-        validate_size(size_bytes)?;
+    /// Adds a volume (name, size and policy already checked).
+    pub(crate) fn insert_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        policy: Vec<u8>,
+    ) -> Result<VolumeInfo, EngineError> {
         self.change(|t| {
             if t.volumes.values().any(|v| v.name == name) {
                 return Err(EngineError::AlreadyExists(name.into()));
             }
             if t.volumes.len() >= MAX_VOLUMES {
-                return Err(EngineError::InvalidArgument(format!("at most {MAX_VOLUMES} volumes")));
+                return Err(EngineError::InvalidArgument(format!(
+                    "at most {MAX_VOLUMES} volumes"
+                )));
             }
             let id = t.take_id()?;
             let head = t.new_layer(0)?;
-            let rec = VolumeRecord { id, head, size_bytes, created_unix_s: unix_now_s(), name: name.into(), policy: Vec::new() };
+            let rec = VolumeRecord {
+                id,
+                head,
+                size_bytes,
+                created_unix_s: unix_now_s(),
+                name: name.into(),
+                policy,
+            };
             t.volumes.insert(id, rec);
-            Ok(VolumeInfo { id, name: name.into(), size_bytes })
+            Ok(VolumeInfo {
+                id,
+                name: name.into(),
+                size_bytes,
+            })
+        })
+    }
+
+    /// Edits one volume's record durably.
+    pub(crate) fn change_volume(
+        &self,
+        name: &str,
+        f: impl FnOnce(&mut VolumeRecord),
+    ) -> Result<(), EngineError> {
+        self.change(|t| {
+            let id = t.volume_named(name)?.id;
+            let v = t
+                .volumes
+                .get_mut(&id)
+                .ok_or_else(|| EngineError::NotFound(name.into()))?;
+            f(v);
+            Ok(())
         })
     }
 
@@ -241,7 +322,10 @@ impl DiskGroup {
         validate_size(size_bytes)?;
         self.change(|t| {
             let id = t.volume_named(name)?.id;
-            let v = t.volumes.get_mut(&id).ok_or_else(|| EngineError::NotFound(name.into()))?;
+            let v = t
+                .volumes
+                .get_mut(&id)
+                .ok_or_else(|| EngineError::NotFound(name.into()))?;
             if size_bytes < v.size_bytes {
                 return Err(EngineError::InvalidArgument(format!(
                     "volume {name:?} is {} bytes; shrinking to {size_bytes} is not supported",
@@ -249,32 +333,64 @@ impl DiskGroup {
                 )));
             }
             v.size_bytes = size_bytes;
-            Ok(VolumeInfo { id, name: name.into(), size_bytes })
+            Ok(VolumeInfo {
+                id,
+                name: name.into(),
+                size_bytes,
+            })
         })
     }
 
     /// Takes a snapshot: waits for the volume's writes in flight, then freezes its contents.
     pub fn create_snapshot(&self, volume: &str, name: &str) -> Result<SnapshotInfo, EngineError> {
         validate_name(name, "snapshot")?;
-        let vid = self.volume(volume).ok_or_else(|| EngineError::NotFound(volume.into()))?.id;
+        let vid = self
+            .volume(volume)
+            .ok_or_else(|| EngineError::NotFound(volume.into()))?
+            .id;
         let gate = self.sh.gate(vid);
         let _quiet = gate.write();
         self.change(|t| {
-            let v = t.volumes.get(&vid).cloned().ok_or_else(|| EngineError::NotFound(volume.into()))?;
-            if t.snapshots.values().any(|s| s.volume == vid && s.name == name) {
+            let v = t
+                .volumes
+                .get(&vid)
+                .cloned()
+                .ok_or_else(|| EngineError::NotFound(volume.into()))?;
+            if t.snapshots
+                .values()
+                .any(|s| s.volume == vid && s.name == name)
+            {
                 return Err(EngineError::AlreadyExists(format!("{volume}@{name}")));
             }
             if t.snapshots.len() >= MAX_SNAPSHOTS {
-                return Err(EngineError::InvalidArgument(format!("at most {MAX_SNAPSHOTS} snapshots")));
+                return Err(EngineError::InvalidArgument(format!(
+                    "at most {MAX_SNAPSHOTS} snapshots"
+                )));
             }
             let id = t.take_id()?;
             let head = t.new_layer(v.head)?;
             let created_unix_s = unix_now_s();
-            t.snapshots.insert(id, SnapshotRecord { id, volume: vid, layer: v.head, size_bytes: v.size_bytes, created_unix_s, name: name.into() });
+            t.snapshots.insert(
+                id,
+                SnapshotRecord {
+                    id,
+                    volume: vid,
+                    layer: v.head,
+                    size_bytes: v.size_bytes,
+                    created_unix_s,
+                    name: name.into(),
+                },
+            );
             if let Some(v) = t.volumes.get_mut(&vid) {
                 v.head = head;
             }
-            Ok(SnapshotInfo { id, volume: volume.into(), name: name.into(), size_bytes: v.size_bytes, created_unix_s })
+            Ok(SnapshotInfo {
+                id,
+                volume: volume.into(),
+                name: name.into(),
+                size_bytes: v.size_bytes,
+                created_unix_s,
+            })
         })
     }
 
@@ -288,7 +404,12 @@ impl DiskGroup {
     }
 
     /// A new writable volume that starts as the snapshot's image and shares its blocks.
-    pub fn clone_snapshot(&self, volume: &str, snapshot: &str, new_name: &str) -> Result<VolumeInfo, EngineError> {
+    pub fn clone_snapshot(
+        &self,
+        volume: &str,
+        snapshot: &str,
+        new_name: &str,
+    ) -> Result<VolumeInfo, EngineError> {
         validate_name(new_name, "volume")?;
         self.change(|t| {
             let vid = t.volume_named(volume)?.id;
@@ -297,47 +418,91 @@ impl DiskGroup {
                 return Err(EngineError::AlreadyExists(new_name.into()));
             }
             if t.volumes.len() >= MAX_VOLUMES {
-                return Err(EngineError::InvalidArgument(format!("at most {MAX_VOLUMES} volumes")));
+                return Err(EngineError::InvalidArgument(format!(
+                    "at most {MAX_VOLUMES} volumes"
+                )));
             }
             let id = t.take_id()?;
             let head = t.new_layer(s.layer)?;
-            let rec = VolumeRecord { id, head, size_bytes: s.size_bytes, created_unix_s: unix_now_s(), name: new_name.into(), policy: Vec::new() };
+            // A clone serves like the volume it came from.
+            let policy = t
+                .volumes
+                .get(&vid)
+                .map(|v| v.policy.clone())
+                .unwrap_or_default();
+            let rec = VolumeRecord {
+                id,
+                head,
+                size_bytes: s.size_bytes,
+                created_unix_s: unix_now_s(),
+                name: new_name.into(),
+                policy,
+            };
             t.volumes.insert(id, rec);
-            Ok(VolumeInfo { id, name: new_name.into(), size_bytes: s.size_bytes })
+            Ok(VolumeInfo {
+                id,
+                name: new_name.into(),
+                size_bytes: s.size_bytes,
+            })
         })
     }
 
     /// Returns a volume to a snapshot's image (and size); what was written since is dropped.
     /// Snapshots taken after it stay. Waits for the volume's writes in flight.
     pub fn rollback_volume(&self, volume: &str, snapshot: &str) -> Result<VolumeInfo, EngineError> {
-        let vid = self.volume(volume).ok_or_else(|| EngineError::NotFound(volume.into()))?.id;
+        let vid = self
+            .volume(volume)
+            .ok_or_else(|| EngineError::NotFound(volume.into()))?
+            .id;
         let gate = self.sh.gate(vid);
         let _quiet = gate.write();
         self.change(|t| {
             let s = t.snapshot_named(vid, volume, snapshot)?.clone();
             let head = t.new_layer(s.layer)?;
-            let v = t.volumes.get_mut(&vid).ok_or_else(|| EngineError::NotFound(volume.into()))?;
+            let v = t
+                .volumes
+                .get_mut(&vid)
+                .ok_or_else(|| EngineError::NotFound(volume.into()))?;
             v.head = head;
             v.size_bytes = s.size_bytes;
-            Ok(VolumeInfo { id: vid, name: volume.into(), size_bytes: s.size_bytes })
+            Ok(VolumeInfo {
+                id: vid,
+                name: volume.into(),
+                size_bytes: s.size_bytes,
+            })
         })
     }
 
     pub fn volumes(&self) -> Vec<VolumeInfo> {
         let idx = self.sh.index.read();
-        idx.volumes.values().map(|v| VolumeInfo { id: v.id, name: v.name.clone(), size_bytes: v.size_bytes }).collect()
+        idx.volumes
+            .values()
+            .map(|v| VolumeInfo {
+                id: v.id,
+                name: v.name.clone(),
+                size_bytes: v.size_bytes,
+            })
+            .collect()
     }
 
     pub fn volume(&self, name: &str) -> Option<VolumeInfo> {
         let idx = self.sh.index.read();
-        idx.volume_by_name(name).map(|v| VolumeInfo { id: v.id, name: v.name.clone(), size_bytes: v.size_bytes })
+        idx.volume_by_name(name).map(|v| VolumeInfo {
+            id: v.id,
+            name: v.name.clone(),
+            size_bytes: v.size_bytes,
+        })
     }
 
     /// Snapshots of one volume (or all), oldest first.
     pub fn snapshots(&self, volume: Option<&str>) -> Result<Vec<SnapshotInfo>, EngineError> {
         let idx = self.sh.index.read();
         let only = match volume {
-            Some(n) => Some(idx.volume_by_name(n).ok_or_else(|| EngineError::NotFound(n.into()))?.id),
+            Some(n) => Some(
+                idx.volume_by_name(n)
+                    .ok_or_else(|| EngineError::NotFound(n.into()))?
+                    .id,
+            ),
             None => None,
         };
         let mut out: Vec<SnapshotInfo> = idx
@@ -346,7 +511,13 @@ impl DiskGroup {
             .filter(|s| only.is_none_or(|v| s.volume == v))
             .filter_map(|s| {
                 let vol = idx.volumes.get(&s.volume)?;
-                Some(SnapshotInfo { id: s.id, volume: vol.name.clone(), name: s.name.clone(), size_bytes: s.size_bytes, created_unix_s: s.created_unix_s })
+                Some(SnapshotInfo {
+                    id: s.id,
+                    volume: vol.name.clone(),
+                    name: s.name.clone(),
+                    size_bytes: s.size_bytes,
+                    created_unix_s: s.created_unix_s,
+                })
             })
             .collect();
         out.sort_by_key(|s| (s.created_unix_s, s.id));
@@ -357,11 +528,21 @@ impl DiskGroup {
     pub fn view(&self, name: &str) -> Option<ViewInfo> {
         let idx = self.sh.index.read();
         match name.split_once('@') {
-            None => idx.volume_by_name(name).map(|v| ViewInfo { id: v.id, name: v.name.clone(), size_bytes: v.size_bytes, read_only: false }),
+            None => idx.volume_by_name(name).map(|v| ViewInfo {
+                id: v.id,
+                name: v.name.clone(),
+                size_bytes: v.size_bytes,
+                read_only: false,
+            }),
             Some((vol, snap)) => {
                 let v = idx.volume_by_name(vol)?;
                 let s = idx.snapshot_by_name(v.id, snap)?;
-                Some(ViewInfo { id: s.id, name: name.into(), size_bytes: s.size_bytes, read_only: true })
+                Some(ViewInfo {
+                    id: s.id,
+                    name: name.into(),
+                    size_bytes: s.size_bytes,
+                    read_only: true,
+                })
             }
         }
     }
@@ -369,11 +550,24 @@ impl DiskGroup {
     /// Every volume and snapshot, as NBD exports them.
     pub fn views(&self) -> Vec<ViewInfo> {
         let idx = self.sh.index.read();
-        let mut out: Vec<ViewInfo> =
-            idx.volumes.values().map(|v| ViewInfo { id: v.id, name: v.name.clone(), size_bytes: v.size_bytes, read_only: false }).collect();
+        let mut out: Vec<ViewInfo> = idx
+            .volumes
+            .values()
+            .map(|v| ViewInfo {
+                id: v.id,
+                name: v.name.clone(),
+                size_bytes: v.size_bytes,
+                read_only: false,
+            })
+            .collect();
         for s in idx.snapshots.values() {
             if let Some(v) = idx.volumes.get(&s.volume) {
-                out.push(ViewInfo { id: s.id, name: format!("{}@{}", v.name, s.name), size_bytes: s.size_bytes, read_only: true });
+                out.push(ViewInfo {
+                    id: s.id,
+                    name: format!("{}@{}", v.name, s.name),
+                    size_bytes: s.size_bytes,
+                    read_only: true,
+                });
             }
         }
         out

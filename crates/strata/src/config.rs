@@ -467,6 +467,7 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
             "scrub_rate",
             DEFAULT_SCRUB_RATE,
         )?,
+        ..defaults
     };
     let config = ServeConfig {
         data_dir,

@@ -50,7 +50,11 @@ impl Entry {
     fn clip(&self, start: Key, end: Key) -> Entry {
         let s = self.key.max(start);
         let t = self.end().min(end);
-        Entry { key: s, len: (t - s) as u64, loc: self.loc.advance((s - self.key) as u64) }
+        Entry {
+            key: s,
+            len: (t - s) as u64,
+            loc: self.loc.advance((s - self.key) as u64),
+        }
     }
 }
 
@@ -86,17 +90,29 @@ enum Body {
 
 impl Node {
     fn new(body: Body) -> Node {
-        Node { body, dirty: true, ptr: None, stamp: AtomicU64::new(0) }
+        Node {
+            body,
+            dirty: true,
+            ptr: None,
+            stamp: AtomicU64::new(0),
+        }
     }
 
     /// A clean node read from `ptr`.
     pub fn from_page(body: PageBody, ptr: PagePtr) -> Option<Node> {
         let body = match body {
             PageBody::Leaf(e) => Body::Leaf(e),
-            PageBody::Inner(c) => Body::Inner(c.into_iter().map(|(k, p)| (k, Child::Disk(p))).collect()),
+            PageBody::Inner(c) => {
+                Body::Inner(c.into_iter().map(|(k, p)| (k, Child::Disk(p))).collect())
+            }
             PageBody::SegTable(_) => return None,
         };
-        Some(Node { body, dirty: false, ptr: Some(ptr), stamp: AtomicU64::new(0) })
+        Some(Node {
+            body,
+            dirty: false,
+            ptr: Some(ptr),
+            stamp: AtomicU64::new(0),
+        })
     }
 
     fn is_leaf(&self) -> bool {
@@ -139,15 +155,29 @@ const KEY_MAX: Key = u128::MAX;
 impl CTree {
     /// An empty tree (one empty, dirty leaf).
     pub fn new() -> CTree {
-        let counts = TreeCounts { resident_leaves: 1, resident_inner: 0, dirty_nodes: 1 };
-        CTree { root: Child::Mem(Box::new(Node::new(Body::Leaf(Vec::new())))), clock: AtomicU64::new(1), counts, freed: Vec::new() }
+        let counts = TreeCounts {
+            resident_leaves: 1,
+            resident_inner: 0,
+            dirty_nodes: 1,
+        };
+        CTree {
+            root: Child::Mem(Box::new(Node::new(Body::Leaf(Vec::new())))),
+            clock: AtomicU64::new(1),
+            counts,
+            freed: Vec::new(),
+        }
     }
 
     /// The tree a checkpoint names (None: empty). Nothing is read until it is needed.
     pub fn open(root: Option<PagePtr>) -> CTree {
         match root {
             None => CTree::new(),
-            Some(p) => CTree { root: Child::Disk(p), clock: AtomicU64::new(1), counts: TreeCounts::default(), freed: Vec::new() },
+            Some(p) => CTree {
+                root: Child::Disk(p),
+                clock: AtomicU64::new(1),
+                counts: TreeCounts::default(),
+                freed: Vec::new(),
+            },
         }
     }
 
@@ -159,13 +189,28 @@ impl CTree {
     pub fn lookup(&self, start: Key, end: Key, out: &mut Vec<Entry>) -> Result<(), Miss> {
         let now = self.clock.fetch_add(1, Ordering::Relaxed);
         if start < end {
-            lookup_in(&self.root, KEY_MIN, KEY_MAX, start, end, now, out, usize::MAX)?;
+            lookup_in(
+                &self.root,
+                KEY_MIN,
+                KEY_MAX,
+                start,
+                end,
+                now,
+                out,
+                usize::MAX,
+            )?;
         }
         Ok(())
     }
 
     /// At most `limit` extents from `[start, end)` in key order.
-    pub fn first_entries(&self, start: Key, end: Key, limit: usize, out: &mut Vec<Entry>) -> Result<(), Miss> {
+    pub fn first_entries(
+        &self,
+        start: Key,
+        end: Key,
+        limit: usize,
+        out: &mut Vec<Entry>,
+    ) -> Result<(), Miss> {
         let now = self.clock.fetch_add(1, Ordering::Relaxed);
         if start < end && limit > 0 {
             lookup_in(&self.root, KEY_MIN, KEY_MAX, start, end, now, out, limit)?;
@@ -183,8 +228,13 @@ impl CTree {
 
     /// Puts a page read for `miss` in its place, if that place still wants it.
     pub fn install(&mut self, miss: Miss, body: PageBody) {
-        let Some(node) = Node::from_page(body, miss.ptr) else { return };
-        node.stamp.store(self.clock.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        let Some(node) = Node::from_page(body, miss.ptr) else {
+            return;
+        };
+        node.stamp.store(
+            self.clock.fetch_add(1, Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
         let leaf = node.is_leaf();
         if install_in(&mut self.root, KEY_MIN, KEY_MAX, miss, node) {
             if leaf {
@@ -204,13 +254,22 @@ impl CTree {
             return Ok(displaced);
         }
         let split = {
-            let Child::Mem(root) = &mut self.root else { unreachable!("checked resident") };
-            let mut cx = Cx { counts: &mut self.counts, freed: &mut self.freed, displaced: &mut displaced };
+            let Child::Mem(root) = &mut self.root else {
+                unreachable!("checked resident")
+            };
+            let mut cx = Cx {
+                counts: &mut self.counts,
+                freed: &mut self.freed,
+                displaced: &mut displaced,
+            };
             set_in(root, KEY_MIN, KEY_MAX, start, end, loc, &mut cx).1
         };
         if let Some((k, right)) = split {
             let old = std::mem::replace(&mut self.root, Child::Disk(PagePtr { a: 0, b: 0 }));
-            self.root = Child::Mem(Box::new(Node::new(Body::Inner(vec![(KEY_MIN, old), (k, Child::Mem(right))]))));
+            self.root = Child::Mem(Box::new(Node::new(Body::Inner(vec![
+                (KEY_MIN, old),
+                (k, Child::Mem(right)),
+            ]))));
             self.counts.resident_inner += 1;
             self.counts.dirty_nodes += 1;
         }
@@ -221,8 +280,12 @@ impl CTree {
     /// A root with a single resident child gives way to it.
     fn collapse_root(&mut self) {
         loop {
-            let Child::Mem(root) = &mut self.root else { return };
-            let Body::Inner(children) = &mut root.body else { return };
+            let Child::Mem(root) = &mut self.root else {
+                return;
+            };
+            let Body::Inner(children) = &mut root.body else {
+                return;
+            };
             if children.len() != 1 || !matches!(children[0].1, Child::Mem(_)) {
                 return;
             }
@@ -264,7 +327,10 @@ impl CTree {
 
     /// Assigns a place to every dirty node (children first) and returns their pages. The tree
     /// must not change until `commit_flush`.
-    pub fn plan_flush<E>(&self, alloc: &mut dyn FnMut() -> Result<PagePtr, E>) -> Result<FlushPlan, E> {
+    pub fn plan_flush<E>(
+        &self,
+        alloc: &mut dyn FnMut() -> Result<PagePtr, E>,
+    ) -> Result<FlushPlan, E> {
         let mut pages = Vec::with_capacity(self.counts.dirty_nodes);
         let root = plan_in(&self.root, alloc, &mut pages)?;
         Ok(FlushPlan { pages, root })
@@ -285,9 +351,21 @@ impl CTree {
     /// or a leaf that moves) is not resident.
     pub fn redirty(&mut self, moving: &dyn Fn(PagePtr) -> bool) -> Result<usize, Miss> {
         let levels = self.inner_levels()?;
-        let mut cx = Cx { counts: &mut self.counts, freed: &mut self.freed, displaced: &mut Vec::new() };
+        let mut cx = Cx {
+            counts: &mut self.counts,
+            freed: &mut self.freed,
+            displaced: &mut Vec::new(),
+        };
         let mut n = 0;
-        redirty_in(&mut self.root, KEY_MIN, KEY_MAX, levels, moving, &mut cx, &mut n)?;
+        redirty_in(
+            &mut self.root,
+            KEY_MIN,
+            KEY_MAX,
+            levels,
+            moving,
+            &mut cx,
+            &mut n,
+        )?;
         Ok(n)
     }
 
@@ -297,7 +375,12 @@ impl CTree {
         let mut at = &self.root;
         loop {
             match at {
-                Child::Disk(p) => return Err(Miss { key: KEY_MIN, ptr: *p }),
+                Child::Disk(p) => {
+                    return Err(Miss {
+                        key: KEY_MIN,
+                        ptr: *p,
+                    })
+                }
                 Child::Mem(n) => match &n.body {
                     Body::Leaf(_) => return Ok(levels),
                     Body::Inner(children) => {
@@ -316,7 +399,10 @@ impl CTree {
             std::mem::size_of::<Node>()
                 + match &n.body {
                     Body::Leaf(e) => e.capacity() * std::mem::size_of::<Entry>(),
-                    Body::Inner(ch) => ch.capacity() * std::mem::size_of::<(Key, Child)>() + ch.iter().map(|x| walk(&x.1)).sum::<usize>(),
+                    Body::Inner(ch) => {
+                        ch.capacity() * std::mem::size_of::<(Key, Child)>()
+                            + ch.iter().map(|x| walk(&x.1)).sum::<usize>()
+                    }
                 }
         }
         walk(&self.root)
@@ -381,9 +467,23 @@ fn bounds(children: &[(Key, Child)], i: usize, lo: Key, hi: Key) -> (Key, Key) {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn lookup_in(child: &Child, lo: Key, hi: Key, start: Key, end: Key, now: u64, out: &mut Vec<Entry>, limit: usize) -> Result<(), Miss> {
+fn lookup_in(
+    child: &Child,
+    lo: Key,
+    hi: Key,
+    start: Key,
+    end: Key,
+    now: u64,
+    out: &mut Vec<Entry>,
+    limit: usize,
+) -> Result<(), Miss> {
     let node = match child {
-        Child::Disk(p) => return Err(Miss { key: start.max(lo), ptr: *p }),
+        Child::Disk(p) => {
+            return Err(Miss {
+                key: start.max(lo),
+                ptr: *p,
+            })
+        }
         Child::Mem(n) => n,
     };
     node.stamp.store(now, Ordering::Relaxed);
@@ -403,7 +503,16 @@ fn lookup_in(child: &Child, lo: Key, hi: Key, start: Key, end: Key, now: u64, ou
                     break;
                 }
                 let (clo, chi) = bounds(children, i, lo, hi);
-                lookup_in(&children[i].1, clo, chi, start.max(clo), end.min(chi), now, out, limit)?;
+                lookup_in(
+                    &children[i].1,
+                    clo,
+                    chi,
+                    start.max(clo),
+                    end.min(chi),
+                    now,
+                    out,
+                    limit,
+                )?;
             }
         }
     }
@@ -412,7 +521,10 @@ fn lookup_in(child: &Child, lo: Key, hi: Key, start: Key, end: Key, now: u64, ou
 
 fn resident_in(child: &Child, lo: Key, hi: Key, start: Key, end: Key) -> Result<(), Miss> {
     match child {
-        Child::Disk(p) => Err(Miss { key: start.max(lo), ptr: *p }),
+        Child::Disk(p) => Err(Miss {
+            key: start.max(lo),
+            ptr: *p,
+        }),
         Child::Mem(n) => match &n.body {
             Body::Leaf(_) => Ok(()),
             Body::Inner(children) => {
@@ -446,7 +558,15 @@ fn install_in(child: &mut Child, lo: Key, hi: Key, miss: Miss, node: Node) -> bo
 
 /// Applies a change to a resident subtree; returns whether it changed and a new right
 /// sibling when the node split.
-fn set_in(node: &mut Node, lo: Key, hi: Key, start: Key, end: Key, loc: Option<Loc>, cx: &mut Cx<'_>) -> (bool, Option<(Key, Box<Node>)>) {
+fn set_in(
+    node: &mut Node,
+    lo: Key,
+    hi: Key,
+    start: Key,
+    end: Key,
+    loc: Option<Loc>,
+    cx: &mut Cx<'_>,
+) -> (bool, Option<(Key, Box<Node>)>) {
     let (changed, appended) = match &mut node.body {
         Body::Leaf(entries) => set_leaf(entries, start, end, loc, cx.displaced),
         Body::Inner(children) => set_inner(children, lo, hi, start, end, loc, cx),
@@ -463,7 +583,13 @@ fn set_in(node: &mut Node, lo: Key, hi: Key, start: Key, end: Key, loc: Option<L
 
 /// Returns whether the leaf changed, and whether the change went past its last entry (an
 /// append, the common case of address-ordered destage).
-fn set_leaf(entries: &mut Vec<Entry>, start: Key, end: Key, loc: Option<Loc>, displaced: &mut Vec<Entry>) -> (bool, bool) {
+fn set_leaf(
+    entries: &mut Vec<Entry>,
+    start: Key,
+    end: Key,
+    loc: Option<Loc>,
+    displaced: &mut Vec<Entry>,
+) -> (bool, bool) {
     let i0 = entries.partition_point(|e| e.end() <= start);
     let i1 = entries.partition_point(|e| e.key < end);
     if i0 >= i1 && loc.is_none() {
@@ -474,20 +600,36 @@ fn set_leaf(entries: &mut Vec<Entry>, start: Key, end: Key, loc: Option<Loc>, di
     let mut right = None;
     for e in &entries[i0..i1.max(i0)] {
         if e.key < start {
-            repl.push(Entry { key: e.key, len: (start - e.key) as u64, loc: e.loc });
+            repl.push(Entry {
+                key: e.key,
+                len: (start - e.key) as u64,
+                loc: e.loc,
+            });
         }
         displaced.push(e.clip(start, end));
         if e.end() > end {
-            right = Some(Entry { key: end, len: (e.end() - end) as u64, loc: e.loc.advance((end - e.key) as u64) });
+            right = Some(Entry {
+                key: end,
+                len: (e.end() - end) as u64,
+                loc: e.loc.advance((end - e.key) as u64),
+            });
         }
     }
     if let Some(l) = loc {
-        repl.push(Entry { key: start, len: (end - start) as u64, loc: l });
+        repl.push(Entry {
+            key: start,
+            len: (end - start) as u64,
+            loc: l,
+        });
     }
     repl.extend(right);
     let n = repl.len();
     entries.splice(i0..i1.max(i0), repl);
-    merge_window(entries, i0.saturating_sub(1), (i0 + n + 1).min(entries.len()));
+    merge_window(
+        entries,
+        i0.saturating_sub(1),
+        (i0 + n + 1).min(entries.len()),
+    );
     (true, appended)
 }
 
@@ -508,14 +650,24 @@ fn merge_window(entries: &mut Vec<Entry>, from: usize, to: usize) {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn set_inner(children: &mut Vec<(Key, Child)>, lo: Key, hi: Key, start: Key, end: Key, loc: Option<Loc>, cx: &mut Cx<'_>) -> (bool, bool) {
+fn set_inner(
+    children: &mut Vec<(Key, Child)>,
+    lo: Key,
+    hi: Key,
+    start: Key,
+    end: Key,
+    loc: Option<Loc>,
+    cx: &mut Cx<'_>,
+) -> (bool, bool) {
     let range = overlapping(children, start, end);
     let appended = range.end >= children.len();
     let mut changed = false;
     let mut splits = Vec::new();
     for i in range.clone() {
         let (clo, chi) = bounds(children, i, lo, hi);
-        let Child::Mem(child) = &mut children[i].1 else { unreachable!("checked resident") };
+        let Child::Mem(child) = &mut children[i].1 else {
+            unreachable!("checked resident")
+        };
         // The part of the change inside this child starts further on: so does its location.
         let from = start.max(clo);
         let part_loc = loc.map(|l| l.advance((from - start) as u64));
@@ -566,14 +718,22 @@ fn forget_subtree(n: &Node, cx: &mut Cx<'_>) {
 fn split_if_full(node: &mut Node, cx: &mut Cx<'_>, appended: bool) -> Option<(Key, Box<Node>)> {
     let right = match &mut node.body {
         Body::Leaf(entries) if entries.len() > LEAF_MAX => {
-            let at = if appended { LEAF_MAX } else { entries.len() / 2 };
+            let at = if appended {
+                LEAF_MAX
+            } else {
+                entries.len() / 2
+            };
             let r = entries.split_off(at);
             entries.shrink_to_fit();
             cx.counts.resident_leaves += 1;
             (r[0].key, Body::Leaf(r))
         }
         Body::Inner(children) if children.len() > INNER_MAX => {
-            let at = if appended { INNER_MAX } else { children.len() / 2 };
+            let at = if appended {
+                INNER_MAX
+            } else {
+                children.len() / 2
+            };
             let r = children.split_off(at);
             children.shrink_to_fit();
             cx.counts.resident_inner += 1;
@@ -587,7 +747,14 @@ fn split_if_full(node: &mut Node, cx: &mut Cx<'_>, appended: bool) -> Option<(Ke
 
 /// Clean nodes that may be evicted: leaves (`inner` false), or inner nodes all of whose
 /// children are on disk (`inner` true), with their stamp, lower key and depth.
-fn collect_evictable(child: &Child, lo: Key, hi: Key, depth: usize, inner: bool, out: &mut Vec<(u64, Key, usize)>) {
+fn collect_evictable(
+    child: &Child,
+    lo: Key,
+    hi: Key,
+    depth: usize,
+    inner: bool,
+    out: &mut Vec<(u64, Key, usize)>,
+) {
     let Child::Mem(n) = child else { return };
     let clean = depth > 0 && !n.dirty && n.ptr.is_some();
     match &n.body {
@@ -611,7 +778,9 @@ fn collect_evictable(child: &Child, lo: Key, hi: Key, depth: usize, inner: bool,
 /// Evicts the clean node at `depth` whose range starts at `key`, if it still qualifies.
 fn evict_at(child: &mut Child, lo: Key, hi: Key, key: Key, depth: usize) -> bool {
     let Child::Mem(n) = child else { return false };
-    let Body::Inner(children) = &mut n.body else { return false };
+    let Body::Inner(children) = &mut n.body else {
+        return false;
+    };
     let i = children[1..].partition_point(|c| c.0 <= key);
     let (clo, chi) = bounds(children, i, lo, hi);
     if depth > 1 {
@@ -629,7 +798,11 @@ fn evict_at(child: &mut Child, lo: Key, hi: Key, key: Key, depth: usize) -> bool
     true
 }
 
-fn plan_in<E>(child: &Child, alloc: &mut dyn FnMut() -> Result<PagePtr, E>, out: &mut Vec<(PagePtr, PageBody)>) -> Result<PagePtr, E> {
+fn plan_in<E>(
+    child: &Child,
+    alloc: &mut dyn FnMut() -> Result<PagePtr, E>,
+    out: &mut Vec<(PagePtr, PageBody)>,
+) -> Result<PagePtr, E> {
     let n = match child {
         Child::Disk(p) => return Ok(*p),
         Child::Mem(n) if !n.dirty => return Ok(n.ptr.expect("a clean node has a page")),
@@ -665,7 +838,15 @@ fn commit_in(child: &mut Child, next: &mut dyn Iterator<Item = PagePtr>) {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn redirty_in(child: &mut Child, lo: Key, hi: Key, levels: usize, moving: &dyn Fn(PagePtr) -> bool, cx: &mut Cx<'_>, n: &mut usize) -> Result<bool, Miss> {
+fn redirty_in(
+    child: &mut Child,
+    lo: Key,
+    hi: Key,
+    levels: usize,
+    moving: &dyn Fn(PagePtr) -> bool,
+    cx: &mut Cx<'_>,
+    n: &mut usize,
+) -> Result<bool, Miss> {
     let node = match child {
         // An inner node must be read to see its children; a leaf only if it moves.
         Child::Disk(p) if levels > 0 || moving(*p) => return Err(Miss { key: lo, ptr: *p }),
@@ -676,7 +857,15 @@ fn redirty_in(child: &mut Child, lo: Key, hi: Key, levels: usize, moving: &dyn F
     if let Body::Inner(children) = &mut node.body {
         for i in 0..children.len() {
             let (clo, chi) = bounds(children, i, lo, hi);
-            changed |= redirty_in(&mut children[i].1, clo, chi, levels.saturating_sub(1), moving, cx, n)?;
+            changed |= redirty_in(
+                &mut children[i].1,
+                clo,
+                chi,
+                levels.saturating_sub(1),
+                moving,
+                cx,
+                n,
+            )?;
         }
     }
     if changed && !node.dirty {

@@ -70,7 +70,10 @@ fn decode_loc(v: u64) -> Loc {
     if v == ZERO_VALUE {
         Loc::Zero(0)
     } else {
-        Loc::Cap { seg: (v >> 32) as u32, block: v as u32 }
+        Loc::Cap {
+            seg: (v >> 32) as u32,
+            block: v as u32,
+        }
     }
 }
 
@@ -82,7 +85,11 @@ pub fn encode(body: &PageBody, group: &Uuid, generation: u64, self_addr: u64) ->
         PageBody::SegTable(s) => (PageKind::SegTable, s.len()),
     };
     let mut w = Writer::default();
-    w.bytes(PAGE_MAGIC).u32(FORMAT_VERSION).bytes(group).u8(kind as u8).bytes(&[0; 3]);
+    w.bytes(PAGE_MAGIC)
+        .u32(FORMAT_VERSION)
+        .bytes(group)
+        .u8(kind as u8)
+        .bytes(&[0; 3]);
     w.u32(count as u32).u64(generation).u64(self_addr);
     w.pad_to(PAGE_HEADER_BYTES);
     match body {
@@ -100,7 +107,12 @@ pub fn encode(body: &PageBody, group: &Uuid, generation: u64, self_addr: u64) ->
         }
         PageBody::SegTable(segs) => {
             for s in segs {
-                w.u8(s.state).u8(0).u16(0).u32(s.live).u32(s.used).u32(s.sealed_unix_s);
+                w.u8(s.state)
+                    .u8(0)
+                    .u16(0)
+                    .u32(s.live)
+                    .u32(s.used)
+                    .u32(s.sealed_unix_s);
             }
         }
     }
@@ -116,7 +128,8 @@ pub fn decode(b: &[u8], group: &Uuid, self_addr: u64) -> Option<(PageBody, u64)>
         return None;
     }
     let mut r = Reader::new(b);
-    if r.bytes(8).ok()? != PAGE_MAGIC || r.u32().ok()? != FORMAT_VERSION || &r.uuid().ok()? != group {
+    if r.bytes(8).ok()? != PAGE_MAGIC || r.u32().ok()? != FORMAT_VERSION || &r.uuid().ok()? != group
+    {
         return None;
     }
     let kind = r.u8().ok()?;
@@ -143,7 +156,11 @@ fn decode_leaf(r: &mut Reader<'_>, count: usize) -> Option<Vec<Entry>> {
         let lba = r.u64().ok()?;
         let len = r.u64().ok()?;
         let loc = decode_loc(r.u64().ok()?);
-        let e = Entry { key: key_of(layer, lba), len, loc };
+        let e = Entry {
+            key: key_of(layer, lba),
+            len,
+            loc,
+        };
         // Sorted, non-empty, non-overlapping, inside one layer: anything else is damage.
         let bad_order = out.last().is_some_and(|p| p.end() > e.key);
         if len == 0 || lba.checked_add(len).is_none() || bad_order {
@@ -159,7 +176,10 @@ fn decode_inner(r: &mut Reader<'_>, count: usize) -> Option<Vec<(Key, PagePtr)>>
     for i in 0..count {
         let layer = r.u32().ok()?;
         let lba = r.u64().ok()?;
-        let p = PagePtr { a: r.u64().ok()?, b: r.u64().ok()? };
+        let p = PagePtr {
+            a: r.u64().ok()?,
+            b: r.u64().ok()?,
+        };
         let k = key_of(layer, lba);
         if i > 0 && out.last().is_some_and(|(pk, _)| *pk >= k) {
             return None;
@@ -174,7 +194,12 @@ fn decode_segtab(r: &mut Reader<'_>, count: usize) -> Option<Vec<SegRecord>> {
     for _ in 0..count {
         let state = r.u8().ok()?;
         r.bytes(3).ok()?;
-        let s = SegRecord { state, live: r.u32().ok()?, used: r.u32().ok()?, sealed_unix_s: r.u32().ok()? };
+        let s = SegRecord {
+            state,
+            live: r.u32().ok()?,
+            used: r.u32().ok()?,
+            sealed_unix_s: r.u32().ok()?,
+        };
         if state > 2 {
             return None;
         }
@@ -191,21 +216,48 @@ mod tests {
     fn pages_round_trip_and_reject_damage() {
         let g = [3u8; 16];
         let leaf = PageBody::Leaf(vec![
-            Entry { key: key_of(2, 10), len: 5, loc: Loc::Cap { seg: 7, block: 100 } },
-            Entry { key: key_of(2, 20), len: 1 << 40, loc: Loc::Zero(0) },
-            Entry { key: key_of(3, 0), len: 1, loc: Loc::Cap { seg: 0, block: 0 } },
+            Entry {
+                key: key_of(2, 10),
+                len: 5,
+                loc: Loc::Cap { seg: 7, block: 100 },
+            },
+            Entry {
+                key: key_of(2, 20),
+                len: 1 << 40,
+                loc: Loc::Zero(0),
+            },
+            Entry {
+                key: key_of(3, 0),
+                len: 1,
+                loc: Loc::Cap { seg: 0, block: 0 },
+            },
         ]);
         let b = encode(&leaf, &g, 9, 12345);
         assert_eq!(decode(&b, &g, 12345), Some((leaf.clone(), 9)));
         assert_eq!(decode(&b, &g, 12346), None, "a misplaced copy is refused");
-        assert_eq!(decode(&b, &[4; 16], 12345), None, "a foreign page is refused");
+        assert_eq!(
+            decode(&b, &[4; 16], 12345),
+            None,
+            "a foreign page is refused"
+        );
         let mut torn = b.clone();
         torn[200] ^= 1;
         assert_eq!(decode(&torn, &g, 12345), None);
-        let inner = PageBody::Inner(vec![(0, PagePtr { a: 1, b: 2 }), (key_of(5, 9), PagePtr { a: 3, b: 4 })]);
+        let inner = PageBody::Inner(vec![
+            (0, PagePtr { a: 1, b: 2 }),
+            (key_of(5, 9), PagePtr { a: 3, b: 4 }),
+        ]);
         let b = encode(&inner, &g, 1, 7);
         assert_eq!(decode(&b, &g, 7), Some((inner, 1)));
-        let st = PageBody::SegTable(vec![SegRecord { state: 1, live: 3, used: 4, sealed_unix_s: 5 }; SEGTAB_PER_PAGE]);
+        let st = PageBody::SegTable(vec![
+            SegRecord {
+                state: 1,
+                live: 3,
+                used: 4,
+                sealed_unix_s: 5
+            };
+            SEGTAB_PER_PAGE
+        ]);
         let b = encode(&st, &g, 1, 8);
         assert_eq!(decode(&b, &g, 8), Some((st, 1)));
     }
@@ -214,7 +266,15 @@ mod tests {
     fn capacities_fill_a_block() {
         assert_eq!(LEAF_MAX, 144);
         assert_eq!(INNER_MAX, 144);
-        let full = PageBody::Leaf((0..LEAF_MAX as u64).map(|i| Entry { key: key_of(1, i * 2), len: 1, loc: Loc::Zero(0) }).collect());
+        let full = PageBody::Leaf(
+            (0..LEAF_MAX as u64)
+                .map(|i| Entry {
+                    key: key_of(1, i * 2),
+                    len: 1,
+                    loc: Loc::Zero(0),
+                })
+                .collect(),
+        );
         assert_eq!(encode(&full, &[0; 16], 1, 1).len(), BLOCK);
     }
 }

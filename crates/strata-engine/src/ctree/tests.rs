@@ -19,8 +19,12 @@ struct Store {
 
 impl Store {
     fn read(&self, p: PagePtr) -> PageBody {
-        let a = decode(&self.pages[&p.a], &G, p.a).expect("copy A decodes").0;
-        let b = decode(&self.pages[&p.b], &G, p.b).expect("copy B decodes").0;
+        let a = decode(&self.pages[&p.a], &G, p.a)
+            .expect("copy A decodes")
+            .0;
+        let b = decode(&self.pages[&p.b], &G, p.b)
+            .expect("copy B decodes")
+            .0;
         assert_eq!(a, b, "the two copies differ");
         a
     }
@@ -32,12 +36,17 @@ impl Store {
         let plan = t
             .plan_flush::<()>(&mut || {
                 *next += 2;
-                Ok(PagePtr { a: *next, b: *next + 1 })
+                Ok(PagePtr {
+                    a: *next,
+                    b: *next + 1,
+                })
             })
             .unwrap();
         for (p, body) in &plan.pages {
-            self.pages.insert(p.a, encode(body, &G, self.generation, p.a));
-            self.pages.insert(p.b, encode(body, &G, self.generation, p.b));
+            self.pages
+                .insert(p.a, encode(body, &G, self.generation, p.a));
+            self.pages
+                .insert(p.b, encode(body, &G, self.generation, p.b));
         }
         let freed = t.commit_flush(&plan);
         assert_eq!(t.counts().dirty_nodes, 0);
@@ -71,7 +80,8 @@ fn check(t: &mut CTree, s: &Store, model: &Model, layers: u32, blocks: u64) {
     for layer in 0..layers {
         let got = loaded(t, s, |t| {
             let mut v = Vec::new();
-            t.lookup(key_of(layer, 0), key_of(layer, blocks), &mut v).map(|()| v)
+            t.lookup(key_of(layer, 0), key_of(layer, blocks), &mut v)
+                .map(|()| v)
         });
         let mut seen = BTreeMap::new();
         let mut last_end = 0;
@@ -84,7 +94,10 @@ fn check(t: &mut CTree, s: &Store, model: &Model, layers: u32, blocks: u64) {
                 seen.insert((l, lba + i), e.loc.advance(i));
             }
         }
-        let want: Model = model.range((layer, 0)..(layer, blocks)).map(|(k, v)| (*k, *v)).collect();
+        let want: Model = model
+            .range((layer, 0)..(layer, blocks))
+            .map(|(k, v)| (*k, *v))
+            .collect();
         assert_eq!(seen, want, "layer {layer}");
     }
 }
@@ -179,34 +192,65 @@ fn a_deep_tree_pages_out_and_back_in() {
     // grows two inner levels.
     let n = 60_000u64;
     for i in 0..n {
-        let loc = Loc::Cap { seg: (i % 2) as u32, block: i as u32 };
-        t.set(key_of(1, i * 2), key_of(1, i * 2 + 1), Some(loc)).unwrap();
+        let loc = Loc::Cap {
+            seg: (i % 2) as u32,
+            block: i as u32,
+        };
+        t.set(key_of(1, i * 2), key_of(1, i * 2 + 1), Some(loc))
+            .unwrap();
     }
     assert!(t.counts().resident_inner > 1, "{:?}", t.counts());
     // Appended in address order, leaves fill up instead of splitting in halves.
     let full = n as usize / page::LEAF_MAX;
-    assert!(t.counts().resident_leaves <= full + 2, "{:?} for {full} full leaves", t.counts());
+    assert!(
+        t.counts().resident_leaves <= full + 2,
+        "{:?} for {full} full leaves",
+        t.counts()
+    );
     let (root, freed) = s.flush(&mut t);
     assert!(freed.is_empty());
     t.evict(0);
     // Everything but the root leaves memory: inner nodes too, once their children are out.
-    assert_eq!((t.counts().resident_leaves, t.counts().resident_inner), (0, 1), "{:?}", t.counts());
+    assert_eq!(
+        (t.counts().resident_leaves, t.counts().resident_inner),
+        (0, 1),
+        "{:?}",
+        t.counts()
+    );
     let mut got = Vec::new();
     let k = key_of(1, 2 * 4321);
     loaded(&mut t, &s, |t| {
         got.clear();
         t.lookup(k, k + 1, &mut got)
     });
-    assert_eq!(got, vec![Entry { key: k, len: 1, loc: Loc::Cap { seg: 1, block: 4321 } }]);
+    assert_eq!(
+        got,
+        vec![Entry {
+            key: k,
+            len: 1,
+            loc: Loc::Cap {
+                seg: 1,
+                block: 4321
+            }
+        }]
+    );
     // Reopened from the root, everything is there, and a range change spanning many leaves
     // works once they are read.
     let mut t = CTree::open(Some(root));
-    let displaced = loaded(&mut t, &s, |t| t.set(key_of(1, 1000), key_of(1, 100_000), None));
+    let displaced = loaded(&mut t, &s, |t| {
+        t.set(key_of(1, 1000), key_of(1, 100_000), None)
+    });
     assert_eq!(displaced.len() as u64, (100_000 - 1000) / 2);
     let mut model = Model::new();
     for i in 0..n {
         if !(1000..100_000).contains(&(i * 2)) {
-            model.insert((1, i * 2), Loc::Cap { seg: (i % 2) as u32, block: i as u32 });
+            model.insert(
+                (1, i * 2),
+                Loc::Cap {
+                    seg: (i % 2) as u32,
+                    block: i as u32,
+                },
+            );
         }
     }
     check(&mut t, &s, &model, 2, 2 * n + 10);
@@ -219,7 +263,15 @@ fn redirty_moves_every_page_of_a_segment() {
     let mut t = CTree::new();
     let mut s = Store::default();
     for i in 0..5_000u64 {
-        t.set(key_of(2, i * 2), key_of(2, i * 2 + 1), Some(Loc::Cap { seg: 1, block: i as u32 })).unwrap();
+        t.set(
+            key_of(2, i * 2),
+            key_of(2, i * 2 + 1),
+            Some(Loc::Cap {
+                seg: 1,
+                block: i as u32,
+            }),
+        )
+        .unwrap();
     }
     let (root, _) = s.flush(&mut t);
     let mut before = HashSet::new();
@@ -233,26 +285,49 @@ fn redirty_moves_every_page_of_a_segment() {
     let (root2, freed) = s.flush(&mut t);
     let mut after = HashSet::new();
     s.reachable(root2, &mut after);
-    assert!(after.iter().all(|p| !moving(*p) || !before.contains(p)), "a page in the moving set stayed");
+    assert!(
+        after.iter().all(|p| !moving(*p) || !before.contains(p)),
+        "a page in the moving set stayed"
+    );
     assert!(freed.iter().filter(|p| moving(**p)).count() >= expected);
 }
-
 
 #[test]
 fn a_change_across_many_leaves_keeps_each_part_at_its_place() {
     let mut t = CTree::new();
     // 2,000 single-block runs that cannot merge make ~20 leaves.
     for i in 0..2_000u64 {
-        t.set(key_of(1, i * 3), key_of(1, i * 3 + 1), Some(Loc::Cap { seg: (i % 2) as u32, block: i as u32 })).unwrap();
+        t.set(
+            key_of(1, i * 3),
+            key_of(1, i * 3 + 1),
+            Some(Loc::Cap {
+                seg: (i % 2) as u32,
+                block: i as u32,
+            }),
+        )
+        .unwrap();
     }
-    let d = t.set(key_of(1, 100), key_of(1, 5_000), Some(Loc::Cap { seg: 9, block: 0 })).unwrap();
+    let d = t
+        .set(
+            key_of(1, 100),
+            key_of(1, 5_000),
+            Some(Loc::Cap { seg: 9, block: 0 }),
+        )
+        .unwrap();
     assert_eq!(d.len(), (100..5_000).filter(|b| b % 3 == 0).count());
     let mut got = Vec::new();
     t.lookup(key_of(1, 0), key_of(1, 6_000), &mut got).unwrap();
     for e in got {
         let (_, lba) = split_key(e.key);
         if (100..5_000).contains(&lba) {
-            assert_eq!(e.loc, Loc::Cap { seg: 9, block: (lba - 100) as u32 }, "run at {lba}");
+            assert_eq!(
+                e.loc,
+                Loc::Cap {
+                    seg: 9,
+                    block: (lba - 100) as u32
+                },
+                "run at {lba}"
+            );
         }
     }
 }

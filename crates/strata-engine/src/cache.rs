@@ -1,0 +1,257 @@
+//! The read cache: clean copies of capacity-tier blocks kept in the write log's area.
+//!
+//! A promoted copy is a log record of kind `Cache` (its layer field holds the segment, its
+//! offset the first block) holding the data of capacity blocks, keyed by where they live on the capacity tier (segment, block). Snapshots and clones that
+//! share a block share its cached copy. The copy is clean: nothing is destaged from it, replay
+//! ignores it (the cache starts empty after a restart), and losing it costs a miss.
+//!
+//! Space: cache records take log space like any record and give it back when the log tail
+//! passes them. Their share of the log is bounded by `EngineConfig::read_cache_ratio`; the
+//! write buffer's fill marks apply to the rest. Eviction is a clock over the log: each copy counts
+//! its reads; when the tail reaches a copy read since it was written (recency), it is written
+//! again at the head (one fast-tier write, no capacity-tier write) with its count halved, so
+//! a copy read often (heat) survives several passes without reads; otherwise it is dropped.
+//!
+//! A segment's blocks are cached under the segment's generation, which changes each time the
+//! segment is allocated: a copy of a segment reused since is never served.
+//!
+//! Promotion needs evidence: `promote_after_reads` reads of a 64 KiB region within
+//! `promote_window_s`, not counting reads that continue a sequential stream longer than
+//! `promote_sequential_cutoff_bytes`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use crate::policy::{Policy, PROMOTE_REGION_BLOCKS};
+
+#[derive(Debug, Clone, Copy)]
+pub struct CacheEntry {
+    /// Log block holding the copy.
+    pub fast: u64,
+    /// The segment's generation when the block was read.
+    pub gen: u32,
+    /// Reads since it was last written (halved at each pass of the tail): heat and recency.
+    pub hits: u8,
+}
+
+pub struct ReadCache {
+    entries: HashMap<(u32, u32), CacheEntry>,
+    /// Generation of every segment (shared with the segment table, which bumps it).
+    pub seg_gen: Arc<Vec<AtomicU32>>,
+    /// Read counts of recently read regions: (layer, region) -> (reads, window start ms).
+    candidates: HashMap<(u32, u64), (u32, u64)>,
+    max_candidates: usize,
+}
+
+impl ReadCache {
+    pub fn new(seg_gen: Arc<Vec<AtomicU32>>, log_blocks: u64) -> ReadCache {
+        ReadCache {
+            entries: HashMap::new(),
+            seg_gen,
+            candidates: HashMap::new(),
+            max_candidates: (log_blocks as usize / PROMOTE_REGION_BLOCKS as usize)
+                .clamp(1024, 1 << 20),
+        }
+    }
+
+    pub fn gen_of(&self, seg: u32) -> u32 {
+        self.seg_gen
+            .get(seg as usize)
+            .map_or(u32::MAX, |g| g.load(Ordering::Acquire))
+    }
+
+    /// The log block holding a valid copy of capacity block (seg, block), marking it read.
+    pub fn lookup(&mut self, seg: u32, block: u32) -> Option<u64> {
+        let gen = self.gen_of(seg);
+        let e = self.entries.get_mut(&(seg, block))?;
+        if e.gen != gen {
+            return None;
+        }
+        e.hits = e.hits.saturating_add(1);
+        Some(e.fast)
+    }
+
+    /// Records copies now durable at `fast..` of blocks `block..` of `seg` read under `gen`.
+    /// Returns how many were inserted (none when the segment was reused meanwhile).
+    pub fn insert(&mut self, seg: u32, block: u32, n: u32, fast: u64, gen: u32) -> u64 {
+        if self.gen_of(seg) != gen {
+            return 0;
+        }
+        for i in 0..n {
+            self.entries.insert(
+                (seg, block + i),
+                CacheEntry {
+                    fast: fast + u64::from(i),
+                    gen,
+                    hits: 0,
+                },
+            );
+        }
+        u64::from(n)
+    }
+
+    /// The log blocks `fast..fast+n` holding copies of (seg, block..) are being reused:
+    /// forgets the copies that still live there. Returns how many were forgotten.
+    pub fn forget(&mut self, seg: u32, block: u32, n: u32, fast: u64) -> u64 {
+        let mut gone = 0;
+        for i in 0..n {
+            let key = (seg, block + i);
+            if self
+                .entries
+                .get(&key)
+                .is_some_and(|e| e.fast == fast + u64::from(i))
+            {
+                self.entries.remove(&key);
+                gone += 1;
+            }
+        }
+        gone
+    }
+
+    /// Whether the copy at `fast` of (seg, block) is still the current, valid one, and was
+    /// read since it was written; halves its hits (a copy read once gets one more pass).
+    pub fn take_second_chance(&mut self, seg: u32, block: u32, fast: u64) -> bool {
+        let gen = self.gen_of(seg);
+        match self.entries.get_mut(&(seg, block)) {
+            Some(e) if e.fast == fast && e.gen == gen && e.hits > 0 => {
+                e.hits /= 2;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Cached blocks (valid or not yet found stale).
+    pub fn entries(&self) -> u64 {
+        self.entries.len() as u64
+    }
+
+    /// Counts a read of `layer`'s blocks `lba..lba+n` that missed the fast tier; returns
+    /// whether the evidence now says to promote it. `sequential_bytes` is how long the
+    /// sequential stream this read continues already is.
+    pub fn note_miss(
+        &mut self,
+        p: &Policy,
+        layer: u32,
+        lba: u64,
+        n: u64,
+        sequential_bytes: u64,
+        now_ms: u64,
+    ) -> bool {
+        if p.promote_after_reads == 0 {
+            return false;
+        }
+        if p.promote_sequential_cutoff_bytes > 0
+            && sequential_bytes >= p.promote_sequential_cutoff_bytes
+        {
+            return false;
+        }
+        if p.promote_after_reads == 1 {
+            return true;
+        }
+        let window_ms = p.promote_window_s.saturating_mul(1000);
+        let mut promote = false;
+        for region in lba / PROMOTE_REGION_BLOCKS..=(lba + n - 1) / PROMOTE_REGION_BLOCKS {
+            if self.candidates.len() >= self.max_candidates
+                && !self.candidates.contains_key(&(layer, region))
+            {
+                self.expire(now_ms, window_ms);
+                if self.candidates.len() >= self.max_candidates {
+                    continue;
+                }
+            }
+            let c = self
+                .candidates
+                .entry((layer, region))
+                .or_insert((0, now_ms));
+            if now_ms.saturating_sub(c.1) > window_ms {
+                *c = (0, now_ms);
+            }
+            c.0 += 1;
+            if c.0 >= p.promote_after_reads {
+                self.candidates.remove(&(layer, region));
+                promote = true;
+            }
+        }
+        promote
+    }
+
+    /// Drops the read counts whose window has passed (the oldest half when none has).
+    fn expire(&mut self, now_ms: u64, window_ms: u64) {
+        self.candidates
+            .retain(|_, c| now_ms.saturating_sub(c.1) <= window_ms);
+        if self.candidates.len() >= self.max_candidates {
+            let mut starts: Vec<u64> = self.candidates.values().map(|c| c.1).collect();
+            starts.sort_unstable();
+            let cut = starts[starts.len() / 2];
+            self.candidates.retain(|_, c| c.1 > cut);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache() -> ReadCache {
+        ReadCache::new(
+            Arc::new((0..4).map(|_| AtomicU32::new(0)).collect()),
+            1 << 16,
+        )
+    }
+
+    #[test]
+    fn copies_of_reused_segments_are_never_served() {
+        let mut c = cache();
+        assert_eq!(c.insert(1, 10, 2, 500, 0), 2);
+        assert_eq!(c.lookup(1, 11), Some(501));
+        c.seg_gen[1].fetch_add(1, Ordering::AcqRel);
+        assert_eq!(c.lookup(1, 11), None);
+        // A copy read before the reuse is refused on insertion too.
+        assert_eq!(c.insert(1, 20, 1, 600, 0), 0);
+    }
+
+    #[test]
+    fn the_tail_forgets_only_the_copy_it_passes() {
+        let mut c = cache();
+        c.insert(2, 0, 1, 100, 0);
+        // Written again at the head (second chance) before the tail passed the old copy.
+        c.insert(2, 0, 1, 900, 0);
+        assert_eq!(c.forget(2, 0, 1, 100), 0);
+        assert_eq!(c.lookup(2, 0), Some(900));
+        assert!(c.take_second_chance(2, 0, 900));
+        assert!(!c.take_second_chance(2, 0, 900), "one chance per read");
+        assert_eq!(c.forget(2, 0, 1, 900), 1);
+        assert_eq!(c.lookup(2, 0), None);
+    }
+
+    #[test]
+    fn promotion_needs_repeated_reads_within_the_window_and_skips_streams() {
+        let mut c = cache();
+        let p = Policy {
+            promote_after_reads: 3,
+            promote_window_s: 10,
+            ..Policy::default()
+        };
+        assert!(!c.note_miss(&p, 1, 0, 1, 0, 0));
+        assert!(!c.note_miss(&p, 1, 5, 1, 0, 1000));
+        assert!(
+            c.note_miss(&p, 1, 15, 1, 0, 2000),
+            "third read of the 64 KiB region"
+        );
+        // Reads spread beyond the window start over.
+        assert!(!c.note_miss(&p, 1, 32, 1, 0, 0));
+        assert!(!c.note_miss(&p, 1, 32, 1, 0, 5000));
+        assert!(!c.note_miss(&p, 1, 32, 1, 0, 20_000));
+        // A long sequential stream neither counts nor promotes.
+        for i in 0..10 {
+            assert!(!c.note_miss(&p, 1, 64, 1, 8 << 20, 30_000 + i));
+        }
+        let off = Policy {
+            promote_after_reads: 0,
+            ..Policy::default()
+        };
+        assert!(!c.note_miss(&off, 1, 0, 1, 0, 0));
+    }
+}

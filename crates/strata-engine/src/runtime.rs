@@ -1,0 +1,258 @@
+//! What the engine keeps per volume while running (not stored): its policy as decoded, its I/O
+//! limiter, the sequential-stream detectors, and its figures.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use crate::policy::{Clock, Policy};
+
+/// Residency histogram buckets: bucket i counts data that stayed less than 2^i seconds on the
+/// fast tier (the last one: longer).
+pub const RESIDENCY_BUCKETS: usize = 24;
+
+#[derive(Default)]
+pub struct VolStats {
+    /// Blocks read from the fast tier (the log), from promoted copies there, and from the
+    /// capacity tier.
+    pub read_fast_blocks: AtomicU64,
+    pub read_cached_blocks: AtomicU64,
+    pub read_capacity_blocks: AtomicU64,
+    pub promoted_blocks: AtomicU64,
+    pub evicted_blocks: AtomicU64,
+    /// Data destaged after staying on the fast tier for a while (see RESIDENCY_BUCKETS).
+    pub residency: [AtomicU64; RESIDENCY_BUCKETS],
+    /// Time spent waiting for the volume's I/O limits.
+    pub limited_wait_ms: AtomicU64,
+}
+
+/// The figures of one volume, as the API shows them.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct VolumeFigures {
+    pub read_fast_bytes: u64,
+    pub read_cached_bytes: u64,
+    pub read_capacity_bytes: u64,
+    /// Share of reads of stored data served by the fast tier (log or promoted copies).
+    pub fast_read_hit_ratio: Option<f64>,
+    pub promoted_bytes: u64,
+    pub evicted_bytes: u64,
+    pub limited_wait_ms: u64,
+    /// Blocks destaged after < 2^i seconds on the fast tier, per bucket i.
+    pub residency_seconds_log2: Vec<u64>,
+}
+
+impl VolStats {
+    pub fn figures(&self) -> VolumeFigures {
+        let b = |a: &AtomicU64| a.load(Ordering::Relaxed) * crate::format::BLOCK_U64;
+        let (fast, cached, cap) = (
+            b(&self.read_fast_blocks),
+            b(&self.read_cached_blocks),
+            b(&self.read_capacity_blocks),
+        );
+        let total = fast + cached + cap;
+        VolumeFigures {
+            read_fast_bytes: fast,
+            read_cached_bytes: cached,
+            read_capacity_bytes: cap,
+            fast_read_hit_ratio: (total > 0).then(|| (fast + cached) as f64 / total as f64),
+            promoted_bytes: b(&self.promoted_blocks),
+            evicted_bytes: b(&self.evicted_blocks),
+            limited_wait_ms: self.limited_wait_ms.load(Ordering::Relaxed),
+            residency_seconds_log2: self
+                .residency
+                .iter()
+                .map(|a| a.load(Ordering::Relaxed))
+                .collect(),
+        }
+    }
+
+    pub fn record_residency(&self, blocks: u64, age_ms: u64) {
+        let secs = age_ms / 1000;
+        let bucket = (64 - secs.leading_zeros() as usize).min(RESIDENCY_BUCKETS - 1);
+        self.residency[bucket].fetch_add(blocks, Ordering::Relaxed);
+    }
+}
+
+/// A stream detector: how long the current run of back-to-back requests is.
+#[derive(Default)]
+pub struct SeqRun {
+    next_offset: u64,
+    run_bytes: u64,
+}
+
+impl SeqRun {
+    /// Notes a request and returns the length of the run it continues (0 if it starts one).
+    pub fn note(&mut self, offset: u64, len: u64) -> u64 {
+        let before = if offset == self.next_offset {
+            self.run_bytes
+        } else {
+            0
+        };
+        self.run_bytes = before + len;
+        self.next_offset = offset + len;
+        before
+    }
+}
+
+/// Token buckets for a volume's IOPS and bandwidth limits (one second of burst).
+#[derive(Default)]
+pub struct Limiter {
+    ops: f64,
+    bytes: f64,
+    at_ms: u64,
+    started: bool,
+}
+
+impl Limiter {
+    /// Takes one operation of `bytes` if the limits allow it now; otherwise how many
+    /// milliseconds until they will.
+    pub fn try_take(&mut self, p: &Policy, bytes: u64, now_ms: u64) -> Result<(), u64> {
+        if p.iops_limit == 0 && p.bandwidth_limit_bytes_per_s == 0 {
+            return Ok(());
+        }
+        if !self.started {
+            // A volume starts with a full second of burst.
+            (self.started, self.ops, self.bytes, self.at_ms) = (
+                true,
+                p.iops_limit as f64,
+                p.bandwidth_limit_bytes_per_s as f64,
+                now_ms,
+            );
+        }
+        let dt = now_ms.saturating_sub(self.at_ms) as f64 / 1000.0;
+        self.at_ms = self.at_ms.max(now_ms);
+        let refill = |level: f64, rate: u64| (level + dt * rate as f64).min(rate as f64);
+        if p.iops_limit > 0 {
+            self.ops = refill(self.ops, p.iops_limit);
+        }
+        if p.bandwidth_limit_bytes_per_s > 0 {
+            self.bytes = refill(self.bytes, p.bandwidth_limit_bytes_per_s);
+        }
+        let ops_ok = p.iops_limit == 0 || self.ops >= 1.0;
+        // A request larger than a second's worth passes once the bucket is full.
+        let want = (bytes as f64).min(p.bandwidth_limit_bytes_per_s as f64);
+        let bytes_ok = p.bandwidth_limit_bytes_per_s == 0 || self.bytes >= want;
+        if ops_ok && bytes_ok {
+            if p.iops_limit > 0 {
+                self.ops -= 1.0;
+            }
+            if p.bandwidth_limit_bytes_per_s > 0 {
+                self.bytes -= want;
+            }
+            return Ok(());
+        }
+        let wait_ops = if ops_ok {
+            0.0
+        } else {
+            (1.0 - self.ops) / p.iops_limit as f64
+        };
+        let wait_bytes = if bytes_ok {
+            0.0
+        } else {
+            (want - self.bytes) / p.bandwidth_limit_bytes_per_s as f64
+        };
+        Err(((wait_ops.max(wait_bytes) * 1000.0).ceil() as u64).max(1))
+    }
+}
+
+pub struct VolRuntime {
+    pub id: u32,
+    pub policy: Mutex<Policy>,
+    pub stats: VolStats,
+    pub limiter: Mutex<Limiter>,
+    pub reads: Mutex<SeqRun>,
+}
+
+impl VolRuntime {
+    pub fn new(id: u32, policy: Policy) -> VolRuntime {
+        VolRuntime {
+            id,
+            policy: Mutex::new(policy),
+            stats: VolStats::default(),
+            limiter: Mutex::new(Limiter::default()),
+            reads: Mutex::new(SeqRun::default()),
+        }
+    }
+
+    pub fn policy(&self) -> Policy {
+        *self.policy.lock()
+    }
+
+    /// Waits until the volume's limits admit a request of `bytes` (limited requests wait;
+    /// they are not failed). Returns at once without limits.
+    pub fn admit(&self, clock: &dyn Clock, bytes: u64) {
+        let p = self.policy();
+        let started = clock.now_ms();
+        loop {
+            let now = clock.now_ms();
+            match self.limiter.lock().try_take(&p, bytes, now) {
+                Ok(()) => break,
+                Err(wait_ms) => {
+                    std::thread::sleep(std::time::Duration::from_millis(wait_ms.min(20)))
+                }
+            }
+        }
+        let waited = clock.now_ms().saturating_sub(started);
+        if waited > 0 {
+            self.stats
+                .limited_wait_ms
+                .fetch_add(waited, Ordering::Relaxed);
+        }
+    }
+
+    /// Admits a request only if that needs no waiting.
+    pub fn try_admit(&self, clock: &dyn Clock, bytes: u64) -> bool {
+        let p = self.policy();
+        self.limiter
+            .lock()
+            .try_take(&p, bytes, clock.now_ms())
+            .is_ok()
+    }
+}
+
+/// The runtime state of every volume, and which volume's head each layer is.
+#[derive(Default)]
+pub struct Runtimes {
+    pub by_volume: HashMap<u32, Arc<VolRuntime>>,
+    pub by_head: HashMap<u32, Arc<VolRuntime>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limiter_admits_at_the_configured_rate() {
+        let p = Policy {
+            iops_limit: 10,
+            ..Policy::default()
+        };
+        let mut l = Limiter::default();
+        // A full second of burst, then one per 100 ms.
+        let admitted = (0..20)
+            .filter(|_| l.try_take(&p, 4096, 1000).is_ok())
+            .count();
+        assert_eq!(admitted, 10);
+        assert_eq!(l.try_take(&p, 4096, 1000), Err(100));
+        assert!(l.try_take(&p, 4096, 1100).is_ok());
+        let p = Policy {
+            bandwidth_limit_bytes_per_s: 1 << 20,
+            ..Policy::default()
+        };
+        let mut l = Limiter::default();
+        assert!(l.try_take(&p, 1 << 20, 1000).is_ok());
+        assert_eq!(l.try_take(&p, 512 << 10, 1000), Err(500));
+    }
+
+    #[test]
+    fn sequential_runs_are_measured() {
+        let mut s = SeqRun::default();
+        assert_eq!(s.note(0, 100), 0);
+        assert_eq!(s.note(100, 100), 100);
+        assert_eq!(s.note(200, 50), 200);
+        assert_eq!(s.note(7, 1), 0);
+    }
+}

@@ -1,0 +1,409 @@
+//! Tiering policies with an injected clock: tier mode's age and heat, promotion on evidence,
+//! the read cache's eviction, policy changes at run time, and per-volume I/O limits.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::map::Loc;
+use crate::tests::{small_cfg, Rig, MIB};
+use crate::*;
+
+fn block_of(lba: u64, tag: u8) -> Vec<u8> {
+    let mut b = vec![tag; 4096];
+    b[..8].copy_from_slice(&lba.to_le_bytes());
+    b
+}
+
+fn read_block(dg: &DiskGroup, v: VolumeId, lba: u64) -> Vec<u8> {
+    let mut b = vec![0u8; 4096];
+    dg.read(v, lba * 4096, &mut b)
+        .unwrap_or_else(|e| panic!("read of block {lba}: {e}"));
+    b
+}
+
+/// Waits (real time) until `f` holds; false after `secs`.
+fn eventually(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    f()
+}
+
+fn clocked(cfg: EngineConfig) -> (EngineConfig, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::default());
+    (
+        EngineConfig {
+            clock: clock.clone(),
+            ..cfg
+        },
+        clock,
+    )
+}
+
+fn tier(min_age_s: u64) -> Policy {
+    Policy {
+        mode: Mode::Tier,
+        tier_min_age_s: min_age_s,
+        ..Policy::default()
+    }
+}
+
+#[test]
+fn tier_mode_keeps_data_until_it_is_old_and_cold() {
+    // With a low mark of 0, a cache-mode volume's data would move at once.
+    let (cfg, clock) = clocked(EngineConfig {
+        fill_ratio_low: 0.0,
+        ..small_cfg()
+    });
+    let rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 61);
+    let dg = rig.dg();
+    let v = dg
+        .create_volume_with_policy("t", 4 * MIB, &tier(60))
+        .unwrap()
+        .id;
+    for lba in 0..64 {
+        dg.write(v, lba * 4096, &block_of(lba, 1)).unwrap();
+    }
+    // Blocks 0..8 are read again and again: heat.
+    for _ in 0..3 {
+        for lba in 0..8 {
+            assert_eq!(read_block(dg, v, lba), block_of(lba, 1));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(dg.stats().destaged_bytes_total, 0, "young tier data moved");
+    clock.advance_ms(61_000);
+    assert!(
+        eventually(10, || dg.stats().destaged_bytes_total >= 56 * 4096),
+        "old, cold data did not move"
+    );
+    let before = dg.volume_figures("t").unwrap();
+    for lba in 0..64 {
+        assert_eq!(read_block(dg, v, lba), block_of(lba, 1));
+    }
+    let after = dg.volume_figures("t").unwrap();
+    assert_eq!(
+        after.read_capacity_bytes - before.read_capacity_bytes,
+        56 * 4096,
+        "the cold blocks moved"
+    );
+    assert_eq!(
+        after.read_fast_bytes - before.read_fast_bytes,
+        8 * 4096,
+        "the hot blocks stayed"
+    );
+    // The residency histogram saw 56 blocks leave after 61 s (bucket 6: 32..64 s).
+    assert_eq!(
+        after.residency_seconds_log2[6], 56,
+        "{:?}",
+        after.residency_seconds_log2
+    );
+    // Kept hot, they wait another minimum age; once they stop being read, their heat halves
+    // at each such pass until they are cold and move too.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        dg.stats().destaged_bytes_total,
+        56 * 4096,
+        "kept data moved before its new minimum age"
+    );
+    for _ in 0..4 {
+        clock.advance_ms(61_000);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(
+        eventually(10, || dg.stats().destaged_bytes_total >= 64 * 4096),
+        "cooled data did not move"
+    );
+}
+
+#[test]
+fn tier_mode_moves_young_data_when_the_fast_tier_needs_room() {
+    let (cfg, _clock) = clocked(small_cfg());
+    let rig = Rig::new(32 * MIB, &[96 * MIB], cfg, 62);
+    let dg = rig.dg();
+    let v = dg
+        .create_volume_with_policy("t", 32 * MIB, &tier(3600))
+        .unwrap()
+        .id;
+    let log = dg.stats().log_capacity_bytes;
+    // Twice the log: the destager must move data long before it is an hour old.
+    let blocks = 2 * log / 4096;
+    let chunk = 64u64;
+    for at in (0..blocks).step_by(chunk as usize) {
+        let data: Vec<u8> = (at..at + chunk)
+            .flat_map(|l| block_of(l % 8192, 2))
+            .collect();
+        dg.write(v, (at % 8192) * 4096, &data).unwrap();
+    }
+    assert!(dg.stats().destaged_bytes_total > 0);
+    for lba in (0..8192).step_by(97) {
+        assert_eq!(read_block(dg, v, lba), block_of(lba, 2));
+    }
+}
+
+#[test]
+fn a_policy_change_takes_effect_at_once_and_is_kept() {
+    let (cfg, _clock) = clocked(EngineConfig {
+        fill_ratio_low: 0.0,
+        ..small_cfg()
+    });
+    let mut rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 63);
+    let v = rig
+        .dg()
+        .create_volume_with_policy("p", 4 * MIB, &tier(3600))
+        .unwrap()
+        .id;
+    for lba in 0..32 {
+        rig.dg().write(v, lba * 4096, &block_of(lba, 3)).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(rig.dg().stats().destaged_bytes_total, 0);
+    let cache = Policy {
+        iops_limit: 5000,
+        ..Policy::default()
+    };
+    rig.dg().set_policy("p", &cache).unwrap();
+    assert!(
+        eventually(10, || rig.dg().stats().destaged_bytes_total >= 32 * 4096),
+        "cache mode did not destage"
+    );
+    rig.clean_restart();
+    assert_eq!(rig.dg().policy("p").unwrap(), cache);
+    assert!(matches!(
+        rig.dg().set_policy("nope", &cache),
+        Err(EngineError::NotFound(_))
+    ));
+    let bad = Policy {
+        promote_after_reads: 5,
+        promote_window_s: 0,
+        ..Policy::default()
+    };
+    assert!(matches!(
+        rig.dg().set_policy("p", &bad),
+        Err(EngineError::InvalidArgument(_))
+    ));
+    assert_eq!(
+        rig.dg().policy("p").unwrap(),
+        cache,
+        "a refused change changed something"
+    );
+}
+
+/// A group whose volume `c` (8 MiB of known data) sits on the capacity tier, with a read cache.
+fn cached_rig(seed: u64, policy: &Policy) -> (Rig, VolumeId, Arc<ManualClock>) {
+    let (cfg, clock) = clocked(EngineConfig {
+        read_cache_ratio: 0.5,
+        fill_ratio_low: 0.9,
+        fill_ratio_high: 0.95,
+        ..small_cfg()
+    });
+    let rig = Rig::new(32 * MIB, &[48 * MIB], cfg, seed);
+    let v = rig
+        .dg()
+        .create_volume_with_policy("c", 8 * MIB, policy)
+        .unwrap()
+        .id;
+    for at in (0..2048u64).step_by(64) {
+        let data: Vec<u8> = (at..at + 64).flat_map(|l| block_of(l, 4)).collect();
+        rig.dg().write(v, at * 4096, &data).unwrap();
+    }
+    assert!(rig.dg().destage_all(Duration::from_secs(20)));
+    (rig, v, clock)
+}
+
+fn cached_bytes(dg: &DiskGroup) -> u64 {
+    dg.volume_figures("c").unwrap().read_cached_bytes
+}
+
+#[test]
+fn promotion_needs_n_reads_within_the_window() {
+    let p = Policy {
+        promote_after_reads: 3,
+        promote_window_s: 10,
+        ..Policy::default()
+    };
+    let (rig, v, clock) = cached_rig(64, &p);
+    let dg = rig.dg();
+    assert_eq!(read_block(dg, v, 100), block_of(100, 4));
+    assert_eq!(read_block(dg, v, 101), block_of(101, 4));
+    assert_eq!(
+        dg.volume_figures("c").unwrap().promoted_bytes,
+        0,
+        "promoted on two reads"
+    );
+    assert_eq!(read_block(dg, v, 100), block_of(100, 4));
+    assert_eq!(
+        dg.volume_figures("c").unwrap().promoted_bytes,
+        4096,
+        "not promoted on the third read"
+    );
+    assert!(eventually(5, || {
+        let before = cached_bytes(dg);
+        read_block(dg, v, 100) == block_of(100, 4) && cached_bytes(dg) == before + 4096
+    }));
+    // Reads spread wider than the window are no evidence.
+    for _ in 0..5 {
+        assert_eq!(read_block(dg, v, 500), block_of(500, 4));
+        clock.advance_ms(11_000);
+    }
+    assert_eq!(dg.volume_figures("c").unwrap().promoted_bytes, 4096);
+}
+
+#[test]
+fn a_sequential_scan_does_not_evict_the_hot_set() {
+    let p = Policy {
+        promote_after_reads: 2,
+        promote_sequential_cutoff_bytes: 256 * 1024,
+        ..Policy::default()
+    };
+    let (rig, v, _clock) = cached_rig(65, &p);
+    let dg = rig.dg();
+    let hot: Vec<u64> = (0..64).map(|i| 1000 + i * 16).collect();
+    for _ in 0..2 {
+        for &lba in &hot {
+            assert_eq!(read_block(dg, v, lba), block_of(lba, 4));
+        }
+    }
+    assert!(eventually(5, || {
+        let before = cached_bytes(dg);
+        hot.iter().all(|&l| read_block(dg, v, l) == block_of(l, 4))
+            && cached_bytes(dg) == before + 64 * 4096
+    }));
+    let promoted = dg.volume_figures("c").unwrap().promoted_bytes;
+    // Three full scans in 128 KiB reads: only the first 256 KiB of each is not yet a stream.
+    let mut buf = vec![0u8; 128 * 1024];
+    for _ in 0..3 {
+        for at in (0..8 * MIB).step_by(buf.len()) {
+            dg.read(v, at, &mut buf).unwrap();
+            assert_eq!(&buf[..4096], &block_of(at / 4096, 4)[..]);
+        }
+    }
+    let scanned = dg.volume_figures("c").unwrap().promoted_bytes - promoted;
+    assert!(scanned <= 256 * 1024, "the scans promoted {scanned} bytes");
+    let before = cached_bytes(dg);
+    for &lba in &hot {
+        assert_eq!(read_block(dg, v, lba), block_of(lba, 4));
+    }
+    assert_eq!(
+        cached_bytes(dg) - before,
+        64 * 4096,
+        "the hot set was evicted"
+    );
+}
+
+#[test]
+fn eviction_and_damaged_copies_never_lose_or_falsify_data() {
+    let p = Policy {
+        promote_after_reads: 1,
+        ..Policy::default()
+    };
+    let (mut rig, v, _clock) = cached_rig(66, &p);
+    let mut model: Vec<u8> = (0..2048u64).map(|_| 4).collect();
+    let mut rng_state = 0x1234_5678u64;
+    let mut next = || {
+        rng_state ^= rng_state << 13;
+        rng_state ^= rng_state >> 7;
+        rng_state ^= rng_state << 17;
+        rng_state
+    };
+    // Reads promote everything they touch; writes push the log tail over the copies.
+    for round in 0..6000u64 {
+        let lba = next() % 2048;
+        if round % 3 == 0 {
+            let tag = (round % 250) as u8 + 5;
+            rig.dg().write(v, lba * 4096, &block_of(lba, tag)).unwrap();
+            model[lba as usize] = tag;
+        } else {
+            assert_eq!(
+                read_block(rig.dg(), v, lba),
+                block_of(lba, model[lba as usize]),
+                "round {round}"
+            );
+        }
+    }
+    let s = rig.dg().stats();
+    assert!(
+        rig.dg().volume_figures("c").unwrap().evicted_bytes > 0,
+        "nothing was ever evicted"
+    );
+    assert!(s.read_cached_bytes_total > 0);
+    // Damage one cached copy on the fast device: the read falls back to the capacity tier.
+    let dg = rig.dg();
+    let found = (0..2048u64).find_map(|lba| {
+        let piece = crate::resolve::resolve_view(&dg.sh, v, lba, 1)
+            .ok()?
+            .into_iter()
+            .next()?;
+        let Some(Loc::Cap { seg, block }) = piece.loc else {
+            return None;
+        };
+        dg.sh
+            .cache
+            .lock()
+            .lookup(seg, block)
+            .map(|fast| (lba, fast))
+    });
+    let (lba, fast) = found.expect("some block is cached");
+    rig.fast
+        .flip_bit(dg.sh.layout.log_byte(fast) + 100, 3)
+        .unwrap();
+    let errors = dg.stats().checksum_errors_by_device[0];
+    assert_eq!(read_block(dg, v, lba), block_of(lba, model[lba as usize]));
+    assert_eq!(dg.stats().checksum_errors_by_device[0], errors + 1);
+    rig.power_cut_and_restart();
+    for lba in 0..2048u64 {
+        assert_eq!(
+            read_block(rig.dg(), v, lba),
+            block_of(lba, model[lba as usize]),
+            "after power cut"
+        );
+    }
+}
+
+#[test]
+fn a_volume_at_its_iops_limit_does_not_slow_its_neighbour() {
+    let (cfg, clock) = clocked(small_cfg());
+    let rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 67);
+    let dg = rig.dg.clone().expect("running");
+    let slow = dg
+        .create_volume_with_policy(
+            "slow",
+            4 * MIB,
+            &Policy {
+                iops_limit: 5,
+                ..Policy::default()
+            },
+        )
+        .unwrap()
+        .id;
+    let quick = dg.create_volume("quick", 4 * MIB).unwrap().id;
+    let done = Arc::new(AtomicU64::new(0));
+    let (dg2, done2) = (dg.clone(), done.clone());
+    let limited = std::thread::spawn(move || {
+        for lba in 0..10u64 {
+            dg2.write(slow, lba * 4096, &block_of(lba, 6)).unwrap();
+            done2.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    // A second of burst, then the limited writer waits: the clock does not move.
+    assert!(eventually(10, || done.load(Ordering::SeqCst) == 5));
+    for lba in 0..500u64 {
+        dg.write(quick, (lba % 1024) * 4096, &block_of(lba, 7))
+            .unwrap();
+    }
+    assert_eq!(
+        done.load(Ordering::SeqCst),
+        5,
+        "the limited volume went over its limit"
+    );
+    clock.advance_ms(1000);
+    limited.join().unwrap();
+    assert_eq!(done.load(Ordering::SeqCst), 10);
+    assert!(dg.volume_figures("slow").unwrap().limited_wait_ms >= 1000);
+    assert_eq!(dg.volume_figures("quick").unwrap().limited_wait_ms, 0);
+}

@@ -1,0 +1,156 @@
+//! Volume policies at work: setting them, the per-volume runtime state they drive, the read
+//! cache's promotions, and the figures that show what they do.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use strata_device::AlignedBuf;
+
+use crate::error::EngineError;
+use crate::format::{RecordKind, BLOCK_U64};
+use crate::log::WriteReq;
+use crate::policy::{Mode, Policy};
+use crate::runtime::{Runtimes, VolRuntime, VolumeFigures};
+use crate::shared::Shared;
+use crate::{validate_name, validate_size, DiskGroup, VolumeId, VolumeInfo};
+
+impl Shared {
+    /// Rebuilds the per-volume runtime state from the volume table, keeping the figures and
+    /// limiters of volumes that stay.
+    pub fn rebuild_runtimes(&self) {
+        let idx = self.index.read();
+        let mut vols = self.vols.write();
+        let mut next = Runtimes::default();
+        for v in idx.volumes.values() {
+            let policy = Policy::decode(&v.policy).unwrap_or_else(|e| {
+                tracing::error!(volume = %v.name, "unreadable volume policy, using the defaults: {e}");
+                Policy::default()
+            });
+            let rt = match vols.by_volume.get(&v.id) {
+                Some(rt) => {
+                    *rt.policy.lock() = policy;
+                    rt.clone()
+                }
+                None => Arc::new(VolRuntime::new(v.id, policy)),
+            };
+            next.by_head.insert(v.head, rt.clone());
+            next.by_volume.insert(v.id, rt);
+        }
+        *vols = next;
+    }
+
+    pub fn runtime(&self, vol: VolumeId) -> Option<Arc<VolRuntime>> {
+        self.vols.read().by_volume.get(&vol).cloned()
+    }
+
+    /// The runtime of the volume whose head layer this is (None for snapshot layers).
+    pub fn head_runtime(&self, layer: u32) -> Option<Arc<VolRuntime>> {
+        self.vols.read().by_head.get(&layer).cloned()
+    }
+
+    /// Heat from reads of a tier-mode volume's data on the fast tier.
+    pub fn note_read_heat(&self, rt: &VolRuntime, layer: u32, lba: u64, n: u64) {
+        if rt.policy().mode == Mode::Tier {
+            self.note_rewrites(&[(layer, lba, n)]);
+        }
+    }
+}
+
+impl DiskGroup {
+    pub fn create_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo, EngineError> {
+        self.create_volume_with_policy(name, size_bytes, &Policy::default())
+    }
+
+    pub fn create_volume_with_policy(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        policy: &Policy,
+    ) -> Result<VolumeInfo, EngineError> {
+        validate_name(name, "volume")?;
+        validate_size(size_bytes)?;
+        policy.validate()?;
+        self.insert_volume(name, size_bytes, policy.encode())
+    }
+
+    /// Changes a volume's policy; it takes effect at once (the destager and the read path
+    /// read it on every decision) and is durable when this returns.
+    pub fn set_policy(&self, volume: &str, policy: &Policy) -> Result<(), EngineError> {
+        policy.validate()?;
+        let encoded = policy.encode();
+        self.change_volume(volume, |v| v.policy = encoded)?;
+        self.sh.wake_destager();
+        Ok(())
+    }
+
+    pub fn policy(&self, volume: &str) -> Result<Policy, EngineError> {
+        let id = self
+            .volume(volume)
+            .ok_or_else(|| EngineError::NotFound(volume.into()))?
+            .id;
+        self.sh
+            .runtime(id)
+            .map(|rt| rt.policy())
+            .ok_or_else(|| EngineError::NotFound(volume.into()))
+    }
+
+    /// What the policy did for a volume since the group opened.
+    pub fn volume_figures(&self, volume: &str) -> Result<VolumeFigures, EngineError> {
+        let id = self
+            .volume(volume)
+            .ok_or_else(|| EngineError::NotFound(volume.into()))?
+            .id;
+        self.sh
+            .runtime(id)
+            .map(|rt| rt.stats.figures())
+            .ok_or_else(|| EngineError::NotFound(volume.into()))
+    }
+
+    /// Writes a clean copy of capacity blocks `block..block+n` of `seg` (read under `gen`)
+    /// into the log, without waiting: a promotion the log has no room or time for is skipped.
+    pub(crate) fn promote(
+        &self,
+        rt: Option<&VolRuntime>,
+        seg: u32,
+        block: u32,
+        gen: u32,
+        data: &[u8],
+    ) {
+        let n = data.len() as u64 / BLOCK_U64;
+        if !self.sh.log.lock().cache_has_room(n) {
+            self.sh
+                .counters
+                .promotions_refused
+                .fetch_add(1, Ordering::Relaxed);
+            self.sh.wake_destager();
+            return;
+        }
+        let Some(tx) = self.tx.lock().clone() else {
+            return;
+        };
+        let mut d = AlignedBuf::new_zeroed(data.len());
+        d.copy_from_slice(data);
+        let req = WriteReq {
+            kind: RecordKind::Cache,
+            layer: seg,
+            lba: u64::from(block),
+            nblocks: n,
+            data: Some(d),
+            done: crate::log::Done::Call(Box::new(|_| {})),
+            no_wait: true,
+            relocation: true,
+            born_ms: None,
+            cache_gen: gen,
+            vol: rt.map_or(0, |rt| rt.id),
+        };
+        if tx.try_send(req).is_ok() {
+            self.sh
+                .counters
+                .promoted_blocks
+                .fetch_add(n, Ordering::Relaxed);
+            if let Some(rt) = rt {
+                rt.stats.promoted_blocks.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+    }
+}
