@@ -157,7 +157,7 @@ pub fn warnings(
     }
     if stats.checksum_errors_total > 0 {
         out.push(format!(
-            "{} checksum error(s) seen on reads: run a scrub and check the devices",
+            "{} checksum error(s) seen (on reads, log replay or scrubs): run a scrub and check the devices",
             stats.checksum_errors_total
         ));
     }
