@@ -93,12 +93,15 @@ fn checksum_failures(daemon: &Daemon) -> (u64, u64) {
     (count("fast"), count("capacity"))
 }
 
-/// One sample of /metrics, found by name and a label.
+/// One sample of /metrics, found by name and a label (`""`: the family's one unlabelled sample).
 fn metric(daemon: &Daemon, name: &str, label: &str) -> f64 {
     let text = common::http::get(&format!("{}/metrics", daemon.http_url())).body;
     let line = text
         .lines()
-        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(label) || l.starts_with(&format!("{name} ")) && label.is_empty())
+        .find(|l| {
+            (l.starts_with(&format!("{name}{{")) && l.contains(label))
+                || (label.is_empty() && l.starts_with(&format!("{name} ")))
+        })
         .unwrap_or_else(|| panic!("no {name} {label} in /metrics:\n{text}"));
     line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("bad sample {line}"))
 }
