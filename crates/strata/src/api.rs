@@ -1,8 +1,9 @@
 //! The admin HTTP API under `/api/v1/`: volumes, the router with its token check, JSON in and
-//! out. Snapshots, clones and rollback live in `api_snapshots.rs`; what the node shows about
-//! itself in `api_observe.rs`. Errors are `{"error": "..."}` with 400 (bad input, including a
-//! write to a read-only snapshot), 401 (token), 404 (unknown), 409 (exists, busy, or a volume
-//! that still has snapshots), 507 (no space), 503 (shutting down) or 500.
+//! out. Snapshots, clones and rollback live in `api_snapshots.rs`; scrub in `api_scrub.rs`; what
+//! the node shows about itself in `api_observe.rs`. Errors are `{"error": "..."}` with 400 (bad
+//! input, including a write to a read-only snapshot), 401 (token), 404 (unknown), 409 (exists,
+//! busy, a volume that still has snapshots, or a scrub already running), 507 (no space), 503
+//! (shutting down) or 500.
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -41,6 +42,10 @@ pub struct AppState {
     /// Checked on every mutating request when set.
     pub token: Option<crate::config::Token>,
     pub devices: Vec<crate::wear::DeviceIdentity>,
+    /// The background scrub's settings; an API scrub without a rate uses its rate.
+    pub scrub: crate::api_scrub::ScrubConfig,
+    /// Turns true when the daemon begins to shut down (a closed channel means never).
+    pub stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -196,6 +201,7 @@ fn routes() -> Routes<Arc<AppState>> {
         .delete("/api/v1/volumes/{name}", delete_volume)
         .post("/api/v1/volumes/{name}/resize", resize_volume)
         .merge(crate::api_snapshots::routes())
+        .merge(crate::api_scrub::routes())
         .merge(crate::api_observe::routes())
 }
 
@@ -479,4 +485,4 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
 
 #[cfg(test)]
 #[path = "api_tests.rs"]
-mod tests;
+pub(crate) mod tests;

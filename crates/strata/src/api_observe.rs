@@ -1,5 +1,5 @@
 //! What the admin port shows about a running node: the read-only JSON resources (node, disk
-//! groups, devices, history, and the whole-node status), the OpenAPI document, `/metrics`
+//! groups with their scrub state, devices, history, and the whole-node status), the OpenAPI document, `/metrics`
 //! (rendered in `metrics_page.rs`) and the dashboard at `/`.
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +13,7 @@ use strata_device::DeviceStats;
 use strata_engine::EngineStats;
 
 use crate::api::{all_volumes, blocking, export_base, ApiError, AppState, VolumeJson};
+use crate::api_scrub::ScrubSummaryJson;
 use crate::history::Sample;
 use crate::metrics::IoTotalsJson;
 use crate::routes::Routes;
@@ -94,7 +95,12 @@ pub struct NodeJson {
 }
 
 /// The node summary from a consistent set of readings (blocking).
-fn node_json(state: &AppState, stats: &EngineStats, devices: &[DeviceJson]) -> NodeJson {
+fn node_json(
+    state: &AppState,
+    stats: &EngineStats,
+    devices: &[DeviceJson],
+    scrub: &ScrubSummaryJson,
+) -> NodeJson {
     let volumes = state.registry.group().volumes();
     NodeJson {
         version: env!("CARGO_PKG_VERSION"),
@@ -109,7 +115,7 @@ fn node_json(state: &AppState, stats: &EngineStats, devices: &[DeviceJson]) -> N
         disk_group_count: 1,
         workload: workload(state),
         io: (&state.registry.node_io().snapshot()).into(),
-        warnings: warnings(stats, devices),
+        warnings: warnings(stats, devices, scrub),
     }
 }
 
@@ -117,14 +123,19 @@ async fn node(State(state): State<Arc<AppState>>) -> Result<Json<NodeJson>, ApiE
     let node = blocking(move || {
         let stats = state.registry.group().stats();
         let devices = device_list(&state);
-        Ok::<_, ApiError>(node_json(&state, &stats, &devices))
+        let scrub = scrub_summary(&state);
+        Ok::<_, ApiError>(node_json(&state, &stats, &devices, &scrub))
     })
     .await?;
     Ok(Json(node))
 }
 
 /// What an administrator should act on, one sentence each.
-pub fn warnings(stats: &EngineStats, devices: &[DeviceJson]) -> Vec<String> {
+pub fn warnings(
+    stats: &EngineStats,
+    devices: &[DeviceJson],
+    scrub: &ScrubSummaryJson,
+) -> Vec<String> {
     let mut out = Vec::new();
     if stats.state != "running" {
         out.push(format!("the disk group is {}", stats.state));
@@ -146,10 +157,11 @@ pub fn warnings(stats: &EngineStats, devices: &[DeviceJson]) -> Vec<String> {
     }
     if stats.checksum_errors_total > 0 {
         out.push(format!(
-            "{} checksum error(s) seen on reads: run a scrub and check the devices",
+            "{} checksum error(s) seen (on reads, log replay or scrubs): run a scrub and check the devices",
             stats.checksum_errors_total
         ));
     }
+    out.extend(crate::api_scrub::warning(scrub.last_result.as_ref()));
     for d in devices {
         if d.stats.errors > 0 {
             out.push(format!("device {} reported {} I/O error(s)", d.stats.name, d.stats.errors));
@@ -193,6 +205,7 @@ pub struct DiskGroupJson {
     pub checksum_errors_total: u64,
     /// Share of stored-data reads served by the fast tier since start (None before any).
     pub fast_read_hit_ratio: Option<f64>,
+    pub scrub: ScrubSummaryJson,
 }
 
 pub fn fast_read_hit_ratio(e: &EngineStats) -> Option<f64> {
@@ -200,7 +213,7 @@ pub fn fast_read_hit_ratio(e: &EngineStats) -> Option<f64> {
     (total > 0).then(|| e.read_fast_bytes_total as f64 / total as f64)
 }
 
-fn disk_group_json(e: &EngineStats) -> DiskGroupJson {
+fn disk_group_json(e: &EngineStats, scrub: ScrubSummaryJson) -> DiskGroupJson {
     let devices = std::iter::once(&e.fast_device)
         .chain(&e.capacity_devices)
         .map(|d| d.name.clone())
@@ -231,7 +244,13 @@ fn disk_group_json(e: &EngineStats) -> DiskGroupJson {
         hot_kept_bytes_total: e.hot_kept_bytes_total,
         checksum_errors_total: e.checksum_errors_total,
         fast_read_hit_ratio: fast_read_hit_ratio(e),
+        scrub,
     }
+}
+
+/// The disk group's scrub state and the result of its last scrub.
+pub fn scrub_summary(state: &AppState) -> ScrubSummaryJson {
+    crate::api_scrub::summary_json(state.registry.group().scrub_status(), &state.scrub)
 }
 
 #[derive(Debug, Serialize)]
@@ -242,9 +261,13 @@ pub struct DiskGroupListJson {
 async fn disk_groups(
     State(state): State<Arc<AppState>>,
 ) -> Result<Json<DiskGroupListJson>, ApiError> {
-    let stats = blocking(move || Ok::<_, ApiError>(state.registry.group().stats())).await?;
+    let group = blocking(move || {
+        let stats = state.registry.group().stats();
+        Ok::<_, ApiError>(disk_group_json(&stats, scrub_summary(&state)))
+    })
+    .await?;
     Ok(Json(DiskGroupListJson {
-        disk_groups: vec![disk_group_json(&stats)],
+        disk_groups: vec![group],
     }))
 }
 
@@ -256,6 +279,9 @@ pub struct DeviceJson {
     #[serde(flatten)]
     pub stats: DeviceStats,
     pub wear: WearJson,
+    /// Blocks on this device whose checksum failed, on reads and in scrubs, since the daemon
+    /// started (data and metadata copies alike).
+    pub checksum_errors_total: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -274,15 +300,18 @@ fn unix_now_s() -> u64 {
 pub fn device_list(state: &AppState) -> Vec<DeviceJson> {
     let g = state.registry.group();
     let stats = g.stats();
+    let checksum_errors = stats.checksum_errors_by_device;
     let all_stats = std::iter::once(stats.fast_device).chain(stats.capacity_devices);
     let now = unix_now_s();
     all_stats
         .zip(g.device_wear())
         .zip(&state.devices)
-        .map(|((st, w), id)| DeviceJson {
+        .enumerate()
+        .map(|(i, ((st, w), id))| DeviceJson {
             tier: id.tier,
             disk_group: DISK_GROUP_ID,
             wear: wear::wear(id, st.size_bytes, w, now, &state.history),
+            checksum_errors_total: checksum_errors.get(i).copied().unwrap_or(0),
             stats: st,
         })
         .collect()
@@ -343,10 +372,11 @@ async fn status(
     let status = blocking(move || {
         let stats = state.registry.group().stats();
         let devices = device_list(&state);
+        let scrub = scrub_summary(&state);
         Ok::<_, ApiError>(StatusJson {
-            node: node_json(&state, &stats, &devices),
+            node: node_json(&state, &stats, &devices, &scrub),
             latest: state.history.latest(),
-            disk_groups: vec![disk_group_json(&stats)],
+            disk_groups: vec![disk_group_json(&stats, scrub)],
             volumes: all_volumes(&state, &base),
             devices,
             engine: stats,

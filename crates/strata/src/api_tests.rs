@@ -12,7 +12,7 @@ use super::*;
 use crate::adapter::NbdBackend;
 use crate::testutil::test_group;
 
-fn app() -> (Router, Arc<AppState>) {
+pub(crate) fn app() -> (Router, Arc<AppState>) {
     let state = Arc::new(AppState {
         registry: Registry::new(test_group()),
         started: Instant::now(),
@@ -22,11 +22,14 @@ fn app() -> (Router, Arc<AppState>) {
         history: crate::history::History::new(),
         token: None,
         devices: Vec::new(),
+        scrub: crate::api_scrub::ScrubConfig { interval: None, rate_bytes_per_s: 0 },
+        // The sender is dropped at once: a closed channel never says "stopping".
+        stopping: tokio::sync::watch::channel(false).1,
     });
     (router(state.clone()), state)
 }
 
-async fn call(app: &Router, method: &str, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
+pub(crate) async fn call(app: &Router, method: &str, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
     let builder = Request::builder()
         .method(method)
         .uri(uri)
@@ -302,7 +305,7 @@ fn every_served_route_is_documented_and_every_documented_one_served() {
     assert!(served.len() >= 16, "{served:?}");
 }
 
-async fn create(app: &Router, name: &str, size_bytes: u64) {
+pub(crate) async fn create(app: &Router, name: &str, size_bytes: u64) {
     let (s, v) = call(app, "POST", "/api/v1/volumes", Some(json!({"name": name, "size_bytes": size_bytes}))).await;
     assert_eq!(s, StatusCode::CREATED, "{v}");
 }

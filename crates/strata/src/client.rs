@@ -1,5 +1,5 @@
 //! The CLI side of the admin API: `strata volume ...`, `strata snapshot ...` (in
-//! `client_snapshot.rs`) and `strata status`. Requests carry the admin token (`--token-file` or
+//! `client_snapshot.rs`), `strata scrub` (in `client_scrub.rs`) and `strata status`. Requests carry the admin token (`--token-file` or
 //! `STRATA_TOKEN`) when one is given; the daemon checks it on every mutating request.
 use std::io::Read;
 use std::path::Path;
@@ -14,6 +14,11 @@ use crate::VolumeCommand;
 
 #[path = "client_snapshot.rs"]
 mod snapshot;
+#[path = "client_scrub.rs"]
+mod scrub;
+
+pub use scrub::{DamageFound, EXIT_DAMAGE_FOUND};
+pub use snapshot::utc_time;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A delete waits for the volume's in-flight I/O, so allow the daemon some time.
@@ -24,6 +29,9 @@ pub struct Client {
     base: String,
     json: bool,
     agent: ureq::Agent,
+    /// For requests that last as long as the work they ask for (a scrub): no deadline once
+    /// connected. A daemon that dies closes the connection, which ends the wait.
+    patient_agent: ureq::Agent,
     /// `Bearer TOKEN`, sent with every request.
     authorization: Option<String>,
 }
@@ -72,10 +80,14 @@ impl Client {
             .timeout_connect(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
             .build();
+        let patient_agent = ureq::AgentBuilder::new()
+            .timeout_connect(CONNECT_TIMEOUT)
+            .build();
         Ok(Client {
             base,
             json,
             agent,
+            patient_agent,
             authorization: None,
         })
     }
@@ -214,7 +226,17 @@ impl Client {
 
     /// One request; any failure becomes a one-line reason.
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
-        let mut req = self.agent.request(method, &format!("{}{path}", self.base));
+        self.call_on(&self.agent, method, path, body)
+    }
+
+    fn call_on(
+        &self,
+        agent: &ureq::Agent,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value> {
+        let mut req = agent.request(method, &format!("{}{path}", self.base));
         if let Some(auth) = &self.authorization {
             req = req.set("Authorization", auth);
         }

@@ -5,6 +5,7 @@
 mod adapter;
 mod api;
 mod api_observe;
+mod api_scrub;
 mod api_snapshots;
 mod client;
 mod config;
@@ -64,6 +65,22 @@ pub enum Command {
     Snapshot(SnapshotCommand),
     /// Show the node summary of a running daemon.
     Status,
+    /// Check every stored block against its checksum and both copies of all metadata, repair
+    /// a bad metadata copy from the good one, and list what is damaged.
+    ///
+    /// Reads everything stored on both tiers (only VOLUME and its snapshots when given), which
+    /// can take long on a large disk group: this waits until the scrub ends, showing progress
+    /// when stderr is a terminal. One scrub runs at a time, the background one included.
+    #[command(
+        after_help = "Exit status: 0 when nothing was wrong; 3 when the scrub found damage (bad data blocks, or metadata copies it repaired or could not repair); 1 when it could not run."
+    )]
+    Scrub {
+        /// Only this volume and its snapshots [default: everything].
+        volume: Option<String>,
+        /// Read rate limit, bytes per second (e.g. 200M; 0 for no limit) [default: the daemon's --scrub-rate].
+        #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
+        rate: Option<u64>,
+    },
     /// Size a cluster for a workload: performance, endurance and capacity (no daemon needed).
     Size(Box<strata_sizing::SizeArgs>),
     /// Benchmark NBD exports HCIBench-style: max, ramp-up curve, VM scaling.
@@ -229,6 +246,10 @@ fn main() -> ExitCode {
             .and_then(|c| c.snapshot(cmd)),
         Command::Status => api_client(&cli.server, cli.json, cli.token_file.as_deref())
             .and_then(|c| c.status()),
+        Command::Scrub { volume, rate } => {
+            api_client(&cli.server, cli.json, cli.token_file.as_deref())
+                .and_then(|c| c.scrub(volume.as_deref(), rate))
+        }
         Command::Size(args) => strata_sizing::run(&args, cli.json)
             .map(|text| print!("{text}"))
             .map_err(anyhow::Error::from),
@@ -238,7 +259,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("strata: {}", one_line(&format!("{e:#}")));
-            ExitCode::FAILURE
+            if e.is::<client::DamageFound>() {
+                ExitCode::from(client::EXIT_DAMAGE_FOUND)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -367,6 +392,22 @@ mod tests {
             Command::Volume(VolumeCommand::Delete { force: false, with_snapshots: true, .. })
         ));
         assert!(Cli::try_parse_from(["strata", "snapshot", "create", "db"]).is_err());
+    }
+
+    #[test]
+    fn cli_parses_scrub() {
+        let cli = Cli::try_parse_from(["strata", "scrub"]).unwrap();
+        assert!(matches!(cli.command, Command::Scrub { volume: None, rate: None }));
+        let cli = Cli::try_parse_from(["strata", "--json", "scrub", "db", "--rate", "200M"]).unwrap();
+        assert!(cli.json);
+        assert!(matches!(
+            cli.command,
+            Command::Scrub { volume: Some(ref v), rate: Some(r) } if v == "db" && r == 200 << 20
+        ));
+        let cli = Cli::try_parse_from(["strata", "scrub", "--rate", "0"]).unwrap();
+        assert!(matches!(cli.command, Command::Scrub { rate: Some(0), .. }));
+        assert!(Cli::try_parse_from(["strata", "scrub", "--rate", "fast"]).is_err());
+        assert!(Cli::try_parse_from(["strata", "scrub", "a", "b"]).is_err());
     }
 
     #[test]

@@ -10,6 +10,7 @@ use strata_device::{DeviceStats, IO_SIZE_BUCKETS};
 use strata_engine::{EngineStats, SpaceReport};
 
 use crate::api::{blocking, ApiError, AppState, DEFAULT_POLICY};
+use crate::api_scrub::{ScrubReportJson, ScrubStatusJson};
 use crate::api_observe::{device_list, fast_read_hit_ratio, DeviceJson};
 use crate::metrics::{IoSnapshot, LATENCY_BOUNDS_US};
 use crate::prom::{Exposition, Type};
@@ -75,6 +76,7 @@ pub fn render_metrics(state: &AppState) -> String {
     render_snapshots(&mut e, &snaps);
     render_devices(&mut e, &devices);
     render_engine(&mut e, &stats);
+    render_scrub(&mut e, &crate::api_scrub::status_json(g.scrub_status(), &state.scrub));
     e.finish()
 }
 
@@ -207,6 +209,11 @@ fn render_devices(e: &mut Exposition, devices: &[DeviceJson]) {
             e.sample(name, &[("device", &d.stats.name), ("tier", d.tier)], get(&d.stats) as f64);
         }
     }
+    let name = "strata_device_checksum_errors_total";
+    e.family(name, Type::Counter, "Blocks on the device whose checksum failed, on reads and in scrubs (data and metadata copies).");
+    for d in devices {
+        e.sample(name, &[("device", &d.stats.name), ("tier", d.tier)], d.checksum_errors_total as f64);
+    }
     e.family("strata_device_size_bytes", Type::Gauge, "Device size.");
     for d in devices {
         let l = [("device", d.stats.name.as_str()), ("tier", d.tier)];
@@ -317,4 +324,33 @@ fn render_engine(e: &mut Exposition, s: &EngineStats) {
         "Read-cache hit ratio: share of stored-data reads served by the fast tier since start (0 before any read).",
         fast_read_hit_ratio(s).unwrap_or(0.0),
     );
+}
+
+/// The running scrub's progress and what the last one found (its gauges are absent before the
+/// first scrub ends).
+fn render_scrub(e: &mut Exposition, s: &ScrubStatusJson) {
+    let p = &s.progress;
+    e.single("strata_scrub_running", Type::Gauge, "1 while a scrub (background or asked for) runs.", if p.running { 1.0 } else { 0.0 });
+    e.single("strata_scrub_progress_bytes", Type::Gauge, "Bytes the running scrub has read (the last one's, once it ended).", p.progress_bytes as f64);
+    e.single("strata_scrub_total_bytes", Type::Gauge, "Estimate of the bytes that scrub reads in all.", p.total_bytes as f64);
+    e.single(
+        "strata_scrub_background_interval_seconds",
+        Type::Gauge,
+        "Time between background scrubs (0: off).",
+        p.background_interval_s.unwrap_or(0) as f64,
+    );
+    let last: [Family<ScrubReportJson, f64>; 6] = [
+        ("strata_scrub_last_finished_timestamp_seconds", "When the last scrub ended.", |r| r.finished_unix_s as f64),
+        ("strata_scrub_last_duration_seconds", "How long the last scrub took.", |r| r.finished_unix_s.saturating_sub(r.started_unix_s) as f64),
+        ("strata_scrub_last_verified_bytes", "Data bytes the last scrub read and checked.", |r| r.data_bytes_verified as f64),
+        ("strata_scrub_last_bad_blocks", "Bad data blocks the last scrub found (reads of them fail).", |r| r.bad_blocks_total as f64),
+        ("strata_scrub_last_metadata_repaired", "Metadata copies the last scrub rewrote from the good copy.", |r| r.metadata_repaired.len() as f64),
+        ("strata_scrub_last_metadata_damaged", "Metadata the last scrub found damaged beyond repair.", |r| r.metadata_damaged.len() as f64),
+    ];
+    for (name, help, get) in last {
+        e.family(name, Type::Gauge, help);
+        if let Some(r) = &s.last {
+            e.sample(name, &[], get(r));
+        }
+    }
 }

@@ -177,6 +177,7 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
     let sampler_stop = Arc::new(AtomicBool::new(false));
     let sampler = spawn_sampler(registry.clone(), history.clone(), sampler_stop.clone())
         .map_err(|e| anyhow!("cannot start the sampler: {}", crate::io_reason(&e)))?;
+    let (stop_tx, stop_rx) = watch::channel(false);
     let state = Arc::new(AppState {
         registry: registry.clone(),
         started,
@@ -186,9 +187,13 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
         history,
         token: cfg.http_token.clone(),
         devices: device_identities(&cfg, &group, &ratings),
+        scrub: crate::api_scrub::ScrubConfig {
+            interval: cfg.engine.scrub_interval,
+            rate_bytes_per_s: cfg.engine.scrub_rate_bytes_per_s,
+        },
+        stopping: stop_rx.clone(),
     });
 
-    let (stop_tx, stop_rx) = watch::channel(false);
     let mut nbd_task = spawn_nbd(nbd_listener, registry, cfg.max_connections, stop_rx.clone());
     let wear_task = spawn_wear_check(state.clone(), stop_rx.clone());
     let mut http_task = spawn_http(http_listener, state, stop_rx);

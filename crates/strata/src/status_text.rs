@@ -174,6 +174,34 @@ fn disk_group(g: &Value) -> String {
         percent(g["fast_read_hit_ratio"].as_f64()),
         text(&g["gc_segments_cleaned_total"]),
         bytes(&g["gc_relocated_bytes_total"]),
+    ) + &format!("  scrub        {}\n", scrub(&g["scrub"]))
+}
+
+/// "running, 1.2 GiB of about 2.8 GiB read", "clean (...)", "DAMAGE FOUND: ...".
+fn scrub(s: &Value) -> String {
+    if s.is_null() {
+        return "-".into();
+    }
+    if s["running"].as_bool() == Some(true) {
+        return format!("running, {} of about {} read", bytes(&s["progress_bytes"]), bytes(&s["total_bytes"]));
+    }
+    let background = match s["background_interval_s"].as_u64() {
+        Some(every) => format!("background every {}", duration(every)),
+        None => "background scrub off".into(),
+    };
+    let r = &s["last_result"];
+    let Some(finished) = r["finished_unix_s"].as_u64() else {
+        return format!("not run yet ({background})");
+    };
+    let when = crate::client::utc_time(finished);
+    if r["clean"].as_bool() == Some(true) {
+        return format!("clean: {} checked, finished {when} ({background})", bytes(&r["data_bytes_verified"]));
+    }
+    format!(
+        "DAMAGE FOUND: {} bad block(s), {} metadata copy(ies) repaired, {} damaged, finished {when}",
+        text(&r["bad_blocks_total"]),
+        text(&r["metadata_repaired_total"]),
+        text(&r["metadata_damaged_total"]),
     )
 }
 
@@ -218,10 +246,11 @@ fn devices(v: &Value) -> String {
                 percent(w["endurance_used_ratio"].as_f64()),
                 wear_out(w),
                 text(&d["errors"]),
+                text(&d["checksum_errors_total"]),
             ]
         })
         .collect();
-    let head = ["NAME", "TIER", "SIZE", "READ", "WRITE", "WRITTEN", "DWPD", "ENDURANCE", "WEAR-OUT", "ERRORS"];
+    let head = ["NAME", "TIER", "SIZE", "READ", "WRITE", "WRITTEN", "DWPD", "ENDURANCE", "WEAR-OUT", "ERRORS", "CHECKSUM"];
     format!("\nDEVICES\n{}", indent(&table(&head, &rows)))
 }
 
@@ -317,7 +346,7 @@ mod tests {
                 "gc_relocated_bytes_total": 12582912u64
             }],
             "devices": [{
-                "name": "fast.img", "tier": "fast", "size_bytes": 268435456u64, "errors": 0,
+                "name": "fast.img", "tier": "fast", "size_bytes": 268435456u64, "errors": 0, "checksum_errors_total": 3,
                 "wear": {"bytes_written_total": 1073741824u64, "drive_writes_per_day": 0.4213,
                          "rated_endurance_bytes": 1.0e15, "endurance_used_ratio": 0.001,
                          "projected_wear_out_unix_s": 1_941_926_400u64, "wears_out_before_warranty": false}
@@ -329,9 +358,22 @@ mod tests {
         })
     }
 
+    fn status_with_scrub() -> Value {
+        let mut v = status();
+        v["disk_groups"][0]["scrub"] = json!({
+            "running": false, "progress_bytes": 4096, "total_bytes": 4096,
+            "background_interval_s": 604800, "background_rate_bytes_per_s": 67108864u64,
+            "last_result": {"scope": "all", "started_unix_s": 1_700_000_000u64,
+                            "finished_unix_s": 1_700_000_075u64, "data_bytes_verified": 4096,
+                            "bad_blocks_total": 2, "metadata_repaired_total": 1,
+                            "metadata_damaged_total": 0, "clean": false}
+        });
+        v
+    }
+
     #[test]
     fn the_page_has_every_section_with_its_figures() {
-        let page = render(&status());
+        let page = render(&status_with_scrub());
         for want in [
             "strata 0.1.0  node running  up 1h 02m  io backend io_uring",
             "IOPS         1200 read, 300 write",
@@ -345,6 +387,7 @@ mod tests {
             "3 segment(s) cleaned, 12 MiB relocated",
             "2031-07-16",
             "! the write log is 50% full",
+            "scrub        DAMAGE FOUND: 2 bad block(s), 1 metadata copy(ies) repaired, 0 damaged, finished 2023-11-14 22:14:35Z",
         ] {
             assert!(page.contains(want), "missing {want:?} in\n{page}");
         }
@@ -352,6 +395,20 @@ mod tests {
         assert!(vol.contains("8 GiB") && vol.contains("cache") && vol.contains("1 MiB"), "{vol}");
         let dev = page.lines().find(|l| l.trim_start().starts_with("fast.img")).unwrap();
         assert!(dev.contains("2.0 MiB/s") && dev.contains("0.42") && dev.contains("0.1%"), "{dev}");
+        let cells: Vec<&str> = dev.split_whitespace().collect();
+        assert_eq!(cells[cells.len() - 2..], ["0", "3"], "errors, then checksum failures: {dev}");
+    }
+
+    #[test]
+    fn the_scrub_line_says_running_clean_or_not_run() {
+        let running = json!({"running": true, "progress_bytes": 1u64 << 30, "total_bytes": 4u64 << 30});
+        assert_eq!(scrub(&running), "running, 1 GiB of about 4 GiB read");
+        let never = json!({"running": false, "background_interval_s": null, "last_result": null});
+        assert_eq!(scrub(&never), "not run yet (background scrub off)");
+        let clean = json!({"running": false, "background_interval_s": 604800,
+            "last_result": {"finished_unix_s": 1_700_000_075u64, "data_bytes_verified": 1u64 << 20, "clean": true}});
+        assert_eq!(scrub(&clean), "clean: 1 MiB checked, finished 2023-11-14 22:14:35Z (background every 7d 00h)");
+        assert_eq!(scrub(&Value::Null), "-");
     }
 
     #[test]

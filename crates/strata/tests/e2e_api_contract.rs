@@ -222,6 +222,7 @@ fn every_documented_operation_answers_as_documented() {
     });
     assert!(idle, "fio's connection is still counted after it was killed");
     snapshot_operations(&mut c, &daemon, t);
+    scrub_operations(&mut c, &daemon, t);
     c.call(&base, "DELETE", "/api/v1/volumes/contract?force=maybe", None, t, 400);
     c.call(&base, "DELETE", "/api/v1/volumes/contract", None, None, 401);
     c.call(&base, "DELETE", "/api/v1/volumes/contract?force=true", None, t, 409);
@@ -292,4 +293,37 @@ fn snapshot_operations(c: &mut Contract, daemon: &Daemon, t: Option<&str>) {
     c.call(&base, "DELETE", &s2, None, None, 401);
     c.call(&base, "DELETE", &s2, None, t, 200);
     c.call(&base, "DELETE", &s2, None, t, 404);
+}
+
+/// Scrub: a healthy daemon's scrubs are clean; a second one is refused while a slow one runs.
+fn scrub_operations(c: &mut Contract, daemon: &Daemon, t: Option<&str>) {
+    let base = daemon.http_url();
+    c.call(&base, "GET", "/api/v1/scrub", None, None, 200);
+    c.call(&base, "POST", "/api/v1/scrub", None, None, 401);
+    let report = c.call(&base, "POST", "/api/v1/scrub", None, t, 200);
+    assert_eq!(report["clean"], true, "{report}");
+    c.call(&base, "POST", "/api/v1/scrub", Some(json!({"volume": "none"})), t, 404);
+    c.call(&base, "POST", "/api/v1/scrub", Some(json!({"volume": "contract", "speed": 1})), t, 400);
+
+    // Blocks apart are checked (and paced) one run at a time: at 1 byte/s the scrub sleeps
+    // after each, so it runs for a few seconds.
+    c.call(&base, "POST", "/api/v1/volumes", Some(json!({"name": "scrubbed", "size_bytes": 64 << 20})), t, 201);
+    let writes: Vec<String> = (0..12).map(|i| format!("write -P 0x3c {}M 4k", i * 4)).collect();
+    let writes: Vec<&str> = writes.iter().map(String::as_str).collect();
+    qemu_io_ok(&daemon.nbd_uri("scrubbed"), &writes);
+    let slow_url = format!("{base}/api/v1/scrub");
+    let slow = std::thread::spawn(move || {
+        request("POST", &slow_url, Some(&json!({"volume": "scrubbed", "rate_bytes_per_s": 1})), Some(TOKEN))
+    });
+    let running = wait_until(Duration::from_secs(20), || {
+        common::http::get_json(&format!("{base}/api/v1/scrub"))["running"] == true
+    });
+    assert!(running, "the slow scrub never showed as running");
+    c.call(&base, "POST", "/api/v1/scrub", None, t, 409);
+    let reply = slow.join().expect("the slow scrub's thread");
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    c.check("POST", "/api/v1/scrub", &reply);
+    let state = c.call(&base, "GET", "/api/v1/scrub", None, None, 200);
+    assert_eq!(state["last"]["scope"], "scrubbed", "{state}");
+    assert!(state["last"]["data_bytes_verified"].as_u64() >= Some(12 * 4096), "{state}");
 }

@@ -143,6 +143,10 @@ fn the_dashboard_draws_live_changing_data_under_load() {
     assert!(vol0[4] != "0 B" || vol0[5] != "0 B", "no space per tier: {vol0:?}");
     assert!(second["devices"][0][7].as_str().is_some_and(|s| !s.is_empty()));
     assert!(second["devices"][0][8].as_str().is_some_and(|s| !s.is_empty()));
+    // Healthy devices show zero checksum failures (the last column).
+    assert_eq!(second["devices"][0][10], "0", "{second:#}");
+    assert_eq!(second["devices"][1][10], "0", "{second:#}");
+    assert!(second["group"].as_str().is_some_and(|g| g.contains("Scrubnot run yet")), "{second:#}");
     assert_eq!(second["state"], "running");
     assert!(second["live"].as_str().is_some_and(|s| s.starts_with("live")), "{second:#}");
 

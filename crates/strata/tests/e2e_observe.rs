@@ -202,6 +202,10 @@ fn metrics_under_load_pass_promtool_and_count_what_fio_did() {
     assert!(delta("strata_device_write_size_bytes_count", &dev) > 0.0);
     assert!(delta("strata_device_lifetime_written_bytes_total", &dev) >= write_bytes);
     assert!(after.value("strata_log_used_bytes", &[]) > 0.0);
+    // Healthy devices: every one has a checksum failure count, and it is zero.
+    assert_eq!(after.value("strata_device_checksum_errors_total", &[("tier", "fast")]), 0.0);
+    assert_eq!(after.value("strata_device_checksum_errors_total", &[("tier", "capacity")]), 0.0);
+    assert_eq!(after.value("strata_scrub_running", &[]), 0.0);
     assert_eq!(after.value("strata_log_fill_ratio_low", &[]), 0.3);
     assert_eq!(after.value("strata_log_fill_ratio_high", &[]), 0.7);
     assert!(
@@ -237,6 +241,11 @@ fn metrics_under_load_pass_promtool_and_count_what_fio_did() {
         "strata_gc_segments_cleaned_total",
         "strata_gc_relocated_bytes_total",
         "strata_fast_read_hit_ratio",
+        "strata_device_checksum_errors_total",
+        "strata_scrub_running",
+        "strata_scrub_progress_bytes",
+        "strata_scrub_last_bad_blocks",
+        "strata_scrub_last_finished_timestamp_seconds",
     ] {
         assert!(after.has_family(family), "no family {family} in\n{}", after.text);
     }

@@ -1,0 +1,90 @@
+//! In-process tests of `/api/v1/scrub` on a disk group in memory (damage found by a scrub is
+//! tested end to end in tests/e2e_scrub.rs, on real files).
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use serde_json::json;
+use strata_nbd::Backend;
+
+use crate::adapter::NbdBackend;
+use crate::api::tests::{app, call, create};
+
+#[tokio::test]
+async fn a_scrub_of_a_healthy_group_is_clean_and_becomes_the_last_result() {
+    let (app, state) = app();
+    create(&app, "v", 1 << 20).await;
+    let vol = NbdBackend(state.registry.clone()).open("v").unwrap();
+    vol.write(0, &[7u8; 16384], false).unwrap();
+
+    let (s, v) = call(&app, "GET", "/api/v1/scrub", None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["running"], false);
+    assert!(v["last"].is_null(), "{v}");
+
+    let (s, v) = call(&app, "POST", "/api/v1/scrub", None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["scope"], "all");
+    assert_eq!(v["clean"], true, "{v}");
+    assert_eq!(v["bad_blocks_total"], 0);
+    assert!(v["data_bytes_verified"].as_u64().unwrap() >= 16384, "{v}");
+    assert!(v["metadata_copies_checked"].as_u64().unwrap() >= 4, "{v}");
+
+    let (s, v) = call(&app, "POST", "/api/v1/scrub", Some(json!({"volume": "v", "rate_bytes_per_s": 0}))).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["scope"], "v");
+
+    let (_, v) = call(&app, "GET", "/api/v1/scrub", None).await;
+    assert_eq!(v["last"]["scope"], "v", "{v}");
+    let (_, v) = call(&app, "GET", "/api/v1/status", None).await;
+    let scrub = &v["disk_groups"][0]["scrub"];
+    assert_eq!(scrub["running"], false, "{v}");
+    assert_eq!(scrub["last_result"]["clean"], true, "{v}");
+    assert!(v["warnings"].as_array().unwrap().is_empty(), "{v}");
+}
+
+#[tokio::test]
+async fn bad_scrub_requests_are_refused_with_reasons() {
+    let (app, _) = app();
+    let (s, v) = call(&app, "POST", "/api/v1/scrub", Some(json!({"volume": "nope"}))).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("nope"), "{v}");
+    let (s, v) = call(&app, "POST", "/api/v1/scrub", Some(json!({"volume": "a b"}))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    let (s, v) = call(&app, "POST", "/api/v1/scrub", Some(json!({"rate": 5}))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    let (s, v) = call(&app, "POST", "/api/v1/scrub", Some(json!({"rate_bytes_per_s": -1}))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    // None of them ran a scrub.
+    let (_, v) = call(&app, "GET", "/api/v1/scrub", None).await;
+    assert!(v["last"].is_null(), "{v}");
+}
+
+#[tokio::test]
+async fn a_second_scrub_is_refused_while_one_runs() {
+    let (app, state) = app();
+    create(&app, "v", 64 << 20).await;
+    let vol = NbdBackend(state.registry.clone()).open("v").unwrap();
+    // Separate runs: each is paced on its own, so a slow scrub lasts a few seconds.
+    for i in 0..16u64 {
+        vol.write(i * (1 << 20), &[1u8; 4096], false).unwrap();
+    }
+    let slow = {
+        let app = app.clone();
+        tokio::spawn(async move { call(&app, "POST", "/api/v1/scrub", Some(json!({"rate_bytes_per_s": 1}))).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, v) = call(&app, "GET", "/api/v1/scrub", None).await;
+        if v["running"] == true {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the scrub never showed as running: {v}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (s, v) = call(&app, "POST", "/api/v1/scrub", None).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("already running"), "{v}");
+    let (s, v) = slow.await.unwrap();
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["clean"], true, "{v}");
+}

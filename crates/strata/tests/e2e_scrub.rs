@@ -1,0 +1,271 @@
+//! Scrub end to end, with the real daemon on files: data blocks damaged on each tier and one
+//! metadata copy damaged while the daemon is stopped; `strata scrub` finds every one by volume
+//! and offset, repairs the metadata copy, and reads of the damaged blocks fail with an I/O
+//! error. Also: the CLI's refusals (an unknown volume, a second scrub while one runs).
+mod common;
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use common::http::get_json;
+use common::*;
+use serde_json::Value;
+
+const BLOCK: usize = 4096;
+/// What `strata scrub` exits with when it found damage.
+const EXIT_DAMAGE_FOUND: i32 = 3;
+
+/// A 64 MiB fast device: the log holds far less than the test writes, so the first blocks
+/// written are destaged and their log space is reused.
+fn small_fast_tier() -> Daemon {
+    Daemon::start(DaemonOpts {
+        fast_size: "64M".into(),
+        capacity_size: "512M".into(),
+        extra_args: vec!["--scrub-interval".into(), "off".into()],
+        ..Default::default()
+    })
+}
+
+/// File offsets of the 4 KiB blocks of `path` filled with `byte`.
+fn blocks_of(path: &Path, byte: u8) -> Vec<u64> {
+    let mut f = File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut at, mut found) = (0u64, Vec::new());
+    loop {
+        let n = read_full(&mut f, &mut buf);
+        for (i, block) in buf[..n].chunks_exact(BLOCK).enumerate() {
+            if block.iter().all(|&b| b == byte) {
+                found.push(at + (i * BLOCK) as u64);
+            }
+        }
+        if n < buf.len() {
+            return found;
+        }
+        at += n as u64;
+    }
+}
+
+fn read_full(f: &mut File, buf: &mut [u8]) -> usize {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]).expect("read") {
+            0 => break,
+            k => n += k,
+        }
+    }
+    n
+}
+
+/// Inverts one byte of a file, as a bit rot would.
+fn flip_byte(path: &Path, offset: u64) {
+    let mut f = OpenOptions::new().read(true).write(true).open(path).expect("open for damage");
+    let mut b = [0u8; 1];
+    f.seek(SeekFrom::Start(offset)).expect("seek");
+    f.read_exact(&mut b).expect("read");
+    f.seek(SeekFrom::Start(offset)).expect("seek");
+    f.write_all(&[!b[0]]).expect("write");
+    f.sync_all().expect("sync");
+}
+
+fn read_bytes(path: &Path, offset: u64, len: usize) -> Vec<u8> {
+    let mut f = File::open(path).expect("open");
+    let mut buf = vec![0u8; len];
+    f.seek(SeekFrom::Start(offset)).expect("seek");
+    f.read_exact(&mut buf).expect("read");
+    buf
+}
+
+/// Checksum failures per device tier from /api/v1/devices: (fast, capacity).
+fn checksum_failures(daemon: &Daemon) -> (u64, u64) {
+    let v = get_json(&format!("{}/api/v1/devices", daemon.http_url()));
+    let count = |tier: &str| {
+        v["devices"]
+            .as_array()
+            .expect("devices")
+            .iter()
+            .filter(|d| d["tier"] == tier)
+            .map(|d| d["checksum_errors_total"].as_u64().unwrap_or_else(|| panic!("no count: {d}")))
+            .sum()
+    };
+    (count("fast"), count("capacity"))
+}
+
+/// One sample of /metrics, found by name and a label (`""`: the family's one unlabelled sample).
+fn metric(daemon: &Daemon, name: &str, label: &str) -> f64 {
+    let text = common::http::get(&format!("{}/metrics", daemon.http_url())).body;
+    let line = text
+        .lines()
+        .find(|l| {
+            (l.starts_with(&format!("{name}{{")) && l.contains(label))
+                || (label.is_empty() && l.starts_with(&format!("{name} ")))
+        })
+        .unwrap_or_else(|| panic!("no {name} {label} in /metrics:\n{text}"));
+    line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("bad sample {line}"))
+}
+
+/// `strata --json scrub ARGS`: its exit status and report.
+fn scrub_json(daemon: &Daemon, args: &[&str]) -> (Option<i32>, Value, Output) {
+    let mut all = vec!["--json", "scrub"];
+    all.extend_from_slice(args);
+    let out = daemon.cli(&all);
+    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("`strata {all:?}` printed no report ({e}): {out:?}\n{}", daemon.stderr_log())
+    });
+    (out.status.code(), report, out)
+}
+
+fn bad_blocks(report: &Value) -> Vec<(String, u64, String)> {
+    let mut list: Vec<_> = report["bad_blocks"]
+        .as_array()
+        .expect("bad_blocks")
+        .iter()
+        .map(|b| (b["volume"].as_str().unwrap_or("?").to_string(), b["offset"].as_u64().unwrap_or(u64::MAX), b["tier"].as_str().unwrap_or("?").to_string()))
+        .collect();
+    list.sort();
+    list
+}
+
+/// Asserts a qemu-io read failed with an I/O error and returned no data.
+fn assert_read_fails(daemon: &Daemon, export: &str, offset: u64) {
+    let out = qemu_io(&daemon.nbd_uri(export), &[&format!("read {offset} 4096")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("Input/output error") && !stdout.contains("read 4096/4096 bytes"),
+        "reading the damaged block {export}:{offset} must fail with EIO: {out:?}"
+    );
+}
+
+#[test]
+fn scrub_finds_damage_on_both_tiers_and_repairs_a_metadata_copy() {
+    if !require_tools(&["qemu-io"]) {
+        return;
+    }
+    let mut daemon = small_fast_tier();
+    daemon.create_volume("db", "256M");
+    daemon.create_volume("web", "16M");
+    // db's blocks go first, then far more than the log holds: they end up on the capacity tier
+    // only. web's are written last and stay in the log.
+    let db = daemon.nbd_uri("db");
+    qemu_io_ok(&db, &["write -P 0xa0 0 64k", "write -P 0xa1 12k 4k"]);
+    let filler: Vec<String> = (0..20).map(|i| format!("write -P 0x5c {}M 8M", 16 + 8 * i)).collect();
+    qemu_io_ok(&db, &filler.iter().map(String::as_str).collect::<Vec<_>>());
+    qemu_io_ok(&daemon.nbd_uri("web"), &["write -P 0xb0 0 64k", "write -P 0xb1 40k 4k"]);
+    daemon.terminate();
+
+    let fast = daemon.data_dir().join("fast.img");
+    let capacity = daemon.data_dir().join("capacity-0.img");
+    let on_capacity = blocks_of(&capacity, 0xa1);
+    assert_eq!(on_capacity.len(), 1, "db's block 12k is not on the capacity device once: {on_capacity:?}");
+    assert!(blocks_of(&fast, 0xa1).is_empty(), "the log still holds db's block 12k");
+    let in_log = blocks_of(&fast, 0xb1);
+    assert_eq!(in_log.len(), 1, "web's block 40k is not in the log once: {in_log:?}");
+    assert!(blocks_of(&capacity, 0xb1).is_empty(), "web's block 40k was destaged");
+    flip_byte(&capacity, on_capacity[0] + 100);
+    flip_byte(&fast, in_log[0] + 2000);
+    // Superblock copy B of the capacity device (copy A, at 0, is what opening reads).
+    flip_byte(&capacity, BLOCK as u64 + 64);
+    daemon.restart();
+
+    let before = checksum_failures(&daemon);
+    let (code, report, out) = scrub_json(&daemon, &[]);
+    assert_eq!(code, Some(EXIT_DAMAGE_FOUND), "{out:?}");
+    assert_one_line_reason("a scrub that found damage", &out);
+    assert_eq!(report["clean"], false, "{report:#}");
+    assert_eq!(report["bad_blocks_total"], 2, "{report:#}");
+    let want = vec![("db".to_string(), 12288, "capacity".to_string()), ("web".to_string(), 40960, "fast".to_string())];
+    assert_eq!(bad_blocks(&report), want, "{report:#}");
+    let repaired: Vec<&str> = report["metadata_repaired"].as_array().expect("list").iter().filter_map(Value::as_str).collect();
+    assert!(
+        repaired.len() == 1 && repaired[0].contains("capacity-0.img") && repaired[0].contains("superblock copy B"),
+        "{report:#}"
+    );
+    assert_eq!(report["metadata_damaged"], Value::Array(vec![]), "{report:#}");
+    assert!(report["data_bytes_verified"].as_u64() >= Some(160 << 20), "{report:#}");
+    let after = checksum_failures(&daemon);
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1, 1), "one bad block on each device");
+    assert_eq!(metric(&daemon, "strata_device_checksum_errors_total", "tier=\"fast\"") as u64, after.0);
+    assert_eq!(metric(&daemon, "strata_device_checksum_errors_total", "tier=\"capacity\"") as u64, after.1);
+    assert_eq!(metric(&daemon, "strata_scrub_last_bad_blocks", ""), 2.0);
+    assert_eq!(metric(&daemon, "strata_scrub_last_metadata_repaired", ""), 1.0);
+    // The copy on the device was rewritten from the good one.
+    assert_eq!(read_bytes(&capacity, 0, BLOCK), read_bytes(&capacity, BLOCK as u64, BLOCK), "superblock copy B not repaired");
+
+    // Damaged blocks fail, never return data; their neighbours read as written.
+    assert_read_fails(&daemon, "db", 12288);
+    assert_read_fails(&daemon, "web", 40960);
+    // (A restarted daemon listens on new ports.)
+    let db = daemon.nbd_uri("db");
+    qemu_io_ok(&db, &["read -P 0xa0 8k 4k", "read -P 0xa0 16k 4k", "read -P 0x5c 16M 1M"]);
+    qemu_io_ok(&daemon.nbd_uri("web"), &["read -P 0xb0 36k 4k", "read -P 0xb0 44k 4k"]);
+
+    // The status shows the damage until a scrub finds none.
+    let status = daemon.cli_json(&["status"]);
+    let warned = status["warnings"].as_array().expect("warnings").iter().filter_map(Value::as_str).any(|w| w.contains("2 bad data block(s)"));
+    assert!(warned, "{:#}", status["warnings"]);
+    assert_eq!(status["disk_groups"][0]["scrub"]["last_result"]["bad_blocks_total"], 2);
+    let page = daemon.cli_ok(&["status"]);
+    assert!(page.contains("scrub        DAMAGE FOUND: 2 bad block(s), 1 metadata copy(ies) repaired"), "{page}");
+
+    // A second scrub: the same bad blocks, nothing left to repair.
+    let before = checksum_failures(&daemon);
+    let (code, again, out) = scrub_json(&daemon, &[]);
+    assert_eq!(code, Some(EXIT_DAMAGE_FOUND), "{out:?}");
+    assert_eq!(bad_blocks(&again), want, "{again:#}");
+    assert_eq!(again["metadata_repaired"], Value::Array(vec![]), "{again:#}");
+    let after = checksum_failures(&daemon);
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1, 1));
+
+    // One volume: only its blocks; the human report lists them as a table.
+    let out = daemon.cli(&["scrub", "db", "--rate", "0"]);
+    assert_eq!(out.status.code(), Some(EXIT_DAMAGE_FOUND), "{out:?}");
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(page.starts_with("scrub of volume db and its snapshots:"), "{page}");
+    let row = page.lines().find(|l| l.trim_start().starts_with("db ")).unwrap_or_else(|| panic!("no row: {page}"));
+    assert_eq!(row.split_whitespace().take(3).collect::<Vec<_>>(), ["db", "12288", "capacity"], "{page}");
+    assert!(!page.contains("web"), "{page}");
+}
+
+#[test]
+fn scrub_refuses_an_unknown_volume_and_a_second_scrub() {
+    if !require_tools(&["qemu-io"]) {
+        return;
+    }
+    let daemon = Daemon::start(DaemonOpts {
+        extra_args: vec!["--scrub-interval".into(), "off".into()],
+        ..Default::default()
+    });
+    daemon.create_volume("web", "64M");
+    // Blocks apart: each run is checked and paced on its own, so at 1 byte/s the scrub
+    // sleeps after every one and runs for seconds.
+    let writes: Vec<String> = (0..16).map(|i| format!("write -P 0x3c {}M 4k", i * 4)).collect();
+    qemu_io_ok(&daemon.nbd_uri("web"), &writes.iter().map(String::as_str).collect::<Vec<_>>());
+
+    let out = daemon.cli(&["scrub", "nope"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_one_line_reason("scrub of an unknown volume", &out);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("\"nope\" not found"), "{out:?}");
+    let out = daemon.cli(&["scrub", "--rate", "fast"]);
+    assert_one_line_reason("scrub with a bad rate", &out);
+
+    let mut slow = daemon.cli_cmd(&["--json", "scrub", "web", "--rate", "1"]);
+    let slow = std::thread::spawn(move || run_timeout(&mut slow, Duration::from_secs(120)));
+    let status_url = format!("{}/api/v1/scrub", daemon.http_url());
+    let running = wait_until(Duration::from_secs(20), || get_json(&status_url)["running"] == true);
+    assert!(running, "the slow scrub never showed as running");
+    let out = daemon.cli(&["scrub"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_one_line_reason("a second scrub", &out);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already running"), "{out:?}");
+
+    let out = slow.join().expect("the slow scrub's thread");
+    assert!(out.status.success(), "{out:?}");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    assert_eq!(report["scope"], "web");
+    assert_eq!(report["clean"], true, "{report:#}");
+    assert!(report["data_bytes_verified"].as_u64() >= Some(16 * 4096), "{report:#}");
+    let page = daemon.cli_ok(&["status"]);
+    assert!(page.contains("scrub        clean: "), "{page}");
+}
