@@ -10,7 +10,8 @@
 //! write buffer's fill marks apply to the rest. Eviction is a clock over the log: each copy counts
 //! its reads; when the tail reaches a copy read since it was written (recency), it is written
 //! again at the head (one fast-tier write, no capacity-tier write) with its count halved, so
-//! a copy read often (heat) survives several passes without reads; otherwise it is dropped.
+//! a copy read often (heat) survives several passes without reads; while the cache is below
+//! its share, an unread copy also survives a few passes; otherwise it is dropped.
 //!
 //! A segment's blocks are cached under the segment's generation, which changes each time the
 //! segment is allocated: a copy of a segment reused since is never served.
@@ -33,7 +34,12 @@ pub struct CacheEntry {
     pub gen: u32,
     /// Reads since it was last written (halved at each pass of the tail): heat and recency.
     pub hits: u8,
+    /// Passes of the log tail since its last read (kept while the cache has room).
+    pub idle_passes: u8,
 }
+
+/// Passes of the log tail an unread copy survives while the cache is below its share.
+pub const MAX_IDLE_PASSES: u8 = 4;
 
 pub struct ReadCache {
     entries: HashMap<(u32, u32), CacheEntry>,
@@ -79,14 +85,18 @@ impl ReadCache {
             return 0;
         }
         for i in 0..n {
-            self.entries.insert(
-                (seg, block + i),
-                CacheEntry {
-                    fast: fast + u64::from(i),
-                    gen,
-                    hits: 0,
-                },
-            );
+            // A copy written again at the head keeps its history.
+            let fresh = CacheEntry {
+                fast,
+                gen,
+                hits: 0,
+                idle_passes: 0,
+            };
+            let e = self.entries.entry((seg, block + i)).or_insert(fresh);
+            if e.gen != gen {
+                (e.hits, e.idle_passes) = (0, 0);
+            }
+            (e.fast, e.gen) = (fast + u64::from(i), gen);
         }
         u64::from(n)
     }
@@ -109,13 +119,22 @@ impl ReadCache {
         gone
     }
 
-    /// Whether the copy at `fast` of (seg, block) is still the current, valid one, and was
-    /// read since it was written; halves its hits (a copy read once gets one more pass).
-    pub fn take_second_chance(&mut self, seg: u32, block: u32, fast: u64) -> bool {
+    /// Whether the copy at `fast` of (seg, block), which the log tail is about to pass, is
+    /// worth writing again at the head: it is the current, valid copy, and it was read since
+    /// the last pass (its hits are halved: a copy read once gets one more pass), or, while the
+    /// cache has `room`, it has not yet gone `MAX_IDLE_PASSES` passes unread.
+    pub fn take_second_chance(&mut self, seg: u32, block: u32, fast: u64, room: bool) -> bool {
         let gen = self.gen_of(seg);
         match self.entries.get_mut(&(seg, block)) {
             Some(e) if e.fast == fast && e.gen == gen && e.hits > 0 => {
                 e.hits /= 2;
+                e.idle_passes = 0;
+                true
+            }
+            Some(e)
+                if e.fast == fast && e.gen == gen && room && e.idle_passes < MAX_IDLE_PASSES =>
+            {
+                e.idle_passes += 1;
                 true
             }
             _ => false,
@@ -220,9 +239,25 @@ mod tests {
         c.insert(2, 0, 1, 900, 0);
         assert_eq!(c.forget(2, 0, 1, 100), 0);
         assert_eq!(c.lookup(2, 0), Some(900));
-        assert!(c.take_second_chance(2, 0, 900));
-        assert!(!c.take_second_chance(2, 0, 900), "one chance per read");
-        assert_eq!(c.forget(2, 0, 1, 900), 1);
+        assert!(c.take_second_chance(2, 0, 900, false));
+        assert!(
+            !c.take_second_chance(2, 0, 900, false),
+            "one chance per read"
+        );
+        // With room, an unread copy is kept for a few passes, and its history survives being
+        // written again.
+        c.lookup(2, 0);
+        c.insert(2, 0, 1, 950, 0);
+        assert!(
+            c.take_second_chance(2, 0, 950, false),
+            "the read before the rewrite was lost"
+        );
+        let kept = (0..10)
+            .take_while(|_| c.take_second_chance(2, 0, 950, true))
+            .count();
+        assert_eq!(kept, MAX_IDLE_PASSES as usize);
+        assert_eq!(c.forget(2, 0, 1, 900), 0, "moved on since");
+        assert_eq!(c.forget(2, 0, 1, 950), 1);
         assert_eq!(c.lookup(2, 0), None);
     }
 

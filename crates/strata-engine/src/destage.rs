@@ -573,9 +573,11 @@ impl Destager {
     /// Cached copies the tail is about to pass that were read since they were written get
     /// written again at the head (a fast-tier write; nothing moves to the capacity tier).
     fn second_chance(&self, batches: usize) {
-        let records: Vec<RecMeta> = {
+        let (records, room): (Vec<RecMeta>, bool) = {
             let log = self.sh.log.lock();
-            log.batches
+            let room = (log.cache_blocks as f64) < 0.9 * log.cache_budget_blocks as f64;
+            let records = log
+                .batches
                 .iter()
                 .take(batches)
                 .flat_map(|b| {
@@ -584,7 +586,8 @@ impl Destager {
                         .filter(|r| r.kind == RecordKind::Cache)
                         .copied()
                 })
-                .collect()
+                .collect();
+            (records, room)
         };
         for r in records {
             let (seg, block0) = (r.layer, r.lba as u32);
@@ -595,6 +598,7 @@ impl Destager {
                         seg,
                         block0 + k,
                         r.data_start + u64::from(k),
+                        room,
                     )
                 };
                 if !keep(i) {

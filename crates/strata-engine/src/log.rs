@@ -82,13 +82,13 @@ impl LogState {
         }
     }
 
-    /// Fill of the write buffer: the log less the read cache's share, against the data the
-    /// log holds besides cached copies. The destage marks apply to it.
+    /// Fill of the write buffer: the data the log holds besides cached copies, against the
+    /// log less what the read cache holds (work-conserving: the write buffer has whatever the
+    /// cache does not use, and at least the log less the cache's share). The destage marks
+    /// apply to it.
     pub fn fill_ratio(&self) -> f64 {
-        let room = self
-            .log_blocks
-            .saturating_sub(self.cache_budget_blocks)
-            .max(1);
+        let cache = self.cache_blocks.min(self.cache_budget_blocks);
+        let room = self.log_blocks.saturating_sub(cache).max(1);
         self.used_blocks.saturating_sub(self.cache_blocks) as f64 / room as f64
     }
 

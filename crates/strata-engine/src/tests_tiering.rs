@@ -194,10 +194,15 @@ fn a_policy_change_takes_effect_at_once_and_is_kept() {
     );
 }
 
-/// A group whose volume `c` (8 MiB of known data) sits on the capacity tier, with a read cache.
-fn cached_rig(seed: u64, policy: &Policy) -> (Rig, VolumeId, Arc<ManualClock>) {
+/// A group whose volume `c` (8 MiB of known data) sits on the capacity tier, with a read cache
+/// of this share of the log (0.5 holds the whole volume; 0.04 about a seventh of it).
+fn cached_rig(
+    seed: u64,
+    policy: &Policy,
+    read_cache_ratio: f64,
+) -> (Rig, VolumeId, Arc<ManualClock>) {
     let (cfg, clock) = clocked(EngineConfig {
-        read_cache_ratio: 0.5,
+        read_cache_ratio,
         fill_ratio_low: 0.9,
         fill_ratio_high: 0.95,
         ..small_cfg()
@@ -227,7 +232,7 @@ fn promotion_needs_n_reads_within_the_window() {
         promote_window_s: 10,
         ..Policy::default()
     };
-    let (rig, v, clock) = cached_rig(64, &p);
+    let (rig, v, clock) = cached_rig(64, &p, 0.5);
     let dg = rig.dg();
     assert_eq!(read_block(dg, v, 100), block_of(100, 4));
     assert_eq!(read_block(dg, v, 101), block_of(101, 4));
@@ -261,7 +266,7 @@ fn a_sequential_scan_does_not_evict_the_hot_set() {
         promote_sequential_cutoff_bytes: 256 * 1024,
         ..Policy::default()
     };
-    let (rig, v, _clock) = cached_rig(65, &p);
+    let (rig, v, _clock) = cached_rig(65, &p, 0.5);
     let dg = rig.dg();
     let hot: Vec<u64> = (0..64).map(|i| 1000 + i * 16).collect();
     for _ in 0..2 {
@@ -302,7 +307,7 @@ fn eviction_and_damaged_copies_never_lose_or_falsify_data() {
         promote_after_reads: 1,
         ..Policy::default()
     };
-    let (mut rig, v, _clock) = cached_rig(66, &p);
+    let (mut rig, v, _clock) = cached_rig(66, &p, 0.04);
     let mut model: Vec<u8> = (0..2048u64).map(|_| 4).collect();
     let mut rng_state = 0x1234_5678u64;
     let mut next = || {
