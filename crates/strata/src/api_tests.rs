@@ -22,6 +22,11 @@ fn app() -> (Router, Arc<AppState>) {
         history: crate::history::History::new(),
         token: None,
         devices: Vec::new(),
+        read_cache: crate::read_cache::decide_with(
+            crate::read_cache::ReadCacheSetting::Ratio(0.0),
+            &[],
+            |_| Ok(false),
+        ),
     });
     (router(state.clone()), state)
 }
@@ -263,7 +268,7 @@ async fn status_summarizes_the_node() {
     assert_eq!(v["nbd_connections_total"], 1);
     assert_eq!(v["volumes"][0]["name"], "v");
     assert_eq!(v["volumes"][0]["connections"], 1);
-    assert_eq!(v["volumes"][0]["policy"], "cache");
+    assert_eq!(v["volumes"][0]["policy"]["mode"], "cache");
     assert!(v["engine"]["log_fill_ratio"].is_number());
     assert!(v["engine"]["fast_device"].is_object());
     assert_eq!(v["disk_groups"][0]["id"], "dg0");
