@@ -87,7 +87,7 @@ pub fn parse_seconds(text: &str) -> Result<u64, String> {
 /// "1h", "30m", "90s", "0s": the largest whole unit.
 pub fn format_seconds(secs: u64) -> String {
     for (unit, scale) in [("d", 86_400), ("h", 3600), ("m", 60)] {
-        if secs > 0 && secs % scale == 0 {
+        if secs > 0 && secs.is_multiple_of(scale) {
             return format!("{}{unit}", secs / scale);
         }
     }

@@ -169,6 +169,24 @@ mod tests {
     }
 
     #[test]
+    fn the_flag_wins_over_the_file_and_auto_is_the_default() {
+        let resolve = |flag: Option<&str>, file: &str| {
+            let args = crate::ServeArgs {
+                read_cache: flag.map(str::to_string),
+                ..Default::default()
+            };
+            let file = crate::config::parse_file(file).map_err(|e| e.to_string())?;
+            crate::config::merge(&args, file).map(|c| c.read_cache).map_err(|e| e.to_string())
+        };
+        assert_eq!(resolve(None, ""), Ok(ReadCacheSetting::Auto));
+        assert_eq!(resolve(None, "read_cache = 0.5"), Ok(ReadCacheSetting::Ratio(0.5)));
+        assert_eq!(resolve(None, "read_cache = \"30%\""), Ok(ReadCacheSetting::Ratio(0.3)));
+        assert_eq!(resolve(Some("auto"), "read_cache = 0.5"), Ok(ReadCacheSetting::Auto));
+        assert!(resolve(None, "read_cache = 2").unwrap_err().contains("read_cache in the config file"));
+        assert!(resolve(Some("1.5"), "").unwrap_err().contains("out of range"));
+    }
+
+    #[test]
     fn auto_needs_every_capacity_device_rotational() {
         let paths = [PathBuf::from("/a"), PathBuf::from("/b")];
         let all = decide_with(ReadCacheSetting::Auto, &paths, |_| Ok(true));
