@@ -25,6 +25,8 @@ pub struct VolStats {
     pub evicted_blocks: AtomicU64,
     /// Data destaged after staying on the fast tier for a while (see RESIDENCY_BUCKETS).
     pub residency: [AtomicU64; RESIDENCY_BUCKETS],
+    /// Sum over those blocks of their time on the fast tier, block-milliseconds.
+    pub residency_block_ms: AtomicU64,
     /// Time spent waiting for the volume's I/O limits.
     pub limited_wait_ms: AtomicU64,
 }
@@ -42,6 +44,8 @@ pub struct VolumeFigures {
     pub limited_wait_ms: u64,
     /// Blocks destaged after < 2^i seconds on the fast tier, per bucket i.
     pub residency_seconds_log2: Vec<u64>,
+    /// Sum over the blocks counted there of their seconds on the fast tier (a histogram's sum).
+    pub residency_seconds_sum: f64,
 }
 
 impl VolStats {
@@ -66,6 +70,7 @@ impl VolStats {
                 .iter()
                 .map(|a| a.load(Ordering::Relaxed))
                 .collect(),
+            residency_seconds_sum: self.residency_block_ms.load(Ordering::Relaxed) as f64 / 1000.0,
         }
     }
 
@@ -73,6 +78,8 @@ impl VolStats {
         let secs = age_ms / 1000;
         let bucket = (64 - secs.leading_zeros() as usize).min(RESIDENCY_BUCKETS - 1);
         self.residency[bucket].fetch_add(blocks, Ordering::Relaxed);
+        self.residency_block_ms
+            .fetch_add(blocks.saturating_mul(age_ms), Ordering::Relaxed);
     }
 }
 

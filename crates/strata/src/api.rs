@@ -46,6 +46,8 @@ pub struct AppState {
     pub scrub: crate::api_scrub::ScrubConfig,
     /// Turns true when the daemon begins to shut down (a closed channel means never).
     pub stopping: tokio::sync::watch::Receiver<bool>,
+    /// The read cache's share of the write log and why (`--read-cache`).
+    pub read_cache: crate::read_cache::ReadCacheDecision,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -56,9 +58,10 @@ pub struct VolumeJson {
     /// Open NBD handles on the volume.
     pub connections: usize,
     pub export_uri: String,
-    /// Tiering policy. The only one so far is `cache`: the fast tier is a write buffer
-    /// destaged by fill level (per-volume policies come later).
-    pub policy: String,
+    /// Tiering policy: mode, promotion and I/O limits (see api_policy.rs).
+    pub policy: strata_engine::Policy,
+    /// What the policy did since the daemon started: hit ratio, promotions, residency.
+    pub figures: crate::api_policy::FiguresJson,
     /// Bytes of the volume's data held on each tier (exclusive and shared together).
     pub fast_tier_bytes: u64,
     pub capacity_tier_bytes: u64,
@@ -100,9 +103,6 @@ impl SpaceJson {
     }
 }
 
-/// The policy every volume has until per-volume policies exist.
-pub const DEFAULT_POLICY: &str = "cache";
-
 #[derive(Debug, Serialize, Deserialize)]
 pub struct VolumeListJson {
     pub volumes: Vec<VolumeJson>,
@@ -113,6 +113,9 @@ pub struct VolumeListJson {
 pub struct CreateRequest {
     pub name: String,
     pub size_bytes: u64,
+    /// Partial: missing fields take the defaults.
+    #[serde(default)]
+    pub policy: Option<crate::api_policy::PolicyPatch>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -200,6 +203,7 @@ fn routes() -> Routes<Arc<AppState>> {
         .get("/api/v1/volumes/{name}", get_volume)
         .delete("/api/v1/volumes/{name}", delete_volume)
         .post("/api/v1/volumes/{name}/resize", resize_volume)
+        .merge(crate::api_policy::routes())
         .merge(crate::api_snapshots::routes())
         .merge(crate::api_scrub::routes())
         .merge(crate::api_observe::routes())
@@ -346,13 +350,16 @@ pub fn volume_json(state: &AppState, base: &str, v: VolumeInfo) -> VolumeJson {
     let space = SpaceJson::from(group.space(v.id).unwrap_or_default());
     let io = IoTotalsJson::from(&state.registry.volume_io(v.id).snapshot());
     let snapshot_count = group.snapshots(Some(&v.name)).map_or(0, |s| s.len());
+    let policy = group.policy(&v.name).unwrap_or_default();
+    let figures = group.volume_figures(&v.name).unwrap_or_default().into();
     VolumeJson {
         connections: state.registry.connections(v.id),
         export_uri: format!("{base}/{}", v.name),
         name: v.name,
         id: v.id,
         size_bytes: v.size_bytes,
-        policy: DEFAULT_POLICY.into(),
+        policy,
+        figures,
         fast_tier_bytes: space.fast_bytes(),
         capacity_tier_bytes: space.capacity_bytes(),
         space,
@@ -385,11 +392,13 @@ async fn create_volume(
     let req: CreateRequest = parse_body(body)?;
     validate_name(&req.name)?;
     validate_size(req.size_bytes)?;
+    let policy = crate::api_policy::resolve_policy(req.policy.as_ref(), &Default::default())?;
     let base = export_base(state.nbd_addr, &headers);
     let s = state.clone();
     let volume = blocking(move || {
-        let info = s.registry.group().create_volume(&req.name, req.size_bytes)?;
-        tracing::info!(volume = %info.name, id = info.id, size_bytes = info.size_bytes, "volume created");
+        let group = s.registry.group();
+        let info = group.create_volume_with_policy(&req.name, req.size_bytes, &policy)?;
+        tracing::info!(volume = %info.name, id = info.id, size_bytes = info.size_bytes, mode = ?policy.mode, "volume created");
         Ok::<_, ApiError>(volume_json(&s, &base, info))
     })
     .await?;

@@ -91,6 +91,8 @@ pub struct NodeJson {
     pub disk_group_count: usize,
     pub workload: WorkloadJson,
     pub io: IoTotalsJson,
+    /// The read cache's share of the write log, and why (`--read-cache`).
+    pub read_cache: crate::read_cache::ReadCacheDecision,
     pub warnings: Vec<String>,
 }
 
@@ -115,6 +117,7 @@ fn node_json(
         disk_group_count: 1,
         workload: workload(state),
         io: (&state.registry.node_io().snapshot()).into(),
+        read_cache: state.read_cache.clone(),
         warnings: warnings(stats, devices, scrub),
     }
 }
@@ -203,14 +206,17 @@ pub struct DiskGroupJson {
     pub gc_relocated_bytes_total: u64,
     pub hot_kept_bytes_total: u64,
     pub checksum_errors_total: u64,
-    /// Share of stored-data reads served by the fast tier since start (None before any).
+        /// Share of stored-data reads served by the fast tier (the log or the read cache's
+    /// copies) since start (None before any).
     pub fast_read_hit_ratio: Option<f64>,
     pub scrub: ScrubSummaryJson,
 }
 
+/// Cached copies on the fast tier count as fast-tier hits.
 pub fn fast_read_hit_ratio(e: &EngineStats) -> Option<f64> {
-    let total = e.read_fast_bytes_total + e.read_capacity_bytes_total;
-    (total > 0).then(|| e.read_fast_bytes_total as f64 / total as f64)
+    let fast = e.read_fast_bytes_total + e.read_cached_bytes_total;
+    let total = fast + e.read_capacity_bytes_total;
+    (total > 0).then(|| fast as f64 / total as f64)
 }
 
 fn disk_group_json(e: &EngineStats, scrub: ScrubSummaryJson) -> DiskGroupJson {

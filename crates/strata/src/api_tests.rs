@@ -25,6 +25,11 @@ pub(crate) fn app() -> (Router, Arc<AppState>) {
         scrub: crate::api_scrub::ScrubConfig { interval: None, rate_bytes_per_s: 0 },
         // The sender is dropped at once: a closed channel never says "stopping".
         stopping: tokio::sync::watch::channel(false).1,
+        read_cache: crate::read_cache::decide_with(
+            crate::read_cache::ReadCacheSetting::Ratio(0.0),
+            &[],
+            |_| Ok(false),
+        ),
     });
     (router(state.clone()), state)
 }
@@ -266,7 +271,7 @@ async fn status_summarizes_the_node() {
     assert_eq!(v["nbd_connections_total"], 1);
     assert_eq!(v["volumes"][0]["name"], "v");
     assert_eq!(v["volumes"][0]["connections"], 1);
-    assert_eq!(v["volumes"][0]["policy"], "cache");
+    assert_eq!(v["volumes"][0]["policy"]["mode"], "cache");
     assert!(v["engine"]["log_fill_ratio"].is_number());
     assert!(v["engine"]["fast_device"].is_object());
     assert_eq!(v["disk_groups"][0]["id"], "dg0");

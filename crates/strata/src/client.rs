@@ -19,6 +19,8 @@ mod scrub;
 
 pub use scrub::{DamageFound, EXIT_DAMAGE_FOUND};
 pub use snapshot::utc_time;
+#[path = "client_policy.rs"]
+pub mod policy;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A delete waits for the volume's in-flight I/O, so allow the daemon some time.
@@ -99,18 +101,20 @@ impl Client {
 
     pub fn volume(&self, cmd: VolumeCommand) -> Result<()> {
         match cmd {
-            VolumeCommand::Create { name, size } => {
-                let v = self.call(
-                    "POST",
-                    "/api/v1/volumes",
-                    Some(json!({ "name": name, "size_bytes": size })),
-                )?;
+            VolumeCommand::Create { name, size, policy } => {
+                let mut body = json!({ "name": name, "size_bytes": size });
+                let patch = policy.patch();
+                if !patch.is_empty() {
+                    body["policy"] = serde_json::to_value(&patch)?;
+                }
+                let v = self.call("POST", "/api/v1/volumes", Some(body))?;
                 self.print(&v, |v| {
                     let v: VolumeJson = serde_json::from_value(v.clone())?;
                     println!(
-                        "created volume {:?} ({}): {}",
+                        "created volume {:?} ({}, {}): {}",
                         v.name,
                         format_size(v.size_bytes),
+                        policy::policy_summary(&v.policy),
                         v.export_uri
                     );
                     Ok(())
@@ -164,6 +168,7 @@ impl Client {
                     Ok(())
                 })
             }
+            VolumeCommand::SetPolicy { name, policy } => self.set_policy(&name, &policy),
             VolumeCommand::Clone { source, name } => self.clone_volume(&source, &name),
             VolumeCommand::Rollback {
                 name,
@@ -303,7 +308,7 @@ pub fn volume_table(volumes: &[VolumeJson]) -> String {
     if volumes.is_empty() {
         return "no volumes\n".to_string();
     }
-    let header = ["NAME", "ID", "SIZE", "POLICY", "SNAPSHOTS", "CONNECTIONS", "EXPORT"];
+    let header = ["NAME", "ID", "SIZE", "POLICY", "HIT", "SNAPSHOTS", "CONNECTIONS", "EXPORT"];
     let rows: Vec<Vec<String>> = volumes
         .iter()
         .map(|v| {
@@ -311,7 +316,10 @@ pub fn volume_table(volumes: &[VolumeJson]) -> String {
                 v.name.clone(),
                 v.id.to_string(),
                 format_size(v.size_bytes),
-                v.policy.clone(),
+                policy::policy_summary(&v.policy),
+                v.figures
+                    .fast_read_hit_ratio
+                    .map_or_else(|| "-".into(), |r| format!("{:.1}%", r * 100.0)),
                 v.snapshot_count.to_string(),
                 v.connections.to_string(),
                 v.export_uri.clone(),
@@ -323,15 +331,16 @@ pub fn volume_table(volumes: &[VolumeJson]) -> String {
 
 pub fn volume_info(v: &VolumeJson) -> String {
     format!(
-        "name:        {}\nid:          {}\nsize:        {} ({} bytes)\npolicy:      {}\non fast:     {}\non capacity: {}\n{}snapshots:   {}\nconnections: {}\nexport:      {}\n",
+        "name:        {}\nid:          {}\nsize:        {} ({} bytes)\n{}on fast:     {}\non capacity: {}\n{}{}snapshots:   {}\nconnections: {}\nexport:      {}\n",
         v.name,
         v.id,
         format_size(v.size_bytes),
         v.size_bytes,
-        v.policy,
+        policy::policy_lines(&v.policy),
         format_size(v.fast_tier_bytes),
         format_size(v.capacity_tier_bytes),
         space_lines(&v.space),
+        policy::figures_lines(&v.figures),
         v.snapshot_count,
         v.connections,
         v.export_uri
@@ -360,7 +369,8 @@ mod tests {
             size_bytes,
             connections,
             export_uri: format!("nbd://127.0.0.1:10809/{name}"),
-            policy: "cache".into(),
+            policy: Default::default(),
+            figures: Default::default(),
             fast_tier_bytes: 0,
             capacity_tier_bytes: 0,
             space: SpaceJson {

@@ -54,6 +54,8 @@ pub struct ServeConfig {
     pub catalog_files: Vec<PathBuf>,
     /// Benchmarking aids: device models the fast / capacity devices are slowed down to.
     pub emulation: Emulation,
+    /// The read cache's share of the write log, or auto (decided once the devices are open).
+    pub read_cache: crate::read_cache::ReadCacheSetting,
 }
 
 /// `--fast-emulate` / `--capacity-emulate` (TOML `fast_emulate` / `capacity_emulate`), parsed.
@@ -147,6 +149,8 @@ pub struct FileConfig {
     /// Benchmarking aids (see docs/BENCH.md).
     pub fast_emulate: Option<String>,
     pub capacity_emulate: Option<String>,
+    /// `"auto"`, a ratio (0.7) or a percentage ("70%").
+    pub read_cache: Option<crate::read_cache::ReadCacheValue>,
 }
 
 /// A size in a file: a byte count (4096) or a string with a unit ("64M").
@@ -506,6 +510,11 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
             args.catalog_files.clone()
         },
         emulation,
+        read_cache: match (&args.read_cache, &file.read_cache) {
+            (Some(text), _) => crate::read_cache::parse_setting(text).map_err(|e| anyhow!("{e}"))?,
+            (None, Some(v)) => v.resolve().map_err(|e| anyhow!("read_cache in the config file: {e}"))?,
+            (None, None) => crate::read_cache::ReadCacheSetting::Auto,
+        },
     };
     validate(&config)?;
     Ok(config)

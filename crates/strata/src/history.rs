@@ -156,7 +156,9 @@ fn sample(prev: &Reading, now: &Reading) -> Sample {
         SERVICE_LEVELS_MS.map(|ms| lat.share_within_ms(ms).unwrap_or(0.0))
     });
     let (e0, e1) = (&prev.engine, &now.engine);
-    let fast = e1.read_fast_bytes_total.saturating_sub(e0.read_fast_bytes_total);
+    // Reads of the read cache's copies are fast-tier hits too.
+    let fast = (e1.read_fast_bytes_total + e1.read_cached_bytes_total)
+        .saturating_sub(e0.read_fast_bytes_total + e0.read_cached_bytes_total);
     let cap = e1
         .read_capacity_bytes_total
         .saturating_sub(e0.read_capacity_bytes_total);

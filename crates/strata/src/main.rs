@@ -6,6 +6,7 @@ mod adapter;
 mod api;
 mod api_observe;
 mod api_scrub;
+mod api_policy;
 mod api_snapshots;
 mod client;
 mod config;
@@ -13,6 +14,9 @@ mod devices;
 mod history;
 mod metrics;
 mod metrics_page;
+mod metrics_tiering;
+mod policy_args;
+mod read_cache;
 mod prom;
 mod registry;
 mod routes;
@@ -95,6 +99,14 @@ pub enum VolumeCommand {
         /// Size, e.g. 8G, 512M, 1GiB or a byte count.
         #[arg(long, value_parser = config::parse_size_arg)]
         size: u64,
+        #[command(flatten)]
+        policy: policy_args::PolicyArgs,
+    },
+    /// Change a volume's tiering policy; options not given keep their current values.
+    SetPolicy {
+        name: String,
+        #[command(flatten)]
+        policy: policy_args::PolicyArgs,
     },
     /// List volumes.
     List,
@@ -228,6 +240,10 @@ pub struct ServeArgs {
     /// or `bw=40MB,mixed_bw=15MB` (see docs/BENCH.md). The device's name then says "emulated".
     #[arg(long, value_name = "SPEC")]
     pub fast_emulate: Option<String>,
+    /// Share of the write log's area the read cache may hold (0 to 0.9, or a percentage), or
+    /// `auto`: 0.7 when every capacity device is rotational, else 0 [default: auto].
+    #[arg(long, value_name = "RATIO|auto")]
+    pub read_cache: Option<String>,
     /// Benchmarking aid: slow every capacity device down to a device model, e.g. `bw=20MB`.
     #[arg(long, value_name = "SPEC")]
     pub capacity_emulate: Option<String>,
@@ -345,7 +361,7 @@ mod tests {
                 .unwrap();
         assert!(cli.json);
         match cli.command {
-            Command::Volume(VolumeCommand::Create { name, size }) => {
+            Command::Volume(VolumeCommand::Create { name, size, .. }) => {
                 assert_eq!(name, "a");
                 assert_eq!(size, 1 << 30);
             }

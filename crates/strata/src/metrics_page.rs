@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use strata_device::{DeviceStats, IO_SIZE_BUCKETS};
 use strata_engine::{EngineStats, SpaceReport};
 
-use crate::api::{blocking, ApiError, AppState, DEFAULT_POLICY};
+use crate::api::{blocking, ApiError, AppState};
 use crate::api_scrub::{ScrubReportJson, ScrubStatusJson};
 use crate::api_observe::{device_list, fast_read_hit_ratio, DeviceJson};
 use crate::metrics::{IoSnapshot, LATENCY_BOUNDS_US};
@@ -53,6 +53,8 @@ pub fn render_metrics(state: &AppState) -> String {
         })
         .collect();
     let devices = device_list(state);
+    let names: Vec<String> = volumes.iter().map(|v| v.name.clone()).collect();
+    let tiering = crate::metrics_tiering::rows(g, &names);
     let mut e = Exposition::default();
     e.family("strata_build_info", Type::Gauge, "Strata version (always 1).")
         .sample(
@@ -72,11 +74,13 @@ pub fn render_metrics(state: &AppState) -> String {
         "1 while the disk group is running, 0 when stopping or failed.",
         if stats.state == "running" { 1.0 } else { 0.0 },
     );
-    render_volumes(&mut e, &vols);
+    render_volumes(&mut e, &vols, &tiering);
+    crate::metrics_tiering::render_volumes(&mut e, &tiering);
     render_snapshots(&mut e, &snaps);
     render_devices(&mut e, &devices);
     render_engine(&mut e, &stats);
     render_scrub(&mut e, &crate::api_scrub::status_json(g.scrub_status(), &state.scrub));
+    crate::metrics_tiering::render_group(&mut e, &stats);
     e.finish()
 }
 
@@ -127,7 +131,7 @@ fn render_snapshots(e: &mut Exposition, snaps: &[SnapshotRow]) {
     }
 }
 
-fn render_volumes(e: &mut Exposition, vols: &[VolumeRow]) {
+fn render_volumes(e: &mut Exposition, vols: &[VolumeRow], tiering: &[crate::metrics_tiering::TieringRow]) {
     let counters: [Family<IoSnapshot, u64>; 7] = [
         ("strata_volume_read_operations_total", "Read requests served.", |s| s.read_ops),
         ("strata_volume_read_bytes_total", "Bytes read by clients.", |s| s.read_bytes),
@@ -143,9 +147,10 @@ fn render_volumes(e: &mut Exposition, vols: &[VolumeRow]) {
             e.sample(name, &[("volume", &v.name)], get(&v.io) as f64);
         }
     }
-    e.family("strata_volume_info", Type::Gauge, "A volume and its tiering policy (always 1).");
-    for v in vols {
-        e.sample("strata_volume_info", &[("volume", &v.name), ("policy", DEFAULT_POLICY)], 1.0);
+    e.family("strata_volume_info", Type::Gauge, "A volume and its tiering policy mode (always 1).");
+    for t in tiering {
+        let mode = crate::metrics_tiering::mode_label(t.policy.mode);
+        e.sample("strata_volume_info", &[("volume", &t.name), ("policy", mode)], 1.0);
     }
     e.family("strata_volume_size_bytes", Type::Gauge, "Volume size.");
     for v in vols {
@@ -309,10 +314,11 @@ fn render_engine(e: &mut Exposition, s: &EngineStats) {
     e.family(
         "strata_read_bytes_total",
         Type::Counter,
-        "Host reads by where they were served from: fast tier, capacity tier, or unwritten space.",
+        "Host reads by where they were served from: the write log (fast), a read-cache copy on the fast tier (cache), the capacity tier, or unwritten space.",
     );
     for (source, v) in [
         ("fast", s.read_fast_bytes_total),
+        ("cache", s.read_cached_bytes_total),
         ("capacity", s.read_capacity_bytes_total),
         ("unwritten", s.read_unwritten_bytes_total),
     ] {
@@ -321,7 +327,7 @@ fn render_engine(e: &mut Exposition, s: &EngineStats) {
     e.single(
         "strata_fast_read_hit_ratio",
         Type::Gauge,
-        "Read-cache hit ratio: share of stored-data reads served by the fast tier since start (0 before any read).",
+        "Fast-tier hit ratio: share of stored-data reads served by the fast tier (the log or the read cache's copies) since start (0 before any read).",
         fast_read_hit_ratio(s).unwrap_or(0.0),
     );
 }

@@ -2,7 +2,7 @@
 //! the list of (method, path) pairs it returns is exactly what the daemon answers, and a test
 //! can hold that list against the OpenAPI document (docs/openapi.json).
 use axum::handler::Handler;
-use axum::routing::{delete, get, post, MethodRouter};
+use axum::routing::{delete, get, post, put, MethodRouter};
 use axum::Router;
 
 /// One served route: an HTTP method and an axum path such as `/api/v1/volumes/{name}`.
@@ -38,6 +38,10 @@ impl<S: Clone + Send + Sync + 'static> Routes<S> {
 
     pub fn post<H: Handler<T, S>, T: 'static>(self, path: &'static str, h: H) -> Self {
         self.add("POST", path, post(h))
+    }
+
+    pub fn put<H: Handler<T, S>, T: 'static>(self, path: &'static str, h: H) -> Self {
+        self.add("PUT", path, put(h))
     }
 
     pub fn delete<H: Handler<T, S>, T: 'static>(self, path: &'static str, h: H) -> Self {

@@ -24,6 +24,7 @@ use crate::wear::{self, DeviceIdentity};
 use crate::api::{self, AppState};
 use crate::config::{self, ServeConfig};
 use crate::devices;
+use crate::read_cache::ReadCacheDecision;
 use crate::ServeArgs;
 
 /// How long in-flight requests may take to finish once shutdown has begun.
@@ -67,12 +68,19 @@ async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener> {
 }
 
 /// Opens devices and the disk group (recovery may take a while: it runs off the runtime).
-async fn open_group(cfg: &ServeConfig) -> Result<(Arc<DiskGroup>, String)> {
+async fn open_group(cfg: &ServeConfig) -> Result<(Arc<DiskGroup>, String, ReadCacheDecision)> {
     let cfg = cfg.clone();
     tokio::task::spawn_blocking(move || {
         let devs = devices::open_devices(&cfg)?;
         let fast_name = devs.fast.name().to_string();
-        let group = DiskGroup::open(devs.fast, devs.capacity, cfg.engine.clone(), true)
+        // After opening: a capacity file created just now has a filesystem to look at.
+        let read_cache = crate::read_cache::decide(cfg.read_cache, &cfg.capacity_devices);
+        tracing::info!(ratio = read_cache.ratio, setting = %read_cache.setting, reason = %read_cache.reason, "read cache");
+        let engine = strata_engine::EngineConfig {
+            read_cache_ratio: read_cache.ratio,
+            ..cfg.engine.clone()
+        };
+        let group = DiskGroup::open(devs.fast, devs.capacity, engine, true)
             .map_err(|e| anyhow!("cannot open the disk group on {fast_name}: {e}"))?;
         if cfg.default_volume_size_bytes > 0 && group.volumes().is_empty() {
             let info = group
@@ -80,7 +88,7 @@ async fn open_group(cfg: &ServeConfig) -> Result<(Arc<DiskGroup>, String)> {
                 .map_err(|e| anyhow!("cannot create the default volume: {e}"))?;
             tracing::info!(volume = %info.name, size_bytes = info.size_bytes, "created the default volume");
         }
-        Ok((group, devs.io_backend))
+        Ok((group, devs.io_backend, read_cache))
     })
     .await
     .context("start-up task failed")?
@@ -170,7 +178,7 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
         .context("HTTP listener address")?;
 
     let ratings = device_ratings(&cfg)?;
-    let (group, io_backend) = open_group(&cfg).await?;
+    let (group, io_backend, read_cache) = open_group(&cfg).await?;
     let mut signals = Signals::new()?;
     let registry = Registry::new(group.clone());
     let history = History::new();
@@ -192,6 +200,7 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
             rate_bytes_per_s: cfg.engine.scrub_rate_bytes_per_s,
         },
         stopping: stop_rx.clone(),
+        read_cache,
     });
 
     let mut nbd_task = spawn_nbd(nbd_listener, registry, cfg.max_connections, stop_rx.clone());

@@ -91,7 +91,7 @@ pub fn date(unix_s: u64) -> String {
 
 fn header(v: &Value) -> String {
     format!(
-        "strata {}  node {}  up {}  io backend {}\nnbd {}  http {}  {} volume(s), {} NBD connection(s)\n",
+        "strata {}  node {}  up {}  io backend {}\nnbd {}  http {}  {} volume(s), {} NBD connection(s)\nread cache {} of the write log ({}: {})\n",
         text(&v["version"]),
         text(&v["state"]),
         v["uptime_s"].as_u64().map_or_else(|| "-".into(), duration),
@@ -100,6 +100,9 @@ fn header(v: &Value) -> String {
         text(&v["http_listen"]),
         text(&v["volume_count"]),
         text(&v["nbd_connections_total"]),
+        percent(v["read_cache"]["ratio"].as_f64()),
+        text(&v["read_cache"]["setting"]),
+        text(&v["read_cache"]["reason"]),
     )
 }
 
@@ -263,7 +266,8 @@ fn volumes(v: &Value) -> String {
             vec![
                 text(&x["name"]),
                 bytes(&x["size_bytes"]),
-                text(&x["policy"]),
+                text(&x["policy"]["mode"]),
+                percent(x["figures"]["fast_read_hit_ratio"].as_f64()),
                 bytes(&x["fast_tier_bytes"]),
                 bytes(&x["capacity_tier_bytes"]),
                 text(&x["connections"]),
@@ -275,7 +279,7 @@ fn volumes(v: &Value) -> String {
     if rows.is_empty() {
         return "\nVOLUMES\n  none\n".into();
     }
-    let head = ["NAME", "SIZE", "POLICY", "ON FAST", "ON CAPACITY", "CONNS", "READS", "WRITES"];
+    let head = ["NAME", "SIZE", "POLICY", "HIT", "ON FAST", "ON CAPACITY", "CONNS", "READS", "WRITES"];
     format!("\nVOLUMES\n{}", indent(&table(&head, &rows)))
 }
 
@@ -351,7 +355,7 @@ mod tests {
                          "rated_endurance_bytes": 1.0e15, "endurance_used_ratio": 0.001,
                          "projected_wear_out_unix_s": 1_941_926_400u64, "wears_out_before_warranty": false}
             }],
-            "volumes": [{"name": "vol0", "size_bytes": 8589934592u64, "policy": "cache",
+            "volumes": [{"name": "vol0", "size_bytes": 8589934592u64, "policy": {"mode": "cache"},
                          "fast_tier_bytes": 4096, "capacity_tier_bytes": 1048576, "connections": 2,
                          "io": {"read_ops_total": 10, "write_ops_total": 20}}],
             "warnings": ["the write log is 50% full"]

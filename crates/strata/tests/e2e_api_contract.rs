@@ -207,6 +207,18 @@ fn every_documented_operation_answers_as_documented() {
     c.call(&base, "POST", "/api/v1/volumes/contract/resize", Some(json!({"size_bytes": 4096})), t, 400);
     c.call(&base, "POST", "/api/v1/volumes/none/resize", Some(grow), t, 404);
 
+    // Tiering policies: created with a partial policy, changed with a partial PUT.
+    let tiered = json!({"name": "contract-tier", "size_bytes": 1 << 20, "policy": {"mode": "tier", "iops_limit": 100}});
+    let v = c.call(&base, "POST", "/api/v1/volumes", Some(tiered), t, 201);
+    assert_eq!((v["policy"]["mode"].as_str(), v["policy"]["iops_limit"].as_u64()), (Some("tier"), Some(100)), "{v}");
+    let policy = "/api/v1/volumes/contract-tier/policy";
+    c.call(&base, "PUT", policy, Some(json!({"iops_limit": 0})), None, 401);
+    let v = c.call(&base, "PUT", policy, Some(json!({"iops_limit": 0})), t, 200);
+    assert_eq!((v["policy"]["mode"].as_str(), v["policy"]["iops_limit"].as_u64()), (Some("tier"), Some(0)), "{v}");
+    c.call(&base, "PUT", policy, Some(json!({"promote_window_s": 0})), t, 400);
+    c.call(&base, "PUT", "/api/v1/volumes/none/policy", Some(json!({})), t, 404);
+    c.call(&base, "DELETE", "/api/v1/volumes/contract-tier", None, t, 200);
+
 
     // A volume in use: delete is refused (409) until forced or the client leaves.
     {

@@ -132,7 +132,7 @@ fn the_dashboard_draws_live_changing_data_under_load() {
     assert!(chart(&second, "chart-sl")["series"].as_array().is_some_and(|s| !s.is_empty()));
     assert_eq!(chart(&second, "chart-dev")["names"].as_array().map(Vec::len), Some(4), "{second:#}");
 
-    // The tables: the volume with its size, policy and space per tier; devices with wear.
+    // The tables: the volume with its size, policy, hit ratio and space per tier; devices with wear.
     let vol0: Vec<String> = second["volumes"]
         .as_array()
         .and_then(|rows| rows.iter().find(|r| r[0] == VOL0))
@@ -140,7 +140,8 @@ fn the_dashboard_draws_live_changing_data_under_load() {
         .unwrap_or_else(|| panic!("no vol0 row: {second:#}"));
     assert_eq!(vol0[1], "8.00 GiB", "{vol0:?}");
     assert_eq!(vol0[2], "cache", "{vol0:?}");
-    assert!(vol0[4] != "0 B" || vol0[5] != "0 B", "no space per tier: {vol0:?}");
+    assert!(vol0[3] == "-" || vol0[3].ends_with('%'), "fast hit ratio: {vol0:?}");
+    assert!(vol0[5] != "0 B" || vol0[6] != "0 B", "no space per tier: {vol0:?}");
     assert!(second["devices"][0][7].as_str().is_some_and(|s| !s.is_empty()));
     assert!(second["devices"][0][8].as_str().is_some_and(|s| !s.is_empty()));
     // Healthy devices show zero checksum failures (the last column).

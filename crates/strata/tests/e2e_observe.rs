@@ -289,7 +289,7 @@ fn history_and_status_show_the_load() {
     assert_eq!(s["disk_groups"][0]["fill_ratio_high"], 0.7);
     assert_eq!(s["devices"].as_array().unwrap().len(), 2);
     assert_eq!(s["devices"][0]["tier"], "fast");
-    assert_eq!(s["volumes"][0]["policy"], "cache");
+    assert_eq!(s["volumes"][0]["policy"]["mode"], "cache");
     assert!(s["warnings"].is_array());
     assert!(s["engine"]["log_capacity_bytes"].as_u64() > Some(0));
 }

@@ -1,0 +1,152 @@
+//! How the CLI shows tiering policies and their figures: the compact policy of `volume list`,
+//! the policy and figures lines of `volume info`, and `strata volume set-policy`.
+use anyhow::{bail, Result};
+use strata_engine::{Mode, Policy};
+
+use crate::api::VolumeJson;
+use crate::api_policy::FiguresJson;
+use crate::config::format_size;
+use crate::policy_args::{format_seconds, PolicyArgs};
+
+impl super::Client {
+    /// `strata volume set-policy NAME [options]`: options not given keep their values.
+    pub fn set_policy(&self, name: &str, args: &PolicyArgs) -> Result<()> {
+        let patch = args.patch();
+        if patch.is_empty() {
+            bail!("nothing to change: give at least one policy option (see strata volume set-policy --help)");
+        }
+        let path = format!("/api/v1/volumes/{}/policy", super::path_segment(name));
+        let v = self.call("PUT", &path, Some(serde_json::to_value(&patch)?))?;
+        self.print(&v, |v| {
+            let v: VolumeJson = serde_json::from_value(v.clone())?;
+            println!("volume {:?} policy: {}", v.name, policy_summary(&v.policy));
+            Ok(())
+        })
+    }
+}
+
+fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Cache => "cache",
+        Mode::Tier => "tier",
+    }
+}
+
+/// "cache", "tier", with the limits when set: "tier, 500 IOPS, 64 MiB/s".
+pub fn policy_summary(p: &Policy) -> String {
+    let mut parts = vec![mode_name(p.mode).to_string()];
+    if p.iops_limit > 0 {
+        parts.push(format!("{} IOPS", p.iops_limit));
+    }
+    if p.bandwidth_limit_bytes_per_s > 0 {
+        parts.push(format!("{}/s", format_size(p.bandwidth_limit_bytes_per_s)));
+    }
+    parts.join(", ")
+}
+
+fn limit(value: u64, unit: impl Fn(u64) -> String) -> String {
+    if value == 0 {
+        "none".into()
+    } else {
+        unit(value)
+    }
+}
+
+/// The policy lines of `volume info`.
+pub fn policy_lines(p: &Policy) -> String {
+    let promote = if p.promote_after_reads == 0 {
+        "never".to_string()
+    } else {
+        format!(
+            "after {} read(s) within {}, not past {} sequential",
+            p.promote_after_reads,
+            format_seconds(p.promote_window_s),
+            format_size(p.promote_sequential_cutoff_bytes)
+        )
+    };
+    format!(
+        "policy:      {}\ntier when:   older than {} and heat <= {}\npromote:     {}\nlimits:      {} IOPS, {} bandwidth\n",
+        mode_name(p.mode),
+        format_seconds(p.tier_min_age_s),
+        p.tier_max_cold_heat,
+        promote,
+        limit(p.iops_limit, |n| n.to_string()),
+        limit(p.bandwidth_limit_bytes_per_s, |n| format!("{}/s", format_size(n))),
+    )
+}
+
+/// The figures lines of `volume info`.
+pub fn figures_lines(f: &FiguresJson) -> String {
+    let hit = f
+        .fast_read_hit_ratio
+        .map_or_else(|| "- (no reads of stored data yet)".into(), |r| format!("{:.1}%", r * 100.0));
+    format!(
+        "hit ratio:   {hit} ({} log, {} cached, {} capacity)\npromoted:    {}, evicted {}\nlimited:     {} ms waited\nresidency:   {}\n",
+        format_size(f.read_fast_bytes),
+        format_size(f.read_cached_bytes),
+        format_size(f.read_capacity_bytes),
+        format_size(f.promoted_bytes),
+        format_size(f.evicted_bytes),
+        f.limited_wait_ms,
+        residency(&f.residency_seconds_log2),
+    )
+}
+
+/// The non-empty residency buckets as "<2s 12, <64s 300, longer 5" (4 KiB blocks).
+pub fn residency(buckets: &[u64]) -> String {
+    let last = buckets.len().saturating_sub(1);
+    let parts: Vec<String> = buckets
+        .iter()
+        .enumerate()
+        .filter(|(_, &n)| n > 0)
+        .map(|(i, n)| {
+            if i == last {
+                format!("longer {n}")
+            } else {
+                format!("<{} {n}", format_seconds(1u64 << i))
+            }
+        })
+        .collect();
+    if parts.is_empty() {
+        return "nothing moved to the capacity tier yet".into();
+    }
+    format!("{} (blocks moved after)", parts.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summaries_name_mode_and_limits() {
+        let p = Policy {
+            mode: Mode::Tier,
+            iops_limit: 500,
+            bandwidth_limit_bytes_per_s: 64 << 20,
+            ..Policy::default()
+        };
+        assert_eq!(policy_summary(&p), "tier, 500 IOPS, 64 MiB/s");
+        assert_eq!(policy_summary(&Policy::default()), "cache");
+        let lines = policy_lines(&p);
+        assert!(lines.contains("policy:      tier\n"), "{lines}");
+        assert!(lines.contains("older than 1h"), "{lines}");
+        assert!(lines.contains("after 2 read(s) within 5m, not past 4 MiB"), "{lines}");
+        assert!(lines.contains("500 IOPS, 64 MiB/s bandwidth"), "{lines}");
+    }
+
+    #[test]
+    fn residency_shows_only_filled_buckets() {
+        let mut b = vec![0; 24];
+        b[1] = 12;
+        b[6] = 300;
+        b[23] = 5;
+        assert_eq!(residency(&b), "<2s 12, <64s 300, longer 5 (blocks moved after)");
+        assert_eq!(residency(&[0; 24]), "nothing moved to the capacity tier yet");
+        let f = FiguresJson {
+            fast_read_hit_ratio: Some(0.5),
+            read_cached_bytes: 4096,
+            ..FiguresJson::default()
+        };
+        assert!(figures_lines(&f).contains("hit ratio:   50.0% (0 B log, 4 KiB cached"), "{}", figures_lines(&f));
+    }
+}
