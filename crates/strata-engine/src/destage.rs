@@ -589,6 +589,7 @@ impl Destager {
                 .collect();
             (records, room)
         };
+        let mut pending = Vec::new();
         for r in records {
             let (seg, block0) = (r.layer, r.lba as u32);
             let mut i = 0;
@@ -609,14 +610,26 @@ impl Destager {
                 while j < r.nblocks as u32 && keep(j) {
                     j += 1;
                 }
-                self.recache(&r, i, j);
+                self.recache(&r, i, j, &mut pending);
                 i = j;
             }
         }
+        // The new copies are in the index before the tail passes the old ones, so the cache
+        // keeps them (and their history) without a gap.
+        for done in pending {
+            let _ = done.recv();
+        }
     }
 
-    /// Writes blocks `i..j` of a cache record again at the log head, if they read back intact.
-    fn recache(&self, r: &RecMeta, i: u32, j: u32) {
+    /// Writes blocks `i..j` of a cache record again at the log head, if they read back intact;
+    /// never waits for log space (a copy with no room is dropped at the tail).
+    fn recache(
+        &self,
+        r: &RecMeta,
+        i: u32,
+        j: u32,
+        pending: &mut Vec<crossbeam_channel::Receiver<Result<(), EngineError>>>,
+    ) {
         let from = r.data_start + u64::from(i);
         let mut data = AlignedBuf::new_zeroed((j - i) as usize * BLOCK);
         if self
@@ -633,20 +646,37 @@ impl Destager {
         if !intact {
             return;
         }
+        let (done, wait) = crossbeam_channel::bounded(1);
         let req = WriteReq {
             kind: RecordKind::Cache,
             layer: r.layer,
             lba: r.lba + u64::from(i),
             nblocks: u64::from(j - i),
             data: Some(data),
-            done: crate::log::Done::Call(Box::new(|_| {})),
+            done: crate::log::Done::Chan(done),
             no_wait: true,
             relocation: true,
             born_ms: Some(r.born_ms),
             cache_gen: r.cache_gen,
             vol: r.vol,
         };
-        let _ = self.tx.try_send(req);
+        let mut req = req;
+        loop {
+            match self.tx.try_send(req) {
+                Ok(()) => {
+                    pending.push(wait);
+                    return;
+                }
+                // A full queue: let the writes already queued finish, then try once more.
+                Err(crossbeam_channel::TrySendError::Full(back)) if !pending.is_empty() => {
+                    for p in pending.drain(..) {
+                        let _ = p.recv();
+                    }
+                    req = back;
+                }
+                Err(_) => return,
+            }
+        }
     }
 
     /// The log space of these cache records is being reused: their copies are gone.

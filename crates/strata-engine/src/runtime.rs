@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::policy::{Clock, Policy};
 
@@ -31,18 +31,22 @@ pub struct VolStats {
     pub limited_wait_ms: AtomicU64,
 }
 
-/// The figures of one volume, as the API shows them.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+/// The figures of one volume since the disk group opened, as the API shows them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct VolumeFigures {
+    /// Reads of stored data served by the write log, by promoted (cached) copies on the fast
+    /// tier, and by the capacity tier.
     pub read_fast_bytes: u64,
     pub read_cached_bytes: u64,
     pub read_capacity_bytes: u64,
-    /// Share of reads of stored data served by the fast tier (log or promoted copies).
+    /// (fast + cached) / all three; None before any read of stored data.
     pub fast_read_hit_ratio: Option<f64>,
     pub promoted_bytes: u64,
     pub evicted_bytes: u64,
+    /// Time the volume's requests waited for its IOPS and bandwidth limits.
     pub limited_wait_ms: u64,
-    /// Blocks destaged after < 2^i seconds on the fast tier, per bucket i.
+    /// Bucket i counts 4 KiB blocks destaged after less than 2^i seconds on the fast tier; the
+    /// last bucket, longer.
     pub residency_seconds_log2: Vec<u64>,
     /// Sum over the blocks counted there of their seconds on the fast tier (a histogram's sum).
     pub residency_seconds_sum: f64,

@@ -84,26 +84,18 @@ impl DiskGroup {
     }
 
     pub fn policy(&self, volume: &str) -> Result<Policy, EngineError> {
-        let id = self
-            .volume(volume)
-            .ok_or_else(|| EngineError::NotFound(volume.into()))?
-            .id;
-        self.sh
-            .runtime(id)
-            .map(|rt| rt.policy())
-            .ok_or_else(|| EngineError::NotFound(volume.into()))
+        self.runtime_named(volume).map(|rt| rt.policy())
     }
 
     /// What the policy did for a volume since the group opened.
     pub fn volume_figures(&self, volume: &str) -> Result<VolumeFigures, EngineError> {
-        let id = self
-            .volume(volume)
-            .ok_or_else(|| EngineError::NotFound(volume.into()))?
-            .id;
-        self.sh
-            .runtime(id)
-            .map(|rt| rt.stats.figures())
-            .ok_or_else(|| EngineError::NotFound(volume.into()))
+        self.runtime_named(volume).map(|rt| rt.stats.figures())
+    }
+
+    fn runtime_named(&self, volume: &str) -> Result<Arc<VolRuntime>, EngineError> {
+        let not_found = || EngineError::NotFound(volume.into());
+        let id = self.volume(volume).ok_or_else(not_found)?.id;
+        self.sh.runtime(id).ok_or_else(not_found)
     }
 
     /// Writes a clean copy of capacity blocks `block..block+n` of `seg` (read under `gen`)

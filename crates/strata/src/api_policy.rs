@@ -72,42 +72,8 @@ pub fn resolve_policy(patch: Option<&PolicyPatch>, base: &Policy) -> Result<Poli
     Ok(policy)
 }
 
-/// What a volume's policy did since the daemon started (see the engine's `VolumeFigures`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct FiguresJson {
-    /// Reads of stored data served by the write log, by promoted (cached) copies on the fast
-    /// tier, and by the capacity tier.
-    pub read_fast_bytes: u64,
-    pub read_cached_bytes: u64,
-    pub read_capacity_bytes: u64,
-    /// (fast + cached) / all three; null before any read of stored data.
-    pub fast_read_hit_ratio: Option<f64>,
-    pub promoted_bytes: u64,
-    pub evicted_bytes: u64,
-    /// Time the volume's requests waited for its IOPS and bandwidth limits.
-    pub limited_wait_ms: u64,
-    /// Bucket i counts 4 KiB blocks destaged after less than 2^i seconds on the fast tier; the
-    /// last bucket, longer.
-    pub residency_seconds_log2: Vec<u64>,
-    /// Sum over those blocks of their seconds on the fast tier.
-    pub residency_seconds_sum: f64,
-}
-
-impl From<VolumeFigures> for FiguresJson {
-    fn from(f: VolumeFigures) -> FiguresJson {
-        FiguresJson {
-            read_fast_bytes: f.read_fast_bytes,
-            read_cached_bytes: f.read_cached_bytes,
-            read_capacity_bytes: f.read_capacity_bytes,
-            fast_read_hit_ratio: f.fast_read_hit_ratio,
-            promoted_bytes: f.promoted_bytes,
-            evicted_bytes: f.evicted_bytes,
-            limited_wait_ms: f.limited_wait_ms,
-            residency_seconds_log2: f.residency_seconds_log2,
-            residency_seconds_sum: f.residency_seconds_sum,
-        }
-    }
-}
+/// What a volume's policy did since the daemon started: the engine's figures as they are.
+pub type FiguresJson = VolumeFigures;
 
 async fn put_policy(
     State(state): State<Arc<AppState>>,
