@@ -21,7 +21,7 @@
 //! `promote_sequential_cutoff_bytes`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::policy::{Policy, PROMOTE_REGION_BLOCKS};
@@ -34,12 +34,14 @@ pub struct CacheEntry {
     pub gen: u32,
     /// Reads since it was last written (halved at each pass of the tail): heat and recency.
     pub hits: u8,
-    /// Passes of the log tail since its last read (kept while the cache has room).
+    /// Passes of the log tail since its last read.
     pub idle_passes: u8,
 }
 
-/// Passes of the log tail an unread copy survives while the cache is below its share.
-pub const MAX_IDLE_PASSES: u8 = 4;
+/// The most passes of the log tail an unread copy survives (when the cache has room).
+pub const MAX_IDLE_PASSES: u8 = 64;
+/// Passes an unread copy survives when a cache starts.
+const START_IDLE_PASSES: f64 = 4.0;
 
 pub struct ReadCache {
     entries: HashMap<(u32, u32), CacheEntry>,
@@ -48,6 +50,9 @@ pub struct ReadCache {
     /// Read counts of recently read regions: (layer, region) -> (reads, window start ms).
     candidates: HashMap<(u32, u64), (u32, u64)>,
     max_candidates: usize,
+    /// Passes of the log tail an unread copy survives now: raised while the cache is below its
+    /// share, lowered when it is at it (see `adapt`).
+    idle_limit: f64,
 }
 
 impl ReadCache {
@@ -56,8 +61,10 @@ impl ReadCache {
             entries: HashMap::new(),
             seg_gen,
             candidates: HashMap::new(),
-            max_candidates: (log_blocks as usize / PROMOTE_REGION_BLOCKS as usize)
-                .clamp(1024, 1 << 20),
+            // One candidate per log block: the misses of several minutes fit, so the window
+            // holds (a smaller table would expire counts long before the window ends).
+            max_candidates: (log_blocks as usize).clamp(4096, 1 << 20),
+            idle_limit: START_IDLE_PASSES,
         }
     }
 
@@ -121,23 +128,34 @@ impl ReadCache {
 
     /// Whether the copy at `fast` of (seg, block), which the log tail is about to pass, is
     /// worth writing again at the head: it is the current, valid copy, and it was read since
-    /// the last pass (its hits are halved: a copy read once gets one more pass), or, while the
-    /// cache has `room`, it has not yet gone `MAX_IDLE_PASSES` passes unread.
-    pub fn take_second_chance(&mut self, seg: u32, block: u32, fast: u64, room: bool) -> bool {
+    /// the last pass (its hits are halved: a copy read often survives several passes without
+    /// reads), or it has gone unread for fewer passes than the cache keeps such copies now.
+    pub fn take_second_chance(&mut self, seg: u32, block: u32, fast: u64) -> bool {
         let gen = self.gen_of(seg);
+        let limit = self.idle_limit as u8;
         match self.entries.get_mut(&(seg, block)) {
             Some(e) if e.fast == fast && e.gen == gen && e.hits > 0 => {
                 e.hits /= 2;
                 e.idle_passes = 0;
                 true
             }
-            Some(e)
-                if e.fast == fast && e.gen == gen && room && e.idle_passes < MAX_IDLE_PASSES =>
-            {
+            Some(e) if e.fast == fast && e.gen == gen && e.idle_passes < limit => {
                 e.idle_passes += 1;
                 true
             }
             _ => false,
+        }
+    }
+
+    /// Adapts how many passes an unread copy survives to how full the cache is (`fill`: the
+    /// blocks it holds over its share): more while it has room, fewer once it is at its share.
+    /// The copies dropped are then the ones unread longest, so the cache behaves like
+    /// least-recently-used over its whole share rather than over one pass of the log.
+    pub fn adapt(&mut self, fill: f64) {
+        if fill > 0.95 {
+            self.idle_limit = (self.idle_limit - 0.25).max(0.0);
+        } else if fill < 0.85 {
+            self.idle_limit = (self.idle_limit + 0.25).min(f64::from(MAX_IDLE_PASSES));
         }
     }
 
@@ -209,6 +227,47 @@ impl ReadCache {
     }
 }
 
+/// One bit per log block: read by a host since it was written. When the destager moves such
+/// a block to the capacity tier, it keeps a clean copy of it in the read cache (the read is
+/// the evidence; the copy costs a fast-tier write and spares the misses that would otherwise
+/// promote it again).
+pub struct ReadMarks {
+    words: Vec<AtomicU64>,
+    blocks: u64,
+}
+
+impl ReadMarks {
+    pub fn new(log_blocks: u64) -> ReadMarks {
+        ReadMarks {
+            words: (0..log_blocks.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            blocks: log_blocks,
+        }
+    }
+
+    fn word(&self, b: u64) -> Option<(&AtomicU64, u64)> {
+        (b < self.blocks).then(|| (&self.words[(b / 64) as usize], 1 << (b % 64)))
+    }
+
+    pub fn mark(&self, first: u64, n: u64) {
+        for (w, bit) in (first..first + n).filter_map(|b| self.word(b)) {
+            w.fetch_or(bit, Ordering::Relaxed);
+        }
+    }
+
+    pub fn clear(&self, first: u64, n: u64) {
+        for (w, bit) in (first..first + n).filter_map(|b| self.word(b)) {
+            w.fetch_and(!bit, Ordering::Relaxed);
+        }
+    }
+
+    pub fn is_marked(&self, b: u64) -> bool {
+        self.word(b)
+            .is_some_and(|(w, bit)| w.load(Ordering::Relaxed) & bit != 0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,6 +277,17 @@ mod tests {
             Arc::new((0..4).map(|_| AtomicU32::new(0)).collect()),
             1 << 16,
         )
+    }
+
+    #[test]
+    fn read_marks_are_per_block() {
+        let m = ReadMarks::new(130);
+        m.mark(62, 4);
+        assert!(!m.is_marked(61) && m.is_marked(62) && m.is_marked(65) && !m.is_marked(66));
+        m.clear(63, 2);
+        assert!(m.is_marked(62) && !m.is_marked(63) && !m.is_marked(64) && m.is_marked(65));
+        m.mark(129, 5); // past the end: ignored
+        assert!(m.is_marked(129) && !m.is_marked(130));
     }
 
     #[test]
@@ -239,21 +309,31 @@ mod tests {
         c.insert(2, 0, 1, 900, 0);
         assert_eq!(c.forget(2, 0, 1, 100), 0);
         assert_eq!(c.lookup(2, 0), Some(900));
-        assert!(c.take_second_chance(2, 0, 900, false));
+        c.adapt(1.0);
+        c.adapt(1.0);
+        c.adapt(1.0);
+        c.adapt(1.0);
+        c.adapt(1.0); // a full cache: the unread-pass allowance drops (4 -> 2.75)
+        assert!(c.take_second_chance(2, 0, 900), "read once: one more pass");
+        assert!(c.take_second_chance(2, 0, 900), "unread: 1 of 2 passes");
+        assert!(c.take_second_chance(2, 0, 900), "unread: 2 of 2 passes");
         assert!(
-            !c.take_second_chance(2, 0, 900, false),
-            "one chance per read"
+            !c.take_second_chance(2, 0, 900),
+            "unread beyond the allowance"
         );
-        // With room, an unread copy is kept for a few passes, and its history survives being
+        // A cache with room keeps unread copies longer, and a copy's history survives being
         // written again.
+        for _ in 0..1000 {
+            c.adapt(0.5);
+        }
         c.lookup(2, 0);
         c.insert(2, 0, 1, 950, 0);
         assert!(
-            c.take_second_chance(2, 0, 950, false),
+            c.take_second_chance(2, 0, 950),
             "the read before the rewrite was lost"
         );
-        let kept = (0..10)
-            .take_while(|_| c.take_second_chance(2, 0, 950, true))
+        let kept = (0..1000)
+            .take_while(|_| c.take_second_chance(2, 0, 950))
             .count();
         assert_eq!(kept, MAX_IDLE_PASSES as usize);
         assert_eq!(c.forget(2, 0, 1, 900), 0, "moved on since");

@@ -23,7 +23,7 @@ use crate::map::Loc;
 use crate::meta;
 use crate::policy::Mode;
 use crate::shared::{Counters, Shared, STATE_FAILED};
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, Sender};
 
 /// Log fill (cached copies included) at which the destager runs flat out whatever else holds.
 const PHYSICAL_FULL: f64 = 0.95;
@@ -43,6 +43,8 @@ pub struct Destager {
     pub(crate) maint: crate::maint::Maint,
     /// Promotions refused for want of cache room, as last seen.
     refused_seen: u64,
+    /// Sequential writes to put straight into segments (see bypass.rs).
+    pub(crate) bypass_rx: Receiver<crate::bypass::BypassJob>,
 }
 
 /// What the oldest log data says about tier-mode volumes.
@@ -57,7 +59,11 @@ enum TierTail {
 }
 
 impl Destager {
-    pub fn new(sh: Arc<Shared>, tx: Sender<WriteReq>) -> Destager {
+    pub fn new(
+        sh: Arc<Shared>,
+        tx: Sender<WriteReq>,
+        bypass_rx: Receiver<crate::bypass::BypassJob>,
+    ) -> Destager {
         let maint = crate::maint::Maint::new(&sh);
         Destager {
             sh,
@@ -67,6 +73,7 @@ impl Destager {
             gc_backoff_until: Instant::now(),
             maint,
             refused_seen: 0,
+            bypass_rx,
         }
     }
 
@@ -77,6 +84,7 @@ impl Destager {
             if stop || self.sh.state.load(Ordering::Acquire) == STATE_FAILED {
                 return;
             }
+            self.run_bypass();
             if let Err(e) = self.housekeeping() {
                 tracing::error!("index housekeeping: {e}");
                 self.idle(Duration::from_millis(200));
@@ -335,7 +343,8 @@ impl Destager {
         };
         let mut written = 0;
         for (seg, b, _) in &placed {
-            commit_destage(&self.sh, *seg, b)?;
+            let committed = commit_destage(&self.sh, *seg, b)?;
+            self.keep_read_copies(*seg, b, &committed);
             written += u64::from(b.used) * BLOCK_U64;
         }
         self.sh
@@ -513,7 +522,10 @@ impl Destager {
     }
 
     /// Allocates a segment for each builder of the stripe (one per device).
-    fn place(&self, stripe: Vec<Builder>) -> Result<Vec<(u32, Builder, u64)>, EngineError> {
+    pub(crate) fn place(
+        &self,
+        stripe: Vec<Builder>,
+    ) -> Result<Vec<(u32, Builder, u64)>, EngineError> {
         let mut placed = Vec::with_capacity(stripe.len());
         let mut segs = self.sh.segs.lock();
         for b in stripe {
@@ -570,12 +582,54 @@ impl Destager {
         Ok(freed)
     }
 
+    /// Blocks a host read while they were in the write log stay readable from the fast tier
+    /// after they move: a clean copy of each (from the segment just written, still in memory)
+    /// goes into the read cache, for volumes whose policy promotes at all. Never waits; a copy
+    /// with no room or no queue slot is skipped (the data is safe on the capacity tier).
+    fn keep_read_copies(&self, seg: u32, b: &Builder, committed: &[Committed]) {
+        if self.sh.cfg.read_cache_ratio <= 0.0 {
+            return;
+        }
+        let gen = self.sh.cache.lock().gen_of(seg);
+        for c in committed {
+            let Some(rt) = self.sh.head_runtime(c.layer) else {
+                continue;
+            };
+            if rt.policy().promote_after_reads == 0 {
+                continue;
+            }
+            let marked = |k: u64| self.sh.fast_read.is_marked(c.from + k);
+            let mut k = 0;
+            while k < c.len {
+                if !marked(k) {
+                    k += 1;
+                    continue;
+                }
+                let mut end = k + 1;
+                while end < c.len && marked(end) {
+                    end += 1;
+                }
+                let block = c.to_block + k as u32;
+                let n = end - k;
+                let at = block as usize * BLOCK;
+                let data = &b.data[at..at + (n * BLOCK_U64) as usize];
+                if self.sh.log.lock().cache_has_room(n)
+                    && crate::tiering::send_cache_copy(&self.tx, rt.id, seg, block, gen, data)
+                {
+                    self.sh.counters.kept_blocks.fetch_add(n, Ordering::Relaxed);
+                    rt.stats.kept_blocks.fetch_add(n, Ordering::Relaxed);
+                }
+                k = end;
+            }
+        }
+    }
+
     /// Cached copies the tail is about to pass that were read since they were written get
     /// written again at the head (a fast-tier write; nothing moves to the capacity tier).
     fn second_chance(&self, batches: usize) {
-        let (records, room): (Vec<RecMeta>, bool) = {
+        let (records, fill): (Vec<RecMeta>, f64) = {
             let log = self.sh.log.lock();
-            let room = (log.cache_blocks as f64) < 0.9 * log.cache_budget_blocks as f64;
+            let fill = log.cache_blocks as f64 / log.cache_budget_blocks.max(1) as f64;
             let records = log
                 .batches
                 .iter()
@@ -587,8 +641,11 @@ impl Destager {
                         .copied()
                 })
                 .collect();
-            (records, room)
+            (records, fill)
         };
+        if !records.is_empty() {
+            self.sh.cache.lock().adapt(fill);
+        }
         let mut pending = Vec::new();
         for r in records {
             let (seg, block0) = (r.layer, r.lba as u32);
@@ -599,7 +656,6 @@ impl Destager {
                         seg,
                         block0 + k,
                         r.data_start + u64::from(k),
-                        room,
                     )
                 };
                 if !keep(i) {
@@ -1114,10 +1170,21 @@ pub(crate) fn apply_tree_sets(
     Ok(())
 }
 
+/// A destaged run the index now points at: `len` blocks of `layer` at `to_block..` of the
+/// segment, moved from log blocks `from..`.
+struct Committed {
+    layer: u32,
+    to_block: u32,
+    from: u64,
+    len: u64,
+}
+
 /// Points the index at a destaged segment's copies (where the log copies are still the
-/// current ones), then drops those log copies from the fast maps.
-fn commit_destage(sh: &Shared, seg: u32, b: &Builder) -> Result<(), EngineError> {
+/// current ones), then drops those log copies from the fast maps. Returns the data runs it
+/// committed.
+fn commit_destage(sh: &Shared, seg: u32, b: &Builder) -> Result<Vec<Committed>, EngineError> {
     let mut sets = Vec::new();
+    let mut committed = Vec::new();
     let mut live = 0u64;
     {
         let idx = sh.index.read();
@@ -1132,6 +1199,14 @@ fn commit_destage(sh: &Shared, seg: u32, b: &Builder) -> Result<(), EngineError>
                         seg,
                         block: m.to_block + off as u32,
                     };
+                    if let Loc::Fast(from) = m.from {
+                        committed.push(Committed {
+                            layer: m.layer,
+                            to_block: m.to_block + off as u32,
+                            from: from + off,
+                            len: p.len,
+                        });
+                    }
                     sets.push(TreeSet {
                         layer: m.layer,
                         lba: p.lba,
@@ -1182,7 +1257,7 @@ fn commit_destage(sh: &Shared, seg: u32, b: &Builder) -> Result<(), EngineError>
     sh.counters
         .fast_live_blocks
         .fetch_sub(removed, Ordering::Relaxed);
-    Ok(())
+    Ok(committed)
 }
 
 /// Points the index at relocated copies (GC) where it still points at the old ones.

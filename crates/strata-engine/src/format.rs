@@ -650,6 +650,9 @@ pub enum RecordKind {
     /// A clean copy of capacity-tier blocks (the read cache): the layer field holds the
     /// segment, the offset the first block. Data follows; replay ignores it.
     Cache = 2,
+    /// The range was written straight to the capacity tier (a sequential write bypassing the
+    /// log; see bypass.rs): log copies older than this record are stale. No data.
+    Forget = 3,
 }
 
 /// One record header inside a log batch (64 bytes).
@@ -700,6 +703,7 @@ impl RecordHeader {
             0 => RecordKind::Write,
             1 => RecordKind::Zero,
             2 => RecordKind::Cache,
+            3 => RecordKind::Forget,
             _ => return None,
         };
         let seq = r.u64().ok()?;
@@ -724,7 +728,7 @@ impl RecordHeader {
     pub fn data_blocks(&self) -> u64 {
         match self.kind {
             RecordKind::Write | RecordKind::Cache => self.len_bytes / BLOCK_U64,
-            RecordKind::Zero => 0,
+            RecordKind::Zero | RecordKind::Forget => 0,
         }
     }
 }

@@ -9,6 +9,7 @@
 //! - a snapshot holds exactly the writes completed before it was taken;
 //! - after a crash or power loss, `open` restores every completed write.
 
+mod bypass;
 mod cache;
 mod capacity;
 mod ctree;
@@ -31,6 +32,8 @@ mod shared;
 mod space;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_bypass;
 #[cfg(test)]
 mod tests_scrub;
 #[cfg(test)]
@@ -62,6 +65,7 @@ pub use volumes::{SnapshotInfo, ViewInfo};
 
 use format::{RecordKind, BLOCK, BLOCK_U64};
 use log::WriteReq;
+use runtime::VolRuntime;
 use shared::{Shared, STATE_RUNNING, STATE_STOPPING};
 
 /// A volume or snapshot id (ids are never reused).
@@ -201,6 +205,8 @@ pub struct EngineStats {
 pub struct DiskGroup {
     sh: Arc<Shared>,
     tx: Mutex<Option<Sender<WriteReq>>>,
+    /// Sequential writes for the destager to put straight into segments (see bypass.rs).
+    bypass_tx: Sender<bypass::BypassJob>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     report: OpenReport,
 }
@@ -218,7 +224,8 @@ impl DiskGroup {
         let (tx, rx) = crossbeam_channel::bounded(log::QUEUE_DEPTH);
         let (tx_hot, rx_hot) = crossbeam_channel::bounded(log::QUEUE_DEPTH);
         let writer = log::LogWriter::new(sh.clone(), rx, rx_hot)?;
-        let destager = destage::Destager::new(sh.clone(), tx_hot);
+        let (bypass_tx, bypass_rx) = crossbeam_channel::bounded(bypass::BYPASS_QUEUE);
+        let destager = destage::Destager::new(sh.clone(), tx_hot, bypass_rx);
         let mut threads = writer.start()?;
         let t2 = std::thread::Builder::new()
             .name("strata-destage".into())
@@ -247,6 +254,7 @@ impl DiskGroup {
         Ok(Arc::new(DiskGroup {
             sh,
             tx: Mutex::new(Some(tx)),
+            bypass_tx,
             threads: Mutex::new(threads),
             report,
         }))
@@ -368,6 +376,9 @@ impl DiskGroup {
                             .read_fast_blocks
                             .fetch_add(p.len, Ordering::Relaxed);
                         sh.note_read_heat(h.rt, h.head, p.lba, p.len);
+                        if sh.cfg.read_cache_ratio > 0.0 {
+                            sh.fast_read.mark(b, p.len);
+                        }
                     }
                 }
                 Some(Loc::Cap { seg, block }) => {
@@ -511,7 +522,60 @@ impl DiskGroup {
         }
         let (b0, b1) = block_span(offset, data.len() as u64);
         let _r = self.sh.ranges.lock(head, b0, b1);
+        let whole =
+            offset.is_multiple_of(BLOCK_U64) && (data.len() as u64).is_multiple_of(BLOCK_U64);
+        if let Some(rt) = self.sh.runtime(vol) {
+            let stream = rt.writes.lock().note(offset, data.len() as u64);
+            if whole && bypass::wanted(&rt.policy(), stream, data.len() as u64) {
+                return self.write_bypass(&rt, head, b0, data);
+            }
+        }
         self.write_locked(vol, head, offset, data)
+    }
+
+    /// Writes whole blocks straight to the capacity tier (see bypass.rs); a part the destager
+    /// could not place goes through the log instead. Durable when it returns.
+    fn write_bypass(
+        &self,
+        rt: &VolRuntime,
+        head: u32,
+        lba: u64,
+        data: &[u8],
+    ) -> Result<(), EngineError> {
+        let geo = self.sh.layout.geo;
+        // One job per segment at most, leaving the summary entry room to spare.
+        let job_blocks = u64::from(geo.data_blocks).min(MAX_RECORD_BLOCKS);
+        let mut jobs = Vec::new();
+        for (k, chunk) in data.chunks((job_blocks * BLOCK_U64) as usize).enumerate() {
+            let at = lba + k as u64 * job_blocks;
+            let (done, wait) = crossbeam_channel::bounded(1);
+            let mut d = AlignedBuf::new_zeroed(chunk.len());
+            d.copy_from_slice(chunk);
+            let job = bypass::BypassJob {
+                layer: head,
+                lba: at,
+                data: d,
+                done,
+            };
+            let queued = self.bypass_tx.send(job).is_ok();
+            jobs.push((at, chunk, queued.then_some(wait)));
+        }
+        self.sh.wake_destager();
+        let mut waits = Vec::new();
+        for (at, chunk, wait) in jobs {
+            let nb = chunk.len() as u64 / BLOCK_U64;
+            let bypassed = wait.is_some_and(|w| matches!(w.recv(), Ok(Ok(()))));
+            if bypassed {
+                waits.push(self.submit(RecordKind::Forget, head, at, nb, None)?);
+                rt.stats.bypassed_blocks.fetch_add(nb, Ordering::Relaxed);
+            } else {
+                let mut d = AlignedBuf::new_zeroed(chunk.len());
+                d.copy_from_slice(chunk);
+                waits.push(self.submit(RecordKind::Write, head, at, nb, Some(d))?);
+            }
+        }
+        // (The log counts the Forget records' ranges as host writes.)
+        wait_all(waits)
     }
 
     /// Read-modify-write of the partial blocks at either end, then the whole blocks.
@@ -621,6 +685,14 @@ impl DiskGroup {
             Err(_) => return Err(done),
         };
         let (b0, n) = (offset / BLOCK_U64, data.len() as u64 / BLOCK_U64);
+        let rt = self.sh.runtime(vol);
+        if rt.as_ref().is_some_and(|rt| {
+            let stream = rt.writes.lock().peek(offset);
+            bypass::wanted(&rt.policy(), stream, data.len() as u64)
+        }) {
+            // Straight to the capacity tier: that waits, so on the caller's blocking path.
+            return Err(done);
+        }
         if !self.sh.ranges.try_claim(head, b0, b0 + n) {
             return Err(done);
         }
@@ -653,7 +725,12 @@ impl DiskGroup {
             vol: 0,
         };
         match tx.map(|t| t.try_send(req)) {
-            Some(Ok(())) => Ok(()),
+            Some(Ok(())) => {
+                if let Some(rt) = rt {
+                    rt.writes.lock().note(offset, data.len() as u64);
+                }
+                Ok(())
+            }
             _ => {
                 // Not queued (the request and its guard are dropped): release, hand back.
                 self.sh.ranges.release(key);

@@ -577,6 +577,7 @@ impl LogWriter {
         for (i, c) in crcs.iter().enumerate() {
             self.sh.fast_crcs[(meta.start + 1) as usize + i].store(*c, Ordering::Relaxed);
         }
+        self.sh.fast_read.clear(meta.start + 1, crcs.len() as u64);
         let displaced = apply_records(&self.sh, &meta.records);
         self.sh.release(&displaced);
         let cached: Vec<&RecMeta> = meta
@@ -644,6 +645,12 @@ pub fn apply_records(sh: &Shared, records: &[RecMeta]) -> Vec<(u64, u64, Loc)> {
                 RecordKind::Zero => Loc::Zero(r.seq),
                 // Clean copies are not volume data (see cache.rs).
                 RecordKind::Cache => continue,
+                // Written to the capacity tier since: the capacity index has the data, and
+                // the older log copies must not shadow it (at runtime they are gone already).
+                RecordKind::Forget => {
+                    displaced.extend(l.fast.set(r.lba, r.nblocks, None));
+                    continue;
+                }
             };
             let d = l.fast.set(r.lba, r.nblocks, Some(loc));
             if r.kind == RecordKind::Write && !r.relocation {

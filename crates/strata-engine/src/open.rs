@@ -296,6 +296,7 @@ fn new_shared(
         destager_stop: AtomicBool::new(false),
         heat: Mutex::new(Default::default()),
         cache: Mutex::new(crate::cache::ReadCache::new(seg_gen, layout_log_blocks)),
+        fast_read: crate::cache::ReadMarks::new(layout_log_blocks),
         vols: RwLock::new(Default::default()),
         destage_wake: Condvar::new(),
         destage_wake_lock: Mutex::new(false),
@@ -394,8 +395,9 @@ fn apply_recent(sh: &Shared, recent: &[u32]) -> Result<usize, EngineError> {
             }),
             RecordKind::Zero if parent => Some(Loc::Zero(0)),
             RecordKind::Zero => None,
-            // Summaries never hold cached copies (their decoder refuses the kind).
-            RecordKind::Cache => continue,
+            // Summaries never hold cached copies or forget records (their decoder refuses
+            // those kinds).
+            RecordKind::Cache | RecordKind::Forget => continue,
         };
         apply_tree_sets(
             sh,

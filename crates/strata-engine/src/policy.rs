@@ -33,6 +33,10 @@ pub struct Policy {
     pub iops_limit: u64,
     /// Bytes per second allowed (0: no limit); requests over it wait.
     pub bandwidth_limit_bytes_per_s: u64,
+    /// Cache mode: writes of at least `BYPASS_MIN_BYTES` that continue a sequential stream
+    /// already this long go straight to the capacity tier (0: never; see `bypass.rs`).
+    #[serde(default)]
+    pub sequential_write_cutoff_bytes: u64,
 }
 
 impl Default for Policy {
@@ -46,13 +50,15 @@ impl Default for Policy {
             promote_sequential_cutoff_bytes: 4 << 20,
             iops_limit: 0,
             bandwidth_limit_bytes_per_s: 0,
+            sequential_write_cutoff_bytes: 0,
         }
     }
 }
 
 /// Region whose reads are counted together for promotion (64 KiB).
 pub const PROMOTE_REGION_BLOCKS: u64 = 16;
-const ENCODING_VERSION: u8 = 1;
+/// Version 2 added `sequential_write_cutoff_bytes` at the end; version 1 is still read.
+const ENCODING_VERSION: u8 = 2;
 
 impl Policy {
     pub fn validate(&self) -> Result<(), EngineError> {
@@ -85,6 +91,7 @@ impl Policy {
         w.u64(self.promote_window_s)
             .u64(self.promote_sequential_cutoff_bytes);
         w.u64(self.iops_limit).u64(self.bandwidth_limit_bytes_per_s);
+        w.u64(self.sequential_write_cutoff_bytes);
         w.buf
     }
 
@@ -94,7 +101,7 @@ impl Policy {
         }
         let mut r = Reader::new(b);
         let version = r.u8()?;
-        if version != ENCODING_VERSION {
+        if version != 1 && version != ENCODING_VERSION {
             return Err(EngineError::Format(format!(
                 "volume policy encoding {version} is not known to this build"
             )));
@@ -117,6 +124,7 @@ impl Policy {
             promote_sequential_cutoff_bytes: r.u64()?,
             iops_limit: r.u64()?,
             bandwidth_limit_bytes_per_s: r.u64()?,
+            sequential_write_cutoff_bytes: if version >= 2 { r.u64()? } else { 0 },
         })
     }
 }
@@ -171,11 +179,18 @@ mod tests {
             tier_min_age_s: 60,
             iops_limit: 500,
             promote_after_reads: 3,
+            sequential_write_cutoff_bytes: 8 << 20,
             ..Policy::default()
         };
         let b = p.encode();
         assert!(b.len() <= crate::format::MAX_POLICY_BYTES);
         assert_eq!(Policy::decode(&b).unwrap(), p);
+        // Version 1 (before the write cutoff) still reads, with the cutoff off.
+        let mut v1 = b[..b.len() - 8].to_vec();
+        v1[0] = 1;
+        let old = Policy::decode(&v1).unwrap();
+        assert_eq!(old.sequential_write_cutoff_bytes, 0);
+        assert_eq!(old.iops_limit, 500);
         assert!(Policy::decode(&[9]).is_err());
         let bad = Policy {
             promote_after_reads: 2,

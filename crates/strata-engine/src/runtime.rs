@@ -23,6 +23,10 @@ pub struct VolStats {
     pub read_capacity_blocks: AtomicU64,
     pub promoted_blocks: AtomicU64,
     pub evicted_blocks: AtomicU64,
+    /// Blocks read while in the write log and kept as clean copies when they were destaged.
+    pub kept_blocks: AtomicU64,
+    /// Blocks of sequential writes that went straight to the capacity tier.
+    pub bypassed_blocks: AtomicU64,
     /// Data destaged after staying on the fast tier for a while (see RESIDENCY_BUCKETS).
     pub residency: [AtomicU64; RESIDENCY_BUCKETS],
     /// Sum over those blocks of their time on the fast tier, block-milliseconds.
@@ -43,6 +47,14 @@ pub struct VolumeFigures {
     pub fast_read_hit_ratio: Option<f64>,
     pub promoted_bytes: u64,
     pub evicted_bytes: u64,
+    /// Data read while in the write log whose clean copy stayed on the fast tier when it was
+    /// destaged (a copy in the read cache, like a promoted one).
+    #[serde(default)]
+    pub kept_bytes: u64,
+    /// Sequential writes past the volume's write cutoff that went straight to the capacity
+    /// tier.
+    #[serde(default)]
+    pub bypassed_bytes: u64,
     /// Time the volume's requests waited for its IOPS and bandwidth limits.
     pub limited_wait_ms: u64,
     /// Bucket i counts 4 KiB blocks destaged after less than 2^i seconds on the fast tier; the
@@ -68,6 +80,8 @@ impl VolStats {
             fast_read_hit_ratio: (total > 0).then(|| (fast + cached) as f64 / total as f64),
             promoted_bytes: b(&self.promoted_blocks),
             evicted_bytes: b(&self.evicted_blocks),
+            kept_bytes: b(&self.kept_blocks),
+            bypassed_bytes: b(&self.bypassed_blocks),
             limited_wait_ms: self.limited_wait_ms.load(Ordering::Relaxed),
             residency_seconds_log2: self
                 .residency
@@ -105,6 +119,15 @@ impl SeqRun {
         self.run_bytes = before + len;
         self.next_offset = offset + len;
         before
+    }
+
+    /// The length of the run a request at `offset` would continue, without noting it.
+    pub fn peek(&self, offset: u64) -> u64 {
+        if offset == self.next_offset {
+            self.run_bytes
+        } else {
+            0
+        }
     }
 }
 
@@ -175,6 +198,7 @@ pub struct VolRuntime {
     pub stats: VolStats,
     pub limiter: Mutex<Limiter>,
     pub reads: Mutex<SeqRun>,
+    pub writes: Mutex<SeqRun>,
 }
 
 impl VolRuntime {
@@ -185,6 +209,7 @@ impl VolRuntime {
             stats: VolStats::default(),
             limiter: Mutex::new(Limiter::default()),
             reads: Mutex::new(SeqRun::default()),
+            writes: Mutex::new(SeqRun::default()),
         }
     }
 

@@ -144,6 +144,10 @@ pub struct Counters {
     pub read_cached_bytes: AtomicU64,
     pub promoted_blocks: AtomicU64,
     pub evicted_blocks: AtomicU64,
+    /// Blocks read while in the write log whose clean copy was kept when they were destaged.
+    pub kept_blocks: AtomicU64,
+    /// Bytes of sequential writes written straight to the capacity tier.
+    pub bypassed_bytes: AtomicU64,
     /// Promotions the evidence asked for but the cache's share of the log had no room for.
     pub promotions_refused: AtomicU64,
     pub fast_live_blocks: AtomicU64,
@@ -246,6 +250,8 @@ pub struct Shared {
     pub write_counter_at_open: Vec<u64>,
     /// Clean copies of capacity blocks in the log area (see cache.rs).
     pub cache: Mutex<crate::cache::ReadCache>,
+    /// Log blocks read by a host since they were written (see `cache::ReadMarks`).
+    pub fast_read: crate::cache::ReadMarks,
     /// Per volume: policy, limits, figures (rebuilt from the volume table on every change).
     pub vols: RwLock<crate::runtime::Runtimes>,
 }

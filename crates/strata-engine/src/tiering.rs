@@ -13,6 +13,7 @@ use crate::policy::{Mode, Policy};
 use crate::runtime::{Runtimes, VolRuntime, VolumeFigures};
 use crate::shared::Shared;
 use crate::{validate_name, validate_size, DiskGroup, VolumeId, VolumeInfo};
+use crossbeam_channel::Sender;
 
 impl Shared {
     /// Rebuilds the per-volume runtime state from the volume table, keeping the figures and
@@ -120,22 +121,7 @@ impl DiskGroup {
         let Some(tx) = self.tx.lock().clone() else {
             return;
         };
-        let mut d = AlignedBuf::new_zeroed(data.len());
-        d.copy_from_slice(data);
-        let req = WriteReq {
-            kind: RecordKind::Cache,
-            layer: seg,
-            lba: u64::from(block),
-            nblocks: n,
-            data: Some(d),
-            done: crate::log::Done::Call(Box::new(|_| {})),
-            no_wait: true,
-            relocation: true,
-            born_ms: None,
-            cache_gen: gen,
-            vol: rt.map_or(0, |rt| rt.id),
-        };
-        if tx.try_send(req).is_ok() {
+        if send_cache_copy(&tx, rt.map_or(0, |rt| rt.id), seg, block, gen, data) {
             self.sh
                 .counters
                 .promoted_blocks
@@ -145,4 +131,32 @@ impl DiskGroup {
             }
         }
     }
+}
+
+/// Queues a clean copy of capacity blocks `block..` of `seg` (as of generation `gen`) for the
+/// log, never waiting for the queue or for log space; false when it was not queued.
+pub(crate) fn send_cache_copy(
+    tx: &Sender<WriteReq>,
+    vol: u32,
+    seg: u32,
+    block: u32,
+    gen: u32,
+    data: &[u8],
+) -> bool {
+    let mut d = AlignedBuf::new_zeroed(data.len());
+    d.copy_from_slice(data);
+    let req = WriteReq {
+        kind: RecordKind::Cache,
+        layer: seg,
+        lba: u64::from(block),
+        nblocks: data.len() as u64 / BLOCK_U64,
+        data: Some(d),
+        done: crate::log::Done::Call(Box::new(|_| {})),
+        no_wait: true,
+        relocation: true,
+        born_ms: None,
+        cache_gen: gen,
+        vol,
+    };
+    tx.try_send(req).is_ok()
 }

@@ -39,6 +39,8 @@ pub struct PolicyPatch {
     pub iops_limit: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth_limit_bytes_per_s: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequential_write_cutoff_bytes: Option<u64>,
 }
 
 impl PolicyPatch {
@@ -57,6 +59,9 @@ impl PolicyPatch {
             bandwidth_limit_bytes_per_s: self
                 .bandwidth_limit_bytes_per_s
                 .unwrap_or(base.bandwidth_limit_bytes_per_s),
+            sequential_write_cutoff_bytes: self
+                .sequential_write_cutoff_bytes
+                .unwrap_or(base.sequential_write_cutoff_bytes),
         }
     }
 

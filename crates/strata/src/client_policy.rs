@@ -64,12 +64,21 @@ pub fn policy_lines(p: &Policy) -> String {
             format_size(p.promote_sequential_cutoff_bytes)
         )
     };
+    let bypass = if p.sequential_write_cutoff_bytes == 0 {
+        "never".to_string()
+    } else {
+        format!(
+            "writes of 128K+ past {} sequential (cache mode)",
+            format_size(p.sequential_write_cutoff_bytes)
+        )
+    };
     format!(
-        "policy:      {}\ntier when:   older than {} and heat <= {}\npromote:     {}\nlimits:      {} IOPS, {} bandwidth\n",
+        "policy:      {}\ntier when:   older than {} and heat <= {}\npromote:     {}\nbypass log:  {}\nlimits:      {} IOPS, {} bandwidth\n",
         mode_name(p.mode),
         format_seconds(p.tier_min_age_s),
         p.tier_max_cold_heat,
         promote,
+        bypass,
         limit(p.iops_limit, |n| n.to_string()),
         limit(p.bandwidth_limit_bytes_per_s, |n| format!("{}/s", format_size(n))),
     )
@@ -81,12 +90,14 @@ pub fn figures_lines(f: &FiguresJson) -> String {
         .fast_read_hit_ratio
         .map_or_else(|| "- (no reads of stored data yet)".into(), |r| format!("{:.1}%", r * 100.0));
     format!(
-        "hit ratio:   {hit} ({} log, {} cached, {} capacity)\npromoted:    {}, evicted {}\nlimited:     {} ms waited\nresidency:   {}\n",
+        "hit ratio:   {hit} ({} log, {} cached, {} capacity)\npromoted:    {}, kept at destage {}, evicted {}\nbypassed:    {}\nlimited:     {} ms waited\nresidency:   {}\n",
         format_size(f.read_fast_bytes),
         format_size(f.read_cached_bytes),
         format_size(f.read_capacity_bytes),
         format_size(f.promoted_bytes),
+        format_size(f.kept_bytes),
         format_size(f.evicted_bytes),
+        format_size(f.bypassed_bytes),
         f.limited_wait_ms,
         residency(&f.residency_seconds_log2),
     )

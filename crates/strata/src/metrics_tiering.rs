@@ -50,8 +50,10 @@ pub fn render_volumes(e: &mut Exposition, rows: &[TieringRow]) {
             e.sample(name, &[("volume", &r.name), ("source", source)], bytes as f64);
         }
     }
-    let counters: [Counter; 3] = [
+    let counters: [Counter; 5] = [
         ("strata_volume_promoted_bytes_total", "Bytes of the volume copied from the capacity tier into the read cache.", |r| r.figures.promoted_bytes as f64),
+        ("strata_volume_kept_bytes_total", "Bytes of the volume read while in the write log whose clean copy stayed in the read cache when they were destaged.", |r| r.figures.kept_bytes as f64),
+        ("strata_volume_bypassed_bytes_total", "Bytes of the volume's sequential writes that went straight to the capacity tier (policy sequential_write_cutoff_bytes).", |r| r.figures.bypassed_bytes as f64),
         ("strata_volume_evicted_bytes_total", "Bytes of the volume's cached copies dropped from the read cache.", |r| r.figures.evicted_bytes as f64),
         ("strata_volume_limited_wait_seconds_total", "Time the volume's requests waited for its IOPS and bandwidth limits.", |r| r.figures.limited_wait_ms as f64 / 1e3),
     ];

@@ -42,6 +42,10 @@ pub struct PolicyArgs {
     /// Bytes per second allowed (e.g. 64M); 0: no limit [default: 0].
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     pub bandwidth_limit: Option<u64>,
+    /// Cache mode: writes of 128 KiB or more continuing a sequential stream longer than this go
+    /// straight to the capacity tier (e.g. 8M); 0: never [default: 0].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    pub sequential_write_cutoff: Option<u64>,
 }
 
 impl PolicyArgs {
@@ -59,6 +63,7 @@ impl PolicyArgs {
             promote_sequential_cutoff_bytes: self.promote_sequential_cutoff,
             iops_limit: self.iops_limit,
             bandwidth_limit_bytes_per_s: self.bandwidth_limit,
+            sequential_write_cutoff_bytes: self.sequential_write_cutoff,
         }
     }
 }

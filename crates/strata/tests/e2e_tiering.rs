@@ -52,7 +52,7 @@ fn policies_are_set_changed_checked_and_kept_across_a_restart() {
         "mode": "tier", "tier_min_age_s": 1800, "tier_max_cold_heat": 2,
         "promote_after_reads": 3, "promote_window_s": 600,
         "promote_sequential_cutoff_bytes": 8 << 20, "iops_limit": 500,
-        "bandwidth_limit_bytes_per_s": 64 << 20,
+        "bandwidth_limit_bytes_per_s": 64 << 20, "sequential_write_cutoff_bytes": 0,
     });
     assert_eq!(policy(&daemon, "tiered"), want);
     let v = info(&daemon, "tiered");
@@ -181,6 +181,38 @@ fn reads_of_capacity_data_are_promoted_and_served_from_the_read_cache() {
     let out = run_with_stdin(&mut cmd("promtool", &["check", "metrics"]), Some(text.into_bytes()), CMD_TIMEOUT);
     let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && report.trim().is_empty(), "promtool: {report}");
+}
+
+#[test]
+fn sequential_writes_past_the_cutoff_go_straight_to_the_capacity_tier() {
+    if !require_tools(&["qemu-io"]) {
+        return;
+    }
+    let mut daemon = Daemon::start(DaemonOpts {
+        extra_args: vec!["--default-volume-size".into(), "0".into()],
+        ..DaemonOpts::default()
+    });
+    daemon.cli_ok(&["volume", "create", "seq", "--size", "64M", "--sequential-write-cutoff", "4M"]);
+    assert_eq!(policy(&daemon, "seq")["sequential_write_cutoff_bytes"], 4 << 20);
+    let text = daemon.cli_ok(&["volume", "info", "seq"]);
+    assert!(text.contains("bypass log:  writes of 128K+ past 4 MiB sequential"), "{text}");
+    // Older copies in the write log first (scattered 4 KiB writes), then one sequential stream
+    // of 1 MiB writes over them: past its first 4 MiB it bypasses the log.
+    let uri = daemon.nbd_uri("seq");
+    let old: Vec<String> = (0..24u64).map(|i| format!("write -P 0x11 {} 4096", ((i * 5) % 24) * MIB + 8192)).collect();
+    qemu_io_ok(&uri, &old.iter().map(String::as_str).collect::<Vec<_>>());
+    let stream: Vec<String> = (0..24u64).map(|i| format!("write -P 0x33 {} 1M", i * MIB)).collect();
+    qemu_io_ok(&uri, &stream.iter().map(String::as_str).collect::<Vec<_>>());
+    let f = info(&daemon, "seq")["figures"].clone();
+    let bypassed = f["bypassed_bytes"].as_u64().unwrap_or(0);
+    assert!((16 * MIB..=20 * MIB).contains(&bypassed), "bypassed {bypassed} of the 24 MiB stream: {f:#}");
+    let text = get(&format!("{}/metrics", daemon.http_url())).body;
+    assert_eq!(metric(&text, "strata_volume_bypassed_bytes_total{volume=\"seq\"}"), bypassed as f64);
+    qemu_io_ok(&uri, &["read -P 0x33 0 24M"]);
+    // A power cut: the older log copies are replayed, and must not shadow the stream.
+    daemon.kill9();
+    daemon.restart();
+    qemu_io_ok(&daemon.nbd_uri("seq"), &["read -P 0x33 0 24M"]);
 }
 
 #[test]

@@ -1,0 +1,146 @@
+//! Sequential writes past a cache-mode volume's write cutoff go straight to the capacity tier:
+//! they are durable, read back, win over older log copies across a power cut, and lose to
+//! newer writes.
+
+use std::time::Duration;
+
+use strata_device::Device;
+
+use crate::tests::{small_cfg, Rig, MIB};
+use crate::*;
+
+const KIB: u64 = 1024;
+
+fn tagged(at: u64, len: usize, tag: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((at as usize + i) / 4096) as u8 ^ tag)
+        .collect()
+}
+
+fn check(dg: &DiskGroup, v: VolumeId, at: u64, want: &[u8], what: &str) {
+    let mut got = vec![0u8; want.len()];
+    dg.read(v, at, &mut got)
+        .unwrap_or_else(|e| panic!("{what}: read at {at}: {e}"));
+    if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
+        panic!(
+            "{what}: byte {} (block {}) is {:#x}, expected {:#x}",
+            at as usize + i,
+            (at as usize + i) / 4096,
+            got[i],
+            want[i]
+        );
+    }
+}
+
+fn bypassing(cutoff: u64) -> Policy {
+    Policy {
+        sequential_write_cutoff_bytes: cutoff,
+        ..Policy::default()
+    }
+}
+
+/// A group whose destager leaves the log alone (high marks), so older copies stay there.
+fn rig(seed: u64) -> Rig {
+    let cfg = EngineConfig {
+        fill_ratio_low: 0.9,
+        fill_ratio_high: 0.95,
+        ..small_cfg()
+    };
+    Rig::new(32 * MIB, &[48 * MIB], cfg, seed)
+}
+
+#[test]
+fn sequential_writes_past_the_cutoff_bypass_the_log_and_survive_a_power_cut() {
+    let mut rig = rig(91);
+    let v = rig
+        .dg()
+        .create_volume_with_policy("s", 8 * MIB, &bypassing(MIB))
+        .unwrap()
+        .id;
+    let span = 4 * MIB as usize;
+    let kib256 = 256 * KIB as usize;
+    // Older copies of the whole range in the log: 4 KiB writes, backwards (no stream).
+    for b in (0..span / 4096).rev() {
+        let at = (b * 4096) as u64;
+        rig.dg().write(v, at, &tagged(at, 4096, 1)).unwrap();
+    }
+    // The same range again as one sequential stream of 256 KiB writes: the first MiB goes
+    // through the log (the stream is not yet longer than the cutoff), the rest bypasses it.
+    let fast_before = rig.fast.stats().write_bytes;
+    for at in (0..span).step_by(kib256) {
+        let at = at as u64;
+        rig.dg().write(v, at, &tagged(at, kib256, 2)).unwrap();
+    }
+    let fast_written = rig.fast.stats().write_bytes - fast_before;
+    let f = rig.dg().volume_figures("s").unwrap();
+    assert_eq!(f.bypassed_bytes, 3 * MIB, "the stream past its first MiB");
+    assert!(
+        fast_written < 2 * MIB,
+        "the fast tier took {fast_written} bytes: more than the log's first MiB and records"
+    );
+    check(rig.dg(), v, 0, &tagged(0, span, 2), "after the stream");
+    // A newer small write inside the bypassed part wins over it.
+    let newer = (2 * MIB + 8192) as u64;
+    rig.dg().write(v, newer, &tagged(newer, 4096, 3)).unwrap();
+    let mut model = tagged(0, span, 2);
+    model[newer as usize..newer as usize + 4096].copy_from_slice(&tagged(newer, 4096, 3));
+    check(rig.dg(), v, 0, &model, "after a newer write");
+
+    // Recovery replays the older log copies, and the forget records drop them again.
+    rig.power_cut_and_restart();
+    check(rig.dg(), v, 0, &model, "after a power cut");
+    assert!(rig.dg().destage_all(Duration::from_secs(20)));
+    rig.power_cut_and_restart();
+    check(
+        rig.dg(),
+        v,
+        0,
+        &model,
+        "after destage and another power cut",
+    );
+    rig.clean_restart();
+    check(rig.dg(), v, 0, &model, "after a clean restart");
+}
+
+#[test]
+fn short_small_or_tier_mode_writes_use_the_log() {
+    let rig = rig(92);
+    let dg = rig.dg();
+    let off = dg.create_volume("off", 8 * MIB).unwrap().id;
+    let small = dg
+        .create_volume_with_policy("small", 8 * MIB, &bypassing(MIB))
+        .unwrap()
+        .id;
+    let tier = Policy {
+        mode: Mode::Tier,
+        ..bypassing(MIB)
+    };
+    let t = dg
+        .create_volume_with_policy("tier", 8 * MIB, &tier)
+        .unwrap()
+        .id;
+    for at in (0..4 * MIB).step_by(256 * KIB as usize) {
+        dg.write(off, at, &tagged(at, 256 * KIB as usize, 5))
+            .unwrap();
+        dg.write(t, at, &tagged(at, 256 * KIB as usize, 6)).unwrap();
+    }
+    // 64 KiB writes: a long stream, but each write below the bypass minimum.
+    for at in (0..4 * MIB).step_by(64 * KIB as usize) {
+        dg.write(small, at, &tagged(at, 64 * KIB as usize, 7))
+            .unwrap();
+    }
+    for name in ["off", "small", "tier"] {
+        assert_eq!(dg.volume_figures(name).unwrap().bypassed_bytes, 0, "{name}");
+    }
+    check(dg, off, 0, &tagged(0, 4 * MIB as usize, 5), "off");
+    check(dg, t, 0, &tagged(0, 4 * MIB as usize, 6), "tier");
+    check(dg, small, 0, &tagged(0, 4 * MIB as usize, 7), "small");
+    // Turned on later, the cutoff applies at once.
+    dg.set_policy("off", &bypassing(MIB)).unwrap();
+    for at in (0..4 * MIB).step_by(512 * KIB as usize) {
+        dg.write(off, at, &tagged(at, 512 * KIB as usize, 8))
+            .unwrap();
+    }
+    assert_eq!(dg.volume_figures("off").unwrap().bypassed_bytes, 3 * MIB);
+    check(dg, off, 0, &tagged(0, 4 * MIB as usize, 8), "off, then on");
+}
