@@ -26,12 +26,13 @@ use crossbeam_channel::Sender;
 use strata_device::AlignedBuf;
 
 use crate::capacity::{write_stripe, Builder};
-use crate::destage::{apply_tree_sets, Destager, TreeSet};
+use crate::destage::{apply_tree_sets, gc_trigger, Destager, TreeSet};
 use crate::error::EngineError;
 use crate::format::{BLOCK, BLOCK_U64};
 use crate::map::Loc;
 use crate::meta;
 use crate::policy::{Mode, Policy};
+use crate::shared::Shared;
 
 /// Writes smaller than this never bypass the log (each job takes a segment of its own when
 /// nothing else is queued with it).
@@ -51,12 +52,15 @@ pub struct BypassJob {
 }
 
 /// Whether a whole-block write of `len` bytes, continuing a sequential stream of
-/// `stream_bytes`, goes straight to the capacity tier under this policy.
-pub fn wanted(p: &Policy, stream_bytes: u64, len: u64) -> bool {
+/// `stream_bytes`, goes straight to the capacity tier under this policy: only while the
+/// capacity tier has free segments to spare (a bypassed burst may leave part of a segment to
+/// garbage collection; when space runs short, the log packs segments full instead).
+pub fn wanted(sh: &Shared, p: &Policy, stream_bytes: u64, len: u64) -> bool {
     p.mode == Mode::Cache
         && p.sequential_write_cutoff_bytes > 0
         && stream_bytes >= p.sequential_write_cutoff_bytes
         && len >= BYPASS_MIN_BYTES
+        && sh.segs.lock().free_count() > 2 * gc_trigger(sh)
 }
 
 impl Destager {

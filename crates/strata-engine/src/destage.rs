@@ -587,7 +587,7 @@ impl Destager {
     /// goes into the read cache, for volumes whose policy promotes at all. Never waits; a copy
     /// with no room or no queue slot is skipped (the data is safe on the capacity tier).
     fn keep_read_copies(&self, seg: u32, b: &Builder, committed: &[Committed]) {
-        if self.sh.cfg.read_cache_ratio <= 0.0 {
+        if self.sh.cfg.read_cache_ratio <= 0.0 || self.forced() {
             return;
         }
         let gen = self.sh.cache.lock().gen_of(seg);
@@ -643,9 +643,14 @@ impl Destager {
                 .collect();
             (records, fill)
         };
-        if !records.is_empty() {
-            self.sh.cache.lock().adapt(fill);
+        if records.is_empty() {
+            return;
         }
+        // Draining empties the log: every copy the tail passes is dropped.
+        if self.forced() {
+            return;
+        }
+        self.sh.cache.lock().adapt(fill);
         let mut pending = Vec::new();
         for r in records {
             let (seg, block0) = (r.layer, r.lba as u32);
@@ -957,22 +962,39 @@ fn live_runs(sh: &Shared, b: &BatchMeta) -> Vec<(usize, u64, u64)> {
     out
 }
 
-/// Zero records of a batch that still make some block read as zeros.
-fn live_zero_records<'b>(sh: &Shared, b: &'b BatchMeta) -> Vec<&'b RecMeta> {
+/// A piece of a zero record that still makes its blocks read as zeros.
+struct LiveZero {
+    layer: u32,
+    lba: u64,
+    nblocks: u64,
+    seq: u64,
+}
+
+/// The pieces of a batch's zero records still in effect. Only those pieces go into a
+/// segment's summary: a whole record could, at recovery, zero blocks written since by a write
+/// that reached the index before it (a bypassed write, see bypass.rs).
+fn live_zero_records(sh: &Shared, b: &BatchMeta) -> Vec<LiveZero> {
     let idx = sh.index.read();
-    b.records
-        .iter()
-        .filter(|r| r.kind == RecordKind::Zero && idx.layer_live(r.layer))
-        .filter(|r| {
-            let Some(l) = idx.layers.get(&r.layer) else {
-                return false;
-            };
-            l.fast
-                .lookup(r.lba, r.nblocks)
-                .iter()
-                .any(|p| p.loc == Some(Loc::Zero(r.seq)))
-        })
-        .collect()
+    let mut out = Vec::new();
+    for r in &b.records {
+        if r.kind != RecordKind::Zero || !idx.layer_live(r.layer) {
+            continue;
+        }
+        let Some(l) = idx.layers.get(&r.layer) else {
+            continue;
+        };
+        for p in l.fast.lookup(r.lba, r.nblocks) {
+            if p.loc == Some(Loc::Zero(r.seq)) {
+                out.push(LiveZero {
+                    layer: r.layer,
+                    lba: p.lba,
+                    nblocks: p.len,
+                    seq: r.seq,
+                });
+            }
+        }
+    }
+    out
 }
 
 /// One live run read from the log, ready to go into a segment.
@@ -987,8 +1009,7 @@ struct LiveRun<'a> {
 
 /// Reads each planned batch's data with one sequential read, then lays the live runs of all
 /// of them into the stripe's segments in address order (coalescing by address), followed by
-/// the zero records still in effect (whole: recovery applies them in sequence order, so newer
-/// data over part of one still wins).
+/// the pieces of zero records still in effect.
 fn build_stripe(
     sh: &Shared,
     plan: &[Planned<'_>],

@@ -526,7 +526,7 @@ impl DiskGroup {
             offset.is_multiple_of(BLOCK_U64) && (data.len() as u64).is_multiple_of(BLOCK_U64);
         if let Some(rt) = self.sh.runtime(vol) {
             let stream = rt.writes.lock().note(offset, data.len() as u64);
-            if whole && bypass::wanted(&rt.policy(), stream, data.len() as u64) {
+            if whole && bypass::wanted(&self.sh, &rt.policy(), stream, data.len() as u64) {
                 return self.write_bypass(&rt, head, b0, data);
             }
         }
@@ -688,7 +688,7 @@ impl DiskGroup {
         let rt = self.sh.runtime(vol);
         if rt.as_ref().is_some_and(|rt| {
             let stream = rt.writes.lock().peek(offset);
-            bypass::wanted(&rt.policy(), stream, data.len() as u64)
+            bypass::wanted(&self.sh, &rt.policy(), stream, data.len() as u64)
         }) {
             // Straight to the capacity tier: that waits, so on the caller's blocking path.
             return Err(done);
