@@ -38,8 +38,11 @@ pub struct CacheEntry {
     pub idle_passes: u8,
 }
 
-/// The most passes of the log tail an unread copy survives (when the cache has room).
-pub const MAX_IDLE_PASSES: u8 = 64;
+/// The most passes of the log tail an unread copy survives (when the cache has room). More
+/// lets the cache fill more of its share, but every pass writes each kept copy again and a
+/// fuller log makes host writes wait: 64 gave higher hit ratios for a minute or two, then
+/// host write latency ~100x worse (docs/BENCHMARKS.md, tiering).
+pub const MAX_IDLE_PASSES: u8 = 16;
 /// Passes an unread copy survives when a cache starts.
 const START_IDLE_PASSES: f64 = 4.0;
 
