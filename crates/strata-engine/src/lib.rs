@@ -668,13 +668,16 @@ impl DiskGroup {
         if !whole || data.len() as u64 > max_bytes || self.sh.check_running().is_err() {
             return Err(done);
         }
-        // Over its limits, the volume's write waits (on the caller's blocking path).
-        if self
-            .sh
-            .runtime(vol)
-            .is_some_and(|rt| !rt.try_admit(&*self.sh.cfg.clock, data.len() as u64))
-        {
-            return Err(done);
+        let rt = self.sh.runtime(vol);
+        if let Some(rt) = &rt {
+            // Straight to the capacity tier, or over its limits: the write waits, so it goes
+            // on the caller's blocking path (checked before taking a token it would take again).
+            let stream = rt.writes.lock().peek(offset);
+            if bypass::wanted(&self.sh, &rt.policy(), stream, data.len() as u64)
+                || !rt.try_admit(&*self.sh.cfg.clock, data.len() as u64)
+            {
+                return Err(done);
+            }
         }
         let gate = self.sh.gate(vol);
         let Some(quiet) = gate.try_read_arc() else {
@@ -685,14 +688,6 @@ impl DiskGroup {
             Err(_) => return Err(done),
         };
         let (b0, n) = (offset / BLOCK_U64, data.len() as u64 / BLOCK_U64);
-        let rt = self.sh.runtime(vol);
-        if rt.as_ref().is_some_and(|rt| {
-            let stream = rt.writes.lock().peek(offset);
-            bypass::wanted(&self.sh, &rt.policy(), stream, data.len() as u64)
-        }) {
-            // Straight to the capacity tier: that waits, so on the caller's blocking path.
-            return Err(done);
-        }
         if !self.sh.ranges.try_claim(head, b0, b0 + n) {
             return Err(done);
         }
