@@ -246,6 +246,22 @@ fn saturate(dir: &Path, secs: u64, cap_mb_s: u64) -> Result<(), String> {
                 st.log_fill_ratio,
             );
             samples.push(now);
+            if std::env::var("STRATA_BENCH_TRACE").is_ok() {
+                eprintln!(
+                    "t {:.1} fill {:.2} bw {:.1} MB/s destaged {} MiB capacity wrote {} MiB host {} MiB gc {:?}",
+                    now.0,
+                    now.2,
+                    st.destage_bandwidth_bytes_per_s / 1e6,
+                    st.destaged_bytes_total / MIB,
+                    rig.cap.stats().write_bytes / MIB,
+                    now.1 / MIB,
+                    (
+                        st.segments_free,
+                        st.gc_segments_cleaned_total,
+                        st.fast_resident_bytes / MIB
+                    )
+                );
+            }
             if saturated_at.is_none() && st.log_fill_ratio >= st.fill_ratio_high {
                 saturated_at = Some(now);
             }
@@ -265,6 +281,12 @@ fn saturate(dir: &Path, secs: u64, cap_mb_s: u64) -> Result<(), String> {
     let (t1, b1, _) = *samples.last().ok_or("no samples")?;
     let host = (b1 - b0) as f64 / (t1 - t0);
     let fills: Vec<f64> = samples[first..].iter().map(|s| s.2).collect();
+    if std::env::var("STRATA_BENCH_TRACE").is_ok() {
+        eprintln!(
+            "fills {:?}",
+            fills.iter().map(|f| (f * 100.0) as u32).collect::<Vec<_>>()
+        );
+    }
     let fmin = fills.iter().cloned().fold(1.0, f64::min);
     let fmax = fills.iter().cloned().fold(0.0, f64::max);
     println!(
@@ -272,13 +294,14 @@ fn saturate(dir: &Path, secs: u64, cap_mb_s: u64) -> Result<(), String> {
         seq_bw / 1e6
     );
     println!(
-        "saturated for {:.0} s: host 4 KiB random write {:.1} MB/s ({:.0} IOPS), log fill {:.2}..{:.2}, destaged {} MiB",
+        "saturated for {:.0} s: host 4 KiB random write {:.1} MB/s ({:.0} IOPS), log fill {:.2}..{:.2}, destaged {} MiB; the capacity device wrote {} MiB in all (probe included)",
         t1 - t0,
         host / 1e6,
         host / 4096.0,
         fmin,
         fmax,
-        st.destaged_bytes_total / MIB
+        st.destaged_bytes_total / MIB,
+        rig.cap.stats().write_bytes / MIB
     );
     println!("RESULT saturate ratio {:.2} (host random write / capacity sequential write; target >= 0.8)", host / seq_bw);
     dg.shutdown().map_err(|e| e.to_string())
@@ -392,6 +415,25 @@ fn index_ram(dir: &Path) -> Result<(), String> {
         fast / MIB as f64
     );
     drop(fast_map);
+    // The write-heat table at its bound: one entry per log block, every block written twice.
+    let heat = {
+        let mut h = strata_engine::heat::Heat::new(blocks);
+        let mut rng = SmallRng::seed_from_u64(2);
+        let lbas: Vec<u64> = (0..blocks).map(|_| rng.gen_range(0..1u64 << 40)).collect();
+        let held = HEAP.load(Ordering::Relaxed);
+        for _ in 0..2 {
+            for &b in &lbas {
+                h.note_write(1, b, 1);
+            }
+        }
+        (h, HEAP.load(Ordering::Relaxed) - held)
+    };
+    println!(
+        "write heat, 1 GiB of log: at most {} entries, {:.1} MiB",
+        blocks,
+        heat.1 as f64 / MIB as f64
+    );
+    drop(heat);
     let cache = 8 * MIB;
     let cfg = EngineConfig {
         index_cache_bytes: cache,
@@ -478,11 +520,12 @@ fn monitor(dg: &DiskGroup, done: &std::sync::atomic::AtomicBool) {
         return;
     }
     while !done.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_secs(1));
+        std::thread::sleep(Duration::from_millis(500));
         let st = dg.stats();
         eprintln!(
-            "fill {:.2} host {} MiB destaged {} MiB kept {} MiB throttled {}",
+            "fill {:.2} live {} MiB host {} MiB destaged {} MiB kept {} MiB throttled {}",
             st.log_fill_ratio,
+            st.fast_resident_bytes / MIB,
             st.host_write_bytes_total / MIB,
             st.destaged_bytes_total / MIB,
             st.hot_kept_bytes_total / MIB,

@@ -31,6 +31,10 @@ const PHYSICAL_FULL: f64 = 0.95;
 const MAX_BATCHES_PER_STEP: usize = 4096;
 /// Stripes one destage step pipelines at most.
 const MAX_STRIPES_PER_STEP: usize = 16;
+/// Segments one GC step writes at most.
+const GC_OUTPUTS: usize = 4;
+/// Log blocks read at once to keep hot data (4 MiB).
+const KEEP_READ_BLOCKS: u64 = 1024;
 /// Log blocks one stripe reads at most (64 MiB).
 const MAX_STEP_READ_BLOCKS: u64 = 16384;
 
@@ -43,8 +47,31 @@ pub struct Destager {
     pub(crate) maint: crate::maint::Maint,
     /// Promotions refused for want of cache room, as last seen.
     refused_seen: u64,
+    /// The last duty cycle ran flat out so the read cache gets room.
+    cache_wants_room: bool,
     /// Sequential writes to put straight into segments (see bypass.rs).
     pub(crate) bypass_rx: Receiver<crate::bypass::BypassJob>,
+}
+
+/// What `Destager::keep_hot` writes again at the log head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    /// The hot blocks only.
+    Hot,
+    /// Every live block, but only the hot ones of tier-mode volumes (their cold data is due
+    /// to move).
+    LiveExceptTier,
+    /// Every live block.
+    Live,
+}
+
+/// The oldest batches as `Destager::survey` counts them.
+#[derive(Debug, Default, Clone, Copy)]
+struct Survey {
+    batches: usize,
+    log_blocks: u64,
+    live: u64,
+    cold: u64,
 }
 
 /// What the oldest log data says about tier-mode volumes.
@@ -73,6 +100,7 @@ impl Destager {
             gc_backoff_until: Instant::now(),
             maint,
             refused_seen: 0,
+            cache_wants_room: false,
             bypass_rx,
         }
     }
@@ -162,6 +190,7 @@ impl Destager {
             )
         };
         let (low, high) = (self.sh.cfg.fill_ratio_low, self.sh.cfg.fill_ratio_high);
+        self.cache_wants_room = false;
         let now = Instant::now();
         let dt = now.duration_since(self.last).as_secs_f64().min(1.0);
         self.last = now;
@@ -180,6 +209,7 @@ impl Destager {
         let refused = self.sh.counters.promotions_refused.load(Ordering::Relaxed);
         if cache_full && refused > self.refused_seen {
             self.refused_seen = refused;
+            self.cache_wants_room = true;
             return 1.0;
         }
         if fill < low {
@@ -229,15 +259,69 @@ impl Destager {
     }
 
     /// After destage found no free segment: makes pending segments reusable (an index flush)
-    /// or cleans some. Only when neither helps is the capacity tier full (then host writes
-    /// that need log space fail with ENOSPC).
+    /// or cleans some, or else frees log space without the capacity tier. Only when none of
+    /// that helps is the capacity tier full (then host writes that need log space fail with
+    /// ENOSPC).
     fn make_room(&mut self) -> Result<bool, EngineError> {
         if self.sh.segs.lock().pending_count() > 0 {
             crate::maint::flush(self)?;
             return Ok(true);
         }
         self.gc_backoff_until = Instant::now();
-        self.gc_step()
+        if self.gc_step()? {
+            return Ok(true);
+        }
+        self.compact_tail()
+    }
+
+    /// The capacity tier has no room and the log needs some: when the oldest batches are at
+    /// most 75% live, their live data is written again at the log head (as much as fits in
+    /// half the free log) and the tail moves past the batches left with nothing live, so a
+    /// log full of overwritten copies takes host writes again. (A tail that is mostly live
+    /// would cost more fast-tier writes than it frees, and compacting it again and again
+    /// would wear the device for nothing.) Returns whether log space was freed.
+    fn compact_tail(&mut self) -> Result<bool, EngineError> {
+        if !self.under_pressure() {
+            return Ok(false);
+        }
+        let batches: Vec<BatchMeta> = {
+            let log = self.sh.log.lock();
+            log.batches
+                .iter()
+                .take(MAX_BATCHES_PER_STEP)
+                .take_while(|b| b.durable)
+                .cloned()
+                .collect()
+        };
+        let free = {
+            let log = self.sh.log.lock();
+            log.log_blocks.saturating_sub(log.used_blocks)
+        };
+        let s = self.survey(&batches, u64::MAX, free / 2);
+        if s.batches == 0 || s.live * 4 > s.log_blocks * 3 {
+            return Ok(false);
+        }
+        let refs: Vec<&BatchMeta> = batches[..s.batches].iter().collect();
+        self.keep_hot(&refs, Keep::Live);
+        let empty = batches[..s.batches]
+            .iter()
+            .take_while(|b| {
+                live_runs(&self.sh, b).is_empty() && live_zero_records(&self.sh, b).is_empty()
+            })
+            .count();
+        if empty == 0 {
+            return Ok(false);
+        }
+        self.second_chance(empty);
+        let freed = self.advance_tail(empty)? > 0;
+        if freed {
+            // Host writes waiting for log space may go on: this is room, if not capacity.
+            self.sh
+                .counters
+                .capacity_full
+                .store(false, Ordering::Relaxed);
+        }
+        Ok(freed)
     }
 
     /// Moves the oldest durable batches' live data into stripes of segments and frees their
@@ -264,6 +348,14 @@ impl Destager {
                     written += w;
                 }
                 let Some((stripe, taken)) = next? else { break };
+                if stripe.iter().all(Builder::is_empty) {
+                    // Nothing live left in these batches (kept or overwritten): no segment
+                    // to write, the tail just moves past them.
+                    self.second_chance(taken);
+                    freed += self.advance_tail(taken)?;
+                    skip = 0;
+                    continue;
+                }
                 skip = taken;
                 let placed = self.place(stripe)?;
                 let sh = &*self.sh;
@@ -302,21 +394,59 @@ impl Destager {
         if batches.is_empty() {
             return Ok(None);
         }
-        let width = self.sh.caps.len();
+        // A stripe as wide as the segments destage may still take: when the capacity tier is
+        // nearly full, one segment of the log's data still moves (and leaves garbage behind
+        // for GC) where a full-width stripe would not fit.
+        let width = {
+            let spare = self
+                .sh
+                .segs
+                .lock()
+                .free_count()
+                .saturating_sub(gc_reserve(&self.sh));
+            self.sh.caps.len().min(spare.max(1))
+        };
+        let mut scope = batches.len();
         if self.keep_hot_allowed() {
-            // The batches this stripe is likely to take: one stripe's worth of log.
+            // What this stripe would take: the batches whose cold live data fills one stripe
+            // (hot data stays in the log), within what one stripe reads.
             let room = width as u64 * u64::from(self.sh.layout.geo.data_blocks);
-            let mut seen = 0;
-            let scope: Vec<&BatchMeta> = batches
-                .iter()
-                .take_while(|b| {
-                    seen += b.blocks;
-                    seen <= room
-                })
-                .collect();
-            self.keep_hot(&scope);
+            // What is kept is written at the head before the tail moves: it must fit in half
+            // the free log, the other half left to host writes meanwhile.
+            let free = {
+                let log = self.sh.log.lock();
+                log.log_blocks.saturating_sub(log.used_blocks)
+            };
+            let s = self.survey(&batches, room, free / 2);
+            let pressure = self.under_pressure() || self.cache_wants_room;
+            let all_seen = s.batches == batches.len();
+            let keep = if s.cold >= room
+                || (!pressure && all_seen && s.cold > 0)
+                || self.tier_tail() == TierTail::Cold
+            {
+                // A stripe of cold data, all there is, or tier data old enough to move: cold
+                // data moves, hot data stays.
+                Some(false)
+            } else if pressure && s.live * 4 <= s.log_blocks * 3 {
+                // The log needs room but holds too little cold data to fill a stripe: the
+                // tail's live data, mostly hot, is written again at the head, which frees
+                // the overwritten copies around it without writing the capacity tier.
+                Some(true)
+            } else if pressure {
+                // The tail is mostly live: keeping it would free little. It moves.
+                None
+            } else {
+                // No room needed and no stripe of cold data yet: hot data stays put.
+                return Ok(None);
+            };
+            if let Some(all) = keep {
+                scope = s.batches;
+                let refs: Vec<&BatchMeta> = batches[..scope].iter().collect();
+                let keep = if all { Keep::LiveExceptTier } else { Keep::Hot };
+                self.keep_hot(&refs, keep);
+            }
         }
-        let plan = self.plan(&batches, width);
+        let plan = self.plan(&batches[..scope], width);
         if plan.is_empty() {
             return Err(EngineError::Failed(
                 "a log batch does not fit a segment".into(),
@@ -388,30 +518,131 @@ impl Destager {
     /// Hot data stays on the fast tier only while there is room for it: not when draining,
     /// and not above the high mark (then everything moves, oldest first).
     fn keep_hot_allowed(&self) -> bool {
-        let fill = self.sh.log.lock().fill_ratio();
-        !self.forced() && fill < self.sh.cfg.fill_ratio_high && !self.sh.heat.lock().is_empty()
+        let live = self.live_fill();
+        !self.forced() && live < self.sh.cfg.fill_ratio_high && !self.sh.heat.lock().is_empty()
+    }
+
+    /// The log needs room now (the write buffer or the whole log above its mark).
+    fn under_pressure(&self) -> bool {
+        let log = self.sh.log.lock();
+        log.fill_ratio() >= self.sh.cfg.fill_ratio_high
+            || log.physical_fill_ratio() >= PHYSICAL_FULL
+    }
+
+    /// Counts the oldest batches' live and cold live blocks, until the cold ones fill `room`,
+    /// the live ones `max_live`, or one step's read limit is reached.
+    fn survey(&self, batches: &[BatchMeta], room: u64, max_live: u64) -> Survey {
+        let mut s = Survey::default();
+        for b in batches {
+            if s.cold >= room
+                || (s.batches > 0
+                    && (s.log_blocks + b.blocks > MAX_STEP_READ_BLOCKS || s.live >= max_live))
+            {
+                break;
+            }
+            s.batches += 1;
+            s.log_blocks += b.blocks;
+            for (i, off, n) in live_runs(&self.sh, b) {
+                let r = &b.records[i];
+                let hot: u64 = self
+                    .hot_parts(r.layer, r.lba + off, n)
+                    .iter()
+                    .map(|p| p.1)
+                    .sum();
+                s.live += n;
+                s.cold += n - hot;
+            }
+        }
+        s
+    }
+
+    /// Live volume data on the fast tier against the room the write buffer has (the log less
+    /// what the read cache holds): what the log would hold if it had no overwritten copies.
+    fn live_fill(&self) -> f64 {
+        let live = self.sh.counters.fast_live_blocks.load(Ordering::Relaxed);
+        let log = self.sh.log.lock();
+        let cache = log.cache_blocks.min(log.cache_budget_blocks);
+        live as f64 / log.log_blocks.saturating_sub(cache).max(1) as f64
     }
 
     /// Writes the hot live blocks of tail batches again at the log head instead of moving them
     /// to the capacity tier: data still being rewritten stays where rewrites are cheap. Each
     /// move halves the block's heat, so data that stops being rewritten soon goes cold. All
     /// moves of a step go to the log writer together, so they share its group commits.
-    fn keep_hot(&self, batches: &[&BatchMeta]) {
+    fn keep_hot(&self, batches: &[&BatchMeta], keep: Keep) {
+        // Batches adjacent in the log are read together, up to KEEP_READ_BLOCKS at a time.
         let mut pending = Vec::new();
-        for b in batches {
-            for (i, off, n) in live_runs(&self.sh, b) {
-                let r = &b.records[i];
-                for (lba, len) in self.hot_parts(r.layer, r.lba + off, n) {
-                    let from = r.data_start + (lba - r.lba);
-                    match self.submit_rewrite(r.layer, lba, len, from, r.born_ms) {
-                        Ok(Some(p)) => pending.push(p),
-                        Ok(None) => {}
-                        Err(_) => break,
+        let mut i = 0;
+        while i < batches.len() {
+            let first = batches[i].start;
+            let mut end = first + batches[i].blocks;
+            let mut j = i + 1;
+            while j < batches.len()
+                && batches[j].start == end
+                && end + batches[j].blocks - first <= KEEP_READ_BLOCKS
+            {
+                end += batches[j].blocks;
+                j += 1;
+            }
+            let mut parts = Vec::new();
+            for b in &batches[i..j] {
+                for (k, off, n) in live_runs(&self.sh, b) {
+                    let r = &b.records[k];
+                    let all = match keep {
+                        Keep::Hot => false,
+                        Keep::LiveExceptTier => !self.is_tier(r.layer),
+                        Keep::Live => true,
+                    };
+                    let runs = if all {
+                        vec![(r.lba + off, n)]
+                    } else {
+                        self.hot_parts(r.layer, r.lba + off, n)
+                    };
+                    for (lba, len) in runs {
+                        parts.push((r.layer, lba, len, r.data_start + (lba - r.lba), r.born_ms));
                     }
                 }
             }
+            i = j;
+            if parts.is_empty() {
+                continue;
+            }
+            let mut buf = AlignedBuf::new_zeroed(((end - first) * BLOCK_U64) as usize);
+            if self
+                .sh
+                .fast
+                .read_at(&mut buf, self.sh.layout.log_byte(first))
+                .is_err()
+            {
+                // Left to the destager, whose read reports the error.
+                continue;
+            }
+            // Sent in rounds no larger than the writer's queue: a round is answered before
+            // the next is sent, since the writer may be waiting for room only this thread
+            // can free.
+            let mut parts = parts.into_iter().peekable();
+            while let Some(&(layer, lba, len, from, born)) = parts.peek() {
+                let at = ((from - first) * BLOCK_U64) as usize;
+                let data = &buf[at..at + (len * BLOCK_U64) as usize];
+                match self.submit_rewrite(layer, lba, len, from, born, data) {
+                    Ok(Some(p)) => {
+                        pending.push(p);
+                        parts.next();
+                    }
+                    Ok(None) => {
+                        parts.next();
+                    }
+                    Err(_) if !pending.is_empty() => self.settle(&mut pending),
+                    Err(_) => break,
+                }
+            }
         }
-        for (guard, wait, layer, lba, len) in pending {
+        self.settle(&mut pending);
+    }
+
+    /// Waits for the rewrites sent; those that completed cool their blocks.
+    fn settle(&self, pending: &mut Vec<Pending<'_>>) {
+        for (guard, wait, layer, lba, len) in pending.drain(..) {
             let ok = matches!(wait.recv(), Ok(Ok(())));
             drop(guard);
             if ok {
@@ -432,7 +663,7 @@ impl Destager {
         let heat = self.sh.heat.lock();
         let mut out: Vec<(u64, u64)> = Vec::new();
         for b in lba..lba + n {
-            if heat.get(&(layer, b)).copied().unwrap_or(0) <= cold_mark {
+            if heat.get(layer, b) <= cold_mark {
                 continue;
             }
             match out.last_mut() {
@@ -453,6 +684,7 @@ impl Destager {
         len: u64,
         from: u64,
         born_ms: u64,
+        bytes: &[u8],
     ) -> Result<Option<Pending<'_>>, EngineError> {
         let Some(guard) = self.sh.ranges.try_lock(layer, lba, lba + len) else {
             return Ok(None);
@@ -472,10 +704,8 @@ impl Destager {
         if !still_here {
             return Ok(None);
         }
-        let mut data = AlignedBuf::new_zeroed((len * BLOCK_U64) as usize);
-        self.sh
-            .fast
-            .read_at(&mut data, self.sh.layout.log_byte(from))?;
+        let mut data = AlignedBuf::new_zeroed(bytes.len());
+        data.copy_from_slice(bytes);
         for (k, chunk) in data.chunks(BLOCK).enumerate() {
             if crc32c::crc32c(chunk)
                 != self.sh.fast_crcs[(from + k as u64) as usize].load(Ordering::Relaxed)
@@ -505,14 +735,19 @@ impl Destager {
         Ok(Some((guard, wait, layer, lba, len)))
     }
 
+    fn is_tier(&self, layer: u32) -> bool {
+        self.sh
+            .head_runtime(layer)
+            .is_some_and(|rt| rt.policy().mode == Mode::Tier)
+    }
+
     fn cool(&self, layer: u32, lba: u64, len: u64) {
-        let mut heat = self.sh.heat.lock();
-        for b in lba..lba + len {
-            if let Some(h) = heat.get_mut(&(layer, b)) {
-                *h /= 2;
-                if *h == 0 {
-                    heat.remove(&(layer, b));
-                }
+        // Tier mode counts heat since the data last moved (a kept block waits for more
+        // evidence); in cache mode heat fades with the writes elsewhere only.
+        if self.is_tier(layer) {
+            let mut heat = self.sh.heat.lock();
+            for b in lba..lba + len {
+                heat.halve(layer, b);
             }
         }
         self.sh
@@ -533,6 +768,10 @@ impl Destager {
                 for (s, _, _) in &placed {
                     segs.unallocate(*s);
                 }
+                self.sh
+                    .counters
+                    .capacity_blocked
+                    .store(true, Ordering::Relaxed);
                 return Err(EngineError::NoSpace);
             };
             let seq = segs.next_seq;
@@ -542,6 +781,10 @@ impl Destager {
         self.sh
             .counters
             .capacity_full
+            .store(false, Ordering::Relaxed);
+        self.sh
+            .counters
+            .capacity_blocked
             .store(false, Ordering::Relaxed);
         Ok(placed)
     }
@@ -794,17 +1037,45 @@ impl Destager {
             return Ok(false);
         }
         let plan = self.gc_plan()?;
-        let worthwhile = plan.len() >= 2 || plan.first().is_some_and(|p| p.runs.is_empty());
-        if !worthwhile {
+        // The victims' live runs, in order, split across output segments as they fill.
+        let geo = self.sh.layout.geo;
+        let mut parts = vec![vec![Vec::new(); GC_OUTPUTS]; plan.len()];
+        let mut fill = [(0u64, 0usize); GC_OUTPUTS];
+        let mut k = 0;
+        for (v, p) in plan.iter().enumerate() {
+            for &(i, mut off, mut n) in &p.runs {
+                while n > 0 {
+                    let room = u64::from(geo.data_blocks) - fill[k].0;
+                    if room == 0 || fill[k].1 + 1 > geo.max_entries as usize {
+                        k += 1;
+                        if k == GC_OUTPUTS {
+                            return Ok(false);
+                        }
+                        continue;
+                    }
+                    let take = room.min(n);
+                    parts[v][k].push((i, off, take));
+                    fill[k].0 += take;
+                    fill[k].1 += 1;
+                    off += take;
+                    n -= take;
+                }
+            }
+        }
+        // Worth it when it frees more segments than it writes.
+        let used = fill.iter().filter(|f| f.1 > 0).count();
+        if plan.len() <= used {
             // Nothing to gain now; look again after the index has had time to change.
             self.gc_backoff_until = Instant::now() + Duration::from_millis(200);
             return Ok(false);
         }
-        let mut builder = Builder::new(self.sh.layout.geo);
-        for p in &plan {
-            add_seg_runs(&self.sh, &mut builder, p.seg, &p.summary, &p.runs)?;
+        let mut builders: Vec<Builder> = (0..used).map(|_| Builder::new(geo)).collect();
+        for (p, runs) in plan.iter().zip(&parts) {
+            for (b, r) in builders.iter_mut().zip(runs) {
+                add_seg_runs(&self.sh, b, p.seg, &p.summary, r)?;
+            }
         }
-        if !builder.is_empty() {
+        for builder in builders.iter().filter(|b| !b.is_empty()) {
             let (seg, seq) = {
                 let mut segs = self.sh.segs.lock();
                 // GC may dip into the index's reserve: the flush after it frees more than it used.
@@ -822,7 +1093,7 @@ impl Destager {
                 );
                 return Err(e);
             }
-            commit_relocation(&self.sh, seg, &builder)?;
+            commit_relocation(&self.sh, seg, builder)?;
             self.sh
                 .counters
                 .gc_relocated_bytes
@@ -851,22 +1122,24 @@ impl Destager {
         Ok(true)
     }
 
-    /// Chooses victims, best first, while their live content fits one segment.
+    /// Chooses victims, best first, whose live data fits `GC_OUTPUTS` segments (with an entry to spare per
+    /// segment for a run split between two). Several outputs let GC free a segment when the
+    /// garbage is spread thin (five victims 75% live fill four segments).
     fn gc_plan(&self) -> Result<Vec<GcVictim>, EngineError> {
         let geo = self.sh.layout.geo;
+        let max_blocks = GC_OUTPUTS as u64 * u64::from(geo.data_blocks);
+        let max_entries = GC_OUTPUTS * (geo.max_entries as usize - 1);
         let (mut blocks, mut entries) = (0u64, 0usize);
         let mut plan = Vec::new();
         for seg in gc_candidates(&self.sh).into_iter().take(64) {
             let live = u64::from(self.sh.segs.lock().segs[seg as usize].live_blocks);
-            if blocks + live > u64::from(geo.data_blocks) {
+            if blocks + live > max_blocks {
                 continue;
             }
             let summary = load_summary(&self.sh, seg)?;
             let runs = live_seg_runs(&self.sh, seg, &summary)?;
             let b: u64 = runs.iter().map(|r| r.2).sum();
-            if blocks + b > u64::from(geo.data_blocks)
-                || entries + runs.len() > geo.max_entries as usize
-            {
+            if blocks + b > max_blocks || entries + runs.len() > max_entries {
                 // Another candidate may still fit.
                 continue;
             }
@@ -1125,11 +1398,10 @@ fn add_live(sh: &Shared, builder: &mut Builder, run: &LiveRun, skip: u64, n: u64
         &crcs,
         Loc::Fast(first),
     );
+    // Moving halves the heat; the block stays seen, so a rewrite after the move counts.
     let mut heat = sh.heat.lock();
-    if !heat.is_empty() {
-        for k in 0..n {
-            heat.remove(&(run.layer, run.lba + skip + k));
-        }
+    for k in 0..n {
+        heat.halve(run.layer, run.lba + skip + k);
     }
 }
 

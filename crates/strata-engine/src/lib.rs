@@ -16,6 +16,7 @@ mod ctree;
 mod destage;
 mod error;
 pub mod format;
+pub mod heat;
 mod layout;
 mod log;
 mod maint;

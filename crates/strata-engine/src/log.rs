@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{select, Receiver, Sender, TryRecvError};
+use crossbeam_channel::{select, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::{Condvar, Mutex};
 use strata_device::AlignedBuf;
 
@@ -246,6 +246,14 @@ struct Front {
     held: VecDeque<WriteReq>,
     /// Admission control: the earliest time the next batch may be written.
     next_admit: Instant,
+    /// Log bytes taken by the destager's own rewrites (hot data kept, copies promoted).
+    own_bytes: u64,
+    /// While throttled: (when, log bytes freed net of `own_bytes`) samples over the last
+    /// `ADMIT_SPAN`.
+    freed_samples: VecDeque<(Instant, i64)>,
+    /// The net rate the log was last measured to be freed at while throttled (wall time:
+    /// destage, GC and index upkeep together).
+    freed_rate: Option<f64>,
     next_ticket: u64,
     host_open: bool,
     hot_open: bool,
@@ -274,6 +282,9 @@ impl LogWriter {
         let front = Front {
             held: VecDeque::new(),
             next_admit: Instant::now(),
+            own_bytes: 0,
+            freed_samples: VecDeque::new(),
+            freed_rate: None,
             next_ticket: 0,
             host_open: true,
             hot_open: true,
@@ -329,6 +340,18 @@ impl LogWriter {
             if f.held.is_empty() && !f.host_open && !f.hot_open {
                 return None;
             }
+            if let Some(wait) = self.host_wait(&mut f) {
+                // Host writes wait for admission; the destager's own rewrites go on meanwhile
+                // (they are what frees the log, and hold range locks host writes may wait on).
+                let Some(first) = self.next_hot(&mut f, wait) else {
+                    continue;
+                };
+                let batch = self.gather_hot(&mut f, first);
+                if let Some(t) = self.place(&mut f, batch) {
+                    return Some(t);
+                }
+                continue;
+            }
             let first = match f.held.pop_front() {
                 Some(r) => r,
                 None => match self.wait_request(&mut f) {
@@ -373,6 +396,82 @@ impl LogWriter {
         }
     }
 
+    /// How long host writes must still wait for admission (None: they may go now).
+    fn host_wait(&self, f: &mut Front) -> Option<Duration> {
+        let c = &self.sh.counters;
+        if !c.capacity_full.load(Ordering::Relaxed) {
+            // Host writes wait here, not in `reserve`, while the log has no room for a whole
+            // batch: the destager's own rewrites, which free the log, still go meanwhile.
+            // While the capacity tier takes nothing, only compaction frees the log, and it
+            // needs room for the live data it keeps: host writes leave it an eighth of the
+            // log. (Once nothing can free the log, `capacity_full` is set and host writes
+            // take what is left, then fail with ENOSPC.)
+            let log = self.sh.log.lock();
+            let free = log.log_blocks.saturating_sub(log.used_blocks);
+            let keep = if c.capacity_blocked.load(Ordering::Relaxed) {
+                log.log_blocks / 8
+            } else {
+                0
+            };
+            if free < keep + self.max_batch_blocks + 1 {
+                drop(log);
+                self.sh.wake_destager();
+                return Some(Duration::from_millis(50));
+            }
+        }
+        let now = Instant::now();
+        if f.next_admit <= now {
+            return None;
+        }
+        if self.sh.log.lock().fill_ratio() <= self.sh.cfg.fill_ratio_high {
+            // The destager caught up: no more waiting.
+            f.next_admit = now;
+            return None;
+        }
+        Some(f.next_admit - now)
+    }
+
+    /// The next rewrite of the destager's, waiting at most `wait` (and at most 50 ms, so a
+    /// falling fill is noticed).
+    fn next_hot(&self, f: &mut Front, wait: Duration) -> Option<WriteReq> {
+        if let Some(i) = f.held.iter().position(|r| r.no_wait) {
+            return f.held.remove(i);
+        }
+        let wait = wait.min(Duration::from_millis(50));
+        if !f.hot_open {
+            std::thread::sleep(wait);
+            return None;
+        }
+        match self.rx_hot.recv_timeout(wait) {
+            Ok(r) => Some(r),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => {
+                f.hot_open = false;
+                None
+            }
+        }
+    }
+
+    /// A batch of the destager's rewrites only (host writes are waiting for admission).
+    fn gather_hot(&self, f: &mut Front, first: WriteReq) -> Vec<WriteReq> {
+        let mut blocks = 1 + first.data_blocks();
+        let mut batch = vec![first];
+        while batch.len() < MAX_RECORDS_PER_BATCH {
+            let next = match f.held.iter().position(|r| r.no_wait) {
+                Some(i) => f.held.remove(i),
+                None => self.rx_hot.try_recv().ok(),
+            };
+            let Some(r) = next else { break };
+            if blocks + r.data_blocks() > self.max_batch_blocks {
+                f.held.push_front(r);
+                break;
+            }
+            blocks += r.data_blocks();
+            batch.push(r);
+        }
+        batch
+    }
+
     fn gather(&self, f: &mut Front, first: WriteReq) -> Vec<WriteReq> {
         let mut blocks = 1 + first.data_blocks();
         let mut batch = vec![first];
@@ -404,7 +503,19 @@ impl LogWriter {
             return None;
         }
         let blocks = 1 + batch.iter().map(|r| r.data_blocks()).sum::<u64>();
-        self.admit(f, blocks);
+        // Only host writes are admitted at the measured rate: the destager's own rewrites
+        // (hot data kept, copies promoted) are how the log is freed, and throttling them at
+        // that rate would feed back into it.
+        let host: u64 = batch
+            .iter()
+            .filter(|r| !r.no_wait)
+            .map(|r| r.data_blocks())
+            .sum();
+        let own = if host > 0 { blocks - 1 - host } else { blocks };
+        f.own_bytes += own * BLOCK_U64;
+        if host > 0 {
+            self.admit(f, 1 + host);
+        }
         match self.reserve(f, &batch, blocks) {
             Ok(meta) => {
                 let ticket = f.next_ticket;
@@ -505,28 +616,63 @@ impl LogWriter {
         kept
     }
 
-    /// Above the high mark, admits batches at the destage bandwidth actually measured:
-    /// 1.25x of it at the high mark falling smoothly to 0.75x when the log is full, so the fill
-    /// settles between the two instead of hitting a wall.
+    /// Above the high mark, admits host writes at the rate the log is actually freed: 1.25x
+    /// of it at the high mark falling smoothly to 0.75x when the log is full, so the fill
+    /// settles between the two instead of hitting a wall. The rate is measured over wall time
+    /// (the last `ADMIT_SPAN`, once at least `ADMIT_MIN_SPAN` of it) while throttled, when the
+    /// destager runs flat out, so it counts everything that slows the destager; until then
+    /// the last such measurement, or the destage bandwidth its steps measured, stands in
+    /// (with neither, host writes are not paced: only a full log makes them wait).
+    /// The batch just placed pays the cost: the next host batch waits for it (`host_wait`).
     fn admit(&self, f: &mut Front, blocks: u64) {
         let fill = self.sh.log.lock().fill_ratio();
-        let high = self.sh.cfg.fill_ratio_high;
+        let (low, high) = (self.sh.cfg.fill_ratio_low, self.sh.cfg.fill_ratio_high);
+        let now = Instant::now();
         if fill <= high {
             self.sh.counters.throttled.store(false, Ordering::Relaxed);
-            f.next_admit = Instant::now();
+            f.next_admit = now;
+            f.freed_samples.clear();
+            if fill < low {
+                f.freed_rate = None;
+            }
             return;
         }
         self.sh.counters.throttled.store(true, Ordering::Relaxed);
-        let x = ((fill - high) / (1.0 - high).max(1e-6)).clamp(0.0, 1.0);
-        let bw =
-            Counters::get_f64(&self.sh.counters.destage_bw_bytes_per_s).max(1.0 * 1024.0 * 1024.0);
-        let rate = bw * (1.25 - 0.5 * x);
-        let cost = Duration::from_secs_f64((blocks * BLOCK_U64) as f64 / rate);
-        let now = Instant::now();
-        f.next_admit = f.next_admit.max(now) + cost;
-        if f.next_admit > now {
-            std::thread::sleep((f.next_admit - now).min(Duration::from_millis(500)));
+        // Net of the destager's own rewrites: compacting a log region that is 70% live frees
+        // only 30% of it for host writes.
+        let freed =
+            self.sh.counters.log_freed_bytes.load(Ordering::Relaxed) as i64 - f.own_bytes as i64;
+        while f.freed_samples.len() > 1
+            && f.freed_samples
+                .get(1)
+                .is_some_and(|s| now - s.0 >= ADMIT_SPAN)
+        {
+            f.freed_samples.pop_front();
         }
+        if let Some(&(since, at)) = f.freed_samples.front() {
+            if now - since >= ADMIT_MIN_SPAN {
+                f.freed_rate = Some((freed - at).max(0) as f64 / (now - since).as_secs_f64());
+            }
+        }
+        if f.freed_samples
+            .back()
+            .is_none_or(|s| now - s.0 >= SAMPLE_EVERY)
+        {
+            f.freed_samples.push_back((now, freed));
+        }
+        let x = ((fill - high) / (1.0 - high).max(1e-6)).clamp(0.0, 1.0);
+        let measured = f.freed_rate.or_else(|| {
+            let bw = Counters::get_f64(&self.sh.counters.destage_bw_bytes_per_s);
+            (bw > 0.0).then_some(bw)
+        });
+        let Some(measured) = measured else {
+            // Nothing measured yet (just opened): no pace to keep; a full log still waits.
+            f.next_admit = now;
+            return;
+        };
+        let rate = measured.max(1024.0 * 1024.0) * (1.25 - 0.5 * x);
+        let cost = Duration::from_secs_f64((blocks * BLOCK_U64) as f64 / rate);
+        f.next_admit = f.next_admit.max(now) + cost;
     }
 
     /// Waits for log space; fails with NoSpace when the destager cannot make room because the
@@ -626,7 +772,7 @@ fn write_durably(sh: &Shared, buf: &[u8], offset: u64) -> Result<(), EngineError
 /// Returns what the records displaced there.
 pub fn apply_records(sh: &Shared, records: &[RecMeta]) -> Vec<(u64, u64, Loc)> {
     let mut displaced = Vec::new();
-    let mut rewrites = Vec::new();
+    let mut written = Vec::new();
     let mut added = 0;
     {
         let mut idx = sh.index.write();
@@ -654,12 +800,8 @@ pub fn apply_records(sh: &Shared, records: &[RecMeta]) -> Vec<(u64, u64, Loc)> {
             };
             let d = l.fast.set(r.lba, r.nblocks, Some(loc));
             if r.kind == RecordKind::Write && !r.relocation {
-                // An overwrite of data still on the fast tier is evidence of heat.
-                rewrites.extend(
-                    d.iter()
-                        .filter(|x| matches!(x.2, Loc::Fast(_)))
-                        .map(|x| (r.layer, x.0, x.1)),
-                );
+                // A host write; writing a block again (on either tier) is evidence of heat.
+                written.push((r.layer, r.lba, r.nblocks));
             }
             displaced.extend(d);
         }
@@ -667,8 +809,11 @@ pub fn apply_records(sh: &Shared, records: &[RecMeta]) -> Vec<(u64, u64, Loc)> {
     sh.counters
         .fast_live_blocks
         .fetch_add(added, Ordering::Relaxed);
-    if !rewrites.is_empty() {
-        sh.note_rewrites(&rewrites);
+    if !written.is_empty() {
+        let mut heat = sh.heat.lock();
+        for (layer, lba, n) in written {
+            heat.note_write(layer, lba, n);
+        }
     }
     displaced
 }
@@ -772,3 +917,9 @@ fn clone_err(e: &EngineError) -> Result<(), EngineError> {
 
 /// Queue bound between callers and the log writer.
 pub const QUEUE_DEPTH: usize = 1024;
+/// Admission control measures the rate the log is freed at over this much wall time...
+const ADMIT_SPAN: Duration = Duration::from_secs(4);
+/// ...once it has at least this much (the destager frees the log in steps).
+const ADMIT_MIN_SPAN: Duration = Duration::from_secs(1);
+/// How often admission control samples the freed counter.
+const SAMPLE_EVERY: Duration = Duration::from_millis(100);

@@ -23,16 +23,16 @@ use crate::shared::Shared;
 const RECENT_FLUSH: usize = 64;
 /// An index with unwritten changes is flushed at least this often.
 const FLUSH_INTERVAL: Duration = Duration::from_secs(30);
-/// The index's limits for a group: (dirty nodes that trigger a flush, free segments kept for
-/// flushes). A flush writes at most the dirty limit plus what one destage stripe dirties (every
-/// block of it in a different leaf, at worst), plus the segment table, twice (two streams);
-/// each stream may also be partway through a segment.
 /// Index nodes the cache holds: a resident node takes about one full leaf's worth of memory.
 pub fn cache_nodes(cfg: &crate::EngineConfig) -> usize {
     let node_ram = std::mem::size_of::<Entry>() * crate::ctree::page::LEAF_MAX + 128;
     (cfg.index_cache_bytes as usize / node_ram).max(16)
 }
 
+/// The index's limits for a group: (dirty nodes that trigger a flush, free segments kept for
+/// flushes). A flush writes at most the dirty limit plus what one destage stripe dirties (every
+/// block of it in a different leaf, at worst), plus the segment table, twice (two streams);
+/// each stream may also be partway through a segment.
 pub fn index_limits(
     cfg: &crate::EngineConfig,
     layout: &crate::layout::Layout,
@@ -40,7 +40,12 @@ pub fn index_limits(
 ) -> (usize, usize) {
     let cache_leaves = cache_nodes(cfg);
     let seg_blocks = (layout.segment_size_bytes / crate::format::BLOCK_U64) as usize;
-    let dirty_limit = (cache_leaves / 4).min(seg_blocks / 2).max(8);
+    // The more changes a flush gathers, the more of them share a page: random writes over a
+    // large volume touch a different leaf each, so a small limit writes a page or more per
+    // block destaged. Up to 3/4 of the cache may wait, as long as the segments kept free
+    // for a flush stay within about 1/32 of the capacity tier.
+    let share = layout.segments.len() * seg_blocks / 64;
+    let dirty_limit = (cache_leaves * 3 / 4).min(share.max(seg_blocks / 2)).max(8);
     let stripe_blocks = devices * layout.geo.data_blocks as usize;
     let segtab_pages = layout
         .segments

@@ -157,6 +157,9 @@ pub struct Counters {
     pub destage_rate_bytes_per_s: AtomicU64,
     pub throttled: AtomicBool,
     pub capacity_full: AtomicBool,
+    /// The last destage found no segment to write: the log is freed only by compaction
+    /// (`Destager::compact_tail`) until it does, so host writes leave it room.
+    pub capacity_blocked: AtomicBool,
     pub index_flushes: AtomicU64,
     pub index_pages_written: AtomicU64,
     pub index_page_reads: AtomicU64,
@@ -229,10 +232,9 @@ pub struct Shared {
     pub destager_stop: AtomicBool,
     /// Set by `destage_all`: destage regardless of fill.
     pub drain: AtomicBool,
-    /// Blocks overwritten recently (wherever their previous copy was), with a saturating
-    /// count halved each time the destager keeps the block on the fast tier: the evidence that
-    /// data is hot. Keyed by (layer, lba); bounded by the log's block count.
-    pub heat: Mutex<HashMap<(u32, u64), u8>>,
+    /// Blocks being rewritten (see heat.rs): the evidence that data is hot. Bounded by the
+    /// log's block count.
+    pub heat: Mutex<crate::heat::Heat>,
     pub destage_wake: Condvar,
     pub destage_wake_lock: Mutex<bool>,
     /// Each device's lifetime writes as of opening (fast first); the device's own counters
@@ -385,21 +387,6 @@ impl Shared {
         write_checkpoint(self.fast.as_ref(), &self.layout, &cp)?;
         d.generation += 1;
         Ok(())
-    }
-
-    /// Records that these (layer, first block, blocks) were overwritten.
-    pub fn note_rewrites(&self, runs: &[(u32, u64, u64)]) {
-        let mut heat = self.heat.lock();
-        let cap = self.layout.log_blocks as usize;
-        for &(layer, lba, n) in runs {
-            for b in lba..lba + n {
-                if heat.len() >= cap && !heat.contains_key(&(layer, b)) {
-                    return;
-                }
-                let h = heat.entry((layer, b)).or_insert(0);
-                *h = h.saturating_add(1);
-            }
-        }
     }
 
     /// Lifetime writes of every device now (fast first, then capacity in index order).

@@ -52,7 +52,7 @@ impl Shared {
     /// Heat from reads of a tier-mode volume's data on the fast tier.
     pub fn note_read_heat(&self, rt: &VolRuntime, layer: u32, lba: u64, n: u64) {
         if rt.policy().mode == Mode::Tier {
-            self.note_rewrites(&[(layer, lba, n)]);
+            self.heat.lock().note_read(layer, lba, n);
         }
     }
 }
