@@ -284,20 +284,8 @@ impl Destager {
         if !self.under_pressure() {
             return Ok(false);
         }
-        let batches: Vec<BatchMeta> = {
-            let log = self.sh.log.lock();
-            log.batches
-                .iter()
-                .take(MAX_BATCHES_PER_STEP)
-                .take_while(|b| b.durable)
-                .cloned()
-                .collect()
-        };
-        let free = {
-            let log = self.sh.log.lock();
-            log.log_blocks.saturating_sub(log.used_blocks)
-        };
-        let s = self.survey(&batches, u64::MAX, free / 2);
+        let batches = self.durable_batches(0);
+        let s = self.survey(&batches, u64::MAX, self.free_log_blocks() / 2);
         if s.batches == 0 || s.live * 4 > s.log_blocks * 3 {
             return Ok(false);
         }
@@ -375,22 +363,30 @@ impl Destager {
         result.map(|()| freed)
     }
 
+    /// The oldest durable batches after the first `skip` (at most one step's worth).
+    fn durable_batches(&self, skip: usize) -> Vec<BatchMeta> {
+        let log = self.sh.log.lock();
+        log.batches
+            .iter()
+            .skip(skip)
+            .take(MAX_BATCHES_PER_STEP)
+            .take_while(|b| b.durable)
+            .cloned()
+            .collect()
+    }
+
+    fn free_log_blocks(&self) -> u64 {
+        let log = self.sh.log.lock();
+        log.log_blocks.saturating_sub(log.used_blocks)
+    }
+
     fn flat_out(&self) -> bool {
         self.forced() || self.sh.log.lock().fill_ratio() >= self.sh.cfg.fill_ratio_high
     }
 
     /// Plans and builds the next stripe from the durable batches after the first `skip`.
     fn next_stripe(&self, skip: usize) -> Result<Option<(Vec<Builder>, usize)>, EngineError> {
-        let batches: Vec<BatchMeta> = {
-            let log = self.sh.log.lock();
-            log.batches
-                .iter()
-                .skip(skip)
-                .take(MAX_BATCHES_PER_STEP)
-                .take_while(|b| b.durable)
-                .cloned()
-                .collect()
-        };
+        let batches = self.durable_batches(skip);
         if batches.is_empty() {
             return Ok(None);
         }
@@ -413,11 +409,7 @@ impl Destager {
             let room = width as u64 * u64::from(self.sh.layout.geo.data_blocks);
             // What is kept is written at the head before the tail moves: it must fit in half
             // the free log, the other half left to host writes meanwhile.
-            let free = {
-                let log = self.sh.log.lock();
-                log.log_blocks.saturating_sub(log.used_blocks)
-            };
-            let s = self.survey(&batches, room, free / 2);
+            let s = self.survey(&batches, room, self.free_log_blocks() / 2);
             let pressure = self.under_pressure() || self.cache_wants_room;
             let all_seen = s.batches == batches.len();
             let keep = if s.cold >= room
@@ -1086,7 +1078,7 @@ impl Destager {
                 segs.next_seq += 1;
                 (seg, seq)
             };
-            if let Err(e) = write_segment(&self.sh, seg, &builder, seq) {
+            if let Err(e) = write_segment(&self.sh, seg, builder, seq) {
                 self.sh.segs.lock().set_aside(seg);
                 tracing::error!(
                     "GC segment write failed; segment {seg} is set aside until restart: {e}"

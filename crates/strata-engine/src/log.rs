@@ -454,29 +454,29 @@ impl LogWriter {
 
     /// A batch of the destager's rewrites only (host writes are waiting for admission).
     fn gather_hot(&self, f: &mut Front, first: WriteReq) -> Vec<WriteReq> {
-        let mut blocks = 1 + first.data_blocks();
-        let mut batch = vec![first];
-        while batch.len() < MAX_RECORDS_PER_BATCH {
-            let next = match f.held.iter().position(|r| r.no_wait) {
+        self.gather_from(f, first, |w, f| {
+            match f.held.iter().position(|r| r.no_wait) {
                 Some(i) => f.held.remove(i),
-                None => self.rx_hot.try_recv().ok(),
-            };
-            let Some(r) = next else { break };
-            if blocks + r.data_blocks() > self.max_batch_blocks {
-                f.held.push_front(r);
-                break;
+                None => w.rx_hot.try_recv().ok(),
             }
-            blocks += r.data_blocks();
-            batch.push(r);
-        }
-        batch
+        })
     }
 
     fn gather(&self, f: &mut Front, first: WriteReq) -> Vec<WriteReq> {
+        self.gather_from(f, first, |w, f| w.next_waiting(f))
+    }
+
+    /// A batch of `first` and what `next` gives, within the batch limits.
+    fn gather_from(
+        &self,
+        f: &mut Front,
+        first: WriteReq,
+        mut next: impl FnMut(&Self, &mut Front) -> Option<WriteReq>,
+    ) -> Vec<WriteReq> {
         let mut blocks = 1 + first.data_blocks();
         let mut batch = vec![first];
         while batch.len() < MAX_RECORDS_PER_BATCH {
-            let Some(r) = self.next_waiting(f) else { break };
+            let Some(r) = next(self, f) else { break };
             if blocks + r.data_blocks() > self.max_batch_blocks {
                 f.held.push_front(r);
                 break;
