@@ -29,6 +29,25 @@ impl AlignedBuf {
     /// If `len` is not a multiple of [`BLOCK_SIZE`] (a caller bug: every device I/O is in whole
     /// blocks), or if the allocation fails (as `Vec` does).
     pub fn new_zeroed(len: usize) -> AlignedBuf {
+        // SAFETY: zeroed memory is initialized.
+        unsafe { Self::allocate(len, true) }
+    }
+
+    /// Allocates a buffer holding a copy of `data` (whose length must be a multiple of
+    /// [`BLOCK_SIZE`]).
+    pub fn from_slice(data: &[u8]) -> AlignedBuf {
+        // SAFETY: every byte is written below, before the buffer can be read.
+        let buf = unsafe { Self::allocate(data.len(), false) };
+        if !data.is_empty() {
+            // SAFETY: a fresh allocation of `data.len()` bytes cannot overlap `data`.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf.ptr.as_ptr(), data.len()) };
+        }
+        buf
+    }
+
+    /// # Safety
+    /// Unless `zeroed`, the caller writes all `len` bytes before any is read.
+    unsafe fn allocate(len: usize, zeroed: bool) -> AlignedBuf {
         assert!(
             crate::check::is_block_aligned(len as u64),
             "AlignedBuf length {len} is not a multiple of {BLOCK_SIZE}"
@@ -41,19 +60,17 @@ impl AlignedBuf {
         }
         let layout = Self::layout(len);
         // SAFETY: the layout has a non-zero size.
-        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let raw = unsafe {
+            if zeroed {
+                alloc::alloc_zeroed(layout)
+            } else {
+                alloc::alloc(layout)
+            }
+        };
         let Some(ptr) = NonNull::new(raw) else {
             alloc::handle_alloc_error(layout)
         };
         AlignedBuf { ptr, len }
-    }
-
-    /// Allocates a buffer holding a copy of `data` (whose length must be a multiple of
-    /// [`BLOCK_SIZE`]).
-    pub fn from_slice(data: &[u8]) -> AlignedBuf {
-        let mut buf = AlignedBuf::new_zeroed(data.len());
-        buf.copy_from_slice(data);
-        buf
     }
 
     /// Length in bytes.

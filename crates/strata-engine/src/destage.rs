@@ -37,6 +37,9 @@ const GC_OUTPUTS: usize = 4;
 const KEEP_READ_BLOCKS: u64 = 1024;
 /// Log blocks one stripe reads at most (64 MiB).
 const MAX_STEP_READ_BLOCKS: u64 = 16384;
+/// Bounds of the destager's pause after a step that found nothing worth moving.
+const REST_MIN: Duration = Duration::from_millis(20);
+const REST_MAX: Duration = Duration::from_millis(500);
 
 pub struct Destager {
     pub(crate) sh: Arc<Shared>,
@@ -126,11 +129,13 @@ impl Destager {
             // Flat out, a step pipelines several stripes; paced, one at a time.
             let stripes = if duty >= 1.0 { MAX_STRIPES_PER_STEP } else { 1 };
             match self.step(stripes) {
-                Ok(0) => self.idle(Duration::from_millis(20)),
+                // Nothing worth moving yet. Looking again costs a survey of the tail, so the
+                // next look waits at least 20 times as long as this one took.
+                Ok(0) => self.rest((started.elapsed() * 20).clamp(REST_MIN, REST_MAX)),
                 Ok(_) if duty < 1.0 => {
                     let busy = started.elapsed().as_secs_f64();
                     let pause = busy * (1.0 - duty) / duty;
-                    self.idle(Duration::from_secs_f64(pause.min(1.0)));
+                    self.rest(Duration::from_secs_f64(pause.min(1.0)));
                 }
                 Ok(_) => {}
                 Err(EngineError::NoSpace) => match self.make_room() {
@@ -164,6 +169,14 @@ impl Destager {
             }
         }
         crate::maint::run(self)
+    }
+
+    /// A pause the log writer's per-batch nudges do not cut short (see
+    /// `Shared::nudge_destager`); explicit wakes and a log past its high mark do.
+    fn rest(&self, d: Duration) {
+        self.sh.destager_resting.store(true, Ordering::Relaxed);
+        self.idle(d);
+        self.sh.destager_resting.store(false, Ordering::Relaxed);
     }
 
     pub(crate) fn idle(&self, d: Duration) {
@@ -409,8 +422,15 @@ impl Destager {
             let room = width as u64 * u64::from(self.sh.layout.geo.data_blocks);
             // What is kept is written at the head before the tail moves: it must fit in half
             // the free log, the other half left to host writes meanwhile.
-            let s = self.survey(&batches, room, self.free_log_blocks() / 2);
             let pressure = self.under_pressure() || self.cache_wants_room;
+            // Without pressure the question is only whether cold data near the tail fills a
+            // stripe: looking past four stripes of live data costs more than it finds.
+            let max_live = if pressure {
+                self.free_log_blocks() / 2
+            } else {
+                (self.free_log_blocks() / 2).min(4 * room)
+            };
+            let s = self.survey(&batches, room, max_live);
             let all_seen = s.batches == batches.len();
             let keep = if s.cold >= room
                 || (!pressure && all_seen && s.cold > 0)
@@ -635,7 +655,7 @@ impl Destager {
     /// Waits for the rewrites sent; those that completed cool their blocks.
     fn settle(&self, pending: &mut Vec<Pending<'_>>) {
         for (guard, wait, layer, lba, len) in pending.drain(..) {
-            let ok = matches!(wait.recv(), Ok(Ok(())));
+            let ok = wait.wait().is_ok();
             drop(guard);
             if ok {
                 self.cool(layer, lba, len);
@@ -707,7 +727,7 @@ impl Destager {
                 return Ok(None);
             }
         }
-        let (done, wait) = crossbeam_channel::bounded(1);
+        let (done, wait) = crate::log::reply_pair();
         let req = WriteReq {
             kind: RecordKind::Write,
             layer,
@@ -913,19 +933,13 @@ impl Destager {
         // The new copies are in the index before the tail passes the old ones, so the cache
         // keeps them (and their history) without a gap.
         for done in pending {
-            let _ = done.recv();
+            let _ = done.wait();
         }
     }
 
     /// Writes blocks `i..j` of a cache record again at the log head, if they read back intact;
     /// never waits for log space (a copy with no room is dropped at the tail).
-    fn recache(
-        &self,
-        r: &RecMeta,
-        i: u32,
-        j: u32,
-        pending: &mut Vec<crossbeam_channel::Receiver<Result<(), EngineError>>>,
-    ) {
+    fn recache(&self, r: &RecMeta, i: u32, j: u32, pending: &mut Vec<crate::log::ReplyRx>) {
         let from = r.data_start + u64::from(i);
         let mut data = AlignedBuf::new_zeroed((j - i) as usize * BLOCK);
         if self
@@ -942,7 +956,7 @@ impl Destager {
         if !intact {
             return;
         }
-        let (done, wait) = crossbeam_channel::bounded(1);
+        let (done, wait) = crate::log::reply_pair();
         let req = WriteReq {
             kind: RecordKind::Cache,
             layer: r.layer,
@@ -966,7 +980,7 @@ impl Destager {
                 // A full queue: let the writes already queued finish, then try once more.
                 Err(crossbeam_channel::TrySendError::Full(back)) if !pending.is_empty() => {
                     for p in pending.drain(..) {
-                        let _ = p.recv();
+                        let _ = p.wait();
                     }
                     req = back;
                 }
@@ -1158,7 +1172,7 @@ struct Inflight<'s> {
 
 type Pending<'a> = (
     crate::rangelock::RangeGuard<'a>,
-    crossbeam_channel::Receiver<Result<(), EngineError>>,
+    crate::log::ReplyRx,
     u32,
     u64,
     u64,

@@ -589,6 +589,17 @@ impl DiskGroup {
     ) -> Result<(), EngineError> {
         let (b0, b1) = block_span(offset, data.len() as u64);
         let n = b1 - b0;
+        // A record, with its batch header, must fit one batch and so one segment.
+        let record_blocks =
+            (self.sh.cfg.max_batch_bytes as u64 / BLOCK_U64 - 1).min(MAX_RECORD_BLOCKS);
+        if offset.is_multiple_of(BLOCK_U64)
+            && data.len() as u64 == n * BLOCK_U64
+            && n <= record_blocks
+        {
+            // Whole blocks in one record: one copy, straight into the request.
+            let d = AlignedBuf::from_slice(data);
+            return self.submit(RecordKind::Write, head, b0, n, Some(d))?.wait();
+        }
         let mut buf = AlignedBuf::new_zeroed((n * BLOCK_U64) as usize);
         let head_gap = (offset - b0 * BLOCK_U64) as usize;
         let end = head_gap + data.len();
@@ -602,9 +613,6 @@ impl DiskGroup {
         buf[head_gap..end].copy_from_slice(data);
         let mut waits = Vec::new();
         let mut lba = b0;
-        // A record, with its batch header, must fit one batch and so one segment.
-        let record_blocks =
-            (self.sh.cfg.max_batch_bytes as u64 / BLOCK_U64 - 1).min(MAX_RECORD_BLOCKS);
         for chunk in buf.chunks(record_blocks as usize * BLOCK) {
             let mut d = AlignedBuf::new_zeroed(chunk.len());
             d.copy_from_slice(chunk);
@@ -629,8 +637,8 @@ impl DiskGroup {
         lba: u64,
         nblocks: u64,
         data: Option<AlignedBuf>,
-    ) -> Result<crossbeam_channel::Receiver<Result<(), EngineError>>, EngineError> {
-        let (done, wait) = crossbeam_channel::bounded(1);
+    ) -> Result<log::ReplyRx, EngineError> {
+        let (done, wait) = log::reply_pair();
         let tx = self.tx.lock().clone().ok_or(EngineError::ShuttingDown)?;
         tx.send(WriteReq {
             kind,
@@ -692,8 +700,7 @@ impl DiskGroup {
         if !self.sh.ranges.try_claim(head, b0, b0 + n) {
             return Err(done);
         }
-        let mut d = AlignedBuf::new_zeroed(data.len());
-        d.copy_from_slice(data);
+        let d = AlignedBuf::from_slice(data);
         let sh = self.sh.clone();
         let key = (head, b0, b0 + n);
         // The callback stays reachable until the request is queued, so a refusal can hand it back.
@@ -1039,12 +1046,10 @@ impl Drop for DiskGroup {
     }
 }
 
-fn wait_all(
-    waits: Vec<crossbeam_channel::Receiver<Result<(), EngineError>>>,
-) -> Result<(), EngineError> {
+fn wait_all(waits: Vec<log::ReplyRx>) -> Result<(), EngineError> {
     let mut result = Ok(());
     for w in waits {
-        let r = w.recv().unwrap_or(Err(EngineError::ShuttingDown));
+        let r = w.wait();
         if result.is_ok() {
             result = r;
         }

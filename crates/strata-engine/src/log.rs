@@ -1,16 +1,18 @@
 //! The write log on the fast device: a circular area of batches written with group commit.
 //!
-//! One thread owns the log head. It gathers the requests waiting in its bounded queues into a
-//! batch (one header block with up to 62 record headers, then the records' data), writes the
-//! batch in one device write, flushes, applies it to the index and only then completes the
-//! requests. So a completed write is durable and visible to every reader.
+//! One committer thread at a time owns the log head. It gathers the requests waiting in the
+//! bounded queues into a batch (one header block with up to 62 record headers, then the
+//! records' data) and places it; then it writes the batch in one durable device write while
+//! the next committer gathers. Batches are applied to the index and their requests completed
+//! in log order, each only after it is durable. So a completed write is durable and visible
+//! to every reader, and so is every write completed before it.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{select, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use crossbeam_channel::{select, Receiver, RecvTimeoutError, TryRecvError};
 use parking_lot::{Condvar, Mutex};
 use strata_device::AlignedBuf;
 
@@ -186,21 +188,75 @@ pub struct WriteReq {
     pub vol: u32,
 }
 
-/// How a request is answered: a channel a thread waits on, or a callback run by the engine
+/// How a request is answered: a slot a thread waits on, or a callback run by the engine
 /// thread that retires the batch (it must not block).
 pub enum Done {
-    Chan(Sender<Result<(), EngineError>>),
+    Chan(ReplyTx),
     Call(Box<dyn FnOnce(Result<(), EngineError>) + Send>),
 }
 
 impl Done {
     pub fn send(self, r: Result<(), EngineError>) {
         match self {
-            // A caller that went away no longer needs the answer.
-            Done::Chan(tx) => {
-                let _ = tx.send(r);
-            }
+            Done::Chan(tx) => tx.send(r),
             Done::Call(f) => f(r),
+        }
+    }
+}
+
+/// One answer for one waiting thread. Unlike a channel it never spins: with dozens of
+/// writers waiting on two cores, spinning and yielding waiters took CPU from the log writer.
+struct ReplySlot {
+    answer: std::sync::Mutex<Option<Result<(), EngineError>>>,
+    ready: std::sync::Condvar,
+}
+
+/// The answering half of [`reply_pair`]; dropped unanswered, it answers `ShuttingDown`.
+pub struct ReplyTx(Option<Arc<ReplySlot>>);
+
+/// The waiting half of [`reply_pair`].
+pub struct ReplyRx(Arc<ReplySlot>);
+
+pub fn reply_pair() -> (ReplyTx, ReplyRx) {
+    let slot = Arc::new(ReplySlot {
+        answer: std::sync::Mutex::new(None),
+        ready: std::sync::Condvar::new(),
+    });
+    (ReplyTx(Some(slot.clone())), ReplyRx(slot))
+}
+
+impl ReplyTx {
+    pub fn send(mut self, r: Result<(), EngineError>) {
+        if let Some(slot) = self.0.take() {
+            Self::answer(&slot, r);
+        }
+    }
+
+    fn answer(slot: &ReplySlot, r: Result<(), EngineError>) {
+        let mut a = slot.answer.lock().unwrap_or_else(|p| p.into_inner());
+        *a = Some(r);
+        drop(a);
+        slot.ready.notify_one();
+    }
+}
+
+impl Drop for ReplyTx {
+    fn drop(&mut self) {
+        if let Some(slot) = self.0.take() {
+            Self::answer(&slot, Err(EngineError::ShuttingDown));
+        }
+    }
+}
+
+impl ReplyRx {
+    /// Blocks until the request is answered.
+    pub fn wait(self) -> Result<(), EngineError> {
+        let mut a = self.0.answer.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(r) = a.take() {
+                return r;
+            }
+            a = self.0.ready.wait(a).unwrap_or_else(|p| p.into_inner());
         }
     }
 }
@@ -319,15 +375,19 @@ impl LogWriter {
     }
 
     fn committer(&self) {
+        // The batch buffer, reused: a fresh allocation of a large batch is a fresh mapping
+        // whose pages the kernel faults in and clears on every batch.
+        let mut scratch = AlignedBuf::new_zeroed(0);
         while let Some(t) = self.take_batch() {
             let (buf, crcs) = build_batch(
+                &mut scratch,
                 &self.sh.layout.group,
                 self.epoch,
                 self.committed_seq.load(Ordering::Acquire),
                 &t.meta,
                 &t.reqs,
             );
-            let result = write_durably(&self.sh, &buf, self.sh.layout.log_byte(t.meta.start));
+            let result = write_durably(&self.sh, buf, self.sh.layout.log_byte(t.meta.start));
             self.retire(t, &crcs, result);
         }
     }
@@ -576,9 +636,8 @@ impl LogWriter {
                     .host_write_bytes
                     .fetch_add(bytes, Ordering::Relaxed);
                 reply_all(t.reqs, || Ok(()));
-                if self.sh.log.lock().fill_ratio() >= self.sh.cfg.fill_ratio_low {
-                    self.sh.wake_destager();
-                }
+                let fill = self.sh.log.lock().fill_ratio();
+                self.sh.nudge_destager(fill);
             }
             Err(e) => {
                 let why = e.to_string();
@@ -859,14 +918,22 @@ fn describe(
 }
 
 /// The batch as it goes to the device, and the crc of each data block.
-fn build_batch(
+/// Lays out a batch in `scratch` (grown when too small) and returns the part to write, with
+/// the crc of each data block. Every byte of that part is written here: the header block,
+/// then each record's data back to back.
+fn build_batch<'a>(
+    scratch: &'a mut AlignedBuf,
     group: &Uuid,
     epoch: u32,
     committed_seq: u64,
     meta: &BatchMeta,
     batch: &[WriteReq],
-) -> (AlignedBuf, Vec<u32>) {
-    let mut buf = AlignedBuf::new_zeroed((meta.blocks * BLOCK_U64) as usize);
+) -> (&'a [u8], Vec<u32>) {
+    let len = (meta.blocks * BLOCK_U64) as usize;
+    if scratch.len() < len {
+        *scratch = AlignedBuf::new_zeroed(len);
+    }
+    let buf = &mut scratch[..len];
     let mut crcs = Vec::with_capacity(meta.blocks as usize - 1);
     let mut headers = Vec::with_capacity(batch.len());
     let mut at = BLOCK;
@@ -897,6 +964,7 @@ fn build_batch(
         records: headers,
     };
     buf[..BLOCK].copy_from_slice(&h.encode());
+    debug_assert_eq!(at, len, "a batch's records fill it exactly");
     (buf, crcs)
 }
 

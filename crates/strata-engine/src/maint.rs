@@ -300,7 +300,7 @@ fn merge_chunk(sh: &Shared, layer: u32, child: u32, ents: &[Entry]) -> Result<()
 /// are marked for rewriting; the next flush moves them and the segment frees.
 fn clean_index_segments(d: &mut Destager) -> Result<(), EngineError> {
     let sh = d.sh.clone();
-    let seg_blocks = (sh.layout.segment_size_bytes / crate::format::BLOCK_U64) as u64;
+    let seg_blocks = sh.layout.segment_size_bytes / crate::format::BLOCK_U64;
     let victim = {
         let segs = sh.segs.lock();
         let metas: Vec<(usize, u32)> = segs

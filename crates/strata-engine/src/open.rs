@@ -300,6 +300,7 @@ fn new_shared(
         vols: RwLock::new(Default::default()),
         destage_wake: Condvar::new(),
         destage_wake_lock: Mutex::new(false),
+        destager_resting: AtomicBool::new(false),
         wear_at_open,
         write_counter_at_open,
         meta_reserve,

@@ -237,6 +237,9 @@ pub struct Shared {
     pub heat: Mutex<crate::heat::Heat>,
     pub destage_wake: Condvar,
     pub destage_wake_lock: Mutex<bool>,
+    /// Set while the destager pauses on purpose (pacing, or nothing worth moving yet): the log
+    /// writer's per-batch nudges do not end the pause; explicit wakes and a full log do.
+    pub destager_resting: AtomicBool,
     /// Each device's lifetime writes as of opening (fast first); the device's own counters
     /// add what was written since.
     pub wear_at_open: Vec<DeviceWear>,
@@ -406,6 +409,15 @@ impl Shared {
         let mut w = self.destage_wake_lock.lock();
         *w = true;
         self.destage_wake.notify_all();
+    }
+
+    /// New data in the log at `fill`: wakes the destager past the low mark, unless it is
+    /// resting and the log is still below the high mark.
+    pub fn nudge_destager(&self, fill: f64) {
+        let resting = self.destager_resting.load(Ordering::Relaxed);
+        if fill >= self.cfg.fill_ratio_high || (fill >= self.cfg.fill_ratio_low && !resting) {
+            self.wake_destager();
+        }
     }
 }
 

@@ -902,8 +902,7 @@ fn async_writes_complete_durably_and_refuse_what_must_wait() {
     let never: WriteDone = Box::new(|_| panic!("a refused write must not complete"));
     let back = dg
         .write_async(v, 100, &[7u8; 4096], never)
-        .err()
-        .expect("unaligned refused");
+        .expect_err("unaligned refused");
     drop(back);
     let s = dg.create_snapshot("a", "s").unwrap();
     let never: WriteDone = Box::new(|_| panic!("a refused write must not complete"));

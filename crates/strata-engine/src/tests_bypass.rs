@@ -80,7 +80,7 @@ fn sequential_writes_past_the_cutoff_bypass_the_log_and_survive_a_power_cut() {
     );
     check(rig.dg(), v, 0, &tagged(0, span, 2), "after the stream");
     // A newer small write inside the bypassed part wins over it.
-    let newer = (2 * MIB + 8192) as u64;
+    let newer = 2 * MIB + 8192;
     rig.dg().write(v, newer, &tagged(newer, 4096, 3)).unwrap();
     let mut model = tagged(0, span, 2);
     model[newer as usize..newer as usize + 4096].copy_from_slice(&tagged(newer, 4096, 3));
