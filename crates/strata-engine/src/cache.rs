@@ -132,10 +132,11 @@ impl ReadCache {
     /// Whether the copy at `fast` of (seg, block), which the log tail is about to pass, is
     /// worth writing again at the head: it is the current, valid copy, and it was read since
     /// the last pass (its hits are halved: a copy read often survives several passes without
-    /// reads), or it has gone unread for fewer passes than the cache keeps such copies now.
-    pub fn take_second_chance(&mut self, seg: u32, block: u32, fast: u64) -> bool {
+    /// reads), or it has gone unread for fewer passes than the cache keeps such copies now
+    /// (never when `keep_idle` is false: the write buffer needs the room).
+    pub fn take_second_chance(&mut self, seg: u32, block: u32, fast: u64, keep_idle: bool) -> bool {
         let gen = self.gen_of(seg);
-        let limit = self.idle_limit as u8;
+        let limit = if keep_idle { self.idle_limit as u8 } else { 0 };
         match self.entries.get_mut(&(seg, block)) {
             Some(e) if e.fast == fast && e.gen == gen && e.hits > 0 => {
                 e.hits /= 2;
@@ -317,11 +318,20 @@ mod tests {
         c.adapt(1.0);
         c.adapt(1.0);
         c.adapt(1.0); // a full cache: the unread-pass allowance drops (4 -> 2.75)
-        assert!(c.take_second_chance(2, 0, 900), "read once: one more pass");
-        assert!(c.take_second_chance(2, 0, 900), "unread: 1 of 2 passes");
-        assert!(c.take_second_chance(2, 0, 900), "unread: 2 of 2 passes");
         assert!(
-            !c.take_second_chance(2, 0, 900),
+            c.take_second_chance(2, 0, 900, true),
+            "read once: one more pass"
+        );
+        assert!(
+            c.take_second_chance(2, 0, 900, true),
+            "unread: 1 of 2 passes"
+        );
+        assert!(
+            c.take_second_chance(2, 0, 900, true),
+            "unread: 2 of 2 passes"
+        );
+        assert!(
+            !c.take_second_chance(2, 0, 900, true),
             "unread beyond the allowance"
         );
         // A cache with room keeps unread copies longer, and a copy's history survives being
@@ -332,13 +342,24 @@ mod tests {
         c.lookup(2, 0);
         c.insert(2, 0, 1, 950, 0);
         assert!(
-            c.take_second_chance(2, 0, 950),
+            c.take_second_chance(2, 0, 950, true),
             "the read before the rewrite was lost"
         );
         let kept = (0..1000)
-            .take_while(|_| c.take_second_chance(2, 0, 950))
+            .take_while(|_| c.take_second_chance(2, 0, 950, true))
             .count();
         assert_eq!(kept, MAX_IDLE_PASSES as usize);
+        // With the write buffer under pressure an unread copy gets no pass; a read one still does.
+        c.insert(2, 0, 1, 950, 0);
+        assert!(
+            !c.take_second_chance(2, 0, 950, false),
+            "unread, under pressure"
+        );
+        c.lookup(2, 0);
+        assert!(
+            c.take_second_chance(2, 0, 950, false),
+            "read since, under pressure"
+        );
         assert_eq!(c.forget(2, 0, 1, 900), 0, "moved on since");
         assert_eq!(c.forget(2, 0, 1, 950), 1);
         assert_eq!(c.lookup(2, 0), None);

@@ -906,6 +906,10 @@ impl Destager {
             return;
         }
         self.sh.cache.lock().adapt(fill);
+        // Past the high mark host writes wait for room: copies nobody read since the last
+        // pass are dropped, not written again (each such pass cost host writes its share of
+        // the log bandwidth, and the log filled while the tail went round the cache).
+        let keep_idle = !self.under_pressure();
         let mut pending = Vec::new();
         for r in records {
             let (seg, block0) = (r.layer, r.lba as u32);
@@ -916,6 +920,7 @@ impl Destager {
                         seg,
                         block0 + k,
                         r.data_start + u64::from(k),
+                        keep_idle,
                     )
                 };
                 if !keep(i) {
