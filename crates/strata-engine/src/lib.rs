@@ -589,9 +589,7 @@ impl DiskGroup {
     ) -> Result<(), EngineError> {
         let (b0, b1) = block_span(offset, data.len() as u64);
         let n = b1 - b0;
-        // A record, with its batch header, must fit one batch and so one segment.
-        let record_blocks =
-            (self.sh.cfg.max_batch_bytes as u64 / BLOCK_U64 - 1).min(MAX_RECORD_BLOCKS);
+        let record_blocks = self.max_record_blocks();
         if offset.is_multiple_of(BLOCK_U64)
             && data.len() as u64 == n * BLOCK_U64
             && n <= record_blocks
@@ -621,6 +619,12 @@ impl DiskGroup {
             lba += nb;
         }
         wait_all(waits)
+    }
+
+    /// The most blocks one Write record takes: with its batch header it must fit one batch,
+    /// and so one segment.
+    fn max_record_blocks(&self) -> u64 {
+        (self.sh.cfg.max_batch_bytes as u64 / BLOCK_U64 - 1).min(MAX_RECORD_BLOCKS)
     }
 
     /// Waits until the volume's I/O limits admit a request (no wait without limits).
@@ -669,8 +673,7 @@ impl DiskGroup {
         data: &[u8],
         done: WriteDone,
     ) -> Result<(), WriteDone> {
-        let max_bytes =
-            (self.sh.cfg.max_batch_bytes as u64 / BLOCK_U64 - 1).min(MAX_RECORD_BLOCKS) * BLOCK_U64;
+        let max_bytes = self.max_record_blocks() * BLOCK_U64;
         let whole = offset.is_multiple_of(BLOCK_U64)
             && (data.len() as u64).is_multiple_of(BLOCK_U64)
             && !data.is_empty();

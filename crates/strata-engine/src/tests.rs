@@ -176,6 +176,32 @@ pub(crate) fn seed_for(test: &str) -> u64 {
     seed
 }
 
+/// Four writer threads, each with its own generator seeded from `seed`; `writes(t, rng,
+/// write)` issues thread `t`'s writes, each written to the volume and then to `model`. Each
+/// thread must keep to its own quarter of the volume, so the model needs no ordering.
+fn write_in_quarters(
+    dg: &DiskGroup,
+    v: u32,
+    model: &parking_lot::Mutex<Vec<u8>>,
+    seed: u64,
+    writes: impl Fn(u64, &mut StdRng, &mut dyn FnMut(u64, Vec<u8>)) + Sync,
+) {
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let writes = &writes;
+            s.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed ^ t);
+                writes(t, &mut rng, &mut |off, data| {
+                    if let Err(e) = dg.write(v, off, &data) {
+                        panic!("write: {e}: {:?}", dg.stats())
+                    }
+                    model.lock()[off as usize..off as usize + data.len()].copy_from_slice(&data);
+                });
+            });
+        }
+    });
+}
+
 fn check_volume(dg: &DiskGroup, vol: u32, model: &[u8], what: &str) {
     let mut buf = vec![0u8; model.len()];
     dg.read(vol, 0, &mut buf)
@@ -467,31 +493,18 @@ fn stress_hot_set_overwrites_with_destage_and_gc() {
     let dg = rig.dg.clone().expect("running");
     let size = 8 * MIB;
     let v = dg.create_volume("hot", size).unwrap().id;
-    let model = Arc::new(parking_lot::Mutex::new(vec![0u8; size as usize]));
-    let threads: Vec<_> = (0..4u64)
-        .map(|t| {
-            let dg = dg.clone();
-            let model = model.clone();
-            std::thread::spawn(move || {
-                let mut rng = StdRng::seed_from_u64(seed ^ t);
-                // Each thread owns a quarter of the volume, so the model needs no ordering.
-                let base = t * size / 4;
-                for i in 0..1500u32 {
-                    let blocks = rng.gen_range(1..8u64);
-                    let off = base + rng.gen_range(0..(size / 4 / 4096 - blocks)) * 4096;
-                    let data = vec![(i as u8).wrapping_add(t as u8 * 64); (blocks * 4096) as usize];
-                    if let Err(e) = dg.write(v, off, &data) {
-                        panic!("write: {e}: {:?}", dg.stats())
-                    }
-                    model.lock()[off as usize..(off + blocks * 4096) as usize]
-                        .copy_from_slice(&data);
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().expect("writer thread");
-    }
+    let model = parking_lot::Mutex::new(vec![0u8; size as usize]);
+    write_in_quarters(&dg, v, &model, seed, |t, rng, write| {
+        let base = t * size / 4;
+        for i in 0..1500u32 {
+            let blocks = rng.gen_range(1..8u64);
+            let off = base + rng.gen_range(0..(size / 4 / 4096 - blocks)) * 4096;
+            write(
+                off,
+                vec![(i as u8).wrapping_add(t as u8 * 64); (blocks * 4096) as usize],
+            );
+        }
+    });
     check_volume(&dg, v, &model.lock(), "after the stress");
     let st = dg.stats();
     assert!(st.destaged_bytes_total > 0, "destager never ran: {st:?}");
@@ -509,29 +522,16 @@ fn a_rewritten_hot_set_stays_on_the_fast_tier() {
     let dg = rig.dg.clone().expect("running");
     let hot = dg.stats().log_capacity_bytes / 2 / 4096 * 4096;
     let v = dg.create_volume("hot", hot).unwrap().id;
-    let model = Arc::new(parking_lot::Mutex::new(vec![0u8; hot as usize]));
+    let model = parking_lot::Mutex::new(vec![0u8; hot as usize]);
     let cap0 = rig.caps[0].stats().write_bytes;
     let passes = 8u64;
-    let threads: Vec<_> = (0..4u64)
-        .map(|t| {
-            let dg = dg.clone();
-            let model = model.clone();
-            std::thread::spawn(move || {
-                let mut rng = StdRng::seed_from_u64(seed ^ t);
-                // Each thread owns a quarter of the volume, so the model needs no ordering.
-                let quarter = hot / 4 / 4096;
-                for i in 0..passes * quarter {
-                    let off = (t * quarter + rng.gen_range(0..quarter)) * 4096;
-                    let data = vec![(i as u8) ^ (t as u8 * 64); 4096];
-                    dg.write(v, off, &data).expect("write");
-                    model.lock()[off as usize..off as usize + 4096].copy_from_slice(&data);
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().expect("writer thread");
-    }
+    write_in_quarters(&dg, v, &model, seed, |t, rng, write| {
+        let quarter = hot / 4 / 4096;
+        for i in 0..passes * quarter {
+            let off = (t * quarter + rng.gen_range(0..quarter)) * 4096;
+            write(off, vec![(i as u8) ^ (t as u8 * 64); 4096]);
+        }
+    });
     check_volume(&dg, v, &model.lock(), "after the overwrites");
     let st = dg.stats();
     let host = passes * hot;
