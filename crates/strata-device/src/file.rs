@@ -6,12 +6,13 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::check::{check_io, check_range, io_error};
 use crate::stats::Counters;
 use crate::uring::{execute_on_caller_ring, probe, Op};
-use crate::{os, Device, DeviceError, DeviceStats, BLOCK_SIZE};
+use crate::uring_async::{AsyncReads, MAX_ASYNC_READ_BYTES};
+use crate::{os, AlignedBuf, Device, DeviceError, DeviceStats, ReadDone, BLOCK_SIZE};
 
 /// The smallest device Strata accepts: anything smaller is almost certainly a wrong path or a
 /// size given in the wrong unit.
@@ -75,6 +76,8 @@ enum Engine {
 /// A regular file or block device opened with O_DIRECT. See the crate documentation for the
 /// contract; discards punch holes in files and issue BLKDISCARD on block devices.
 pub struct FileDevice {
+    /// The asynchronous read path, started by the first `read_async` (io_uring only).
+    reads: OnceLock<Option<AsyncReads>>,
     /// How I/O is issued (io_uring on the caller's thread, or plain system calls).
     engine: Engine,
     file: File,
@@ -82,7 +85,7 @@ pub struct FileDevice {
     kind: Kind,
     size_bytes: u64,
     preallocated: bool,
-    counters: Counters,
+    counters: Arc<Counters>,
 }
 
 fn open_error(path: &Path, what: impl std::fmt::Display) -> DeviceError {
@@ -101,13 +104,14 @@ impl FileDevice {
         let name = path.display().to_string();
         let engine = start_engine(path, &name, options.backend)?;
         Ok(FileDevice {
+            reads: OnceLock::new(),
             engine,
             file,
             name,
             kind,
             size_bytes,
             preallocated,
-            counters: Counters::new(),
+            counters: Arc::new(Counters::new()),
         })
     }
 
@@ -338,6 +342,26 @@ impl Device for FileDevice {
             Engine::Threads => os::pread_full(self.fd(), buf, offset),
         };
         self.finish(result, offset, |c| c.record_read(len as u64))
+    }
+
+    /// Through the device's shared ring and completion thread (see `uring_async`); the
+    /// threads backend has no such path and hands every read back.
+    fn read_async(&self, buf: AlignedBuf, offset: u64, done: ReadDone) -> Result<(), (AlignedBuf, ReadDone)> {
+        if !matches!(self.engine, Engine::Uring) || buf.len() > MAX_ASYNC_READ_BYTES {
+            return Err((buf, done));
+        }
+        if check_io(&self.name, self.size_bytes, buf.as_ptr() as usize, buf.len(), offset).is_err() {
+            return Err((buf, done));
+        }
+        let reads = self.reads.get_or_init(|| {
+            AsyncReads::start(&self.file, &self.name, self.counters.clone())
+                .inspect_err(|e| tracing::warn!(device = %self.name, error = %e, "no asynchronous reads: io_uring setup failed"))
+                .ok()
+        });
+        match reads {
+            Some(reads) => reads.read(buf, offset, done),
+            None => Err((buf, done)),
+        }
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {

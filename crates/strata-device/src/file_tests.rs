@@ -240,6 +240,68 @@ fn more_callers_than_ring_slots() {
     assert_eq!(dev.stats().write_ops, 1200);
 }
 
+/// Asynchronous reads: many started at once from one thread, more than may be in flight;
+/// each taken read completes once with its own block, refused ones come back untouched, the
+/// threads backend and misaligned reads are refused, and dropping the device waits for reads
+/// still in flight.
+#[test]
+fn async_reads_complete_once_with_their_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let threads = FileDevice::open(&dir.path().join("t"), &options(MIB, IoBackend::ThreadPool)).unwrap();
+    let refused = threads.read_async(AlignedBuf::new_zeroed(BLOCK_SIZE), 0, Box::new(|_, _| panic!("ran")));
+    assert!(refused.is_err(), "the threads backend has no asynchronous path");
+    if !io_uring_available() {
+        return;
+    }
+    let dev = FileDevice::open(&dir.path().join("dev"), &options(MIB, IoBackend::IoUring)).unwrap();
+    let blocks = MIB / BLOCK; // 256: every block's pattern seed differs
+    for b in 0..blocks {
+        dev.write_at(&pattern(1, b as u8), b * BLOCK).unwrap();
+    }
+    let misaligned = dev.read_async(AlignedBuf::new_zeroed(BLOCK_SIZE), 512, Box::new(|_, _| panic!("ran")));
+    let (back, _) = misaligned.expect_err("a misaligned read is handed back");
+    assert_eq!(back.len(), BLOCK_SIZE);
+    let reads_before = dev.stats().read_ops;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut started = 0u64;
+    let mut handed_back = 0;
+    for round in 0..3 {
+        for b in 0..blocks {
+            let tx = tx.clone();
+            let done: ReadDone = Box::new(move |buf, result| tx.send((b, round, buf, result.is_ok())).unwrap());
+            match dev.read_async(AlignedBuf::new_zeroed(BLOCK_SIZE), b * BLOCK, done) {
+                Ok(()) => started += 1,
+                Err((buf, _)) => {
+                    assert!(buf.iter().all(|&x| x == 0), "a refused read's buffer is untouched");
+                    handed_back += 1;
+                }
+            }
+        }
+    }
+    drop(tx);
+    let mut seen = std::collections::HashSet::new();
+    for (b, round, buf, ok) in rx.iter().take(started as usize) {
+        assert!(ok, "read of block {b} failed");
+        assert_eq!(buf, pattern(1, b as u8), "block {b}");
+        assert!(seen.insert((b, round)), "block {b} round {round} completed twice");
+    }
+    assert_eq!(seen.len() as u64, started);
+    assert!(started > 0 && started + handed_back == 3 * blocks);
+    assert_eq!(dev.stats().read_ops - reads_before, started);
+    // Reads still in flight when the device is dropped finish before the file closes.
+    let (tx, rx) = std::sync::mpsc::channel();
+    for b in 0..64 {
+        let tx = tx.clone();
+        let done: ReadDone = Box::new(move |buf, result| tx.send((b, buf, result.is_ok())).unwrap());
+        dev.read_async(AlignedBuf::new_zeroed(BLOCK_SIZE), b * BLOCK, done).ok().expect("room for 64 reads");
+    }
+    drop(tx);
+    drop(dev);
+    let done: Vec<_> = rx.iter().collect();
+    assert_eq!(done.len(), 64);
+    assert!(done.iter().all(|(b, buf, ok)| *ok && *buf == pattern(1, *b as u8)));
+}
+
 #[test]
 fn auto_backend_reports_a_name() {
     let dir = tempfile::tempdir().unwrap();

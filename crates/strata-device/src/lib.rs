@@ -32,6 +32,7 @@ mod sim;
 mod stats;
 mod throttle;
 mod uring;
+mod uring_async;
 
 pub use aligned::AlignedBuf;
 pub use error::DeviceError;
@@ -45,12 +46,26 @@ pub use throttle::{mixed_cost_per_byte, ThrottleConfig, Throttled, DEFAULT_MIX_W
 /// The unit of every device I/O, in bytes.
 pub const BLOCK_SIZE: usize = 4096;
 
+/// Called once with the buffer of a read started by [`Device::read_async`] and its outcome
+/// (the buffer is filled on success). It runs on the device's completion thread and must not
+/// block.
+pub type ReadDone = Box<dyn FnOnce(AlignedBuf, Result<(), DeviceError>) + Send + 'static>;
+
 /// A block device or file as Strata uses it.
 pub trait Device: Send + Sync {
     /// Usable size in bytes (a multiple of [`BLOCK_SIZE`]).
     fn size_bytes(&self) -> u64;
     /// Fills `buf` from `offset`.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError>;
+    /// Starts a read of `buf.len()` bytes at `offset` and returns at once; `done` gets the
+    /// buffer and the outcome. Devices without an asynchronous path, and reads it cannot take
+    /// now (too many in flight, too large, misaligned), are handed back untouched: the
+    /// caller then uses [`Device::read_at`] on a thread that may block.
+    #[allow(clippy::result_large_err)]
+    fn read_async(&self, buf: AlignedBuf, offset: u64, done: ReadDone) -> Result<(), (AlignedBuf, ReadDone)> {
+        let _ = offset;
+        Err((buf, done))
+    }
     /// Writes `buf` at `offset` (not durable until `flush`).
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError>;
     /// Makes every completed write durable (fdatasync / device cache flush).

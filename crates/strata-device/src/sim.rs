@@ -11,13 +11,14 @@
 
 use std::collections::BTreeMap;
 use std::io;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
 use crate::check::{check_io, check_range, io_error};
 use crate::rng::SplitMix64;
 use crate::stats::Counters;
-use crate::{Device, DeviceError, DeviceStats, BLOCK_SIZE};
+use crate::{AlignedBuf, Device, DeviceError, DeviceStats, ReadDone, BLOCK_SIZE};
 
 const BLOCK: u64 = BLOCK_SIZE as u64;
 /// Torn writes happen at sector granularity: a sector is written entirely or not at all.
@@ -109,11 +110,29 @@ struct SimState {
 /// An in-memory [`Device`] with a volatile write cache, crash simulation and fault injection.
 /// See the module documentation.
 pub struct MemDevice {
+    sim: Arc<Sim>,
+    /// The completion thread of asynchronous reads, started by the first one.
+    completions: OnceLock<crossbeam_channel::Sender<AsyncRead>>,
+}
+
+/// The device's content and counters, shared with its completion thread.
+pub struct Sim {
     name: String,
     size_bytes: u64,
     state: Mutex<SimState>,
     counters: Counters,
 }
+
+impl std::ops::Deref for MemDevice {
+    type Target = Sim;
+    fn deref(&self) -> &Sim {
+        &self.sim
+    }
+}
+
+/// An asynchronous read, carried out by the completion thread when it gets to it (later
+/// than its submission, as on a real device), then completed.
+type AsyncRead = (Arc<Sim>, AlignedBuf, u64, ReadDone);
 
 impl MemDevice {
     /// A zeroed device of `size_bytes` (rounded down to a multiple of 4 KiB), no I/O faults.
@@ -133,10 +152,13 @@ impl MemDevice {
             fail_next_flushes: 0,
         };
         MemDevice {
-            name: name.into(),
-            size_bytes: size_bytes - size_bytes % BLOCK,
-            state: Mutex::new(state),
-            counters: Counters::new(),
+            sim: Arc::new(Sim {
+                name: name.into(),
+                size_bytes: size_bytes - size_bytes % BLOCK,
+                state: Mutex::new(state),
+                counters: Counters::new(),
+            }),
+            completions: OnceLock::new(),
         }
     }
 
@@ -256,6 +278,32 @@ impl MemDevice {
             .count();
         (state.durable.len() + unflushed) as u64 * BLOCK
     }
+}
+
+impl Sim {
+    fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        let checked = check_io(
+            &self.name,
+            self.size_bytes,
+            buf.as_ptr() as usize,
+            buf.len(),
+            offset,
+        );
+        checked.inspect_err(|_| self.counters.record_error())?;
+        let mut state = self.state.lock();
+        if self.check_read_fault(&mut state) {
+            return Err(self.injected(offset, "read"));
+        }
+        Self::read_blocks(&state, buf, offset);
+        let flip_rate = state.faults.bit_flip_on_read_rate;
+        if !buf.is_empty() && state.rng.chance(flip_rate) {
+            let bit = state.rng.below(buf.len() as u64 * 8);
+            buf[(bit / 8) as usize] ^= 1 << (bit % 8);
+        }
+        drop(state);
+        self.counters.record_read(buf.len() as u64);
+        Ok(())
+    }
 
     fn injected(&self, offset: u64, what: &str) -> DeviceError {
         self.counters.record_error();
@@ -366,27 +414,31 @@ impl Device for MemDevice {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
-        let checked = check_io(
-            &self.name,
-            self.size_bytes,
-            buf.as_ptr() as usize,
-            buf.len(),
-            offset,
-        );
-        checked.inspect_err(|_| self.counters.record_error())?;
-        let mut state = self.state.lock();
-        if self.check_read_fault(&mut state) {
-            return Err(self.injected(offset, "read"));
-        }
-        Self::read_blocks(&state, buf, offset);
-        let flip_rate = state.faults.bit_flip_on_read_rate;
-        if !buf.is_empty() && state.rng.chance(flip_rate) {
-            let bit = state.rng.below(buf.len() as u64 * 8);
-            buf[(bit / 8) as usize] ^= 1 << (bit % 8);
-        }
-        drop(state);
-        self.counters.record_read(buf.len() as u64);
-        Ok(())
+        self.sim.read(buf, offset)
+    }
+
+    /// Reads (faults included) on a thread of the device's own, later than the call, and
+    /// completes there, as a real device's completion thread would.
+    fn read_async(&self, buf: AlignedBuf, offset: u64, done: ReadDone) -> Result<(), (AlignedBuf, ReadDone)> {
+        let completions = self.completions.get_or_init(|| {
+            let (tx, rx) = crossbeam_channel::unbounded::<AsyncRead>();
+            let complete = |(sim, mut buf, offset, done): AsyncRead| {
+                std::thread::yield_now();
+                let result = sim.read(&mut buf, offset);
+                done(buf, result)
+            };
+            let spawned = std::thread::Builder::new()
+                .name("sim-reads".into())
+                .spawn(move || rx.iter().for_each(complete));
+            // Without the thread its receiver is gone, and every read is handed back.
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "simulated device: no completion thread");
+            }
+            tx
+        });
+        completions
+            .send((self.sim.clone(), buf, offset, done))
+            .map_err(|crossbeam_channel::SendError((_, buf, _, done))| (buf, done))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {

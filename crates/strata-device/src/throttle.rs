@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::{Device, DeviceError, DeviceStats};
+use crate::{AlignedBuf, Device, DeviceError, DeviceStats, ReadDone};
 
 /// Rate limits for [`Throttled`]. Zero means "unlimited" for every field.
 ///
@@ -305,6 +305,9 @@ impl<D: Device + ?Sized> Device for Arc<D> {
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
         (**self).read_at(buf, offset)
+    }
+    fn read_async(&self, buf: AlignedBuf, offset: u64, done: ReadDone) -> Result<(), (AlignedBuf, ReadDone)> {
+        (**self).read_async(buf, offset, done)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
         (**self).write_at(buf, offset)

@@ -416,13 +416,28 @@ pub fn load_summary(sh: &Shared, seg: u32) -> Result<Arc<SegmentSummary>, Engine
 /// The crcs of data blocks `[block, block+n)` of a sealed segment: the few crc blocks that
 /// hold them, from the cache or the device (one 4 KiB read each), each checked on its own.
 pub fn block_crcs(sh: &Shared, seg: u32, block: u32, n: u32) -> Result<Vec<u32>, EngineError> {
+    gather_crcs(block, n, |idx| crc_block(sh, seg, idx))
+}
+
+/// Like [`block_crcs`] from the cache only: None when a crc block it needs is not in memory.
+pub fn cached_block_crcs(sh: &Shared, seg: u32, block: u32, n: u32) -> Option<Vec<u32>> {
+    let mut cache = sh.crc_blocks.lock();
+    gather_crcs(block, n, |idx| cache.get(&(seg, idx)).ok_or(())).ok()
+}
+
+/// The crcs of blocks `[block, block+n)` from the crc blocks that hold them.
+fn gather_crcs<E>(
+    block: u32,
+    n: u32,
+    mut crc_block: impl FnMut(u32) -> Result<Arc<Vec<u32>>, E>,
+) -> Result<Vec<u32>, E> {
     let mut out = Vec::with_capacity(n as usize);
     let (first, last) = (
         block as usize / CRCS_PER_BLOCK,
         (block + n - 1) as usize / CRCS_PER_BLOCK,
     );
     for idx in first..=last {
-        let crcs = crc_block(sh, seg, idx as u32)?;
+        let crcs = crc_block(idx as u32)?;
         let lo = (block as usize).max(idx * CRCS_PER_BLOCK) - idx * CRCS_PER_BLOCK;
         let hi = ((block + n) as usize).min((idx + 1) * CRCS_PER_BLOCK) - idx * CRCS_PER_BLOCK;
         out.extend_from_slice(&crcs[lo..hi]);

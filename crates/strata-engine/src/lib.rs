@@ -25,6 +25,7 @@ mod meta;
 mod open;
 mod policy;
 mod rangelock;
+mod read_async;
 mod replay;
 mod resolve;
 mod runtime;
@@ -35,6 +36,8 @@ mod space;
 mod tests;
 #[cfg(test)]
 mod tests_bypass;
+#[cfg(test)]
+mod tests_read_async;
 #[cfg(test)]
 mod tests_scrub;
 #[cfg(test)]
@@ -59,6 +62,7 @@ pub use format::DeviceWear;
 pub use map::{ExtentMap, Loc};
 pub use open::OpenReport;
 pub use policy::{Clock, ManualClock, Mode, Policy, SystemClock};
+pub use read_async::{ReadDone, MAX_ASYNC_READ_BYTES};
 pub use runtime::VolumeFigures;
 pub use scrub::{BadBlock, ScrubOptions, ScrubReport, ScrubStatus};
 pub use space::SpaceReport;
@@ -500,15 +504,7 @@ impl DiskGroup {
     }
 
     fn corrupt(&self, view: VolumeId, lba: u64, tier: &str, dev: usize) -> EngineError {
-        self.sh.checksum_error(dev, 1);
-        let offset = lba * BLOCK_U64;
-        tracing::error!(
-            volume = view,
-            offset,
-            tier,
-            "checksum mismatch: returning an I/O error"
-        );
-        EngineError::Corrupt(format!("volume #{view} offset {offset} ({tier} tier)"))
+        corrupt_error(&self.sh, view, lba, tier, dev)
     }
 
     /// Writes `data` at byte `offset` of a volume; returns once it is durable on the fast tier.
@@ -1067,6 +1063,19 @@ struct HostRead<'a> {
     head: u32,
     /// How long the sequential stream this read continues already is.
     sequential_bytes: u64,
+}
+
+/// Counts a checksum mismatch found by a host read and makes the error it returns.
+fn corrupt_error(sh: &Shared, view: VolumeId, lba: u64, tier: &str, dev: usize) -> EngineError {
+    sh.checksum_error(dev, 1);
+    let offset = lba * BLOCK_U64;
+    tracing::error!(
+        volume = view,
+        offset,
+        tier,
+        "checksum mismatch: returning an I/O error"
+    );
+    EngineError::Corrupt(format!("volume #{view} offset {offset} ({tier} tier)"))
 }
 
 /// Blocks `[b0, b1)` touched by a byte range.

@@ -273,7 +273,7 @@ fn new_shared(
         log: Mutex::new(LogState::new(layout.log_blocks, 0, 1)),
         layout,
         durable: Mutex::new(durable),
-        reclaim: RwLock::new(()),
+        reclaim: Arc::new(RwLock::new(())),
         log_freed: Condvar::new(),
         index: RwLock::new(index),
         tree: RwLock::new(CTree::open(cp.index_root)),

@@ -36,6 +36,20 @@ pub fn resolve_view(sh: &Shared, view: u32, lba: u64, n: u64) -> Result<Vec<Piec
     Err(EngineError::Failed("the index kept missing pages".into()))
 }
 
+/// Like [`resolve_view`], but never reads index pages from the device: None when a page it
+/// needs is not in memory (for callers that must not block on I/O).
+pub fn resolve_in_memory(
+    sh: &Shared,
+    view: u32,
+    lba: u64,
+    n: u64,
+) -> Result<Option<Vec<Piece>>, EngineError> {
+    let idx = sh.index.read();
+    let v = idx.view(view)?;
+    let tree = sh.tree.read();
+    Ok(resolve_locked(&idx, &tree, &v.chain, lba, n).ok())
+}
+
 /// Resolves through `chain` with the index and tree locks held.
 pub fn resolve_locked(
     idx: &Index,

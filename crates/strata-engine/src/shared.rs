@@ -207,8 +207,10 @@ pub struct Shared {
     pub layout: Layout,
     pub durable: Mutex<Durable>,
     /// Readers hold it shared while they read from a location; space is freed under it
-    /// exclusively, so a location found in the index stays valid for the whole read.
-    pub reclaim: RwLock<()>,
+    /// exclusively, so a location found in the index stays valid for the whole read. In an
+    /// `Arc` so an asynchronous read can hold it from submission to completion, which runs
+    /// on another thread.
+    pub reclaim: Arc<RwLock<()>>,
     pub log: Mutex<LogState>,
     pub log_freed: Condvar,
     pub index: RwLock<Index>,

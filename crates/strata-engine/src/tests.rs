@@ -42,6 +42,18 @@ impl Device for Switched {
         self.check()?;
         self.inner.read_at(buf, offset)
     }
+    fn read_async(
+        &self,
+        buf: AlignedBuf,
+        offset: u64,
+        done: strata_device::ReadDone,
+    ) -> Result<(), (AlignedBuf, strata_device::ReadDone)> {
+        if let Err(e) = self.check() {
+            done(buf, Err(e));
+            return Ok(());
+        }
+        self.inner.read_async(buf, offset, done)
+    }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
         self.check()?;
         self.inner.write_at(buf, offset)
@@ -128,6 +140,10 @@ impl Rig {
         self.dg.as_ref().expect("running")
     }
 
+    pub fn group(&self) -> &Arc<DiskGroup> {
+        self.dg.as_ref().expect("running")
+    }
+
     /// Power loss: all devices stop at once, then each loses (part of) its volatile cache.
     pub fn power_cut_and_restart(&mut self) {
         self.power.store(true, Ordering::SeqCst);
@@ -200,6 +216,44 @@ fn write_in_quarters(
             });
         }
     });
+}
+
+/// Reads through `read_async`, waiting for its completion; None when it was refused (the
+/// caller then reads the blocking way).
+pub(crate) fn read_async_wait(
+    dg: &Arc<DiskGroup>,
+    view: u32,
+    offset: u64,
+    len: usize,
+) -> Option<Result<Vec<u8>, EngineError>> {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let done: ReadDone = Box::new(move |r| {
+        let _ = tx.send(r);
+    });
+    dg.read_async(view, offset, len, done).ok()?;
+    Some(
+        rx.recv_timeout(Duration::from_secs(30))
+            .expect("an asynchronous read completes"),
+    )
+}
+
+/// A host read, through `read_async` when `try_async` and it is taken (counted in `taken`).
+pub(crate) fn read_either(
+    dg: &Arc<DiskGroup>,
+    view: u32,
+    offset: u64,
+    len: usize,
+    try_async: bool,
+    taken: &mut u64,
+) -> Result<Vec<u8>, EngineError> {
+    if try_async {
+        if let Some(r) = read_async_wait(dg, view, offset, len) {
+            *taken += 1;
+            return r;
+        }
+    }
+    let mut buf = vec![0u8; len];
+    dg.read(view, offset, &mut buf).map(|()| buf)
 }
 
 fn check_volume(dg: &DiskGroup, vol: u32, model: &[u8], what: &str) {
@@ -329,7 +383,7 @@ fn volumes_survive_restart_and_delete_frees_space() {
 /// sequential write cutoff, so streams of large writes bypass the log (bypass.rs). (Without
 /// room they are left out: each bypassed burst leaves part of a segment to GC, and a tier
 /// that tight would run out.)
-fn model_run(seed: u64, steps: usize, cfg: EngineConfig, caps: &[u64], room: bool) {
+fn model_run(seed: u64, steps: usize, cfg: EngineConfig, caps: &[u64], room: bool) -> u64 {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut rig = Rig::new(24 * MIB, caps, cfg, seed);
     let size = 12 * MIB as usize;
@@ -343,6 +397,7 @@ fn model_run(seed: u64, steps: usize, cfg: EngineConfig, caps: &[u64], room: boo
         .unwrap()
         .id;
     let mut model = vec![0u8; size];
+    let mut taken = 0;
     for step in 0..steps {
         let what = format!("seed {seed} step {step}");
         let t0 = std::time::Instant::now();
@@ -412,11 +467,13 @@ fn model_run(seed: u64, steps: usize, cfg: EngineConfig, caps: &[u64], room: boo
                 model[off..off + len].fill(0);
             }
             65..=79 => {
-                let len = rng.gen_range(1..300_000);
+                // Small reads go through read_async when it takes them (one stored run).
+                let len = match rng.gen_bool(0.5) {
+                    true => rng.gen_range(1..300_000),
+                    false => rng.gen_range(1..9_000),
+                };
                 let off = rng.gen_range(0..size - len);
-                let mut buf = vec![0u8; len];
-                rig.dg()
-                    .read(v, off as u64, &mut buf)
+                let buf = read_either(rig.group(), v, off as u64, len, len < 9_000, &mut taken)
                     .unwrap_or_else(|e| panic!("{what}: read: {e}"));
                 assert!(
                     buf == model[off..off + len],
@@ -449,14 +506,16 @@ fn model_run(seed: u64, steps: usize, cfg: EngineConfig, caps: &[u64], room: boo
         st.checksum_errors_total, 0,
         "seed {seed}: checksum errors without faults"
     );
+    taken
 }
 
 #[test]
 fn model_random_ops_with_power_cuts() {
     let seed = seed_for("model_random_ops_with_power_cuts");
-    for i in 0..8 {
-        model_run(seed.wrapping_add(i), 150, small_cfg(), &[40 * MIB], true);
-    }
+    let taken: u64 = (0..8)
+        .map(|i| model_run(seed.wrapping_add(i), 150, small_cfg(), &[40 * MIB], true))
+        .sum();
+    assert!(taken > 0, "seed {seed}: no read went through read_async");
 }
 
 #[test]
@@ -469,15 +528,13 @@ fn model_eager_destage_two_capacity_devices_tight_space() {
         read_cache_ratio: 0.3,
         ..small_cfg()
     };
-    for i in 0..8 {
-        model_run(
-            seed.wrapping_add(i),
-            150,
-            cfg.clone(),
-            &[14 * MIB, 14 * MIB],
-            false,
-        );
-    }
+    let taken: u64 = (0..8)
+        .map(|i| {
+            let caps = [14 * MIB, 14 * MIB];
+            model_run(seed.wrapping_add(i), 150, cfg.clone(), &caps, false)
+        })
+        .sum();
+    assert!(taken > 0, "seed {seed}: no read went through read_async");
 }
 
 /// Overwrites a hot set over and over with the destager and GC busy, then checks every byte.
@@ -614,17 +671,24 @@ fn corruption_on_either_tier_is_an_error_not_data() {
         dg.read(v, 0, &mut whole),
         Err(EngineError::Corrupt(_))
     ));
-    let mut bad = 0;
-    for blk in 0..(3 * MIB / 4096) {
-        let mut b = vec![0u8; 4096];
-        match dg.read(v, blk * 4096, &mut b) {
-            Ok(()) => assert!(b.iter().all(|&x| x == if blk < 512 { 0x11 } else { 0x22 })),
-            Err(EngineError::Corrupt(_)) => bad += 1,
-            Err(e) => panic!("unexpected {e}"),
+    // Blocking reads, then asynchronous ones (taken for every block: each is one run whose
+    // checksums the blocking pass brought into memory).
+    for try_async in [false, true] {
+        let (mut bad, mut taken) = (0, 0);
+        for blk in 0..(3 * MIB / 4096) {
+            match read_either(rig.group(), v, blk * 4096, 4096, try_async, &mut taken) {
+                Ok(b) => assert!(b.iter().all(|&x| x == if blk < 512 { 0x11 } else { 0x22 })),
+                Err(EngineError::Corrupt(_)) => bad += 1,
+                Err(e) => panic!("unexpected {e}"),
+            }
         }
+        assert_eq!(
+            bad, 2,
+            "exactly the two damaged blocks fail (async: {try_async})"
+        );
+        assert_eq!(taken, if try_async { 3 * MIB / 4096 } else { 0 });
     }
-    assert_eq!(bad, 2, "exactly the two damaged blocks fail");
-    assert!(dg.stats().checksum_errors_total >= 2);
+    assert!(dg.stats().checksum_errors_total >= 4);
 }
 
 #[test]
@@ -722,6 +786,7 @@ fn injected_io_errors_never_return_wrong_data() {
     );
     let v = rig.dg().create_volume("f", 4 * MIB).unwrap().id;
     let mut model = vec![0u8; 4 * MIB as usize];
+    let mut taken = 0;
     let faults = |s: u64| FaultConfig {
         read_error_rate: 0.02,
         write_error_rate: 0.02,
@@ -760,8 +825,13 @@ fn injected_io_errors_never_return_wrong_data() {
                 }
             }
         } else {
-            let mut b = vec![0u8; len];
-            if rig.dg().read(v, off as u64, &mut b).is_ok() {
+            let len = if rng.gen_bool(0.5) {
+                len.min(8192)
+            } else {
+                len
+            };
+            let read = read_either(rig.group(), v, off as u64, len, true, &mut taken);
+            if let Ok(b) = read {
                 assert!(
                     b == model[off..off + len],
                     "seed {seed} step {step}: wrong data returned"
@@ -769,6 +839,7 @@ fn injected_io_errors_never_return_wrong_data() {
             }
         }
     }
+    assert!(taken > 0, "seed {seed}: no read went through read_async");
     rig.caps[0].clear_faults();
     rig.power_cut_and_restart();
     check_volume(rig.dg(), v, &model, &format!("seed {seed}: final"));

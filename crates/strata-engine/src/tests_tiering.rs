@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::map::Loc;
-use crate::tests::{small_cfg, Rig, MIB};
+use crate::tests::{read_either, small_cfg, Rig, MIB};
 use crate::*;
 
 fn block_of(lba: u64, tag: u8) -> Vec<u8> {
@@ -309,6 +309,7 @@ fn eviction_and_damaged_copies_never_lose_or_falsify_data() {
     };
     let (mut rig, v, _clock) = cached_rig(66, &p, 0.04);
     let mut model: Vec<u8> = (0..2048u64).map(|_| 4).collect();
+    let mut taken = 0;
     let mut rng_state = 0x1234_5678u64;
     let mut next = || {
         rng_state ^= rng_state << 13;
@@ -324,22 +325,23 @@ fn eviction_and_damaged_copies_never_lose_or_falsify_data() {
             rig.dg().write(v, lba * 4096, &block_of(lba, tag)).unwrap();
             model[lba as usize] = tag;
         } else {
-            assert_eq!(
-                read_block(rig.dg(), v, lba),
-                block_of(lba, model[lba as usize]),
-                "round {round}"
-            );
+            // Every other read asynchronously: both paths evict, promote and count alike.
+            let read = read_either(rig.group(), v, lba * 4096, 4096, round % 2 == 0, &mut taken);
+            let read = read.unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert_eq!(read, block_of(lba, model[lba as usize]), "round {round}");
         }
     }
+    assert!(taken > 1000, "only {taken} reads went through read_async");
     let s = rig.dg().stats();
     assert!(
         rig.dg().volume_figures("c").unwrap().evicted_bytes > 0,
         "nothing was ever evicted"
     );
     assert!(s.read_cached_bytes_total > 0);
-    // Damage one cached copy on the fast device: the read falls back to the capacity tier.
+    // Damage two cached copies on the fast device: a blocking and an asynchronous read
+    // each fall back to the capacity tier.
     let dg = rig.dg();
-    let found = (0..2048u64).find_map(|lba| {
+    let cached = (0..2048u64).filter_map(|lba| {
         let piece = crate::resolve::resolve_view(&dg.sh, v, lba, 1)
             .ok()?
             .into_iter()
@@ -353,13 +355,34 @@ fn eviction_and_damaged_copies_never_lose_or_falsify_data() {
             .lookup(seg, block)
             .map(|fast| (lba, fast))
     });
-    let (lba, fast) = found.expect("some block is cached");
-    rig.fast
-        .flip_bit(dg.sh.layout.log_byte(fast) + 100, 3)
-        .unwrap();
+    let found: Vec<(u64, u64)> = cached.take(2).collect();
+    assert_eq!(found.len(), 2, "two blocks are cached");
+    for &(_, fast) in &found {
+        rig.fast
+            .flip_bit(dg.sh.layout.log_byte(fast) + 100, 3)
+            .unwrap();
+    }
     let errors = dg.stats().checksum_errors_by_device[0];
-    assert_eq!(read_block(dg, v, lba), block_of(lba, model[lba as usize]));
-    assert_eq!(dg.stats().checksum_errors_by_device[0], errors + 1);
+    let (sync_lba, async_lba) = (found[0].0, found[1].0);
+    assert_eq!(
+        read_block(dg, v, sync_lba),
+        block_of(sync_lba, model[sync_lba as usize])
+    );
+    let mut async_taken = 0;
+    let read = read_either(
+        rig.group(),
+        v,
+        async_lba * 4096,
+        4096,
+        true,
+        &mut async_taken,
+    );
+    assert_eq!(async_taken, 1, "the asynchronous read was taken");
+    assert_eq!(
+        read.unwrap(),
+        block_of(async_lba, model[async_lba as usize])
+    );
+    assert_eq!(dg.stats().checksum_errors_by_device[0], errors + 2);
     rig.power_cut_and_restart();
     for lba in 0..2048u64 {
         assert_eq!(

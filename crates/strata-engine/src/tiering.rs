@@ -109,26 +109,37 @@ impl DiskGroup {
         gen: u32,
         data: &[u8],
     ) {
-        let n = data.len() as u64 / BLOCK_U64;
-        if !self.sh.log.lock().cache_has_room(n) {
-            self.sh
-                .counters
-                .promotions_refused
-                .fetch_add(1, Ordering::Relaxed);
-            self.sh.wake_destager();
-            return;
-        }
-        let Some(tx) = self.tx.lock().clone() else {
-            return;
-        };
-        if send_cache_copy(&tx, rt.map_or(0, |rt| rt.id), seg, block, gen, data) {
-            self.sh
-                .counters
-                .promoted_blocks
-                .fetch_add(n, Ordering::Relaxed);
-            if let Some(rt) = rt {
-                rt.stats.promoted_blocks.fetch_add(n, Ordering::Relaxed);
-            }
+        let tx = self.tx.lock().clone();
+        promote_with(&self.sh, tx.as_ref(), rt, seg, block, gen, data);
+    }
+}
+
+/// Queues a clean copy of capacity blocks just read (`data`, blocks `block..` of `seg` as of
+/// generation `gen`) for the write log, if the read cache has room; never waits.
+pub(crate) fn promote_with(
+    sh: &Shared,
+    tx: Option<&Sender<WriteReq>>,
+    rt: Option<&VolRuntime>,
+    seg: u32,
+    block: u32,
+    gen: u32,
+    data: &[u8],
+) {
+    let n = data.len() as u64 / BLOCK_U64;
+    if !sh.log.lock().cache_has_room(n) {
+        sh.counters
+            .promotions_refused
+            .fetch_add(1, Ordering::Relaxed);
+        sh.wake_destager();
+        return;
+    }
+    let Some(tx) = tx else {
+        return;
+    };
+    if send_cache_copy(tx, rt.map_or(0, |rt| rt.id), seg, block, gen, data) {
+        sh.counters.promoted_blocks.fetch_add(n, Ordering::Relaxed);
+        if let Some(rt) = rt {
+            rt.stats.promoted_blocks.fetch_add(n, Ordering::Relaxed);
         }
     }
 }

@@ -63,10 +63,21 @@ pub trait Backend: Send + Sync + 'static {
 /// any thread and must not block.
 pub type WriteDone = Box<dyn FnOnce(Result<(), Errno>) + Send + 'static>;
 
+/// Called once with the bytes of a read started by [`Export::read_nowait`] (exactly the
+/// length asked for) or its error; it may run on any thread and must not block.
+pub type ReadDone = Box<dyn FnOnce(Result<Vec<u8>, Errno>) + Send + 'static>;
+
 pub trait Export: Send + Sync + 'static {
     fn size_bytes(&self) -> u64;
     fn read_only(&self) -> bool;
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno>;
+    /// Starts a read without blocking; `done` gets the bytes later. `Err` hands `done` back
+    /// untouched when the read cannot start that way, and the server then calls `read` on its
+    /// blocking pool. Exports without such a path keep this default.
+    fn read_nowait(&self, offset: u64, len: u32, done: ReadDone) -> Result<(), ReadDone> {
+        let _ = (offset, len);
+        Err(done)
+    }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Errno>;
     /// Starts a write without blocking; `done` gets its outcome later. `Err` hands `done`
     /// back untouched when the write cannot start that way, and the server then calls `write`

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{ArcRwLockReadGuard, Mutex, RawRwLock, RwLock};
 
 use std::time::Instant;
 
@@ -13,7 +13,7 @@ use crate::metrics::{IoMetrics, Kind};
 use crate::registry::Gate;
 pub use crate::registry::{ChangeError, Registry};
 use strata_engine::{DiskGroup, EngineError, ExtentKind, VolumeId};
-use strata_nbd::{Backend, BlockStatus, Errno, Export, ExportInfo, WriteDone};
+use strata_nbd::{Backend, BlockStatus, Errno, Export, ExportInfo, ReadDone, WriteDone};
 
 /// Most extents in one BLOCK_STATUS reply; the client asks again for the rest.
 pub const MAX_BLOCK_STATUS_EXTENTS: usize = 1024;
@@ -127,7 +127,58 @@ impl VolumeExport {
     }
 }
 
+/// What the completion of a request started without a blocking thread does before the
+/// client hears of it: the view stays alive (forced changes wait) until then, the error is
+/// mapped as `guarded` maps it, and the request is counted as `timed` counts it.
+struct Finish {
+    _alive: ArcRwLockReadGuard<RawRwLock, bool>,
+    io: Arc<IoMetrics>,
+    node_io: Arc<IoMetrics>,
+    id: VolumeId,
+    kind: Kind,
+    op: Op,
+    what: &'static str,
+    bytes: u64,
+    started: Instant,
+}
+
+impl Finish {
+    fn finish<T>(self, result: Result<T, EngineError>) -> Result<T, Errno> {
+        let result = result.map_err(|e| {
+            let errno = errno_for(self.op, &e);
+            if errno == Errno::Io {
+                tracing::warn!(volume = self.id, op = self.what, error = %e, "I/O error returned to an NBD client");
+            }
+            errno
+        });
+        let latency = self.started.elapsed();
+        self.io.record(self.kind, self.bytes, latency, result.is_ok());
+        self.node_io.record(self.kind, self.bytes, latency, result.is_ok());
+        result
+    }
+}
+
 impl VolumeExport {
+    /// For a request started without a blocking thread: None when the view is being changed
+    /// (the caller takes the blocking path, which waits), Some(None) when it is gone.
+    fn start(&self, kind: Kind, op: Op, what: &'static str, bytes: u64) -> Option<Option<Finish>> {
+        let alive = RwLock::try_read_arc(&self.gate.alive)?;
+        if !*alive {
+            return Some(None);
+        }
+        Some(Some(Finish {
+            _alive: alive,
+            io: self.io.clone(),
+            node_io: self.node_io.clone(),
+            id: self.id,
+            kind,
+            op,
+            what,
+            bytes,
+            started: Instant::now(),
+        }))
+    }
+
     /// Times `f` and counts it in the volume's and the node's figures.
     fn timed<T>(&self, kind: Kind, bytes: u64, f: impl FnOnce() -> Result<T, Errno>) -> Result<T, Errno> {
         let started = Instant::now();
@@ -171,39 +222,53 @@ impl Export for VolumeExport {
         })
     }
 
+    /// Reads the engine can answer from its device's completion (blocks on the fast tier)
+    /// take no blocking thread; the reply is sent from the completion.
+    fn read_nowait(&self, offset: u64, len: u32, done: ReadDone) -> Result<(), ReadDone> {
+        let Some(finish) = self.start(Kind::Read, Op::Read, "read", len.into()) else { return Err(done) };
+        let Some(finish) = finish else {
+            done(Err(Errno::Shutdown));
+            return Ok(());
+        };
+        // The callback is reachable until the engine takes the read, so a refusal hands it back.
+        let slot = Arc::new(Mutex::new(Some(done)));
+        let slot_in = slot.clone();
+        let complete: strata_engine::ReadDone = Box::new(move |result| {
+            let result = finish.finish(result);
+            if let Some(done) = slot_in.lock().take() {
+                done(result);
+            }
+        });
+        match self.group.read_async(self.id, offset, len as usize, complete) {
+            Ok(()) => Ok(()),
+            Err(refused) => {
+                drop(refused);
+                Err(slot.lock().take().unwrap_or_else(|| Box::new(|_| {})))
+            }
+        }
+    }
+
     /// Whole-block writes go to the engine without a blocking thread; the reply is sent from
     /// the engine's completion. The view stays alive (forced changes wait) until it completes.
     fn write_nowait(&self, offset: u64, data: &[u8], _fua: bool, done: WriteDone) -> Result<(), WriteDone> {
         if self.read_only {
             return Err(done);
         }
-        let Some(alive) = RwLock::try_read_arc(&self.gate.alive) else { return Err(done) };
-        if !*alive {
-            drop(alive);
+        let Some(finish) = self.start(Kind::Write, Op::Write, "write", data.len() as u64) else { return Err(done) };
+        let Some(finish) = finish else {
             done(Err(Errno::Shutdown));
             return Ok(());
-        }
+        };
         // The callback is reachable until the engine takes the write, so a refusal hands it back.
         let slot = Arc::new(Mutex::new(Some(done)));
-        let (slot_in, io, node_io, id) = (slot.clone(), self.io.clone(), self.node_io.clone(), self.id);
-        let (started, bytes) = (Instant::now(), data.len() as u64);
-        let finish: strata_engine::WriteDone = Box::new(move |result| {
-            let _alive = alive;
-            let result = result.map_err(|e| {
-                let errno = errno_for(Op::Write, &e);
-                if errno == Errno::Io {
-                    tracing::warn!(volume = id, op = "write", error = %e, "I/O error returned to an NBD client");
-                }
-                errno
-            });
-            let latency = started.elapsed();
-            io.record(Kind::Write, bytes, latency, result.is_ok());
-            node_io.record(Kind::Write, bytes, latency, result.is_ok());
+        let slot_in = slot.clone();
+        let complete: strata_engine::WriteDone = Box::new(move |result| {
+            let result = finish.finish(result);
             if let Some(done) = slot_in.lock().take() {
                 done(result);
             }
         });
-        match self.group.write_async(self.id, offset, data, finish) {
+        match self.group.write_async(self.id, offset, data, complete) {
             Ok(()) => Ok(()),
             Err(refused) => {
                 drop(refused);

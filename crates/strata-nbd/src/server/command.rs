@@ -258,11 +258,20 @@ fn then_flush(fua: bool, result: Result<(), Errno>, s: &Session) -> Result<(), E
 /// accept, and the data is complete before the header goes out, so the chunk can be final.
 fn read(s: &Session, cookie: u64, offset: u64, len: u32) -> Wire {
     let mut data = vec![0u8; len as usize];
-    if len > 0 {
-        if let Err(errno) = s.export.read(offset, &mut data) {
-            return error_reply(s, cookie, errno, "export failed the read");
-        }
-    }
+    let result = match len {
+        0 => Ok(()),
+        _ => s.export.read(offset, &mut data),
+    };
+    read_reply(s, cookie, offset, result.map(|()| data))
+}
+
+/// The reply to a READ of `data.len()` bytes at `offset`, or its error.
+pub(super) fn read_reply(s: &Session, cookie: u64, offset: u64, result: Result<Vec<u8>, Errno>) -> Wire {
+    let data = match result {
+        Ok(data) => data,
+        Err(errno) => return error_reply(s, cookie, errno, "export failed the read"),
+    };
+    let len = data.len() as u32;
     let mut head = Vec::with_capacity(proto::CHUNK_HEADER_LEN + 8);
     if !s.structured {
         proto::encode_simple_reply(&mut head, cookie, 0);

@@ -289,6 +289,10 @@ fn spawn_request(
             None => return,
             Some(back) => back,
         },
+        Command::Read { offset, len } if len > 0 => match start_read(&session, cookie, offset, len, (slot, budget, tx)) {
+            None => return,
+            Some(back) => back,
+        },
         Command::Flush => match session.export.flush_nowait() {
             Some(result) => {
                 let wire = match result {
@@ -322,6 +326,26 @@ fn spawn_request(
 /// What a reply needs besides its wire: the slot and budget it holds, and the queue it goes to.
 type ReplyParts = (OwnedSemaphorePermit, Option<Budget>, mpsc::Sender<Reply>);
 
+/// A reply's parts while an export's completion (on any thread) may still take them.
+type HeldParts = Arc<std::sync::Mutex<Option<ReplyParts>>>;
+
+fn hold(parts: ReplyParts) -> HeldParts {
+    Arc::new(std::sync::Mutex::new(Some(parts)))
+}
+
+/// Takes the parts back: for the completion's reply, or after the export refused to start.
+fn take(held: &HeldParts) -> Option<ReplyParts> {
+    held.lock().ok().and_then(|mut h| h.take())
+}
+
+/// Queues a completion's reply (once; a second call finds the parts gone).
+fn send_held(held: &HeldParts, wire: Wire) {
+    if let Some((slot, budget, tx)) = take(held) {
+        // Never full: the queue holds max_in_flight replies and each holds a slot.
+        let _ = tx.try_send(Reply { wire, _slot: slot, _budget: budget });
+    }
+}
+
 /// Starts a write on the export's non-blocking path, its reply sent from the completion.
 /// Returns the reply's parts when the export cannot start it that way (then it runs on the
 /// blocking pool like any other request).
@@ -336,22 +360,47 @@ fn start_write(
     budget: Option<Budget>,
     tx: mpsc::Sender<Reply>,
 ) -> Option<ReplyParts> {
-    let held: Arc<std::sync::Mutex<Option<ReplyParts>>> = Arc::new(std::sync::Mutex::new(Some((slot, budget, tx))));
+    let held = hold((slot, budget, tx));
     let (held_in, s) = (held.clone(), session.clone());
     let done: crate::WriteDone = Box::new(move |result| {
         let wire = match result {
             Ok(()) => command::ok_reply(&s, cookie),
             Err(errno) => command::error_reply(&s, cookie, errno, "export failed the request"),
         };
-        let parts = held_in.lock().ok().and_then(|mut h| h.take());
-        if let Some((slot, budget, tx)) = parts {
-            // Never full: the queue holds max_in_flight replies and each holds a slot.
-            let _ = tx.try_send(Reply { wire, _slot: slot, _budget: budget });
-        }
+        send_held(&held_in, wire);
     });
     match catch_unwind(AssertUnwindSafe(|| session.export.write_nowait(offset, payload, fua, done))) {
         Ok(Ok(())) => None,
-        Ok(Err(_)) | Err(_) => held.lock().ok().and_then(|mut h| h.take()),
+        Ok(Err(_)) | Err(_) => take(&held),
+    }
+}
+
+/// Starts a read on the export's non-blocking path, its reply sent from the completion;
+/// like [`start_write`], returns the parts when the export cannot start it that way.
+fn start_read(
+    session: &Arc<Session>,
+    cookie: u64,
+    offset: u64,
+    len: u32,
+    parts: ReplyParts,
+) -> Option<ReplyParts> {
+    let held = hold(parts);
+    let (held_in, s) = (held.clone(), session.clone());
+    let done: crate::ReadDone = Box::new(move |result| {
+        // The reply's header promises `len` bytes: an export returning another length
+        // would desynchronize the stream, so that is an error, never a short chunk.
+        let result = result.and_then(|data| match data.len() == len as usize {
+            true => Ok(data),
+            false => {
+                error!(expected = len, got = data.len(), "export returned a read of the wrong length");
+                Err(Errno::Io)
+            }
+        });
+        send_held(&held_in, command::read_reply(&s, cookie, offset, result));
+    });
+    match catch_unwind(AssertUnwindSafe(|| session.export.read_nowait(offset, len, done))) {
+        Ok(Ok(())) => None,
+        Ok(Err(_)) | Err(_) => take(&held),
     }
 }
 

@@ -1,0 +1,126 @@
+//! Asynchronous reads racing writes, destage, garbage collection and the read cache: every
+//! block a read returns is the block it asked for, at a version no older than the last one
+//! acknowledged before the read began.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::tests::{read_async_wait, seed_for, small_cfg, Rig, MIB};
+use crate::*;
+
+const BLOCKS: u64 = 1024;
+
+/// Block `lba` at `version`: both in its first 16 bytes, the rest derived from them.
+fn block(lba: u64, version: u64) -> Vec<u8> {
+    let mut b = vec![0u8; 4096];
+    b[..8].copy_from_slice(&lba.to_le_bytes());
+    b[8..16].copy_from_slice(&version.to_le_bytes());
+    for (i, x) in b[16..].iter_mut().enumerate() {
+        *x = (lba as u8).wrapping_mul(31) ^ (version as u8).wrapping_add(i as u8);
+    }
+    b
+}
+
+/// The version a block read holds, checking it is a whole block of `lba` (zeros: version 0).
+fn version_of(lba: u64, b: &[u8]) -> u64 {
+    if b.iter().all(|&x| x == 0) {
+        return 0;
+    }
+    let version = u64::from_le_bytes(b[8..16].try_into().unwrap());
+    assert_eq!(
+        b,
+        &block(lba, version)[..],
+        "block {lba}: not a block written to it"
+    );
+    version
+}
+
+#[test]
+fn async_reads_racing_writes_destage_and_gc_see_acknowledged_data() {
+    let seed = seed_for("async_reads_racing_writes_destage_and_gc_see_acknowledged_data");
+    let cfg = EngineConfig {
+        fill_ratio_low: 0.05,
+        fill_ratio_high: 0.3,
+        read_cache_ratio: 0.3,
+        ..small_cfg()
+    };
+    let rig = Rig::new(16 * MIB, &[32 * MIB], cfg, seed);
+    let dg = rig.group().clone();
+    let v = dg.create_volume("race", BLOCKS * 4096).unwrap().id;
+    // acked[lba]: the newest version acknowledged; issued[lba]: the newest started.
+    let acked: Vec<AtomicU64> = (0..BLOCKS).map(|_| AtomicU64::new(0)).collect();
+    let issued: Vec<AtomicU64> = (0..BLOCKS).map(|_| AtomicU64::new(0)).collect();
+    let stop = AtomicBool::new(false);
+    let taken = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        // Two writers, each owning half the blocks, so each block's versions only grow.
+        let writers: Vec<_> = (0..2u64)
+            .map(|t| {
+                let (dg, acked, issued) = (&dg, &acked, &issued);
+                s.spawn(move || {
+                    let mut rng = StdRng::seed_from_u64(seed ^ t);
+                    for _ in 0..20000 {
+                        let lba = rng.gen_range(0..BLOCKS / 2) * 2 + t;
+                        let version = issued[lba as usize].fetch_add(1, Ordering::SeqCst) + 1;
+                        dg.write(v, lba * 4096, &block(lba, version))
+                            .expect("write");
+                        acked[lba as usize].store(version, Ordering::SeqCst);
+                    }
+                })
+            })
+            .collect();
+        for r in 0..3u64 {
+            let (dg, acked, issued, stop, taken) = (&dg, &acked, &issued, &stop, &taken);
+            s.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed ^ (r + 100));
+                while !stop.load(Ordering::SeqCst) {
+                    // Reads of the hot first quarter repeat, so some get promoted and cached.
+                    let lba = match rng.gen_bool(0.5) {
+                        true => rng.gen_range(0..BLOCKS / 4),
+                        false => rng.gen_range(0..BLOCKS),
+                    };
+                    let floor = acked[lba as usize].load(Ordering::SeqCst);
+                    let Some(read) = read_async_wait(dg, v, lba * 4096, 4096) else {
+                        continue;
+                    };
+                    let b = read.unwrap_or_else(|e| panic!("seed {seed}: read of {lba}: {e}"));
+                    let version = version_of(lba, &b);
+                    let ceiling = issued[lba as usize].load(Ordering::SeqCst);
+                    assert!(
+                        floor <= version && version <= ceiling,
+                        "seed {seed}: block {lba} read version {version}, acknowledged {floor}, issued {ceiling}"
+                    );
+                    taken.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        for w in writers {
+            w.join().unwrap();
+        }
+        stop.store(true, Ordering::SeqCst);
+    });
+    let st = dg.stats();
+    assert!(st.destaged_bytes_total > 0, "destager never ran: {st:?}");
+    assert!(st.gc_segments_cleaned_total > 0, "GC never ran: {st:?}");
+    assert!(
+        st.read_capacity_bytes_total > 0 && st.read_fast_bytes_total > 0,
+        "{st:?}"
+    );
+    assert!(
+        taken.load(Ordering::Relaxed) > 1000,
+        "few reads taken: {}",
+        taken.load(Ordering::Relaxed)
+    );
+    assert_eq!(st.checksum_errors_total, 0);
+    for lba in 0..BLOCKS {
+        let mut b = vec![0u8; 4096];
+        dg.read(v, lba * 4096, &mut b).unwrap();
+        assert_eq!(
+            version_of(lba, &b),
+            acked[lba as usize].load(Ordering::SeqCst),
+            "block {lba} at the end"
+        );
+    }
+}
