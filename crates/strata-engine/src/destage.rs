@@ -145,7 +145,7 @@ impl Destager {
                             .counters
                             .capacity_full
                             .store(true, Ordering::Relaxed);
-                        self.sh.log_freed.notify_all();
+                        self.sh.log_space_freed();
                         self.idle(Duration::from_millis(100));
                     }
                     Err(e) => {
@@ -829,7 +829,7 @@ impl Destager {
         }
         drop(log);
         self.forget_cached(&cached);
-        self.sh.log_freed.notify_all();
+        self.sh.log_space_freed();
         self.sh
             .counters
             .log_freed_bytes

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{select, Receiver, RecvTimeoutError, TryRecvError};
+use crossbeam_channel::{select, Receiver, TryRecvError};
 use parking_lot::{Condvar, Mutex};
 use strata_device::AlignedBuf;
 
@@ -492,23 +492,22 @@ impl LogWriter {
     }
 
     /// The next rewrite of the destager's, waiting at most `wait` (and at most 50 ms, so a
-    /// falling fill is noticed).
+    /// falling fill is noticed); None also as soon as the destager frees log space.
     fn next_hot(&self, f: &mut Front, wait: Duration) -> Option<WriteReq> {
         if let Some(i) = f.held.iter().position(|r| r.no_wait) {
             return f.held.remove(i);
         }
         let wait = wait.min(Duration::from_millis(50));
-        if !f.hot_open {
-            std::thread::sleep(wait);
-            return None;
-        }
-        match self.rx_hot.recv_timeout(wait) {
-            Ok(r) => Some(r),
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => {
-                f.hot_open = false;
-                None
-            }
+        let never = crossbeam_channel::never();
+        let hot = if f.hot_open { &self.rx_hot } else { &never };
+        // Freed log space ends the wait at once: host writes waiting for room go on.
+        select! {
+            recv(hot) -> r => match r {
+                Ok(r) => Some(r),
+                Err(_) => { f.hot_open = false; None }
+            },
+            recv(self.sh.log_freed_signal.1) -> _ => None,
+            default(wait) => None,
         }
     }
 

@@ -275,6 +275,7 @@ fn new_shared(
         durable: Mutex::new(durable),
         reclaim: Arc::new(RwLock::new(())),
         log_freed: Condvar::new(),
+        log_freed_signal: crossbeam_channel::bounded(1),
         index: RwLock::new(index),
         tree: RwLock::new(CTree::open(cp.index_root)),
         segs: Mutex::new(segs),

@@ -213,6 +213,12 @@ pub struct Shared {
     pub reclaim: Arc<RwLock<()>>,
     pub log: Mutex<LogState>,
     pub log_freed: Condvar,
+    /// Also tells the log writer's front, which waits on its queues rather than on
+    /// `log_freed`, that log space was freed (one pending signal at most).
+    pub log_freed_signal: (
+        crossbeam_channel::Sender<()>,
+        crossbeam_channel::Receiver<()>,
+    ),
     pub index: RwLock<Index>,
     pub tree: RwLock<CTree>,
     pub segs: Mutex<SegTable>,
@@ -280,7 +286,13 @@ impl Shared {
         tracing::error!("disk group offline: {why}");
         *self.failure.lock() = Some(why);
         self.state.store(STATE_FAILED, Ordering::Release);
+        self.log_space_freed();
+    }
+
+    /// Wakes everything waiting for log space: blocked writers and the log writer's front.
+    pub fn log_space_freed(&self) {
         self.log_freed.notify_all();
+        let _ = self.log_freed_signal.0.try_send(());
     }
 
     /// Counts a checksum failure of data or metadata on device `dev` (0: the fast device,
