@@ -425,12 +425,16 @@ impl Shared {
         self.destage_wake.notify_all();
     }
 
-    /// New data in the log at `fill`: wakes the destager past the low mark, unless it is
-    /// resting and the log is still below the high mark.
+    /// New data in the log at `fill`: wakes the destager past the low mark if it is waiting,
+    /// unless it is resting and the log is still below the high mark. A nudge is not kept
+    /// for later (unlike `wake_destager`): one that finds the destager busy is moot, as it
+    /// looks at the log again when done, and keeping it would cut its next rest short (the
+    /// log writer nudges after every batch, so no rest would ever happen).
     pub fn nudge_destager(&self, fill: f64) {
         let resting = self.destager_resting.load(Ordering::Relaxed);
         if fill >= self.cfg.fill_ratio_high || (fill >= self.cfg.fill_ratio_low && !resting) {
-            self.wake_destager();
+            let _w = self.destage_wake_lock.lock();
+            self.destage_wake.notify_all();
         }
     }
 }
