@@ -281,7 +281,8 @@ impl MemDevice {
 }
 
 impl Sim {
-    fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+    /// Checks an I/O's buffer and range, counting a refusal as an error.
+    fn check(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
         let checked = check_io(
             &self.name,
             self.size_bytes,
@@ -289,7 +290,11 @@ impl Sim {
             buf.len(),
             offset,
         );
-        checked.inspect_err(|_| self.counters.record_error())?;
+        checked.inspect_err(|_| self.counters.record_error())
+    }
+
+    fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        self.check(buf, offset)?;
         let mut state = self.state.lock();
         if self.check_read_fault(&mut state) {
             return Err(self.injected(offset, "read"));
@@ -419,7 +424,12 @@ impl Device for MemDevice {
 
     /// Reads (faults included) on a thread of the device's own, later than the call, and
     /// completes there, as a real device's completion thread would.
-    fn read_async(&self, buf: AlignedBuf, offset: u64, done: ReadDone) -> Result<(), (AlignedBuf, ReadDone)> {
+    fn read_async(
+        &self,
+        buf: AlignedBuf,
+        offset: u64,
+        done: ReadDone,
+    ) -> Result<(), (AlignedBuf, ReadDone)> {
         let completions = self.completions.get_or_init(|| {
             let (tx, rx) = crossbeam_channel::unbounded::<AsyncRead>();
             let complete = |(sim, mut buf, offset, done): AsyncRead| {
@@ -442,14 +452,7 @@ impl Device for MemDevice {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
-        let checked = check_io(
-            &self.name,
-            self.size_bytes,
-            buf.as_ptr() as usize,
-            buf.len(),
-            offset,
-        );
-        checked.inspect_err(|_| self.counters.record_error())?;
+        self.check(buf, offset)?;
         let mut state = self.state.lock();
         let blocks = (buf.len() / BLOCK_SIZE) as u64;
         if let Some(landed_blocks) = self.check_write_fault(&mut state, blocks) {

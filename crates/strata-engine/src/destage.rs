@@ -171,12 +171,15 @@ impl Destager {
         crate::maint::run(self)
     }
 
-    /// A pause the log writer's per-batch nudges do not cut short (see
-    /// `Shared::nudge_destager`); explicit wakes and a log past its high mark do.
+    /// A pause the log writer's per-batch nudges do not cut short until the log has grown by
+    /// `REST_FILL_STEP` (see `Shared::nudge_destager`); explicit wakes and a log past its high
+    /// mark do.
     fn rest(&self, d: Duration) {
-        self.sh.destager_resting.store(true, Ordering::Relaxed);
+        let fill = self.sh.log.lock().fill_ratio();
+        let rest = &self.sh.destager_rest_fill;
+        rest.store(fill.to_bits(), Ordering::Relaxed);
         self.idle(d);
-        self.sh.destager_resting.store(false, Ordering::Relaxed);
+        rest.store(crate::shared::NOT_RESTING, Ordering::Relaxed);
     }
 
     pub(crate) fn idle(&self, d: Duration) {

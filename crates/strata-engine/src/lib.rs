@@ -488,17 +488,7 @@ impl DiskGroup {
                 crc32c::crc32c(c) == sh.fast_crcs[fast as usize + k].load(Ordering::Relaxed)
             });
         if !ok {
-            if read {
-                sh.checksum_error(0, 1);
-            }
-            tracing::error!(
-                segment = seg,
-                block,
-                "a cached copy on the fast tier cannot be used: reading the capacity tier instead"
-            );
-            sh.cache
-                .lock()
-                .forget(seg, block, (part.len() / BLOCK) as u32, fast);
+            unusable_copy(sh, seg, block, (part.len() / BLOCK) as u32, fast, read);
         }
         ok
     }
@@ -1063,6 +1053,21 @@ struct HostRead<'a> {
     head: u32,
     /// How long the sequential stream this read continues already is.
     sequential_bytes: u64,
+}
+
+/// Forgets cached copies (of capacity blocks `block..block+n` of `seg`, at log block `fast`)
+/// a read could not use, counting a checksum failure when the read itself succeeded: the
+/// caller reads the capacity tier instead.
+fn unusable_copy(sh: &Shared, seg: u32, block: u32, n: u32, fast: u64, checksum_failed: bool) {
+    if checksum_failed {
+        sh.checksum_error(0, 1);
+    }
+    tracing::error!(
+        segment = seg,
+        block,
+        "a cached copy on the fast tier cannot be used: reading the capacity tier instead"
+    );
+    sh.cache.lock().forget(seg, block, n, fast);
 }
 
 /// Counts a checksum mismatch found by a host read and makes the error it returns.

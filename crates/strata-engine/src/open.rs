@@ -2,7 +2,7 @@
 //! index and segment table, the summaries of segments sealed after them, then the log.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -301,7 +301,7 @@ fn new_shared(
         vols: RwLock::new(Default::default()),
         destage_wake: Condvar::new(),
         destage_wake_lock: Mutex::new(false),
-        destager_resting: AtomicBool::new(false),
+        destager_rest_fill: AtomicU64::new(crate::shared::NOT_RESTING),
         wear_at_open,
         write_counter_at_open,
         meta_reserve,

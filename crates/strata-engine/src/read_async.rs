@@ -298,15 +298,7 @@ impl Finish {
             Source::Cached { seg, block, first } => {
                 let damaged = result.is_ok() && first_bad(&in_log(*first)).is_some();
                 if result.is_err() || damaged {
-                    if damaged {
-                        sh.checksum_error(0, 1);
-                    }
-                    tracing::error!(
-                        segment = seg,
-                        block,
-                        "a cached copy on the fast tier cannot be used: reading the capacity tier instead"
-                    );
-                    sh.cache.lock().forget(*seg, *block, n as u32, *first);
+                    crate::unusable_copy(sh, *seg, *block, n as u32, *first, damaged);
                     return Err(Retry);
                 }
                 sh.counters

@@ -200,6 +200,12 @@ pub struct IndexParts {
     pub recent: Vec<u32>,
 }
 
+/// `Shared::destager_rest_fill` when the destager is not resting.
+pub const NOT_RESTING: u64 = u64::MAX;
+/// How much the log's fill must grow during a destager's rest before the log writer's nudges
+/// end it (a twentieth of the write buffer: new data may make a stripe of cold data).
+pub const REST_FILL_STEP: f64 = 0.05;
+
 pub struct Shared {
     pub cfg: EngineConfig,
     pub fast: Arc<dyn Device>,
@@ -245,9 +251,11 @@ pub struct Shared {
     pub heat: Mutex<crate::heat::Heat>,
     pub destage_wake: Condvar,
     pub destage_wake_lock: Mutex<bool>,
-    /// Set while the destager pauses on purpose (pacing, or nothing worth moving yet): the log
-    /// writer's per-batch nudges do not end the pause; explicit wakes and a full log do.
-    pub destager_resting: AtomicBool,
+    /// While the destager pauses on purpose (pacing, or nothing worth moving yet): the log's
+    /// fill when the pause began, as f64 bits; `NOT_RESTING` otherwise. The log writer's
+    /// per-batch nudges do not end the pause until the fill has grown by `REST_FILL_STEP`;
+    /// explicit wakes and a log past its high mark do.
+    pub destager_rest_fill: AtomicU64,
     /// Each device's lifetime writes as of opening (fast first); the device's own counters
     /// add what was written since.
     pub wear_at_open: Vec<DeviceWear>,
@@ -426,13 +434,17 @@ impl Shared {
     }
 
     /// New data in the log at `fill`: wakes the destager past the low mark if it is waiting,
-    /// unless it is resting and the log is still below the high mark. A nudge is not kept
+    /// unless it is resting, the log is below its high mark and has grown by less than
+    /// `REST_FILL_STEP` since the rest began. A nudge is not kept
     /// for later (unlike `wake_destager`): one that finds the destager busy is moot, as it
     /// looks at the log again when done, and keeping it would cut its next rest short (the
     /// log writer nudges after every batch, so no rest would ever happen).
     pub fn nudge_destager(&self, fill: f64) {
-        let resting = self.destager_resting.load(Ordering::Relaxed);
-        if fill >= self.cfg.fill_ratio_high || (fill >= self.cfg.fill_ratio_low && !resting) {
+        let rest_fill = self.destager_rest_fill.load(Ordering::Relaxed);
+        // Enough new data since the rest began may hold a stripe's worth of cold data.
+        let look_again =
+            rest_fill == NOT_RESTING || fill >= f64::from_bits(rest_fill) + REST_FILL_STEP;
+        if fill >= self.cfg.fill_ratio_high || (fill >= self.cfg.fill_ratio_low && look_again) {
             let _w = self.destage_wake_lock.lock();
             self.destage_wake.notify_all();
         }

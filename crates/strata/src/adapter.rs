@@ -158,15 +158,30 @@ impl Finish {
     }
 }
 
+/// A completion callback: the NBD server's (errors as errnos) or the engine's.
+type Done<T, E> = Box<dyn FnOnce(Result<T, E>) + Send + 'static>;
+
 impl VolumeExport {
-    /// For a request started without a blocking thread: None when the view is being changed
-    /// (the caller takes the blocking path, which waits), Some(None) when it is gone.
-    fn start(&self, kind: Kind, op: Op, what: &'static str, bytes: u64) -> Option<Option<Finish>> {
-        let alive = RwLock::try_read_arc(&self.gate.alive)?;
+    /// Starts a request without a blocking thread: `start` hands the engine a completion that
+    /// finishes the request (see [`Finish`]) and then calls `done`. `done` comes back
+    /// untouched when the view is being changed (the blocking path waits for that) or the
+    /// engine refuses; a view already gone answers ESHUTDOWN at once.
+    fn nowait<T: 'static, R>(
+        &self,
+        kind: Kind,
+        op: Op,
+        what: &'static str,
+        bytes: u64,
+        done: Done<T, Errno>,
+        start: impl FnOnce(Done<T, EngineError>) -> Result<(), R>,
+    ) -> Result<(), Done<T, Errno>> {
+        let Some(alive) = RwLock::try_read_arc(&self.gate.alive) else { return Err(done) };
         if !*alive {
-            return Some(None);
+            drop(alive);
+            done(Err(Errno::Shutdown));
+            return Ok(());
         }
-        Some(Some(Finish {
+        let finish = Finish {
             _alive: alive,
             io: self.io.clone(),
             node_io: self.node_io.clone(),
@@ -176,7 +191,23 @@ impl VolumeExport {
             what,
             bytes,
             started: Instant::now(),
-        }))
+        };
+        // The callback is reachable until the engine takes the request, so a refusal hands it back.
+        let slot = Arc::new(Mutex::new(Some(done)));
+        let slot_in = slot.clone();
+        let complete: Done<T, EngineError> = Box::new(move |result| {
+            let result = finish.finish(result);
+            if let Some(done) = slot_in.lock().take() {
+                done(result);
+            }
+        });
+        match start(complete) {
+            Ok(()) => Ok(()),
+            Err(refused) => {
+                drop(refused);
+                Err(slot.lock().take().unwrap_or_else(|| Box::new(|_| {})))
+            }
+        }
     }
 
     /// Times `f` and counts it in the volume's and the node's figures.
@@ -225,27 +256,9 @@ impl Export for VolumeExport {
     /// Reads the engine can answer from its device's completion (blocks on the fast tier)
     /// take no blocking thread; the reply is sent from the completion.
     fn read_nowait(&self, offset: u64, len: u32, done: ReadDone) -> Result<(), ReadDone> {
-        let Some(finish) = self.start(Kind::Read, Op::Read, "read", len.into()) else { return Err(done) };
-        let Some(finish) = finish else {
-            done(Err(Errno::Shutdown));
-            return Ok(());
-        };
-        // The callback is reachable until the engine takes the read, so a refusal hands it back.
-        let slot = Arc::new(Mutex::new(Some(done)));
-        let slot_in = slot.clone();
-        let complete: strata_engine::ReadDone = Box::new(move |result| {
-            let result = finish.finish(result);
-            if let Some(done) = slot_in.lock().take() {
-                done(result);
-            }
-        });
-        match self.group.read_async(self.id, offset, len as usize, complete) {
-            Ok(()) => Ok(()),
-            Err(refused) => {
-                drop(refused);
-                Err(slot.lock().take().unwrap_or_else(|| Box::new(|_| {})))
-            }
-        }
+        self.nowait(Kind::Read, Op::Read, "read", len.into(), done, |complete| {
+            self.group.read_async(self.id, offset, len as usize, complete)
+        })
     }
 
     /// Whole-block writes go to the engine without a blocking thread; the reply is sent from
@@ -254,27 +267,9 @@ impl Export for VolumeExport {
         if self.read_only {
             return Err(done);
         }
-        let Some(finish) = self.start(Kind::Write, Op::Write, "write", data.len() as u64) else { return Err(done) };
-        let Some(finish) = finish else {
-            done(Err(Errno::Shutdown));
-            return Ok(());
-        };
-        // The callback is reachable until the engine takes the write, so a refusal hands it back.
-        let slot = Arc::new(Mutex::new(Some(done)));
-        let slot_in = slot.clone();
-        let complete: strata_engine::WriteDone = Box::new(move |result| {
-            let result = finish.finish(result);
-            if let Some(done) = slot_in.lock().take() {
-                done(result);
-            }
-        });
-        match self.group.write_async(self.id, offset, data, complete) {
-            Ok(()) => Ok(()),
-            Err(refused) => {
-                drop(refused);
-                Err(slot.lock().take().unwrap_or_else(|| Box::new(|_| {})))
-            }
-        }
+        self.nowait(Kind::Write, Op::Write, "write", data.len() as u64, done, |complete| {
+            self.group.write_async(self.id, offset, data, complete)
+        })
     }
 
     /// Every replied write is already durable, so a flush only reports a failed group: it
