@@ -240,7 +240,7 @@ fn a_damaged_batch_header_mid_log_refuses_to_open_instead_of_losing_later_writes
                 dg.halt_for_test();
             }
         }
-        let err = rig.start().err().expect("opened over a damaged log");
+        let err = rig.start().expect_err("opened over a damaged log");
         assert!(
             err.to_string().contains("write log is damaged"),
             "clean {clean}: {err}"

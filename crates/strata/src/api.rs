@@ -351,7 +351,7 @@ pub fn volume_json(state: &AppState, base: &str, v: VolumeInfo) -> VolumeJson {
     let io = IoTotalsJson::from(&state.registry.volume_io(v.id).snapshot());
     let snapshot_count = group.snapshots(Some(&v.name)).map_or(0, |s| s.len());
     let policy = group.policy(&v.name).unwrap_or_default();
-    let figures = group.volume_figures(&v.name).unwrap_or_default().into();
+    let figures = group.volume_figures(&v.name).unwrap_or_default();
     VolumeJson {
         connections: state.registry.connections(v.id),
         export_uri: format!("{base}/{}", v.name),
