@@ -302,6 +302,85 @@ fn async_reads_complete_once_with_their_data() {
     assert!(done.iter().all(|(b, buf, ok)| *ok && *buf == pattern(1, *b as u8)));
 }
 
+/// Asynchronous reads started from threads that exit at once, while another thread writes
+/// other blocks, and from inside a read's own callback (the completion thread): every one
+/// completes with its block, and one that never does fails the test at its timeout. (The
+/// defect that made the completion thread the only submitter, see `uring_async`, did not show
+/// in this test with the old code; `e2e_fio`'s two-job verify is what found it.)
+#[test]
+fn async_reads_from_any_thread_complete() {
+    if !io_uring_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let dev = std::sync::Arc::new(FileDevice::open(&dir.path().join("dev"), &options(MIB, IoBackend::IoUring)).unwrap());
+    let blocks = MIB / BLOCK;
+    for b in 0..blocks {
+        dev.write_at(&pattern(1, b as u8), b * BLOCK).unwrap();
+    }
+    let (tx, rx) = std::sync::mpsc::channel::<(u64, AlignedBuf, bool)>();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Writes to the upper half keep the file busy while the lower half is read.
+    let writer = {
+        let (dev, stop) = (dev.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let b = blocks / 2 + n % (blocks / 2);
+                dev.write_at(&pattern(1, !(b as u8)), b * BLOCK).unwrap();
+                n += 1;
+            }
+        })
+    };
+    let mut expected = 0u64;
+    for round in 0..20u64 {
+        let submitters: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (dev, tx) = (dev.clone(), tx.clone());
+                std::thread::spawn(move || {
+                    let mut taken = 0u64;
+                    for i in 0..16u64 {
+                        let b = (round * 64 + t * 16 + i) % (blocks / 2);
+                        let tx = tx.clone();
+                        let done: ReadDone = Box::new(move |buf, result| tx.send((b, buf, result.is_ok())).unwrap());
+                        if dev.read_async(AlignedBuf::new_zeroed(BLOCK_SIZE), b * BLOCK, done).is_ok() {
+                            taken += 1;
+                        }
+                    }
+                    taken
+                })
+            })
+            .collect();
+        expected += submitters.into_iter().map(|h| h.join().unwrap()).sum::<u64>();
+    }
+    let collect = |count: u64| {
+        for n in 0..count {
+            let (b, buf, ok) = rx
+                .recv_timeout(std::time::Duration::from_secs(20))
+                .unwrap_or_else(|e| panic!("read {n} of {count} never completed: {e}"));
+            assert!(ok, "read of block {b} failed");
+            assert_eq!(buf, pattern(1, b as u8), "block {b}");
+        }
+    };
+    collect(expected);
+    // A read whose callback starts the next one, eight deep, all on the completion thread.
+    fn chain(dev: std::sync::Arc<FileDevice>, b: u64, left: u32, tx: std::sync::mpsc::Sender<(u64, AlignedBuf, bool)>) {
+        let next = dev.clone();
+        let done: ReadDone = Box::new(move |buf, result| {
+            tx.send((b, buf, result.is_ok())).unwrap();
+            if left > 1 {
+                chain(next, b + 1, left - 1, tx);
+            }
+        });
+        dev.read_async(AlignedBuf::new_zeroed(BLOCK_SIZE), b * BLOCK, done).ok().expect("room for a chained read");
+    }
+    chain(dev.clone(), 3, 8, tx);
+    collect(8);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    assert!(expected > 0, "some reads were taken from the submitting threads");
+}
+
 #[test]
 fn auto_backend_reports_a_name() {
     let dir = tempfile::tempdir().unwrap();

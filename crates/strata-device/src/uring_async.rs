@@ -1,22 +1,32 @@
-//! Reads that do not block their caller: one io_uring per device, shared by every submitter
-//! and reaped by a completion thread of its own, which runs each read's callback.
+//! Reads that do not block their caller: one io_uring per device, owned by a completion
+//! thread of its own, which submits every read, reaps its completion and runs its callback.
 //!
-//! For callers that must not block (the NBD server's request loop): the read is submitted
-//! from the caller's thread and answered from its completion, with no thread handed the
-//! request in between. At queue depth 32 the completion thread wakes once for a whole batch
-//! of completions, where blocking reads wake one thread per read.
+//! For callers that must not block (the NBD server's request loop): the caller queues the
+//! read and returns; the completion thread hands the queue to the kernel and answers each
+//! read from its completion. At queue depth 32 the completion thread wakes once for a whole
+//! batch of submissions and completions, where blocking reads wake one thread per read.
 //!
-//! Reads in flight are bounded (below the ring's size, so the completion queue never
-//! overflows); past the bound the caller is refused and takes the blocking path.
+//! Why only the completion thread submits: the kernel finishes a request in the context of
+//! the task that submitted it (task work, and the io-wq workers a request is punted to belong
+//! to that task). Submitted from the callers' threads (tokio's workers), a read sometimes never
+//! completed: the ring showed it in flight with nothing queued and nothing completed, for good.
+//! With one submitter, the task that submits is the task that waits, and a task waiting in
+//! `io_uring_enter` runs its task work.
+//!
+//! The caller wakes the completion thread through an eventfd the ring polls, and only when it
+//! queues into an empty queue: a burst of reads costs one wake.
+//!
+//! Reads in flight are bounded (below the ring's size, so neither queue overflows); past the
+//! bound the caller is refused and takes the blocking path.
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::{JoinHandle, ThreadId};
 
-use io_uring::{opcode, types, IoUring};
+use io_uring::{opcode, squeue, types, IoUring};
 use parking_lot::Mutex;
 
 use crate::check::io_error;
@@ -26,36 +36,60 @@ use crate::{AlignedBuf, ReadDone};
 
 /// Submission queue entries; the completion queue has twice as many.
 const RING_ENTRIES: u32 = 128;
-/// Reads in flight at most (one entry stays free for the stop request).
-const MAX_IN_FLIGHT: usize = RING_ENTRIES as usize - 1;
+/// Reads in flight at most. With the wake poll, every read in flight has a submission entry
+/// when it is queued and a completion entry when it is done.
+const MAX_IN_FLIGHT: usize = RING_ENTRIES as usize - 8;
 /// The largest read taken (the whole read must fit one submission).
 pub(crate) const MAX_ASYNC_READ_BYTES: usize = 1 << 20;
-/// The completion that tells the completion thread to stop once nothing is in flight.
-const STOP: u64 = 0;
+/// The completion of the poll on the wake eventfd (reads carry a pointer, never 1).
+const WAKE: u64 = 1;
 
-/// The ring and what its completions need, shared by submitters and the completion thread.
-struct Ring {
-    ring: IoUring,
-    /// Serializes the submission queue's producers (the kernel is its only consumer).
-    submit: Mutex<()>,
-    in_flight: AtomicUsize,
-    /// Its own handle on the device, closed only after the last completion.
-    file: File,
-    name: String,
-    counters: Arc<Counters>,
-}
-
-/// A read the kernel owns until its completion: the buffer it fills and who to tell.
+/// A read the kernel owns from its submission to its completion: the buffer it fills and who
+/// to tell.
 struct Pending {
     buf: AlignedBuf,
     offset: u64,
     done: ReadDone,
 }
 
+/// What the callers and the completion thread share.
+struct Shared {
+    /// Reads queued by callers, not yet handed to the kernel.
+    queue: Mutex<Vec<Box<Pending>>>,
+    /// Reads accepted and not yet finished (queued, in the kernel, or in their callback).
+    in_flight: AtomicUsize,
+    /// Set when the device's read path is dropped; the completion thread ends once nothing
+    /// is in flight.
+    stop: AtomicBool,
+    /// Written to wake the completion thread.
+    wake: OwnedFd,
+}
+
+impl Shared {
+    fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to an eventfd we own. A full counter
+        // (EAGAIN) means a wake is already pending, which is all we need.
+        let n = unsafe {
+            libc::write(
+                self.wake.as_raw_fd(),
+                (&one as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EAGAIN) {
+                tracing::error!(error = %e, "waking the read completion thread failed");
+            }
+        }
+    }
+}
+
 /// A device's asynchronous read path. Dropping it waits for every read in flight (unless
 /// it is dropped by a read's own callback; the completion thread then ends by itself).
 pub(crate) struct AsyncReads {
-    ring: Arc<Ring>,
+    shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     reaper: ThreadId,
 }
@@ -66,20 +100,31 @@ impl AsyncReads {
         name: &str,
         counters: Arc<Counters>,
     ) -> io::Result<AsyncReads> {
-        let ring = Arc::new(Ring {
-            ring: IoUring::new(RING_ENTRIES)?,
-            submit: Mutex::new(()),
+        // SAFETY: plain syscall; the result is checked before it is used as a descriptor.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor nobody else owns.
+        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Vec::with_capacity(MAX_IN_FLIGHT)),
             in_flight: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+            wake,
+        });
+        let mut reaper = Reaper {
+            ring: IoUring::new(RING_ENTRIES)?,
+            shared: shared.clone(),
             file: file.try_clone()?,
             name: name.to_string(),
             counters,
-        });
-        let reaper = ring.clone();
+        };
         let thread = std::thread::Builder::new()
             .name("strata-reads".into())
-            .spawn(move || reaper.reap())?;
+            .spawn(move || reaper.run())?;
         Ok(AsyncReads {
-            ring,
+            shared,
             reaper: thread.thread().id(),
             thread: Some(thread),
         })
@@ -93,52 +138,31 @@ impl AsyncReads {
         offset: u64,
         done: ReadDone,
     ) -> Result<(), (AlignedBuf, ReadDone)> {
-        let r = &self.ring;
+        let s = &self.shared;
         if buf.is_empty() || buf.len() > MAX_ASYNC_READ_BYTES {
             return Err((buf, done));
         }
-        if r.in_flight.fetch_add(1, Ordering::AcqRel) >= MAX_IN_FLIGHT {
-            r.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if s.in_flight.fetch_add(1, Ordering::AcqRel) >= MAX_IN_FLIGHT {
+            s.in_flight.fetch_sub(1, Ordering::AcqRel);
             return Err((buf, done));
         }
-        let (len, ptr) = (buf.len() as u32, buf.as_ptr() as *mut u8);
-        let pending = Box::into_raw(Box::new(Pending { buf, offset, done }));
-        let sqe = opcode::Read::new(types::Fd(r.file.as_raw_fd()), ptr, len)
-            .offset(offset)
-            .build()
-            .user_data(pending as u64);
-        let pushed = {
-            let _producer = r.submit.lock();
-            // SAFETY: producers are serialized by `submit`; the entry names a buffer owned by
-            // `pending`, which only the completion of this entry frees.
-            unsafe { r.ring.submission_shared().push(&sqe).is_ok() }
+        let first = {
+            let mut queue = s.queue.lock();
+            queue.push(Box::new(Pending { buf, offset, done }));
+            queue.len() == 1
         };
-        if !pushed {
-            // SAFETY: the entry never reached the queue, so `pending` is still ours alone.
-            let p = unsafe { Box::from_raw(pending) };
-            r.in_flight.fetch_sub(1, Ordering::AcqRel);
-            return Err((p.buf, p.done));
+        // Whoever finds the queue empty wakes the completion thread; the others ride along.
+        if first {
+            s.wake();
         }
-        r.submit_queued();
         Ok(())
     }
 }
 
 impl Drop for AsyncReads {
     fn drop(&mut self) {
-        let stop = opcode::Nop::new().build().user_data(STOP);
-        loop {
-            let pushed = {
-                let _producer = self.ring.submit.lock();
-                // SAFETY: a NOP names no memory; producers are serialized by `submit`.
-                unsafe { self.ring.ring.submission_shared().push(&stop).is_ok() }
-            };
-            if pushed {
-                break;
-            }
-            std::thread::yield_now();
-        }
-        self.ring.submit_queued();
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.wake();
         if std::thread::current().id() == self.reaper {
             return;
         }
@@ -148,49 +172,66 @@ impl Drop for AsyncReads {
     }
 }
 
-impl Ring {
-    /// Hands what is queued to the kernel. Concurrent submitters are serialized by the kernel,
-    /// and an entry another call already took is not submitted twice.
-    fn submit_queued(&self) {
-        for _ in 0..64 {
-            match self.ring.submit() {
-                Ok(_) => return,
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
-                    ) =>
-                {
-                    std::thread::yield_now()
-                }
-                Err(e) => {
-                    // The entry stays queued; the completion thread submits it with its next wait.
-                    tracing::error!(device = %self.name, error = %e, "io_uring submit failed");
-                    return;
-                }
-            }
-        }
-    }
+/// The completion thread's own state: the ring and the device handle it reads through
+/// (closed only after the last completion).
+struct Reaper {
+    ring: IoUring,
+    shared: Arc<Shared>,
+    file: File,
+    name: String,
+    counters: Arc<Counters>,
+}
 
-    /// The completion thread: waits for completions and finishes their reads, until told to
-    /// stop and nothing is in flight.
-    fn reap(&self) {
-        let mut stopping = false;
-        let mut batch = Vec::with_capacity(RING_ENTRIES as usize);
-        while !(stopping && self.in_flight.load(Ordering::Acquire) == 0) {
-            if let Err(e) = self.ring.submit_and_wait(1) {
-                if e.raw_os_error() != Some(libc::EINTR) {
-                    tracing::error!(device = %self.name, error = %e, "io_uring wait failed");
-                    std::thread::sleep(std::time::Duration::from_millis(1));
-                }
+impl Reaper {
+    /// Submits what callers queued, waits for completions and finishes their reads, until
+    /// told to stop and nothing is in flight.
+    fn run(&mut self) {
+        let mut arm = true;
+        let mut taken = Vec::with_capacity(MAX_IN_FLIGHT);
+        let mut done = Vec::with_capacity(2 * RING_ENTRIES as usize);
+        loop {
+            if arm {
+                // Empty the counter first: a wake written after this fires the new poll.
+                self.drain_wake();
+                let poll = opcode::PollAdd::new(
+                    types::Fd(self.shared.wake.as_raw_fd()),
+                    libc::POLLIN as u32,
+                )
+                .build()
+                .user_data(WAKE);
+                self.push(&poll);
+                arm = false;
             }
-            // SAFETY: this thread is the completion queue's only consumer.
-            batch.extend(
-                unsafe { self.ring.completion_shared() }.map(|c| (c.user_data(), c.result())),
-            );
-            for (user_data, result) in batch.drain(..) {
-                if user_data == STOP {
-                    stopping = true;
+            std::mem::swap(&mut *self.shared.queue.lock(), &mut taken);
+            for pending in taken.drain(..) {
+                let (len, ptr) = (pending.buf.len() as u32, pending.buf.as_ptr() as *mut u8);
+                let offset = pending.offset;
+                let pending = Box::into_raw(pending);
+                let sqe = opcode::Read::new(types::Fd(self.file.as_raw_fd()), ptr, len)
+                    .offset(offset)
+                    .build()
+                    .user_data(pending as u64);
+                self.push(&sqe);
+            }
+            if self.shared.stop.load(Ordering::Acquire)
+                && self.shared.in_flight.load(Ordering::Acquire) == 0
+            {
+                // Nothing is in the kernel but the poll, which closing the ring cancels.
+                return;
+            }
+            if let Err(e) = self.ring.submit_and_wait(1) {
+                if !matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+                ) {
+                    tracing::error!(device = %self.name, error = %e, "io_uring wait failed");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            done.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+            for (user_data, result) in done.drain(..) {
+                if user_data == WAKE {
+                    arm = true;
                     continue;
                 }
                 // SAFETY: every other entry was made from a leaked `Pending`, and the kernel
@@ -199,6 +240,35 @@ impl Ring {
                 self.finish(*pending, result);
             }
         }
+    }
+
+    /// Queues one entry for the next submission, submitting what is queued first if the
+    /// queue is full (it is not, by the in-flight bound, but a full queue must not lose one).
+    fn push(&mut self, sqe: &squeue::Entry) {
+        loop {
+            // SAFETY: the entry names either nothing (the poll) or a buffer owned by a leaked
+            // `Pending` that only this entry's completion frees.
+            if unsafe { self.ring.submission().push(sqe) }.is_ok() {
+                return;
+            }
+            if let Err(e) = self.ring.submit() {
+                tracing::error!(device = %self.name, error = %e, "io_uring submit failed");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    }
+
+    /// Empties the wake eventfd's counter (non-blocking: nothing to read is fine).
+    fn drain_wake(&self) {
+        let mut value: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 from an eventfd we own.
+        unsafe {
+            libc::read(
+                self.shared.wake.as_raw_fd(),
+                (&mut value as *mut u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
     }
 
     fn finish(&self, mut p: Pending, result: i32) {
@@ -226,7 +296,7 @@ impl Ring {
                 Err(io_error(&self.name, p.offset, e))
             }
         };
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
         (p.done)(p.buf, outcome);
     }
 }
