@@ -27,8 +27,8 @@ pub(crate) fn app() -> (Router, Arc<AppState>) {
         stopping: tokio::sync::watch::channel(false).1,
         read_cache: crate::read_cache::decide_with(
             crate::read_cache::ReadCacheSetting::Ratio(0.0),
-            &[],
-            |_| Ok(false),
+            &crate::read_cache::Devices { fast: std::path::Path::new("/fast"), capacity: &[], capacity_emulated: false },
+            |p| crate::read_cache::Probe { disk: Some(p.to_path_buf()), rotational: Ok(false) },
         ),
     });
     (router(state.clone()), state)

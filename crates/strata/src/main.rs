@@ -241,7 +241,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SPEC")]
     pub fast_emulate: Option<String>,
     /// Share of the write log's area the read cache may hold (0 to 0.9, or a percentage), or
-    /// `auto`: 0.7 when every capacity device is rotational, else 0 [default: auto].
+    /// `auto`: 0.7 when every capacity device is rotational and on a disk other than the fast
+    /// device's, else 0 [default: auto].
     #[arg(long, value_name = "RATIO|auto")]
     pub read_cache: Option<String>,
     /// Benchmarking aid: slow every capacity device down to a device model, e.g. `bw=20MB`.

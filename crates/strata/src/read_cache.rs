@@ -1,8 +1,12 @@
 //! `--read-cache RATIO|auto`: how much of the write log's area the read cache may hold. `auto`
-//! gives hybrid nodes (every capacity device rotational) 0.7 and all-flash nodes none. A device
-//! is rotational when the kernel says so in `/sys/dev/block/MAJOR:MINOR/queue/rotational`: for
-//! a block device its own number, for a regular file the device holding its filesystem, a
-//! partition answered by its disk. Anything unknown counts as not rotational.
+//! gives hybrid nodes 0.7 and all-flash nodes none. A node is hybrid when every capacity device
+//! is rotational and none shares a disk with the fast device (a copy on the disk it came from
+//! saves no seek; a single virtual disk, which often reports itself rotational, is the common
+//! case). A device is rotational when the kernel says so in
+//! `/sys/dev/block/MAJOR:MINOR/queue/rotational`: for a block device its own number, for a
+//! regular file the device holding its filesystem, a partition answered by its disk. Anything
+//! unknown counts as not rotational. A capacity device slowed down by `--capacity-emulate`
+//! counts as a device of its own.
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
@@ -74,15 +78,31 @@ pub struct ReadCacheDecision {
     pub reason: String,
 }
 
-/// Resolves the setting against the capacity devices.
-pub fn decide(setting: ReadCacheSetting, capacity_devices: &[PathBuf]) -> ReadCacheDecision {
-    decide_with(setting, capacity_devices, |p| rotational(Path::new("/sys"), p))
+/// What sysfs says about the disk behind a path.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Probe {
+    /// The whole disk's sysfs directory, when found (two paths on one disk share it).
+    pub disk: Option<PathBuf>,
+    pub rotational: Result<bool, String>,
+}
+
+/// The devices a decision looks at.
+pub struct Devices<'a> {
+    pub fast: &'a Path,
+    pub capacity: &'a [PathBuf],
+    /// The capacity devices are slowed down by a device model (`--capacity-emulate`).
+    pub capacity_emulated: bool,
+}
+
+/// Resolves the setting against the devices.
+pub fn decide(setting: ReadCacheSetting, devices: &Devices) -> ReadCacheDecision {
+    decide_with(setting, devices, |p| probe(Path::new("/sys"), p))
 }
 
 pub fn decide_with(
     setting: ReadCacheSetting,
-    capacity_devices: &[PathBuf],
-    probe: impl Fn(&Path) -> Result<bool, String>,
+    devices: &Devices,
+    probe: impl Fn(&Path) -> Probe,
 ) -> ReadCacheDecision {
     if let ReadCacheSetting::Ratio(ratio) = setting {
         return ReadCacheDecision {
@@ -91,24 +111,30 @@ pub fn decide_with(
             reason: "set by --read-cache or read_cache in the config file".into(),
         };
     }
-    let mut not_rotational = Vec::new();
-    for path in capacity_devices {
-        match probe(path) {
+    let fast_disk = probe(devices.fast).disk;
+    let mut not_hybrid = Vec::new();
+    for path in devices.capacity {
+        let found = probe(path);
+        let shared = !devices.capacity_emulated && found.disk.is_some() && found.disk == fast_disk;
+        match found.rotational {
+            _ if shared => {
+                not_hybrid.push(format!("{} is on the fast device's disk", path.display()))
+            }
             Ok(true) => {}
-            Ok(false) => not_rotational.push(format!("{} is not rotational", path.display())),
-            Err(why) => not_rotational.push(format!(
+            Ok(false) => not_hybrid.push(format!("{} is not rotational", path.display())),
+            Err(why) => not_hybrid.push(format!(
                 "{}: rotation unknown ({why}), counted as not rotational",
                 path.display()
             )),
         }
     }
-    let (ratio, reason) = if not_rotational.is_empty() && !capacity_devices.is_empty() {
+    let (ratio, reason) = if not_hybrid.is_empty() && !devices.capacity.is_empty() {
         (
             HYBRID_READ_CACHE_RATIO,
-            "every capacity device is rotational (hybrid node)".to_string(),
+            "every capacity device is rotational, on a disk of its own (hybrid node)".to_string(),
         )
     } else {
-        (0.0, format!("all-flash or unknown: {}", not_rotational.join("; ")))
+        (0.0, format!("not a hybrid node: {}", not_hybrid.join("; ")))
     };
     ReadCacheDecision {
         ratio,
@@ -117,8 +143,22 @@ pub fn decide_with(
     }
 }
 
-/// Whether the device behind `path` is rotational, looked up under `sys_root` (normally /sys).
-pub fn rotational(sys_root: &Path, path: &Path) -> Result<bool, String> {
+/// Looks up the disk behind `path` under `sys_root` (normally /sys).
+pub fn probe(sys_root: &Path, path: &Path) -> Probe {
+    match disk_of(sys_root, path) {
+        Ok(disk) => Probe {
+            rotational: rotational_of(&disk),
+            disk: Some(disk),
+        },
+        Err(why) => Probe {
+            disk: None,
+            rotational: Err(why),
+        },
+    }
+}
+
+/// The sysfs directory of the whole disk holding `path` (a block device, or a file's filesystem).
+fn disk_of(sys_root: &Path, path: &Path) -> Result<PathBuf, String> {
     let meta = std::fs::metadata(path).map_err(|e| crate::io_reason(&e))?;
     let dev = if meta.file_type().is_block_device() {
         meta.rdev()
@@ -127,16 +167,20 @@ pub fn rotational(sys_root: &Path, path: &Path) -> Result<bool, String> {
     };
     let (major, minor) = split_dev(dev);
     let link = sys_root.join(format!("dev/block/{major}:{minor}"));
-    let mut dir = std::fs::canonicalize(&link)
+    let dir = std::fs::canonicalize(&link)
         .map_err(|_| format!("no block device {major}:{minor} in sysfs"))?;
     if dir.join("partition").exists() {
-        dir = dir
+        return dir
             .parent()
             .map(Path::to_path_buf)
-            .ok_or_else(|| "a partition without a disk".to_string())?;
+            .ok_or_else(|| "a partition without a disk".to_string());
     }
-    let flag = std::fs::read_to_string(dir.join("queue/rotational"))
-        .map_err(|_| format!("block device {major}:{minor} does not say"))?;
+    Ok(dir)
+}
+
+fn rotational_of(disk: &Path) -> Result<bool, String> {
+    let flag = std::fs::read_to_string(disk.join("queue/rotational"))
+        .map_err(|_| format!("{} does not say whether it is rotational", disk.display()))?;
     match flag.trim() {
         "1" => Ok(true),
         "0" => Ok(false),
@@ -162,9 +206,14 @@ mod tests {
         assert_eq!(parse_setting("70%"), Ok(ReadCacheSetting::Ratio(0.7)));
         assert_eq!(parse_setting("0"), Ok(ReadCacheSetting::Ratio(0.0)));
         assert!(parse_setting("0.95").unwrap_err().contains("out of range"));
-        assert!(parse_setting("lots").unwrap_err().contains("invalid read cache"));
+        assert!(parse_setting("lots")
+            .unwrap_err()
+            .contains("invalid read cache"));
         assert!(parse_setting("-0.1").is_err());
-        assert_eq!(ReadCacheValue::Int(0).resolve(), Ok(ReadCacheSetting::Ratio(0.0)));
+        assert_eq!(
+            ReadCacheValue::Int(0).resolve(),
+            Ok(ReadCacheSetting::Ratio(0.0))
+        );
         assert!(ReadCacheValue::Int(1).resolve().is_err());
     }
 
@@ -176,28 +225,86 @@ mod tests {
                 ..Default::default()
             };
             let file = crate::config::parse_file(file).map_err(|e| e.to_string())?;
-            crate::config::merge(&args, file).map(|c| c.read_cache).map_err(|e| e.to_string())
+            crate::config::merge(&args, file)
+                .map(|c| c.read_cache)
+                .map_err(|e| e.to_string())
         };
         assert_eq!(resolve(None, ""), Ok(ReadCacheSetting::Auto));
-        assert_eq!(resolve(None, "read_cache = 0.5"), Ok(ReadCacheSetting::Ratio(0.5)));
-        assert_eq!(resolve(None, "read_cache = \"30%\""), Ok(ReadCacheSetting::Ratio(0.3)));
-        assert_eq!(resolve(Some("auto"), "read_cache = 0.5"), Ok(ReadCacheSetting::Auto));
-        assert!(resolve(None, "read_cache = 2").unwrap_err().contains("read_cache in the config file"));
-        assert!(resolve(Some("1.5"), "").unwrap_err().contains("out of range"));
+        assert_eq!(
+            resolve(None, "read_cache = 0.5"),
+            Ok(ReadCacheSetting::Ratio(0.5))
+        );
+        assert_eq!(
+            resolve(None, "read_cache = \"30%\""),
+            Ok(ReadCacheSetting::Ratio(0.3))
+        );
+        assert_eq!(
+            resolve(Some("auto"), "read_cache = 0.5"),
+            Ok(ReadCacheSetting::Auto)
+        );
+        assert!(resolve(None, "read_cache = 2")
+            .unwrap_err()
+            .contains("read_cache in the config file"));
+        assert!(resolve(Some("1.5"), "")
+            .unwrap_err()
+            .contains("out of range"));
     }
 
     #[test]
-    fn auto_needs_every_capacity_device_rotational() {
+    fn auto_needs_every_capacity_device_rotational_on_a_disk_of_its_own() {
         let paths = [PathBuf::from("/a"), PathBuf::from("/b")];
-        let all = decide_with(ReadCacheSetting::Auto, &paths, |_| Ok(true));
-        assert_eq!(all.ratio, HYBRID_READ_CACHE_RATIO);
-        let one_ssd = decide_with(ReadCacheSetting::Auto, &paths, |p| Ok(p == Path::new("/a")));
+        let devices = |capacity_emulated| Devices {
+            fast: Path::new("/fast"),
+            capacity: &paths,
+            capacity_emulated,
+        };
+        // Each path its own disk, named after it; the fast device's disk is not rotational.
+        let on = |rotational: fn(&Path) -> bool| {
+            move |p: &Path| Probe {
+                disk: Some(p.to_path_buf()),
+                rotational: Ok(p != Path::new("/fast") && rotational(p)),
+            }
+        };
+        let all = decide_with(ReadCacheSetting::Auto, &devices(false), on(|_| true));
+        assert_eq!(all.ratio, HYBRID_READ_CACHE_RATIO, "{}", all.reason);
+        let one_ssd = decide_with(
+            ReadCacheSetting::Auto,
+            &devices(false),
+            on(|p| p == Path::new("/a")),
+        );
         assert_eq!(one_ssd.ratio, 0.0);
-        assert!(one_ssd.reason.contains("/b is not rotational"), "{}", one_ssd.reason);
-        let unknown = decide_with(ReadCacheSetting::Auto, &paths, |_| Err("x".into()));
+        assert!(
+            one_ssd.reason.contains("/b is not rotational"),
+            "{}",
+            one_ssd.reason
+        );
+        let unknown = |p: &Path| Probe {
+            disk: Some(p.to_path_buf()),
+            rotational: Err("x".into()),
+        };
+        let unknown = decide_with(ReadCacheSetting::Auto, &devices(false), unknown);
         assert_eq!(unknown.ratio, 0.0);
         assert!(unknown.reason.contains("counted as not rotational"));
-        let set = decide_with(ReadCacheSetting::Ratio(0.5), &paths, |_| Ok(true));
+        // Everything on one rotational disk (a virtual machine's single disk): no read cache,
+        // unless the capacity device is emulated as a device of its own.
+        let one_disk = |_: &Path| Probe {
+            disk: Some(PathBuf::from("/sys/devices/vda")),
+            rotational: Ok(true),
+        };
+        let shared = decide_with(ReadCacheSetting::Auto, &devices(false), one_disk);
+        assert_eq!(shared.ratio, 0.0);
+        assert!(
+            shared.reason.contains("/a is on the fast device's disk"),
+            "{}",
+            shared.reason
+        );
+        let emulated = decide_with(ReadCacheSetting::Auto, &devices(true), one_disk);
+        assert_eq!(
+            emulated.ratio, HYBRID_READ_CACHE_RATIO,
+            "{}",
+            emulated.reason
+        );
+        let set = decide_with(ReadCacheSetting::Ratio(0.5), &devices(false), one_disk);
         assert_eq!((set.ratio, set.setting.as_str()), (0.5, "configured"));
     }
 
@@ -206,7 +313,10 @@ mod tests {
         assert_eq!(split_dev(0x0801), (8, 1));
         assert_eq!(split_dev((259 << 8) | 3), (259, 3));
         // A large minor: bits above the low byte live at 20..
-        assert_eq!(split_dev((0x12345 >> 8 << 20) | (8 << 8) | 0x45), (8, 0x12345));
+        assert_eq!(
+            split_dev((0x12345 >> 8 << 20) | (8 << 8) | 0x45),
+            (8, 0x12345)
+        );
     }
 
     /// A fake sysfs: a regular file whose filesystem lives on a partition of a rotational disk.
@@ -225,10 +335,18 @@ mod tests {
         std::fs::create_dir_all(root.path().join("dev/block")).unwrap();
         let link = root.path().join(format!("dev/block/{major}:{minor}"));
         std::os::unix::fs::symlink(&part, &link).unwrap();
-        assert_eq!(rotational(root.path(), &file), Ok(true));
+        let found = probe(root.path(), &file);
+        assert_eq!(found.rotational, Ok(true));
+        assert_eq!(found.disk, Some(std::fs::canonicalize(&disk).unwrap()));
+        // A second file on the same filesystem is on the same disk.
+        let other = root.path().join("fast.img");
+        std::fs::write(&other, b"y").unwrap();
+        assert_eq!(probe(root.path(), &other).disk, found.disk);
         std::fs::write(disk.join("queue/rotational"), "0\n").unwrap();
-        assert_eq!(rotational(root.path(), &file), Ok(false));
+        assert_eq!(probe(root.path(), &file).rotational, Ok(false));
         std::fs::remove_file(&link).unwrap();
-        assert!(rotational(root.path(), &file).unwrap_err().contains("no block device"));
+        let gone = probe(root.path(), &file);
+        assert!(gone.rotational.unwrap_err().contains("no block device"));
+        assert_eq!(gone.disk, None);
     }
 }

@@ -74,7 +74,12 @@ async fn open_group(cfg: &ServeConfig) -> Result<(Arc<DiskGroup>, String, ReadCa
         let devs = devices::open_devices(&cfg)?;
         let fast_name = devs.fast.name().to_string();
         // After opening: a capacity file created just now has a filesystem to look at.
-        let read_cache = crate::read_cache::decide(cfg.read_cache, &cfg.capacity_devices);
+        let devices = crate::read_cache::Devices {
+            fast: &cfg.fast_device,
+            capacity: &cfg.capacity_devices,
+            capacity_emulated: cfg.emulation.capacity.is_some(),
+        };
+        let read_cache = crate::read_cache::decide(cfg.read_cache, &devices);
         tracing::info!(ratio = read_cache.ratio, setting = %read_cache.setting, reason = %read_cache.reason, "read cache");
         let engine = strata_engine::EngineConfig {
             read_cache_ratio: read_cache.ratio,
