@@ -55,7 +55,7 @@ struct Pending {
 /// What the callers and the completion thread share.
 struct Shared {
     /// Reads queued by callers, not yet handed to the kernel.
-    queue: Mutex<Vec<Box<Pending>>>,
+    queue: Mutex<Vec<Pending>>,
     /// Reads accepted and not yet finished (queued, in the kernel, or in their callback).
     in_flight: AtomicUsize,
     /// Set when the device's read path is dropped; the completion thread ends once nothing
@@ -148,7 +148,7 @@ impl AsyncReads {
         }
         let first = {
             let mut queue = s.queue.lock();
-            queue.push(Box::new(Pending { buf, offset, done }));
+            queue.push(Pending { buf, offset, done });
             queue.len() == 1
         };
         // Whoever finds the queue empty wakes the completion thread; the others ride along.
@@ -206,7 +206,7 @@ impl Reaper {
             for pending in taken.drain(..) {
                 let (len, ptr) = (pending.buf.len() as u32, pending.buf.as_ptr() as *mut u8);
                 let offset = pending.offset;
-                let pending = Box::into_raw(pending);
+                let pending = Box::into_raw(Box::new(pending));
                 let sqe = opcode::Read::new(types::Fd(self.file.as_raw_fd()), ptr, len)
                     .offset(offset)
                     .build()
