@@ -16,6 +16,9 @@
 #   DURABLE=1       follow every write with an NBD FLUSH (fio --fsync=1) on both servers. Strata
 #                   replies to a write once it is durable; qemu-nbd --cache=none only once it
 #                   reached the device, durable at the next FLUSH. DURABLE=1 compares equal promises.
+#   QEMU_CACHE=none qemu-nbd's --cache mode. `directsync` (O_DIRECT, each write durable before
+#                   its reply) gives qemu-nbd Strata's promise without extra FLUSH requests, so
+#                   the latency columns compare equal promises too.
 set -euo pipefail
 
 RUNTIME=${RUNTIME:-10}
@@ -26,6 +29,7 @@ BENCH_DIR=${BENCH_DIR:-/var/tmp}
 STRATA_ARGS=${STRATA_ARGS:-}
 KEEP=${KEEP:-}
 DURABLE=${DURABLE:-}
+QEMU_CACHE=${QEMU_CACHE:-none}
 WRITE_EXTRA=""
 [[ -n "$DURABLE" ]] && WRITE_EXTRA="--fsync=1"
 
@@ -87,7 +91,7 @@ echo "== starting qemu-nbd on a preallocated $SIZE raw file in $WORK"
 QEMU_FILE="$WORK/qemu-nbd.raw"
 fallocate -l "$SIZE" "$QEMU_FILE"
 QEMU_PORT=$(free_port)
-qemu-nbd -f raw --cache=none --aio=io_uring -t -e 8 -p "$QEMU_PORT" -b 127.0.0.1 "$QEMU_FILE" \
+qemu-nbd -f raw --cache="$QEMU_CACHE" --aio=io_uring -t -e 8 -p "$QEMU_PORT" -b 127.0.0.1 "$QEMU_FILE" \
     2>"$WORK/qemu-nbd.log" &
 QEMU_PID=$!
 QEMU_URI="nbd://127.0.0.1:$QEMU_PORT"
@@ -104,12 +108,12 @@ echo "machine:  $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 echo "kernel:   $(uname -r)"
 echo "medium:   $WORK on $fs_source ($fs_type)"
 echo "strata:   $STRATA_URI, I/O backend $STRATA_BACKEND, flags: ${STRATA_ARGS:-defaults}"
-echo "qemu-nbd: $QEMU_URI, $(qemu-nbd --version | head -1)"
+echo "qemu-nbd: $QEMU_URI, --cache=$QEMU_CACHE, $(qemu-nbd --version | head -1)"
 echo "fio:      $(fio --version), runtime ${RUNTIME}s (+${RAMP}s ramp) per run, $ROUNDS rounds, region $SIZE"
 if [[ -n "$DURABLE" ]]; then
     echo "writes:   each followed by an NBD FLUSH (DURABLE=1)"
 else
-    echo "writes:   no FLUSH (qemu-nbd acknowledges before durability; DURABLE=1 flushes each write)"
+    echo "writes:   no FLUSH (with --cache=none qemu-nbd acknowledges before durability; DURABLE=1 flushes each write)"
 fi
 echo
 

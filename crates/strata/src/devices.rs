@@ -1,8 +1,8 @@
 //! Opening the devices of a disk group: files are created on first start (the fast tier
-//! preallocated, the capacity tier sparse), block devices are used as they are. With
-//! `--fast-emulate` / `--capacity-emulate` (benchmarking aids) a device is wrapped in the device
-//! layer's `Throttled` model and its name says "emulated", so every report built from device
-//! names (API, dashboard, `strata bench`) states it.
+//! allocated and written with zeros, the capacity tier sparse), block devices are used as
+//! they are. With `--fast-emulate` / `--capacity-emulate` (benchmarking aids) a device is
+//! wrapped in the device layer's `Throttled` model and its name says "emulated", so every
+//! report built from device names (API, dashboard, `strata bench`) states it.
 use std::path::Path;
 use std::sync::Arc;
 

@@ -179,7 +179,7 @@ pub struct ServeArgs {
     /// Fast-tier device: a file (created when missing) or a block device [default: DATA_DIR/fast.img].
     #[arg(long, value_name = "PATH")]
     pub fast_device: Option<PathBuf>,
-    /// Size of a fast-tier file created on first start (preallocated) [default: 1G].
+    /// Size of a fast-tier file created on first start (allocated and written with zeros once) [default: 1G].
     #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
     pub fast_size: Option<u64>,
     /// Capacity-tier device; repeat for several [default: DATA_DIR/capacity-0.img].
