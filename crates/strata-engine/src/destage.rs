@@ -665,11 +665,9 @@ impl Destager {
     }
 
     /// Waits for the rewrites sent; those that completed cool their blocks.
-    fn settle(&self, pending: &mut Vec<Pending<'_>>) {
-        for (guard, wait, layer, lba, len) in pending.drain(..) {
-            let ok = wait.wait().is_ok();
-            drop(guard);
-            if ok {
+    fn settle(&self, pending: &mut Vec<Pending>) {
+        for (wait, layer, lba, len) in pending.drain(..) {
+            if wait.wait().is_ok() {
                 self.cool(layer, lba, len);
             }
         }
@@ -700,7 +698,9 @@ impl Destager {
 
     /// Like a host writing the same data again, under the same range lock (held until the
     /// write completes), so no host write can slip in between. Skipped when a host holds the
-    /// range or the data moved meanwhile.
+    /// range or the data moved meanwhile. The lock goes with the request and is released as
+    /// its batch is answered: a host write to the range waits for that batch only, not for
+    /// the whole survey's rewrites (up to ~200 ms at queue depth 32).
     fn submit_rewrite(
         &self,
         layer: u32,
@@ -709,8 +709,8 @@ impl Destager {
         from: u64,
         born_ms: u64,
         bytes: &[u8],
-    ) -> Result<Option<Pending<'_>>, EngineError> {
-        let Some(guard) = self.sh.ranges.try_lock(layer, lba, lba + len) else {
+    ) -> Result<Option<Pending>, EngineError> {
+        let Some((done, wait)) = answer_releasing(&self.sh, layer, lba, lba + len) else {
             return Ok(None);
         };
         let still_here = {
@@ -739,14 +739,13 @@ impl Destager {
                 return Ok(None);
             }
         }
-        let (done, wait) = crate::log::reply_pair();
         let req = WriteReq {
             kind: RecordKind::Write,
             layer,
             lba,
             nblocks: len,
             data: Some(data),
-            done: crate::log::Done::Chan(done),
+            done,
             no_wait: true,
             relocation: true,
             born_ms: Some(born_ms),
@@ -756,7 +755,7 @@ impl Destager {
         // Never block on a full queue: the log writer may be waiting for space only this
         // thread can free.
         self.tx.try_send(req).map_err(|_| EngineError::NoSpace)?;
-        Ok(Some((guard, wait, layer, lba, len)))
+        Ok(Some((wait, layer, lba, len)))
     }
 
     fn is_tier(&self, layer: u32) -> bool {
@@ -1187,13 +1186,47 @@ struct Inflight<'s> {
     taken: usize,
 }
 
-type Pending<'a> = (
-    crate::rangelock::RangeGuard<'a>,
-    crate::log::ReplyRx,
-    u32,
-    u64,
-    u64,
-);
+/// A rewrite sent to the log writer: its answer, layer, lba and length.
+type Pending = (crate::log::ReplyRx, u32, u64, u64);
+
+/// Holds `[start, end)` of a layer for a request (None if a host holds part of it) and
+/// returns the request's answer and the wait for it. The range is free again as soon as the
+/// request is answered, or dropped unanswered.
+fn answer_releasing(
+    sh: &Arc<Shared>,
+    layer: u32,
+    start: u64,
+    end: u64,
+) -> Option<(crate::log::Done, crate::log::ReplyRx)> {
+    let claim = Claim::new(sh, layer, start, end)?;
+    let (done, wait) = crate::log::reply_pair();
+    let answer = move |r| {
+        drop(claim);
+        done.send(r);
+    };
+    Some((crate::log::Done::Call(Box::new(answer)), wait))
+}
+
+/// A range held for a request that outlives the destager's borrow: released when dropped.
+struct Claim {
+    sh: Arc<Shared>,
+    key: (u32, u64, u64),
+}
+
+impl Claim {
+    fn new(sh: &Arc<Shared>, layer: u32, start: u64, end: u64) -> Option<Claim> {
+        sh.ranges.try_claim(layer, start, end).then(|| Claim {
+            sh: sh.clone(),
+            key: (layer, start, end),
+        })
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.sh.ranges.release(self.key);
+    }
+}
 
 struct GcVictim {
     seg: u32,
@@ -1681,4 +1714,31 @@ fn add_seg_runs(
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tests::{small_cfg, Rig, MIB};
+
+    #[test]
+    fn a_kept_range_is_free_once_its_rewrite_is_answered() {
+        let rig = Rig::new(32 * MIB, &[24 * MIB], small_cfg(), 7);
+        let sh = &rig.dg().sh;
+        let (done, wait) = answer_releasing(sh, 1, 10, 14).expect("nobody holds it");
+        assert!(answer_releasing(sh, 1, 13, 20).is_none(), "overlaps a rewrite in flight");
+        assert!(!sh.ranges.try_claim(1, 12, 13), "a host write waits for the rewrite");
+        done.send(Ok(()));
+        // Free before the destager collects the answer: a host write waits for the one
+        // batch, not for the rest of the survey's rewrites.
+        assert!(sh.ranges.try_claim(1, 12, 13), "still held once answered");
+        sh.ranges.release((1, 12, 13));
+        assert!(wait.wait().is_ok());
+        // A request dropped unanswered (refused, or never queued) frees its range too.
+        let (done, wait) = answer_releasing(sh, 1, 10, 14).expect("free again");
+        drop(done);
+        assert!(sh.ranges.try_claim(1, 10, 14), "held after the request was dropped");
+        sh.ranges.release((1, 10, 14));
+        assert!(wait.wait().is_err(), "a dropped request answered as if written");
+    }
 }

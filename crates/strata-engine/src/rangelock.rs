@@ -60,6 +60,7 @@ impl RangeLocks {
     }
 
     /// Holds `[start, end)` of `volume` if nobody holds an overlapping range; never waits.
+    #[cfg(test)]
     pub fn try_lock(&self, volume: u32, start: u64, end: u64) -> Option<RangeGuard<'_>> {
         // Built only once claimed: a guard's drop releases its key.
         self.try_claim(volume, start, end).then(|| RangeGuard {

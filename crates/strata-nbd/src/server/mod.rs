@@ -9,6 +9,7 @@
 mod command;
 mod connection;
 mod handshake;
+mod replies;
 mod transmission;
 
 #[cfg(test)]

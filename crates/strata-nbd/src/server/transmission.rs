@@ -1,5 +1,6 @@
-//! Transmission phase: a reader loop (this task), requests on the blocking pool, and one
-//! writer task that owns the socket's write half so replies never interleave.
+//! Transmission phase: a reader loop (this task), requests on the engine's completions or
+//! the blocking pool, and the reply writer (`replies.rs`) that keeps replies from
+//! interleaving.
 //!
 //! A request is "in flight" from the moment the reader takes a slot for it until its reply
 //! has been handed to the socket; slots are what bounds the reply queue, the blocking pool
@@ -10,22 +11,20 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncReadExt, BufReader};
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
-use tokio::sync::mpsc::{self, error::TryRecvError};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, error, info, trace, Instrument};
 
 use super::command::{self, Command, Wire};
 use super::connection::{stopped, within, ConnError, Ending};
 use super::handshake::Session;
+use super::replies::{Budget, Replies, Reply};
 use super::{ServerConfig, Shared};
 use crate::proto::{self, cmd, RequestHeader, REQUEST_HEADER_LEN};
 use crate::Errno;
 
-/// Small replies are gathered up to this size before a write; large read data bypasses it.
-const WRITE_BUFFER_BYTES: usize = 64 * 1024;
 /// Requests are read through a buffer of this size: at queue depth 32 one system call picks
 /// up many request headers instead of one each.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
@@ -34,19 +33,6 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// The socket's read half, buffered.
 type Reader = BufReader<OwnedReadHalf>;
-
-/// A reply on its way to the writer, carrying the limits it holds until it is written.
-struct Reply {
-    wire: Wire,
-    _slot: OwnedSemaphorePermit,
-    _budget: Option<Budget>,
-}
-
-/// Buffer bytes held against the connection's and the server's budgets.
-struct Budget {
-    _connection: OwnedSemaphorePermit,
-    _total: OwnedSemaphorePermit,
-}
 
 struct Conn {
     session: Arc<Session>,
@@ -104,11 +90,17 @@ pub(super) async fn run(
     info!(export = %session.name, structured = session.structured, "NBD transmission phase");
     let (reader, writer) = stream.into_split();
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
-    let (tx, rx) = mpsc::channel(cfg.max_in_flight_per_connection);
-    let writer = tokio::spawn(write_replies(writer, rx, cfg.idle_timeout).in_current_span());
+    let slots = Arc::new(Semaphore::new(cfg.max_in_flight_per_connection));
+    let (tx, write_replies) = Replies::new(
+        writer,
+        slots.clone(),
+        cfg.max_in_flight_per_connection,
+        cfg.idle_timeout,
+    );
+    let writer = tokio::spawn(write_replies.in_current_span());
     let conn = Conn {
         session: Arc::new(session),
-        slots: Arc::new(Semaphore::new(cfg.max_in_flight_per_connection)),
+        slots,
         max_in_flight: cfg.max_in_flight_per_connection,
         buffered_bytes: Arc::new(Semaphore::new(cfg.max_buffered_bytes_per_connection)),
         buffered_bytes_total: shared.buffered_bytes_total.clone(),
@@ -132,7 +124,7 @@ enum Next {
 async fn read_requests(
     reader: &mut Reader,
     conn: &Conn,
-    tx: &mpsc::Sender<Reply>,
+    tx: &Replies,
     cfg: &ServerConfig,
     stop: &mut watch::Receiver<bool>,
 ) -> Result<Ending, ConnError> {
@@ -214,7 +206,7 @@ async fn next_request(
 async fn dispatch(
     reader: &mut Reader,
     conn: &Conn,
-    tx: &mpsc::Sender<Reply>,
+    tx: &Replies,
     cfg: &ServerConfig,
     slot: OwnedSemaphorePermit,
     req: RequestHeader,
@@ -230,7 +222,7 @@ async fn dispatch(
                 _slot: slot,
                 _budget: None,
             };
-            tx.send(reply).await.map_err(|_| ConnError::WriterGone)
+            tx.send(reply).await
         }
         Ok(command) => {
             let budget = conn.reserve(command.buffer_bytes()).await?;
@@ -289,7 +281,7 @@ fn spawn_request(
     payload: Vec<u8>,
     slot: OwnedSemaphorePermit,
     budget: Option<Budget>,
-    tx: mpsc::Sender<Reply>,
+    tx: Replies,
 ) {
     let session = session.clone();
     let (slot, budget, tx) = match command {
@@ -307,8 +299,7 @@ fn spawn_request(
                     Ok(()) => command::ok_reply(&session, cookie),
                     Err(errno) => command::error_reply(&session, cookie, errno, "export failed the request"),
                 };
-                // Never full: the queue holds max_in_flight replies and each holds a slot.
-                let _ = tx.try_send(Reply { wire, _slot: slot, _budget: budget });
+                tx.complete(Reply { wire, _slot: slot, _budget: budget });
                 return;
             }
             None => (slot, budget, tx),
@@ -321,9 +312,8 @@ fn spawn_request(
             error!(?command, "export panicked; answering EIO");
             command::error_reply(&session, cookie, Errno::Io, "internal error")
         });
-        // Never waits: the queue holds max_in_flight replies and each holds a slot. It
-        // fails only if the writer is gone, and dropping the reply then frees its slot.
-        let _ = tx.blocking_send(Reply {
+        // Never waits: the queue holds max_in_flight replies and each holds a slot.
+        tx.blocking_send(Reply {
             wire,
             _slot: slot,
             _budget: budget,
@@ -332,7 +322,7 @@ fn spawn_request(
 }
 
 /// What a reply needs besides its wire: the slot and budget it holds, and the queue it goes to.
-type ReplyParts = (OwnedSemaphorePermit, Option<Budget>, mpsc::Sender<Reply>);
+type ReplyParts = (OwnedSemaphorePermit, Option<Budget>, Replies);
 
 /// A reply's parts while an export's completion (on any thread) may still take them.
 type HeldParts = Arc<std::sync::Mutex<Option<ReplyParts>>>;
@@ -349,8 +339,7 @@ fn take(held: &HeldParts) -> Option<ReplyParts> {
 /// Queues a completion's reply (once; a second call finds the parts gone).
 fn send_held(held: &HeldParts, wire: Wire) {
     if let Some((slot, budget, tx)) = take(held) {
-        // Never full: the queue holds max_in_flight replies and each holds a slot.
-        let _ = tx.try_send(Reply { wire, _slot: slot, _budget: budget });
+        tx.complete(Reply { wire, _slot: slot, _budget: budget });
     }
 }
 
@@ -366,7 +355,7 @@ fn start_write(
     payload: &[u8],
     slot: OwnedSemaphorePermit,
     budget: Option<Budget>,
-    tx: mpsc::Sender<Reply>,
+    tx: Replies,
 ) -> Option<ReplyParts> {
     let held = hold((slot, budget, tx));
     let (held_in, s) = (held.clone(), session.clone());
@@ -410,40 +399,4 @@ fn start_read(
         Ok(Ok(())) => None,
         Ok(Err(_)) | Err(_) => take(&held),
     }
-}
-
-/// Owns the write half: writes replies in the order they complete, flushing whenever
-/// the queue runs dry, and closes the socket's write side once every sender is gone.
-async fn write_replies(
-    writer: OwnedWriteHalf,
-    mut rx: mpsc::Receiver<Reply>,
-    limit: Duration,
-) -> Result<(), ConnError> {
-    let mut out = BufWriter::with_capacity(WRITE_BUFFER_BYTES, writer);
-    loop {
-        let reply = match rx.try_recv() {
-            Ok(reply) => reply,
-            Err(TryRecvError::Empty) => {
-                within(limit, out.flush())
-                    .await
-                    .ok_or(ConnError::Stalled(limit))??;
-                match rx.recv().await {
-                    Some(reply) => reply,
-                    None => break,
-                }
-            }
-            Err(TryRecvError::Disconnected) => break,
-        };
-        let write = async {
-            out.write_all(&reply.wire.head).await?;
-            out.write_all(&reply.wire.data).await
-        };
-        within(limit, write)
-            .await
-            .ok_or(ConnError::Stalled(limit))??;
-    }
-    within(limit, out.shutdown())
-        .await
-        .ok_or(ConnError::Stalled(limit))??;
-    Ok(())
 }

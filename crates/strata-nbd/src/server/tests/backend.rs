@@ -1,12 +1,14 @@
 //! In-memory Backend for the server tests: a Vec<u8> per export, an allocation map for
 //! block status, a log of calls, a gate that holds reads at one offset (to control
-//! completion order) and an offset whose reads fail with EIO (a checksum failure).
+//! completion order) and an offset whose reads fail with EIO (a checksum failure). With
+//! `elsewhere` set, reads and writes take the non-blocking path and complete on a thread of
+//! their own, as the engine's do.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use crate::proto::state;
-use crate::{Backend, BlockStatus, Errno, Export, ExportInfo};
+use crate::{Backend, BlockStatus, Errno, Export, ExportInfo, ReadDone, WriteDone};
 
 pub const DISK_SIZE: u64 = 4 << 20;
 pub const RO_SIZE: u64 = 1 << 20;
@@ -73,6 +75,8 @@ pub struct MemExport {
     read_only: bool,
     pub gate: Gate,
     pub log: Mutex<Vec<Op>>,
+    /// Reads and writes complete on another thread (`read_nowait`, `write_nowait`).
+    pub elsewhere: AtomicBool,
 }
 
 impl MemExport {
@@ -83,6 +87,7 @@ impl MemExport {
             read_only,
             gate: Gate::default(),
             log: Mutex::new(Vec::new()),
+            elsewhere: AtomicBool::new(false),
         }
     }
 
@@ -134,6 +139,25 @@ impl Export for MemExport {
         }
         let range = self.range(offset, buf.len() as u64)?;
         buf.copy_from_slice(&self.data.lock().unwrap()[range]);
+        Ok(())
+    }
+
+    fn read_nowait(&self, offset: u64, len: u32, done: ReadDone) -> Result<(), ReadDone> {
+        if !self.elsewhere.load(Ordering::Relaxed) || offset == GATE_OFFSET {
+            return Err(done);
+        }
+        let mut buf = vec![0u8; len as usize];
+        let result = self.read(offset, &mut buf).map(|()| buf);
+        std::thread::spawn(move || done(result));
+        Ok(())
+    }
+
+    fn write_nowait(&self, offset: u64, data: &[u8], fua: bool, done: WriteDone) -> Result<(), WriteDone> {
+        if !self.elsewhere.load(Ordering::Relaxed) {
+            return Err(done);
+        }
+        let result = self.write(offset, data, fua);
+        std::thread::spawn(move || done(result));
         Ok(())
     }
 
@@ -227,8 +251,14 @@ impl Export for Handle {
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
         self.inner.read(offset, buf)
     }
+    fn read_nowait(&self, offset: u64, len: u32, done: ReadDone) -> Result<(), ReadDone> {
+        self.inner.read_nowait(offset, len, done)
+    }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Errno> {
         self.inner.write(offset, data, fua)
+    }
+    fn write_nowait(&self, offset: u64, data: &[u8], fua: bool, done: WriteDone) -> Result<(), WriteDone> {
+        self.inner.write_nowait(offset, data, fua, done)
     }
     fn flush(&self) -> Result<(), Errno> {
         self.inner.flush()

@@ -1,6 +1,6 @@
 //! Transmission phase: commands, flags, errors, simple and structured replies.
 
-use super::backend::{Op, DISK_SIZE, EIO_OFFSET, RO_SIZE};
+use super::backend::{Op, DISK_SIZE, EIO_OFFSET, GATE_OFFSET, RO_SIZE};
 use super::client::Client;
 use super::TestServer;
 use crate::proto::{chunk, cmd, cmd_flags, state};
@@ -275,4 +275,51 @@ async fn disc_closes_after_answering_what_was_sent() {
     assert_eq!(c.reply().await.unwrap().cookie, cookie);
     assert!(c.is_closed().await);
     assert_eq!(server.backend.disk.bytes(0, 4), b"abcd");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_from_completing_threads_stay_whole_when_the_socket_fills() {
+    const N: u64 = 300;
+    const LEN: u32 = 60 * 1024;
+    let server = TestServer::start(ServerConfig {
+        max_in_flight_per_connection: 512,
+        max_buffered_bytes_per_connection: 64 << 20,
+        max_buffered_bytes_total: 64 << 20,
+        ..ServerConfig::default()
+    })
+    .await;
+    let disk = &server.backend.disk;
+    disk.elsewhere.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut c, _) = Client::simple(server.addr, "disk").await;
+    let data = pattern(DISK_SIZE as usize, 5);
+    for (i, part) in data.chunks(1 << 20).enumerate() {
+        assert_eq!(c.write(i as u64 * (1 << 20), part).await.error, 0);
+    }
+    // One at a time: each reply is written by the thread that completes it.
+    for i in 0..20u64 {
+        let off = i * 4096 * 7;
+        assert_eq!(c.read(off, 4096).await.data, data[off as usize..][..4096]);
+    }
+    // Reads sent one by one without reading a reply: each completes alone, so its thread
+    // writes it, until ~18 MiB of replies fill the socket; then one is written in part, and
+    // the writer task finishes it before the others queued behind it.
+    let offset = |i: u64| match (i * 4096 * 13) % (DISK_SIZE - u64::from(LEN)) {
+        o if o == GATE_OFFSET || o == EIO_OFFSET => o + 4096,
+        o => o,
+    };
+    let mut expect = std::collections::HashMap::new();
+    for i in 0..N {
+        let cookie = c.send(cmd::READ, 0, offset(i), LEN, &[]).await;
+        expect.insert(cookie, offset(i));
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    for _ in 0..N {
+        let r = c.reply().await.expect("a whole reply");
+        assert_eq!(r.error, 0);
+        let off = expect.remove(&r.cookie).expect("a cookie asked for, answered once");
+        assert!(r.data == data[off as usize..][..LEN as usize], "reply {} garbled", r.cookie);
+    }
+    assert_eq!(c.write(0, &[9u8; 4096]).await.error, 0, "the connection goes on");
+    assert_eq!(disk.bytes(0, 4096), [9u8; 4096]);
 }
