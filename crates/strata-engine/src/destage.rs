@@ -1198,34 +1198,13 @@ fn answer_releasing(
     start: u64,
     end: u64,
 ) -> Option<(crate::log::Done, crate::log::ReplyRx)> {
-    let claim = Claim::new(sh, layer, start, end)?;
+    let claim = crate::shared::RangeClaim::try_new(sh, layer, start, end)?;
     let (done, wait) = crate::log::reply_pair();
     let answer = move |r| {
         drop(claim);
         done.send(r);
     };
     Some((crate::log::Done::Call(Box::new(answer)), wait))
-}
-
-/// A range held for a request that outlives the destager's borrow: released when dropped.
-struct Claim {
-    sh: Arc<Shared>,
-    key: (u32, u64, u64),
-}
-
-impl Claim {
-    fn new(sh: &Arc<Shared>, layer: u32, start: u64, end: u64) -> Option<Claim> {
-        sh.ranges.try_claim(layer, start, end).then(|| Claim {
-            sh: sh.clone(),
-            key: (layer, start, end),
-        })
-    }
-}
-
-impl Drop for Claim {
-    fn drop(&mut self) {
-        self.sh.ranges.release(self.key);
-    }
 }
 
 struct GcVictim {

@@ -686,17 +686,15 @@ impl DiskGroup {
             Err(_) => return Err(done),
         };
         let (b0, n) = (offset / BLOCK_U64, data.len() as u64 / BLOCK_U64);
-        if !self.sh.ranges.try_claim(head, b0, b0 + n) {
+        let Some(claim) = shared::RangeClaim::try_new(&self.sh, head, b0, b0 + n) else {
             return Err(done);
-        }
+        };
         let d = AlignedBuf::from_slice(data);
-        let sh = self.sh.clone();
-        let key = (head, b0, b0 + n);
         // The callback stays reachable until the request is queued, so a refusal can hand it back.
         let slot = Arc::new(Mutex::new(Some(done)));
         let slot_in = slot.clone();
         let finish: WriteDone = Box::new(move |r| {
-            sh.ranges.release(key);
+            drop(claim);
             drop(quiet);
             if let Some(done) = slot_in.lock().take() {
                 done(r);
@@ -716,20 +714,16 @@ impl DiskGroup {
             cache_gen: 0,
             vol: 0,
         };
-        match tx.map(|t| t.try_send(req)) {
-            Some(Ok(())) => {
-                if let Some(rt) = rt {
-                    rt.writes.lock().note(offset, data.len() as u64);
-                }
-                Ok(())
-            }
-            _ => {
-                // Not queued (the request and its guard are dropped): release, hand back.
-                self.sh.ranges.release(key);
-                let done = slot.lock().take();
-                Err(done.unwrap_or_else(|| Box::new(|_| {})))
-            }
+        // Not queued, the request is dropped here, and with it its claim and guard.
+        let queued = matches!(tx.map(|t| t.try_send(req)), Some(Ok(())));
+        if !queued {
+            let done = slot.lock().take();
+            return Err(done.unwrap_or_else(|| Box::new(|_| {})));
         }
+        if let Some(rt) = rt {
+            rt.writes.lock().note(offset, data.len() as u64);
+        }
+        Ok(())
     }
 
     /// Makes the range of a volume read as zeros. Whole blocks are a metadata record, not data.

@@ -492,3 +492,31 @@ impl<K: std::hash::Hash + Eq + Copy, V: Clone> TwoGen<K, V> {
         self.old.retain(|k, _| !gone(k));
     }
 }
+
+/// A block range held for a request that outlives any borrow (a write answered on another
+/// thread): released when dropped, whether the request was answered or dropped unanswered.
+pub(crate) struct RangeClaim {
+    sh: Arc<Shared>,
+    key: (u32, u64, u64),
+}
+
+impl RangeClaim {
+    /// Holds `[start, end)` of a layer if nobody holds part of it; never waits.
+    pub(crate) fn try_new(
+        sh: &Arc<Shared>,
+        layer: u32,
+        start: u64,
+        end: u64,
+    ) -> Option<RangeClaim> {
+        sh.ranges.try_claim(layer, start, end).then(|| RangeClaim {
+            sh: sh.clone(),
+            key: (layer, start, end),
+        })
+    }
+}
+
+impl Drop for RangeClaim {
+    fn drop(&mut self) {
+        self.sh.ranges.release(self.key);
+    }
+}

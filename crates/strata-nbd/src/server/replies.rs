@@ -83,7 +83,10 @@ impl Replies {
         slots: Arc<Semaphore>,
         max_in_flight: usize,
         limit: Duration,
-    ) -> (Replies, impl std::future::Future<Output = Result<(), ConnError>>) {
+    ) -> (
+        Replies,
+        impl std::future::Future<Output = Result<(), ConnError>>,
+    ) {
         let (tx, rx) = mpsc::channel(max_in_flight);
         let out = Arc::new(Out {
             sock,
@@ -92,7 +95,13 @@ impl Replies {
             slots,
             max_in_flight,
         });
-        (Replies { tx, out: out.clone() }, write_replies(out, rx, limit))
+        (
+            Replies {
+                tx,
+                out: out.clone(),
+            },
+            write_replies(out, rx, limit),
+        )
     }
 
     /// Queues a reply from the reader task (waits only if the writer is behind).
@@ -178,22 +187,23 @@ impl Out {
         let mut done = Vec::new();
         while !st.queue.is_empty() {
             let n = {
-                let mut slices = Vec::with_capacity(MAX_SLICES);
-                let mut skip = st.sent;
+                let mut slices = [IoSlice::new(&[]); MAX_SLICES];
+                let (mut k, mut skip) = (0, st.sent);
                 for r in st.queue.iter() {
+                    if k + 2 > MAX_SLICES {
+                        break;
+                    }
                     for part in [&r.wire.head[..], &r.wire.data[..]] {
                         if skip >= part.len() {
                             skip -= part.len();
                         } else {
-                            slices.push(IoSlice::new(&part[skip..]));
+                            slices[k] = IoSlice::new(&part[skip..]);
+                            k += 1;
                             skip = 0;
                         }
                     }
-                    if slices.len() + 2 > MAX_SLICES {
-                        break;
-                    }
                 }
-                match self.sock.try_write_vectored(&slices) {
+                match self.sock.try_write_vectored(&slices[..k]) {
                     Ok(0) => return (done, Err(io::ErrorKind::WriteZero.into())),
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return (done, Ok(())),
