@@ -2,10 +2,12 @@
 //! runs garbage collection when free segments run low, and does the index's housekeeping
 //! (see `maint.rs`). It is the only thread that changes the capacity index.
 //!
-//! Controller: below the low mark it idles. Between the marks it runs a duty cycle set by a PI
-//! term on fill (so the rate is a share of the bandwidth the devices really deliver, and rises
-//! smoothly with fill). Above the high mark it runs flat out; the log writer then admits new
-//! writes at the measured destage bandwidth (see `log.rs`).
+//! Controller: below the low mark it idles. Between the marks it runs a duty cycle that rises
+//! with fill (so the rate is a share of the bandwidth the devices really deliver), moving cold
+//! data in the band's lower half and, in its upper half, freeing the log whether the tail's
+//! data is hot or not: the fill settles inside the band under paced steps instead of at the
+//! high mark. Above the high mark it runs flat out; the log writer then admits new writes at
+//! the measured destage bandwidth (see `log.rs`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -37,6 +39,14 @@ const GC_OUTPUTS: usize = 4;
 const KEEP_READ_BLOCKS: u64 = 1024;
 /// Log blocks one stripe reads at most (64 MiB).
 const MAX_STEP_READ_BLOCKS: u64 = 16384;
+/// Where in the band between the marks (0 at the low mark, 1 at the high) the tail starts to
+/// be freed whether its data is hot or not. Waiting for the high mark instead left the fill
+/// there under steady writes: flat-out steps and throttled admission every second or so,
+/// each burst taking queue-depth-1 writes from 0.2 ms to 2-4 ms.
+const SOFT_PRESSURE: f64 = 0.5;
+/// ... but only while host batches hold fewer records than this on average (host writes
+/// waiting on the device one or two at a time, so the devices have time to spare).
+const SOFT_MAX_RECORDS_PER_BATCH: f64 = 2.0;
 /// Bounds of the destager's pause after a step that found nothing worth moving.
 const REST_MIN: Duration = Duration::from_millis(20);
 const REST_MAX: Duration = Duration::from_millis(500);
@@ -44,8 +54,15 @@ const REST_MAX: Duration = Duration::from_millis(500);
 pub struct Destager {
     pub(crate) sh: Arc<Shared>,
     tx: Sender<WriteReq>,
-    integral: f64,
-    last: Instant,
+    /// The rate host writes take the log at (bytes/s, smoothed over about a second) and the
+    /// counter reading it was last updated from. (Counting the destager's own rewrites too fed
+    /// back: compaction's rewrites raised the rate that set how much to compact.)
+    append_rate: f64,
+    appended_seen: (Instant, u64),
+    /// Records per host batch (smoothed like `append_rate`) and the counters' readings
+    /// (batches, records) it was last updated from.
+    records_per_batch: f64,
+    batches_seen: (u64, u64),
     gc_backoff_until: Instant,
     pub(crate) maint: crate::maint::Maint,
     /// Promotions refused for want of cache room, as last seen.
@@ -98,8 +115,10 @@ impl Destager {
         Destager {
             sh,
             tx,
-            integral: 0.0,
-            last: Instant::now(),
+            append_rate: 0.0,
+            appended_seen: (Instant::now(), 0),
+            records_per_batch: 0.0,
+            batches_seen: (0, 0),
             gc_backoff_until: Instant::now(),
             maint,
             refused_seen: 0,
@@ -205,19 +224,13 @@ impl Destager {
                 !log.cache_has_room(log.cache_budget_blocks / 10 + 1),
             )
         };
-        let (low, high) = (self.sh.cfg.fill_ratio_low, self.sh.cfg.fill_ratio_high);
+        let high = self.sh.cfg.fill_ratio_high;
         self.cache_wants_room = false;
-        let now = Instant::now();
-        let dt = now.duration_since(self.last).as_secs_f64().min(1.0);
-        self.last = now;
         if self.forced() || fill >= high || physical >= PHYSICAL_FULL {
             return 1.0;
         }
         match self.tier_tail() {
-            TierTail::Young => {
-                self.integral = 0.0;
-                return 0.0;
-            }
+            TierTail::Young => return 0.0,
             TierTail::Cold => return 1.0,
             TierTail::None => {}
         }
@@ -228,13 +241,69 @@ impl Destager {
             self.cache_wants_room = true;
             return 1.0;
         }
-        if fill < low {
-            self.integral = 0.0;
+        let append = self.update_append_rate();
+        let Some(e) = self.band_position(fill) else {
             return 0.0;
+        };
+        // The share of time that frees the log as fast as it is taken (at the bandwidth steps
+        // measured), scaled by where the fill is: matched at mid-band, twice that near the
+        // high mark; with few writes, a floor rising to a quarter near the high mark. No
+        // integral term: one on the fill's height above the low mark wound up to flat out
+        // within seconds of steady writes, and one on its distance from mid-band (0.05/s)
+        // wound up during a burst of writes and then drained the log hard under the next,
+        // lighter load; both took queue-depth-1 writes from 0.2 ms to 1-3 ms at the 99th
+        // percentile. The high mark and admission control bound the fill instead.
+        let bw = Counters::get_f64(&self.sh.counters.destage_bw_bytes_per_s);
+        let matched = if bw > 0.0 { append / bw } else { 0.0 };
+        (2.0 * e * matched).max(0.05 + 0.2 * e * e).min(1.0)
+    }
+
+    /// Updates and returns the smoothed rate host writes take the log at (bytes/s).
+    fn update_append_rate(&mut self) -> f64 {
+        let now = Instant::now();
+        let appended = self
+            .sh
+            .counters
+            .log_host_appended_bytes
+            .load(Ordering::Relaxed);
+        let (then, seen) = self.appended_seen;
+        let dt = now.duration_since(then).as_secs_f64();
+        if dt >= 0.05 {
+            let sample = appended.saturating_sub(seen) as f64 / dt;
+            // Time-weighted: about a second of history whatever the loop's period.
+            let w = 1.0 - (-dt).exp();
+            self.append_rate += w * (sample - self.append_rate);
+            self.appended_seen = (now, appended);
+            let c = &self.sh.counters;
+            let (batches, records) = (
+                c.log_host_batches.load(Ordering::Relaxed),
+                c.log_host_records.load(Ordering::Relaxed),
+            );
+            let (b0, r0) = self.batches_seen;
+            // No host batch at all counts as none waiting: idle is light load.
+            let sample =
+                records.saturating_sub(r0) as f64 / batches.saturating_sub(b0).max(1) as f64;
+            self.records_per_batch += w * (sample - self.records_per_batch);
+            self.batches_seen = (batches, records);
         }
-        let e = (fill - low) / (high - low);
-        self.integral = (self.integral + 0.5 * e * dt).clamp(0.0, 1.0);
-        (0.05 + e + self.integral).clamp(0.05, 1.0)
+        self.append_rate
+    }
+
+    /// Where `fill` lies between the marks: None below the low mark, 0..1 up to the high.
+    fn band_position(&self, fill: f64) -> Option<f64> {
+        let (low, high) = (self.sh.cfg.fill_ratio_low, self.sh.cfg.fill_ratio_high);
+        (fill >= low).then(|| ((fill - low) / (high - low).max(1e-9)).min(1.0))
+    }
+
+    /// The fill is in the band's upper half and host writes come one or two at a time: paced
+    /// steps free the log whether the tail's data is hot or not. Under many concurrent writes
+    /// the data stays until the high mark, where more of the tail has been overwritten and
+    /// freeing it costs least: freeing from mid-band cost queue-depth-32 random writes a tenth
+    /// of their rate.
+    fn soft_pressure(&self) -> bool {
+        let fill = self.sh.log.lock().fill_ratio();
+        self.records_per_batch < SOFT_MAX_RECORDS_PER_BATCH
+            && self.band_position(fill).is_some_and(|e| e >= SOFT_PRESSURE)
     }
 
     /// Looks at the oldest durable batch's live data of tier-mode volumes.
@@ -434,10 +503,12 @@ impl Destager {
             let room = width as u64 * u64::from(self.sh.layout.geo.data_blocks);
             // What is kept is written at the head before the tail moves: it must fit in half
             // the free log, the other half left to host writes meanwhile.
-            let pressure = self.under_pressure() || self.cache_wants_room;
+            let hard = self.under_pressure() || self.cache_wants_room;
+            let pressure = hard || self.soft_pressure();
             // Without pressure the question is only whether cold data near the tail fills a
-            // stripe: looking past four stripes of live data costs more than it finds.
-            let max_live = if pressure {
+            // stripe: looking past four stripes of live data costs more than it finds. Under
+            // soft pressure a step stays as small, so paced steps stay short.
+            let max_live = if hard {
                 self.free_log_blocks() / 2
             } else {
                 (self.free_log_blocks() / 2).min(4 * room)

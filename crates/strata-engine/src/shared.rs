@@ -128,6 +128,11 @@ pub struct Counters {
     pub host_read_bytes: AtomicU64,
     pub destaged_bytes: AtomicU64,
     pub log_freed_bytes: AtomicU64,
+    /// Log bytes taken by batches of host writes (headers included), those batches, and the
+    /// records in them.
+    pub log_host_appended_bytes: AtomicU64,
+    pub log_host_batches: AtomicU64,
+    pub log_host_records: AtomicU64,
     pub gc_segments_cleaned: AtomicU64,
     pub hot_kept_bytes: AtomicU64,
     pub gc_relocated_bytes: AtomicU64,

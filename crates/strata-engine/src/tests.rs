@@ -611,6 +611,101 @@ fn a_rewritten_hot_set_stays_on_the_fast_tier() {
 }
 
 /// Many threads write 512-byte pieces of the same 4 KiB blocks at once.
+/// The destager's rewrites (hot data kept at the log head) go to the log in batches of their
+/// own, never in a batch with host writes: batches are answered in order, so a host write
+/// batched with, or queued behind, many rewrites waited for all of them.
+#[test]
+fn host_writes_are_never_batched_with_the_destagers_rewrites() {
+    let seed = seed_for("host_writes_are_never_batched_with_the_destagers_rewrites");
+    let rig = Rig::new(32 * MIB, &[128 * MIB], small_cfg(), seed);
+    let dg = rig.dg.clone().expect("running");
+    let hot = dg.stats().log_capacity_bytes / 2 / 4096 * 4096;
+    let v = dg.create_volume("hot", hot).unwrap().id;
+    let model = parking_lot::Mutex::new(vec![0u8; hot as usize]);
+    let stop = AtomicBool::new(false);
+    let (mixed, own) = (
+        std::sync::atomic::AtomicU64::new(0),
+        std::sync::atomic::AtomicU64::new(0),
+    );
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                for b in &dg.sh.log.lock().batches {
+                    let kept = b.records.iter().filter(|r| r.relocation).count();
+                    if kept == b.records.len() {
+                        own.fetch_add(1, Ordering::Relaxed);
+                    } else if kept > 0 {
+                        mixed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        write_in_quarters(&dg, v, &model, seed, |t, rng, write| {
+            let quarter = hot / 4 / 4096;
+            for i in 0..6 * quarter {
+                let off = (t * quarter + rng.gen_range(0..quarter)) * 4096;
+                write(off, vec![(i as u8) ^ (t as u8 * 64); 4096]);
+            }
+        });
+        stop.store(true, Ordering::Relaxed);
+    });
+    check_volume(&dg, v, &model.lock(), "after the overwrites");
+    let (mixed, own) = (mixed.into_inner(), own.into_inner());
+    assert!(own > 0, "no batch of kept data seen: {:?}", dg.stats());
+    assert_eq!(
+        mixed, 0,
+        "batches mixing host writes and kept data ({own} of kept data only)"
+    );
+}
+
+/// With the fill in the upper half of the band between the marks, the destager frees the log
+/// although all its data is hot (rewritten): it does not wait for the high mark, where host
+/// writes are throttled and the destager runs flat out. After the writes stop it brings the
+/// fill back below mid-band (where only cold data moves).
+#[test]
+fn the_upper_half_of_the_band_is_freed_before_the_high_mark() {
+    let seed = seed_for("the_upper_half_of_the_band_is_freed_before_the_high_mark");
+    let cfg = EngineConfig {
+        fill_ratio_low: 0.1,
+        fill_ratio_high: 0.95,
+        ..small_cfg()
+    };
+    let mid = 0.525;
+    let rig = Rig::new(32 * MIB, &[128 * MIB], cfg, seed);
+    let dg = rig.dg.clone().expect("running");
+    let hot = dg.stats().log_capacity_bytes / 5 / 4096 * 4096;
+    let v = dg.create_volume("hot", hot).unwrap().id;
+    let model = parking_lot::Mutex::new(vec![0u8; hot as usize]);
+    let peak = parking_lot::Mutex::new(0.0f64);
+    write_in_quarters(&dg, v, &model, seed, |t, rng, write| {
+        let quarter = hot / 4 / 4096;
+        for i in 0..4 * quarter {
+            let off = (t * quarter + rng.gen_range(0..quarter)) * 4096;
+            write(off, vec![(i as u8) ^ (t as u8 * 64); 4096]);
+            let fill = dg.stats().log_fill_ratio;
+            let mut p = peak.lock();
+            *p = p.max(fill);
+        }
+    });
+    let peak = peak.into_inner();
+    assert!(
+        peak > mid + 0.05,
+        "the writes never filled the log well past mid-band: {peak:.3}"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while dg.stats().log_fill_ratio >= mid && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = dg.stats();
+    assert!(
+        st.log_fill_ratio < mid,
+        "fill {:.3} (peak {peak:.3}) 20 s after the writes stopped: {st:?}",
+        st.log_fill_ratio
+    );
+    check_volume(&dg, v, &model.lock(), "after the log was freed");
+}
+
 #[test]
 fn concurrent_small_writes_to_one_block_are_all_kept() {
     let rig = Rig::new(32 * MIB, &[24 * MIB], small_cfg(), 5);
