@@ -241,7 +241,7 @@ impl Destager {
             self.cache_wants_room = true;
             return 1.0;
         }
-        let append = self.update_append_rate();
+        let append = self.update_host_load();
         let Some(e) = self.band_position(fill) else {
             return 0.0;
         };
@@ -258,8 +258,9 @@ impl Destager {
         (2.0 * e * matched).max(0.05 + 0.2 * e * e).min(1.0)
     }
 
-    /// Updates and returns the smoothed rate host writes take the log at (bytes/s).
-    fn update_append_rate(&mut self) -> f64 {
+    /// Updates the smoothed host load: the rate host writes take the log at, returned
+    /// (bytes/s), and the records per host batch (read by `soft_pressure`).
+    fn update_host_load(&mut self) -> f64 {
         let now = Instant::now();
         let appended = self
             .sh
