@@ -108,6 +108,7 @@ fn run() -> Result<(), String> {
         create_size_bytes: Some(size_mib << 20),
         preallocate: false,
         backend: IoBackend::Auto,
+        ..OpenOptions::default()
     };
     let mut device = strata_device::open_with(&path, &options).map_err(|e| e.to_string())?;
     if let Some(spec) = flag(&args, "--emulate") {

@@ -130,13 +130,18 @@ fn data_survives_reopen_after_flush() {
 
 #[test]
 fn durable_write_reads_back_and_counts_a_write_and_a_flush() {
-    for backend in backends() {
+    let modes = [DurableWrite::WriteThenSync, DurableWrite::Dsync];
+    for (backend, mode) in backends().into_iter().flat_map(|b| modes.map(|m| (b, m))) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("dev");
-        let dev = FileDevice::open(&path, &options(4 * MIB, backend)).unwrap();
+        let opts = OpenOptions {
+            durable_write: mode,
+            ..options(4 * MIB, backend)
+        };
+        let dev = FileDevice::open(&path, &opts).unwrap();
         dev.write_durable_at(&pattern(8, 5), 2 * MIB).unwrap();
         let stats = dev.stats();
-        assert_eq!((stats.write_ops, stats.flush_ops), (1, 1), "{backend:?}");
+        assert_eq!((stats.write_ops, stats.flush_ops), (1, 1), "{backend:?} {mode:?}");
         assert_eq!(stats.write_bytes, 8 * BLOCK_SIZE as u64);
         assert!(dev.write_durable_at(&pattern(1, 1)[..100], 0).is_err(), "misaligned length accepted");
         drop(dev);

@@ -36,7 +36,9 @@ mod uring_async;
 
 pub use aligned::AlignedBuf;
 pub use error::DeviceError;
-pub use file::{open_path, open_with, FileDevice, IoBackend, OpenOptions, MIN_DEVICE_SIZE_BYTES};
+pub use file::{
+    open_path, open_with, DurableWrite, FileDevice, IoBackend, OpenOptions, MIN_DEVICE_SIZE_BYTES,
+};
 pub use raw_bench::{raw_random_io, RawIoResult};
 pub use sim::{CrashReport, FaultConfig, MemDevice};
 pub use stats::{Counters, DeviceStats, IoSizeHistogram, IO_SIZE_BUCKETS};

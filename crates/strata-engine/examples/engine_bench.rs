@@ -90,6 +90,7 @@ fn fresh_group(
             create_size_bytes: Some(fast),
             preallocate: true,
             backend: backend(),
+            ..OpenOptions::default()
         },
     )
     .map_err(|e| e.to_string())?;
@@ -99,6 +100,7 @@ fn fresh_group(
             create_size_bytes: Some(cap),
             preallocate: false,
             backend: backend(),
+            ..OpenOptions::default()
         },
     )
     .map_err(|e| e.to_string())?;

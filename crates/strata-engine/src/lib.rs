@@ -838,7 +838,7 @@ impl DiskGroup {
         let c = &sh.counters;
         let (used, backlog, cache_log, cache_budget, fill) = {
             let log = sh.log.lock();
-            let backlog: u64 = log.batches.iter().map(|b| b.blocks * BLOCK_U64).sum();
+            let backlog = (log.used_blocks - log.skipped_blocks) * BLOCK_U64;
             (
                 log.used_blocks * BLOCK_U64,
                 backlog - log.cache_blocks * BLOCK_U64,

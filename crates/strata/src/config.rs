@@ -45,6 +45,8 @@ pub struct ServeConfig {
     pub max_connections: usize,
     pub default_volume_size_bytes: u64,
     pub io_backend: IoBackendChoice,
+    /// How the log's writes are made durable (see `strata_device::DurableWrite`).
+    pub durable_write: strata_device::DurableWrite,
     /// Bearer token every mutating admin request must carry; required off loopback.
     pub http_token: Option<Token>,
     /// Catalog entries naming the devices, for endurance accounting.
@@ -138,6 +140,7 @@ pub struct FileConfig {
     pub scrub_interval: Option<String>,
     pub scrub_rate: Option<SizeValue>,
     pub io_backend: Option<String>,
+    pub durable_write: Option<String>,
     /// Bearer token for mutating admin requests; required when http_listen is not loopback.
     pub http_token: Option<String>,
     /// A file holding the token (first line), instead of `http_token`.
@@ -332,6 +335,16 @@ fn parse_io_backend(text: &str) -> Result<IoBackendChoice> {
     }
 }
 
+fn parse_durable_write(text: &str) -> Result<strata_device::DurableWrite> {
+    use strata_device::DurableWrite;
+    [DurableWrite::WriteThenSync, DurableWrite::Dsync]
+        .into_iter()
+        .find(|m| m.name() == text)
+        .ok_or_else(|| {
+            anyhow!("unknown durable write mode {text:?} (use write-then-sync or dsync)")
+        })
+}
+
 /// Reads a TOML config file; errors fit on one line and name the file and line.
 pub fn load_file(path: &Path) -> Result<FileConfig> {
     let meta = std::fs::metadata(path).map_err(|e| {
@@ -497,6 +510,11 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
             args.io_backend.clone(),
             file.io_backend,
             "auto".into(),
+        ))?,
+        durable_write: parse_durable_write(&pick(
+            args.durable_write.clone(),
+            file.durable_write,
+            strata_device::DurableWrite::default().name().into(),
         ))?,
         http_token,
         fast_device_model: args.fast_device_model.clone().or(file.fast_device_model),

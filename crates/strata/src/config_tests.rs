@@ -62,6 +62,7 @@ fn defaults_when_nothing_is_given() {
     assert_eq!(c.http_listen.to_string(), "127.0.0.1:9090");
     assert_eq!(c.default_volume_size_bytes, 8 << 30);
     assert_eq!(c.engine.fill_ratio_low, 0.30);
+    assert_eq!(c.durable_write, strata_device::DurableWrite::WriteThenSync);
 }
 
 #[test]
@@ -75,6 +76,7 @@ fn flags_override_file_override_defaults() {
         fill_low = "20%"
         fill_high = 0.9
         max_connections = 8
+        durable_write = "dsync"
         "#,
     )
     .unwrap();
@@ -93,6 +95,17 @@ fn flags_override_file_override_defaults() {
     assert_eq!(c.engine.fill_ratio_low, 0.2);
     assert_eq!(c.engine.fill_ratio_high, 0.8);
     assert_eq!(c.max_connections, 8);
+    assert_eq!(c.durable_write, strata_device::DurableWrite::Dsync);
+    let args = ServeArgs {
+        durable_write: Some("write-then-sync".into()),
+        ..Default::default()
+    };
+    let file = parse_file("durable_write = \"dsync\"").unwrap();
+    assert_eq!(
+        merge(&args, file).unwrap().durable_write,
+        strata_device::DurableWrite::WriteThenSync,
+        "flag wins over file"
+    );
 }
 
 #[test]
@@ -176,6 +189,13 @@ fn bad_addresses_and_backends_are_refused() {
         ..Default::default()
     };
     assert!(merge(&args, FileConfig::default()).is_err());
+    let args = ServeArgs {
+        durable_write: Some("fua".into()),
+        ..Default::default()
+    };
+    let err = merge(&args, FileConfig::default()).unwrap_err().to_string();
+    assert!(err.contains("durable write mode \"fua\""), "{err}");
+    assert!(err.contains("write-then-sync or dsync"), "{err}");
 }
 
 #[test]

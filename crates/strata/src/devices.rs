@@ -7,7 +7,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
-use strata_device::{Device, DeviceError, EmulationSpec, IoBackend, OpenOptions, Throttled};
+use strata_device::{
+    Device, DeviceError, DurableWrite, EmulationSpec, IoBackend, OpenOptions, Throttled,
+};
 
 use crate::config::{IoBackendChoice, ServeConfig};
 
@@ -19,14 +21,14 @@ pub struct OpenedDevices {
 }
 
 pub fn open_devices(cfg: &ServeConfig) -> Result<OpenedDevices> {
-    let fast = open_one(&cfg.fast_device, cfg.fast_size_bytes, true, cfg.io_backend)?;
+    let fast = open_one(&cfg.fast_device, cfg.fast_size_bytes, true, cfg)?;
     let io_backend = fast.io_backend_name().to_string();
     let fast = emulate(fast, cfg.emulation.fast.as_ref());
     let capacity = cfg
         .capacity_devices
         .iter()
         .map(|path| {
-            let device = open_one(path, cfg.capacity_size_bytes, false, cfg.io_backend)?;
+            let device = open_one(path, cfg.capacity_size_bytes, false, cfg)?;
             Ok(emulate(device, cfg.emulation.capacity.as_ref()))
         })
         .collect::<Result<Vec<_>>>()?;
@@ -48,7 +50,7 @@ fn open_one(
     path: &Path,
     create_size_bytes: u64,
     preallocate: bool,
-    backend: IoBackendChoice,
+    cfg: &ServeConfig,
 ) -> Result<Arc<dyn Device>> {
     let fresh = !path.exists();
     if fresh {
@@ -63,7 +65,7 @@ fn open_one(
         }
         tracing::info!(path = %path.display(), size_bytes = create_size_bytes, preallocate, "creating device file");
     }
-    let device = open_with(path, create_size_bytes, preallocate, backend)?;
+    let device = open_with(path, create_size_bytes, preallocate, cfg.io_backend, cfg.durable_write)?;
     tracing::info!(path = %path.display(), size_bytes = device.size_bytes(), backend = device.io_backend_name(), "opened device");
     Ok(device)
 }
@@ -74,6 +76,7 @@ fn open_with(
     create_size_bytes: u64,
     preallocate: bool,
     backend: IoBackendChoice,
+    durable_write: DurableWrite,
 ) -> Result<Arc<dyn Device>> {
     let backend = match backend {
         IoBackendChoice::Auto => IoBackend::Auto,
@@ -84,6 +87,7 @@ fn open_with(
         create_size_bytes: Some(create_size_bytes),
         preallocate,
         backend,
+        durable_write,
     };
     strata_device::open_with(path, &options).map_err(|e| match e {
         // Already names the path.

@@ -224,6 +224,10 @@ pub struct ServeArgs {
     /// Device I/O backend: auto, io_uring or threads [default: auto].
     #[arg(long, value_name = "NAME")]
     pub io_backend: Option<String>,
+    /// How log writes are made durable: write-then-sync (the write, then fdatasync from the
+    /// writing thread) or dsync (one O_DSYNC write, a FUA write where the device has FUA) [default: write-then-sync].
+    #[arg(long, value_name = "MODE")]
+    pub durable_write: Option<String>,
     /// File whose first line is the admin API token; required when --http-listen is not loopback.
     #[arg(long, value_name = "FILE")]
     pub http_token_file: Option<PathBuf>,
