@@ -33,8 +33,8 @@ pub enum IoBackend {
 /// How [`Device::write_durable_at`] makes a write durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DurableWrite {
-    /// The write, then `fdatasync` on the calling thread. On a device without FUA (most
-    /// virtual disks, and SATA drives) the kernel finishes an O_DSYNC direct write on a
+    /// The write, then `fdatasync` on the calling thread. On a device without FUA (such as
+    /// the virtio disk this was measured on) the kernel finishes an O_DSYNC direct write on a
     /// per-CPU kernel worker, which issues the cache flush; with that CPU busy (the destager
     /// building a stripe), the write's completion waited 3-4 ms while the write itself took
     /// 40-80 µs. Here the flush is issued by the writing thread, which can run on any CPU.
