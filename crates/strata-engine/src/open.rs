@@ -295,6 +295,8 @@ fn new_shared(
         abandon: AtomicBool::new(false),
         drain: AtomicBool::new(false),
         destager_stop: AtomicBool::new(false),
+        #[cfg(test)]
+        destager_held: AtomicBool::new(false),
         heat: Mutex::new(crate::heat::Heat::new(layout_log_blocks)),
         cache: Mutex::new(crate::cache::ReadCache::new(seg_gen, layout_log_blocks)),
         fast_read: crate::cache::ReadMarks::new(layout_log_blocks),

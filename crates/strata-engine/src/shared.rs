@@ -249,6 +249,10 @@ pub struct Shared {
     pub abandon: AtomicBool,
     /// Set when the disk group stops: the destager finishes its step and exits.
     pub destager_stop: AtomicBool,
+    /// Tests only: while set, the destager does nothing (so a test can set up a fill level
+    /// without racing it).
+    #[cfg(test)]
+    pub destager_held: AtomicBool,
     /// Set by `destage_all`: destage regardless of fill.
     pub drain: AtomicBool,
     /// Blocks being rewritten (see heat.rs): the evidence that data is hot. Bounded by the
