@@ -222,11 +222,17 @@ fn every_documented_operation_answers_as_documented() {
 
     // A volume in use: delete is refused (409) until forced or the client leaves.
     {
+        // fio's nbd engine connects once to learn the size and closes that connection before
+        // its job connects: wait for the job's I/O, not for the first connection (deleting
+        // between the two succeeded on a slow run).
+        let ops = |v: &Value| v["io"]["read_ops_total"].as_u64().unwrap_or(0) + v["io"]["write_ops_total"].as_u64().unwrap_or(0);
+        let before = ops(&common::http::get_json(&format!("{base}/api/v1/volumes/contract")));
         let _load = background_load(&daemon.nbd_uri("contract"), 30, &daemon.scratch_dir());
         let connected = wait_until(Duration::from_secs(20), || {
-            common::http::get_json(&format!("{base}/api/v1/volumes/contract"))["connections"].as_u64() >= Some(1)
+            let v = common::http::get_json(&format!("{base}/api/v1/volumes/contract"));
+            v["connections"].as_u64() >= Some(1) && ops(&v) > before
         });
-        assert!(connected, "fio did not connect");
+        assert!(connected, "fio did not connect and start its I/O");
         c.call(&base, "DELETE", "/api/v1/volumes/contract", None, t, 409);
     }
     let idle = wait_until(Duration::from_secs(20), || {
