@@ -9,11 +9,15 @@
 #
 # Settings (environment):
 #   A_ARGS=""   B_ARGS="--durable-write dsync"   flags for `strata serve` in runs A and B
+#   A_BIN=  B_BIN=   another `strata` binary for run A or B (default: this tree's build), to
+#                    compare two builds
 #   PAIRS=3  ROUNDS=3  RUNTIME=6  RAMP=2  SIZE=512M
 #   DIR=target/bench-serve-ab   scratch directory (pick the medium to test)
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 A_ARGS=${A_ARGS:-}
 B_ARGS=${B_ARGS:---durable-write dsync}
+A_BIN=${A_BIN:-}
+B_BIN=${B_BIN:-}
 PAIRS=${PAIRS:-3}
 ROUNDS=${ROUNDS:-3}
 RUNTIME=${RUNTIME:-6}
@@ -26,8 +30,8 @@ fio --enghelp=nbd >/dev/null 2>&1 || { echo "serve-ab: this fio has no nbd engin
 build
 mkdir -p "$DIR"
 machine "$DIR"
-echo "A: strata serve ${A_ARGS:-(defaults)}"
-echo "B: strata serve ${B_ARGS:-(defaults)}"
+echo "A: ${A_BIN:-$STRATA} serve ${A_ARGS:-(defaults)}"
+echo "B: ${B_BIN:-$STRATA} serve ${B_ARGS:-(defaults)}"
 echo "$PAIRS pairs of runs; each: fill $SIZE, then $ROUNDS rounds of QD32 and QD1 4 KiB random writes, ${RUNTIME}s (+${RAMP}s ramp)"
 
 # fio_run NAME IODEPTH: one timed random-write run on $NBD; prints "IOPS P99_US".
@@ -46,10 +50,10 @@ RESULTS="$DIR/results.txt"
 : >"$RESULTS"
 for pair in $(seq "$PAIRS"); do
     for side in A B; do
-        args=$A_ARGS
-        [[ $side == B ]] && args=$B_ARGS
+        args=$A_ARGS bin=${A_BIN:-$STRATA}
+        [[ $side == B ]] && args=$B_ARGS bin=${B_BIN:-$STRATA}
         # shellcheck disable=SC2086 # the flags are a word list on purpose
-        start_strata "$DIR/run" $args
+        STRATA=$bin start_strata "$DIR/run" $args
         fio --name=fill --ioengine=nbd --uri="$NBD/vol0" --size="$SIZE" --rw=write --bs=1M \
             --iodepth=8 --output-format=terse >/dev/null
         line="$side run $pair:"
