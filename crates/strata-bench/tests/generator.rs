@@ -375,7 +375,14 @@ fn scale_doubles_the_vms_at_queue_depth_one() {
 #[test]
 fn a_baseline_runs_interleaved_and_gives_ratios() {
     let fast = Server::start(Arc::new(MemExport::new(16 * MIB, Duration::ZERO)));
-    let slow = Server::start(Arc::new(MemExport::new(16 * MIB, Duration::from_millis(2))));
+    // 10 ms per request on the baseline. The zero-latency target's 99th percentile is
+    // the machine's scheduling delay: 2-6 ms with two CPU hogs running (it failed a bound of
+    // half the baseline's 2 ms), so the tail is only required to be below the baseline's;
+    // the mean shows the difference.
+    let slow = Server::start(Arc::new(MemExport::new(
+        16 * MIB,
+        Duration::from_millis(10),
+    )));
     let r = bench(&[
         "--target",
         &fast.uri(),
@@ -400,7 +407,12 @@ fn a_baseline_runs_interleaved_and_gives_ratios() {
     assert_eq!(names, vec!["max", "50%", "100%"]);
     assert!(r.ratios[0].iops_ratio.unwrap() > 2.0, "{:?}", r.ratios[0]);
     assert!(
-        r.ratios[0].latency_p99_ratio.unwrap() < 0.5,
+        r.ratios[0].latency_mean_ratio.unwrap() < 0.5,
+        "{:?}",
+        r.ratios[0]
+    );
+    assert!(
+        r.ratios[0].latency_p99_ratio.unwrap() < 1.0,
         "{:?}",
         r.ratios[0]
     );
