@@ -269,7 +269,10 @@ fn a_closed_loop_keeps_its_queue_full() {
     // queue depth 4 keeps ~4 in flight however slowly a loaded machine runs it (with two CPU
     // hogs running the IOPS fell to 849, below a fixed bound of 1,000).
     let in_flight = s.iops * l.mean / 1e6;
-    eprintln!("{in_flight:.2} in flight: {} IOPS, mean {} us", s.iops, l.mean);
+    eprintln!(
+        "{in_flight:.2} in flight: {} IOPS, mean {} us",
+        s.iops, l.mean
+    );
     assert!(
         in_flight > 3.0 && in_flight < 4.2,
         "{in_flight:.2} in flight ({} IOPS, mean {} us)",
