@@ -6,6 +6,9 @@
 # Strata runs first and qemu-nbd right after, so drift of the machine hits both alike.
 # Workloads: 4 KiB random read at queue depth 32, 4 KiB random write at queue depth 32,
 # 4 KiB random write at queue depth 1 (latency p50/p99 from fio's clat_ns percentiles).
+# Both servers use the same disk, and Strata goes on destaging after a run ends: before each
+# qemu-nbd run the script waits until Strata's devices have been quiet for three seconds, so
+# qemu-nbd never runs against Strata's background I/O (qemu-nbd has none to leave behind).
 # The table shows the median over rounds and the ratio strata/qemu-nbd.
 #
 # Settings (environment):
@@ -13,6 +16,7 @@
 #   RAMP=2          fio ramp_time in seconds     SIZE=512M      region fio works on
 #   BENCH_DIR=/var/tmp   where the temporary data directory goes (pick the medium to test)
 #   STRATA_ARGS=""  extra flags for `strata serve`   KEEP=1   keep the directory and results
+#   STRATA_BIN=     a strata binary to run instead of building this checkout's
 #   DURABLE=1       follow every write with an NBD FLUSH (fio --fsync=1) on both servers. Strata
 #                   replies to a write once it is durable; qemu-nbd --cache=none only once it
 #                   reached the device, durable at the next FLUSH. DURABLE=1 compares equal promises.
@@ -61,12 +65,17 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-echo "== building strata (release)"
-(cd "$REPO" && cargo build --release --quiet -p strata)
-STRATA="$REPO/target/release/strata"
-[[ -x "$STRATA" ]] || STRATA="$(cd "$REPO" && cargo metadata --format-version 1 --no-deps |
-    python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/strata"
-[[ -x "$STRATA" ]] || die "no release binary found"
+if [[ -n "${STRATA_BIN:-}" ]]; then
+    STRATA=$STRATA_BIN
+    [[ -x "$STRATA" ]] || die "STRATA_BIN=$STRATA is not an executable"
+else
+    echo "== building strata (release)"
+    (cd "$REPO" && cargo build --release --quiet -p strata)
+    STRATA="$REPO/target/release/strata"
+    [[ -x "$STRATA" ]] || STRATA="$(cd "$REPO" && cargo metadata --format-version 1 --no-deps |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/strata"
+    [[ -x "$STRATA" ]] || die "no release binary found"
+fi
 
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -84,6 +93,7 @@ for _ in $(seq 600); do
 done
 grep -qx 'strata: ready' "$WORK/strata.out" || die "strata not ready after 60 s"
 STRATA_NBD=$(sed -n 's/^strata: NBD listening on //p' "$WORK/strata.out")
+STRATA_HTTP=$(sed -n 's/^strata: HTTP API listening on //p' "$WORK/strata.out")
 STRATA_BACKEND=$(sed -n 's/^strata: I\/O backend //p' "$WORK/strata.out")
 STRATA_URI="nbd://$STRATA_NBD/vol0"
 
@@ -138,6 +148,28 @@ ORDER=(randread-qd32 randwrite-qd32 write-qd1)
 RESULTS="$WORK/results.csv"
 echo "round,target,workload,iops,clat_p50_us,clat_p99_us" >"$RESULTS"
 
+# Waits (60 s at most) until Strata's devices have neither read nor written for three seconds
+# in a row (longer than the one second of host silence after which Strata starts destaging
+# down to its low mark); prints the seconds waited.
+strata_quiet() {
+    python3 - "$STRATA_HTTP/metrics" <<'EOF'
+import sys, time, urllib.request
+url = sys.argv[1]
+def io():
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return sum(float(l.split()[-1]) for l in text.splitlines()
+               if l.startswith(("strata_device_written_bytes_total", "strata_device_read_bytes_total")))
+start = time.monotonic()
+last, quiet = io(), 0
+while quiet < 3 and time.monotonic() - start < 60:
+    time.sleep(1)
+    now = io()
+    quiet = quiet + 1 if now == last else 0
+    last = now
+print(f"{time.monotonic() - start:.0f}")
+EOF
+}
+
 run_fio() { # round target uri workload
     local round=$1 target=$2 uri=$3 workload=$4 out="$WORK/$1-$2-$4.json"
     # shellcheck disable=SC2086
@@ -163,6 +195,8 @@ echo "== running: ${ORDER[*]}, strata and qemu-nbd interleaved"
 for round in $(seq "$ROUNDS"); do
     for workload in "${ORDER[@]}"; do
         run_fio "$round" strata "$STRATA_URI" "$workload"
+        waited=$(strata_quiet) || die "could not read Strata's metrics"
+        echo "   (waited ${waited} s for Strata's devices to go quiet)"
         run_fio "$round" qemu-nbd "$QEMU_URI" "$workload"
     done
 done

@@ -7,7 +7,9 @@
 //! data in the band's lower half and, in its upper half, freeing the log whether the tail's
 //! data is hot or not: the fill settles inside the band under paced steps instead of at the
 //! high mark. Above the high mark it runs flat out; the log writer then admits new writes at
-//! the measured destage bandwidth (see `log.rs`).
+//! the measured destage bandwidth (see `log.rs`). When the host has done no I/O for a while
+//! (`EngineConfig::idle_destage_after`), it frees the log down to the low mark, one stripe at a
+//! time, as it would under pressure.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -71,6 +73,17 @@ pub struct Destager {
     cache_wants_room: bool,
     /// Sequential writes to put straight into segments (see bypass.rs).
     pub(crate) bypass_rx: Receiver<crate::bypass::BypassJob>,
+    /// The host's reads, writes and log batches summed, and when that sum last changed.
+    host_io_seen: (u64, Instant),
+    /// The last duty cycle found the host idle with the fill above the low mark: steps free
+    /// the log as under pressure, one stripe at a time.
+    idle_drain: bool,
+    /// The last duty cycle was paced without pressure: a step moves only a stripe of cold
+    /// data, if the tail has one.
+    cold_only: bool,
+    /// Host bytes appended to the log when a step last found no stripe of cold data (see
+    /// `duty_cycle`).
+    fruitless_at: Option<u64>,
 }
 
 /// What `Destager::keep_hot` writes again at the log head.
@@ -122,6 +135,10 @@ impl Destager {
             gc_backoff_until: Instant::now(),
             maint,
             refused_seen: 0,
+            host_io_seen: (0, Instant::now()),
+            idle_drain: false,
+            cold_only: false,
+            fruitless_at: None,
             cache_wants_room: false,
             bypass_rx,
         }
@@ -150,12 +167,22 @@ impl Destager {
                 continue;
             }
             let started = Instant::now();
-            // Flat out, a step pipelines several stripes; paced, one at a time.
-            let stripes = if duty >= 1.0 { MAX_STRIPES_PER_STEP } else { 1 };
+            // Flat out, a step pipelines several stripes; paced or using idle time, one at a
+            // time (so a host coming back waits for one stripe at most).
+            let stripes = if duty >= 1.0 && !self.idle_drain {
+                MAX_STRIPES_PER_STEP
+            } else {
+                1
+            };
             match self.step(stripes) {
                 // Nothing worth moving yet. Looking again costs a survey of the tail, so the
                 // next look waits at least 20 times as long as this one took.
-                Ok(0) => self.rest((started.elapsed() * 20).clamp(REST_MIN, REST_MAX)),
+                Ok(0) => {
+                    if self.cold_only {
+                        self.fruitless_at = Some(append_total(&self.sh));
+                    }
+                    self.rest((started.elapsed() * 20).clamp(REST_MIN, REST_MAX))
+                }
                 Ok(_) if duty < 1.0 => {
                     let busy = started.elapsed().as_secs_f64();
                     let pause = busy * (1.0 - duty) / duty;
@@ -231,6 +258,9 @@ impl Destager {
         };
         let high = self.sh.cfg.fill_ratio_high;
         self.cache_wants_room = false;
+        self.idle_drain = false;
+        self.cold_only = false;
+        let idle = self.host_idle();
         if self.forced() || fill >= high || physical >= PHYSICAL_FULL {
             return 1.0;
         }
@@ -250,6 +280,29 @@ impl Destager {
         let Some(e) = self.band_position(fill) else {
             return 0.0;
         };
+        if idle {
+            self.idle_drain = true;
+            self.fruitless_at = None;
+            return 1.0;
+        }
+        if self.soft_pressure() {
+            self.fruitless_at = None;
+        } else {
+            // Without pressure a step moves only a stripe of cold data, and what the tail holds
+            // changes only as hosts write (heat fades by epochs of host writes). After a step
+            // found none, look again once the host has written a twentieth of the log: each
+            // look surveyed thousands of blocks (~10 ms of CPU at queue depth 1, several times
+            // a second), and host writes met it as 1 ms outliers.
+            self.cold_only = true;
+            if let Some(at) = self.fruitless_at {
+                let log_bytes = self.sh.log.lock().log_blocks * BLOCK_U64;
+                let again = at + (log_bytes as f64 * crate::shared::REST_FILL_STEP) as u64;
+                if append_total(&self.sh) < again {
+                    return 0.0;
+                }
+                self.fruitless_at = None;
+            }
+        }
         // The share of time that frees the log as fast as it is taken (at the bandwidth steps
         // measured), scaled by where the fill is: matched at mid-band, twice that near the
         // high mark; with few writes, a floor rising to a quarter near the high mark. No
@@ -293,6 +346,29 @@ impl Destager {
             self.batches_seen = (batches, records);
         }
         self.append_rate
+    }
+
+    /// Whether the host has neither read nor written for `EngineConfig::idle_destage_after`
+    /// (never, when that is None). The destager then frees
+    /// the log down to its low mark as it would under pressure (compacting tails at most 75%
+    /// live, destaging fuller ones), so the next burst of writes, or a stretch of light ones,
+    /// finds room without the destager's work competing with it. Hot data pays: a hot set the
+    /// log could keep is partly moved to the capacity tier when the host pauses.
+    fn host_idle(&mut self) -> bool {
+        let c = &self.sh.counters;
+        let io = c
+            .host_read_bytes
+            .load(Ordering::Relaxed)
+            .wrapping_add(c.host_write_bytes.load(Ordering::Relaxed))
+            .wrapping_add(c.log_host_batches.load(Ordering::Relaxed));
+        let now = Instant::now();
+        if io != self.host_io_seen.0 {
+            self.host_io_seen = (io, now);
+        }
+        self.sh
+            .cfg
+            .idle_destage_after
+            .is_some_and(|after| now.duration_since(self.host_io_seen.1) >= after)
     }
 
     /// Where `fill` lies between the marks: None below the low mark, 0..1 up to the high.
@@ -517,7 +593,7 @@ impl Destager {
             // What is kept is written at the head before the tail moves: it must fit in half
             // the free log, the other half left to host writes meanwhile.
             let hard = self.under_pressure() || self.cache_wants_room;
-            let pressure = hard || self.soft_pressure();
+            let pressure = hard || self.idle_drain || self.soft_pressure();
             // Without pressure the question is only whether cold data near the tail fills a
             // stripe: looking past four stripes of live data costs more than it finds. Under
             // soft pressure a step stays as small, so paced steps stay short.
@@ -640,6 +716,10 @@ impl Destager {
     /// Counts the oldest batches' live and cold live blocks, until the cold ones fill `room`,
     /// the live ones `max_live`, or one step's read limit is reached.
     fn survey(&self, batches: &[BatchMeta], room: u64, max_live: u64) -> Survey {
+        self.sh
+            .counters
+            .destage_surveys
+            .fetch_add(1, Ordering::Relaxed);
         let mut s = Survey::default();
         for b in batches {
             if s.cold >= room
@@ -917,7 +997,7 @@ impl Destager {
                 freed += (b.blocks + b.skip) * BLOCK_U64;
                 cached.extend(
                     b.records
-                        .into_iter()
+                        .iter()
                         .filter(|r| r.kind == RecordKind::Cache),
                 );
             }
@@ -1298,6 +1378,11 @@ struct GcVictim {
 }
 
 /// Free segments below which GC runs.
+/// Host bytes appended to the log so far.
+fn append_total(sh: &Shared) -> u64 {
+    sh.counters.log_host_appended_bytes.load(Ordering::Relaxed)
+}
+
 pub fn gc_trigger(sh: &Shared) -> usize {
     gc_reserve(sh) + 1 + sh.caps.len()
 }
@@ -1368,7 +1453,7 @@ struct LiveZero {
 fn live_zero_records(sh: &Shared, b: &BatchMeta) -> Vec<LiveZero> {
     let idx = sh.index.read();
     let mut out = Vec::new();
-    for r in &b.records {
+    for r in b.records.iter() {
         if r.kind != RecordKind::Zero || !idx.layer_live(r.layer) {
             continue;
         }

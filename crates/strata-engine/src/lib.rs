@@ -105,6 +105,9 @@ pub struct EngineConfig {
     pub scrub_interval: Option<Duration>,
     /// Read rate of the background scrub, bytes per second (0: unlimited).
     pub scrub_rate_bytes_per_s: u64,
+    /// After the host has neither read nor written for this long, the destager frees the log
+    /// down to the low mark, hot data or not; None: only the fill level and the load decide.
+    pub idle_destage_after: Option<Duration>,
     /// Share of the write log's area the read cache may hold (0: no read cache). Hybrid
     /// setups (rotational capacity devices) use 0.7 by default; all-flash, none.
     pub read_cache_ratio: f64,
@@ -122,6 +125,7 @@ impl Default for EngineConfig {
             index_cache_bytes: 64 << 20,
             scrub_interval: None,
             scrub_rate_bytes_per_s: 64 << 20,
+            idle_destage_after: Some(Duration::from_secs(1)),
             read_cache_ratio: 0.0,
             clock: Arc::new(SystemClock::default()),
         }

@@ -53,7 +53,9 @@ pub struct BatchMeta {
     /// Blocks left unused at the end of the log area because this batch wrapped to the start.
     pub skip: u64,
     pub first_seq: u64,
-    pub records: Vec<RecMeta>,
+    /// Shared, so the destager's copy of the tail's batches (taken under the log lock) costs
+    /// a reference count per batch, not an allocation.
+    pub records: Arc<[RecMeta]>,
     /// Written, flushed and applied to the index.
     pub durable: bool,
 }
@@ -1022,7 +1024,7 @@ fn build_batch<'a>(
     let mut crcs = Vec::with_capacity(meta.blocks as usize - 1);
     let mut headers = Vec::with_capacity(batch.len());
     let mut at = BLOCK;
-    for (r, m) in batch.iter().zip(&meta.records) {
+    for (r, m) in batch.iter().zip(meta.records.iter()) {
         let mut data_crc = 0;
         if let Some(d) = &r.data {
             let len = (r.nblocks * BLOCK_U64) as usize;
@@ -1108,7 +1110,7 @@ mod tests {
                 blocks: *n,
                 skip,
                 first_seq: seq,
-                records: Vec::new(),
+                records: Arc::from([]),
                 durable: true,
             });
             seq += 1;

@@ -254,18 +254,10 @@ fn read_batch(
 }
 
 fn describe(f: &Found, now_ms: u64) -> BatchMeta {
-    let blocks = u64::from(f.header.total_blocks);
-    let mut meta = BatchMeta {
-        start: f.start,
-        blocks,
-        skip: f.skip,
-        first_seq: f.header.first_seq,
-        records: Vec::new(),
-        durable: true,
-    };
     let mut data_at = f.start + 1;
+    let mut records = Vec::with_capacity(f.header.records.len());
     for (i, r) in f.header.records.iter().enumerate() {
-        meta.records.push(RecMeta {
+        records.push(RecMeta {
             kind: r.kind,
             layer: r.layer,
             lba: r.offset_bytes / BLOCK_U64,
@@ -280,7 +272,14 @@ fn describe(f: &Found, now_ms: u64) -> BatchMeta {
         });
         data_at += r.data_blocks();
     }
-    meta
+    BatchMeta {
+        start: f.start,
+        blocks: u64::from(f.header.total_blocks),
+        skip: f.skip,
+        first_seq: f.header.first_seq,
+        records: records.into(),
+        durable: true,
+    }
 }
 
 /// The crc of each data block; blocks of damaged records get the complement of their crc,

@@ -170,6 +170,8 @@ pub struct Counters {
     pub index_page_reads: AtomicU64,
     /// Index pages whose copy A was damaged (copy B served the read).
     pub index_copy_repairs_needed: AtomicU64,
+    /// Surveys of the log's tail by the destager (tests watch how often it looks).
+    pub destage_surveys: AtomicU64,
 }
 
 impl Counters {

@@ -704,17 +704,181 @@ fn the_upper_half_of_the_band_is_freed_before_the_high_mark() {
     );
     dg.sh.destager_held.store(false, Ordering::Relaxed);
     dg.sh.wake_destager();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while dg.stats().log_fill_ratio >= mid && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let st = dg.stats();
+    // A trickle of reads keeps the host from looking idle: this is the light-load rule, not
+    // the use of idle time (`an_idle_host_lets_the_log_drain_to_the_low_mark`).
+    let st = while_reading(&dg, v, || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while dg.stats().log_fill_ratio >= mid && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        dg.stats()
+    });
     assert!(
         st.log_fill_ratio < mid,
         "fill {:.3} (peak {peak:.3}) 20 s after the writes stopped: {st:?}",
         st.log_fill_ratio
     );
     check_volume(&dg, v, &model.lock(), "after the log was freed");
+}
+
+/// Runs `f` while another thread reads the volume's first block every 50 ms, so the host is
+/// never idle for the destager (`EngineConfig::idle_destage_after` is a second).
+fn while_reading<T>(dg: &DiskGroup, vol: u32, f: impl FnOnce() -> T) -> T {
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut buf = vec![0u8; 4096];
+            while !done.load(Ordering::Relaxed) {
+                dg.read(vol, 0, &mut buf).expect("trickle read");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let out = f();
+        done.store(true, Ordering::Relaxed);
+        out
+    })
+}
+
+/// With the fill in the band's lower half and all of the log's data hot, nothing moves while
+/// the host reads now and then; once the host has been idle a while, the destager frees the
+/// log down to the low mark (compacting or destaging the hot data), and nothing is lost.
+#[test]
+fn an_idle_host_lets_the_log_drain_to_the_low_mark() {
+    let seed = seed_for("an_idle_host_lets_the_log_drain_to_the_low_mark");
+    let cfg = EngineConfig {
+        fill_ratio_low: 0.1,
+        fill_ratio_high: 0.95,
+        idle_destage_after: Some(Duration::from_secs(1)),
+        ..small_cfg()
+    };
+    let rig = Rig::new(32 * MIB, &[128 * MIB], cfg, seed);
+    let dg = rig.dg.clone().expect("running");
+    let size = dg.stats().log_capacity_bytes / 8 / 4096 * 4096;
+    let v = dg.create_volume("hot", size).unwrap().id;
+    let mut model = vec![0u8; size as usize];
+    // Three passes of 64 KiB writes with the destager held: every block is rewritten (hot)
+    // and the log is about 0.4 full, in the lower half of the band (0.1..0.95).
+    dg.sh.destager_held.store(true, Ordering::Relaxed);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let chunk = 64 * 1024;
+    for _ in 0..3 {
+        let byte = rng.gen::<u8>() | 1;
+        for off in (0..size).step_by(chunk) {
+            let len = chunk.min((size - off) as usize);
+            let data = vec![byte; len];
+            dg.write(v, off, &data).unwrap();
+            model[off as usize..off as usize + len].copy_from_slice(&data);
+        }
+    }
+    let start = dg.stats().log_fill_ratio;
+    assert!(
+        (0.3..0.5).contains(&start),
+        "three passes filled the log to {start:.3}"
+    );
+    dg.sh.destager_held.store(false, Ordering::Relaxed);
+    dg.sh.wake_destager();
+    let busy = while_reading(&dg, v, || {
+        std::thread::sleep(Duration::from_secs(3));
+        dg.stats()
+    });
+    assert!(
+        busy.log_fill_ratio > start - 0.02,
+        "hot data left the log while the host was reading: fill {start:.3} -> {:.3}: {busy:?}",
+        busy.log_fill_ratio
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while dg.stats().log_fill_ratio > 0.13 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = dg.stats();
+    assert!(
+        st.log_fill_ratio <= 0.13,
+        "fill {:.3} (from {start:.3}) 20 s after the host went idle: {st:?}",
+        st.log_fill_ratio
+    );
+    check_volume(&dg, v, &model, "after the idle drain");
+}
+
+/// In the band's lower half with all of the tail's data hot, a look at the tail that found no
+/// stripe of cold data is not repeated until hosts have written a twentieth of the log more:
+/// looking costs CPU and nothing there changes meanwhile.
+#[test]
+fn a_hot_tail_is_surveyed_again_only_after_more_writes() {
+    let seed = seed_for("a_hot_tail_is_surveyed_again_only_after_more_writes");
+    let cfg = EngineConfig {
+        fill_ratio_low: 0.1,
+        fill_ratio_high: 0.95,
+        idle_destage_after: None,
+        ..small_cfg()
+    };
+    let rig = Rig::new(32 * MIB, &[128 * MIB], cfg, seed);
+    let dg = rig.dg.clone().expect("running");
+    let log_bytes = dg.stats().log_capacity_bytes;
+    let size = log_bytes / 8 / 4096 * 4096;
+    let v = dg.create_volume("hot", size).unwrap().id;
+    let mut model = vec![0u8; size as usize];
+    let mut write = |off: u64, len: usize, byte: u8| {
+        dg.write(v, off, &vec![byte; len]).unwrap();
+        model[off as usize..off as usize + len].fill(byte);
+    };
+    // Three passes, destager held: every block hot, the log ~0.4 full (band position ~0.35).
+    dg.sh.destager_held.store(true, Ordering::Relaxed);
+    let chunk = 64 * 1024;
+    for pass in 0..3u8 {
+        for off in (0..size).step_by(chunk) {
+            write(off, chunk.min((size - off) as usize), pass + 1);
+        }
+    }
+    let surveys = || dg.sh.counters.destage_surveys.load(Ordering::Relaxed);
+    let appended = || {
+        dg.sh
+            .counters
+            .log_host_appended_bytes
+            .load(Ordering::Relaxed)
+    };
+    let before = surveys();
+    dg.sh.destager_held.store(false, Ordering::Relaxed);
+    dg.sh.wake_destager();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while surveys() == before && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let first = surveys();
+    assert!(first > before, "the destager never looked at the tail");
+    let at = appended();
+    // Two seconds of single-block rewrites, well under a twentieth of the log: before, the
+    // destager looked again every 20-500 ms.
+    for i in 0..100u64 {
+        write((i * 4096) % size, 4096, 7);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        appended() - at < log_bytes / 20,
+        "the trickle appended {} of {log_bytes} log bytes",
+        appended() - at
+    );
+    let quiet = surveys() - first;
+    assert!(quiet <= 1, "{quiet} more surveys while little was written");
+    // Past a twentieth of the log, it looks again.
+    let mut off = 0;
+    while appended() - at < log_bytes / 20 + chunk as u64 {
+        write(off, chunk, 9);
+        off = (off + chunk as u64) % size;
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while surveys() == first + quiet && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        surveys() > first + quiet,
+        "no survey after a twentieth of the log was written"
+    );
+    let st = dg.stats();
+    assert!(
+        st.destaged_bytes_total == 0 && st.hot_kept_bytes_total == 0,
+        "hot data moved in the band's lower half: {st:?}"
+    );
+    check_volume(&dg, v, &model, "after the surveys");
 }
 
 #[test]

@@ -139,6 +139,7 @@ pub struct FileConfig {
     pub index_cache: Option<SizeValue>,
     pub scrub_interval: Option<String>,
     pub scrub_rate: Option<SizeValue>,
+    pub idle_destage_after: Option<String>,
     pub io_backend: Option<String>,
     pub durable_write: Option<String>,
     /// Bearer token for mutating admin requests; required when http_listen is not loopback.
@@ -484,6 +485,12 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
             "scrub_rate",
             DEFAULT_SCRUB_RATE,
         )?,
+        idle_destage_after: match (args.idle_destage_after, &file.idle_destage_after) {
+            (Some(v), _) => v.0,
+            (None, Some(text)) => parse_duration(text)
+                .map_err(|e| anyhow!("idle_destage_after in the config file: {e}"))?,
+            (None, None) => defaults.idle_destage_after,
+        },
         ..defaults
     };
     let config = ServeConfig {

@@ -109,6 +109,33 @@ fn flags_override_file_override_defaults() {
 }
 
 #[test]
+fn idle_destage_defaults_to_a_second_and_can_be_set_or_turned_off() {
+    use std::time::Duration;
+    let c = merge(&ServeArgs::default(), FileConfig::default()).unwrap();
+    assert_eq!(c.engine.idle_destage_after, Some(Duration::from_secs(1)));
+    let file = parse_file("idle_destage_after = \"off\"").unwrap();
+    let c = merge(&ServeArgs::default(), file).unwrap();
+    assert_eq!(c.engine.idle_destage_after, None, "off in the file");
+    let file = parse_file("idle_destage_after = \"off\"").unwrap();
+    let args = ServeArgs {
+        idle_destage_after: Some(parse_duration_arg("30s").unwrap()),
+        ..Default::default()
+    };
+    let c = merge(&args, file).unwrap();
+    assert_eq!(
+        c.engine.idle_destage_after,
+        Some(Duration::from_secs(30)),
+        "flag wins over file"
+    );
+    let file = parse_file("idle_destage_after = \"soon\"").unwrap();
+    let e = merge(&ServeArgs::default(), file).unwrap_err().to_string();
+    assert!(
+        e.starts_with("idle_destage_after in the config file"),
+        "{e}"
+    );
+}
+
+#[test]
 fn capacity_device_flags_replace_the_file_list() {
     let file = parse_file("capacity_devices = [\"/a\", \"/b\"]").unwrap();
     let c = merge(&ServeArgs::default(), file).unwrap();

@@ -221,6 +221,10 @@ pub struct ServeArgs {
     /// Read rate of the background scrub, bytes per second [default: 64M].
     #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
     pub scrub_rate: Option<u64>,
+    /// Once no volume has been read or written for this long, destage down to the low fill
+    /// mark, data still being rewritten included (`5s`, `off`) [default: 1s].
+    #[arg(long, value_name = "DURATION", value_parser = config::parse_duration_arg)]
+    pub idle_destage_after: Option<config::DurationValue>,
     /// Device I/O backend: auto, io_uring or threads [default: auto].
     #[arg(long, value_name = "NAME")]
     pub io_backend: Option<String>,
