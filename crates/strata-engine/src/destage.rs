@@ -349,11 +349,11 @@ impl Destager {
     }
 
     /// Whether the host has neither read nor written for `EngineConfig::idle_destage_after`
-    /// (never, when that is None). The destager then frees
-    /// the log down to its low mark as it would under pressure (compacting tails at most 75%
-    /// live, destaging fuller ones), so the next burst of writes, or a stretch of light ones,
-    /// finds room without the destager's work competing with it. Hot data pays: a hot set the
-    /// log could keep is partly moved to the capacity tier when the host pauses.
+    /// (never, when that is None). The destager then frees the log down to its low mark as it
+    /// would under pressure (compacting tails at most 75% live, destaging fuller ones), so the
+    /// next burst of writes, or a stretch of light ones, finds room without the destager's
+    /// work competing with it. Hot data pays: a hot set the log could keep is partly moved to
+    /// the capacity tier when the host pauses.
     fn host_idle(&mut self) -> bool {
         let c = &self.sh.counters;
         let io = c
@@ -1377,12 +1377,12 @@ struct GcVictim {
     runs: Vec<(usize, u64, u64)>,
 }
 
-/// Free segments below which GC runs.
 /// Host bytes appended to the log so far.
 fn append_total(sh: &Shared) -> u64 {
     sh.counters.log_host_appended_bytes.load(Ordering::Relaxed)
 }
 
+/// Free segments below which GC runs.
 pub fn gc_trigger(sh: &Shared) -> usize {
     gc_reserve(sh) + 1 + sh.caps.len()
 }

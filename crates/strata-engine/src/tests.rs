@@ -724,6 +724,14 @@ fn the_upper_half_of_the_band_is_freed_before_the_high_mark() {
 /// Runs `f` while another thread reads the volume's first block every 50 ms, so the host is
 /// never idle for the destager (`EngineConfig::idle_destage_after` is a second).
 fn while_reading<T>(dg: &DiskGroup, vol: u32, f: impl FnOnce() -> T) -> T {
+    /// Stops the reader however `f` ends: the scope waits for it, so a failing `f` would
+    /// otherwise hang the test instead of failing it.
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
     let done = AtomicBool::new(false);
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -733,9 +741,8 @@ fn while_reading<T>(dg: &DiskGroup, vol: u32, f: impl FnOnce() -> T) -> T {
                 std::thread::sleep(Duration::from_millis(50));
             }
         });
-        let out = f();
-        done.store(true, Ordering::Relaxed);
-        out
+        let _stop = Stop(&done);
+        f()
     })
 }
 
