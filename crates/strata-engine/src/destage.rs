@@ -248,12 +248,13 @@ impl Destager {
 
     /// The share of time to spend destaging, 0..=1.
     fn duty_cycle(&mut self) -> f64 {
-        let (fill, physical, cache_full) = {
+        let (fill, physical, cache_full, log_bytes) = {
             let log = self.sh.log.lock();
             (
                 log.fill_ratio(),
                 log.physical_fill_ratio(),
                 !log.cache_has_room(log.cache_budget_blocks / 10 + 1),
+                log.log_blocks * BLOCK_U64,
             )
         };
         let high = self.sh.cfg.fill_ratio_high;
@@ -295,7 +296,6 @@ impl Destager {
             // a second), and host writes met it as 1 ms outliers.
             self.cold_only = true;
             if let Some(at) = self.fruitless_at {
-                let log_bytes = self.sh.log.lock().log_blocks * BLOCK_U64;
                 let again = at + (log_bytes as f64 * crate::shared::REST_FILL_STEP) as u64;
                 if append_total(&self.sh) < again {
                     return 0.0;

@@ -746,45 +746,74 @@ fn while_reading<T>(dg: &DiskGroup, vol: u32, f: impl FnOnce() -> T) -> T {
     })
 }
 
+/// A volume an eighth of the log, written in three passes of 64 KiB with the destager held:
+/// every block rewritten (hot), the log about 0.4 full, in the lower half of the band
+/// (0.1..0.95). The destager is still held on return.
+struct HotLog {
+    _rig: Rig,
+    dg: Arc<DiskGroup>,
+    vol: u32,
+    size: u64,
+    model: Vec<u8>,
+}
+
+impl HotLog {
+    fn new(test: &str, idle_destage_after: Option<Duration>) -> HotLog {
+        let cfg = EngineConfig {
+            fill_ratio_low: 0.1,
+            fill_ratio_high: 0.95,
+            idle_destage_after,
+            ..small_cfg()
+        };
+        let rig = Rig::new(32 * MIB, &[128 * MIB], cfg, seed_for(test));
+        let dg = rig.dg.clone().expect("running");
+        let size = dg.stats().log_capacity_bytes / 8 / 4096 * 4096;
+        let vol = dg.create_volume("hot", size).unwrap().id;
+        dg.sh.destager_held.store(true, Ordering::Relaxed);
+        let mut h = HotLog {
+            _rig: rig,
+            dg,
+            vol,
+            size,
+            model: vec![0u8; size as usize],
+        };
+        for pass in 0..3u8 {
+            for off in (0..size).step_by(64 * 1024) {
+                h.write(off, (64 * 1024).min((size - off) as usize), pass + 1);
+            }
+        }
+        let fill = h.dg.stats().log_fill_ratio;
+        assert!(
+            (0.3..0.5).contains(&fill),
+            "three passes filled the log to {fill:.3}"
+        );
+        h
+    }
+
+    fn write(&mut self, off: u64, len: usize, byte: u8) {
+        self.dg.write(self.vol, off, &vec![byte; len]).unwrap();
+        self.model[off as usize..off as usize + len].fill(byte);
+    }
+
+    fn release(&self) {
+        self.dg.sh.destager_held.store(false, Ordering::Relaxed);
+        self.dg.sh.wake_destager();
+    }
+}
+
 /// With the fill in the band's lower half and all of the log's data hot, nothing moves while
 /// the host reads now and then; once the host has been idle a while, the destager frees the
 /// log down to the low mark (compacting or destaging the hot data), and nothing is lost.
 #[test]
 fn an_idle_host_lets_the_log_drain_to_the_low_mark() {
-    let seed = seed_for("an_idle_host_lets_the_log_drain_to_the_low_mark");
-    let cfg = EngineConfig {
-        fill_ratio_low: 0.1,
-        fill_ratio_high: 0.95,
-        idle_destage_after: Some(Duration::from_secs(1)),
-        ..small_cfg()
-    };
-    let rig = Rig::new(32 * MIB, &[128 * MIB], cfg, seed);
-    let dg = rig.dg.clone().expect("running");
-    let size = dg.stats().log_capacity_bytes / 8 / 4096 * 4096;
-    let v = dg.create_volume("hot", size).unwrap().id;
-    let mut model = vec![0u8; size as usize];
-    // Three passes of 64 KiB writes with the destager held: every block is rewritten (hot)
-    // and the log is about 0.4 full, in the lower half of the band (0.1..0.95).
-    dg.sh.destager_held.store(true, Ordering::Relaxed);
-    let mut rng = StdRng::seed_from_u64(seed);
-    let chunk = 64 * 1024;
-    for _ in 0..3 {
-        let byte = rng.gen::<u8>() | 1;
-        for off in (0..size).step_by(chunk) {
-            let len = chunk.min((size - off) as usize);
-            let data = vec![byte; len];
-            dg.write(v, off, &data).unwrap();
-            model[off as usize..off as usize + len].copy_from_slice(&data);
-        }
-    }
-    let start = dg.stats().log_fill_ratio;
-    assert!(
-        (0.3..0.5).contains(&start),
-        "three passes filled the log to {start:.3}"
+    let h = HotLog::new(
+        "an_idle_host_lets_the_log_drain_to_the_low_mark",
+        Some(Duration::from_secs(1)),
     );
-    dg.sh.destager_held.store(false, Ordering::Relaxed);
-    dg.sh.wake_destager();
-    let busy = while_reading(&dg, v, || {
+    let dg = &h.dg;
+    let start = dg.stats().log_fill_ratio;
+    h.release();
+    let busy = while_reading(dg, h.vol, || {
         std::thread::sleep(Duration::from_secs(3));
         dg.stats()
     });
@@ -803,7 +832,7 @@ fn an_idle_host_lets_the_log_drain_to_the_low_mark() {
         "fill {:.3} (from {start:.3}) 20 s after the host went idle: {st:?}",
         st.log_fill_ratio
     );
-    check_volume(&dg, v, &model, "after the idle drain");
+    check_volume(dg, h.vol, &h.model, "after the idle drain");
 }
 
 /// In the band's lower half with all of the tail's data hot, a look at the tail that found no
@@ -811,31 +840,9 @@ fn an_idle_host_lets_the_log_drain_to_the_low_mark() {
 /// looking costs CPU and nothing there changes meanwhile.
 #[test]
 fn a_hot_tail_is_surveyed_again_only_after_more_writes() {
-    let seed = seed_for("a_hot_tail_is_surveyed_again_only_after_more_writes");
-    let cfg = EngineConfig {
-        fill_ratio_low: 0.1,
-        fill_ratio_high: 0.95,
-        idle_destage_after: None,
-        ..small_cfg()
-    };
-    let rig = Rig::new(32 * MIB, &[128 * MIB], cfg, seed);
-    let dg = rig.dg.clone().expect("running");
-    let log_bytes = dg.stats().log_capacity_bytes;
-    let size = log_bytes / 8 / 4096 * 4096;
-    let v = dg.create_volume("hot", size).unwrap().id;
-    let mut model = vec![0u8; size as usize];
-    let mut write = |off: u64, len: usize, byte: u8| {
-        dg.write(v, off, &vec![byte; len]).unwrap();
-        model[off as usize..off as usize + len].fill(byte);
-    };
-    // Three passes, destager held: every block hot, the log ~0.4 full (band position ~0.35).
-    dg.sh.destager_held.store(true, Ordering::Relaxed);
-    let chunk = 64 * 1024;
-    for pass in 0..3u8 {
-        for off in (0..size).step_by(chunk) {
-            write(off, chunk.min((size - off) as usize), pass + 1);
-        }
-    }
+    let mut h = HotLog::new("a_hot_tail_is_surveyed_again_only_after_more_writes", None);
+    let dg = h.dg.clone();
+    let (log_bytes, size, chunk) = (dg.stats().log_capacity_bytes, h.size, 64 * 1024);
     let surveys = || dg.sh.counters.destage_surveys.load(Ordering::Relaxed);
     let appended = || {
         dg.sh
@@ -844,8 +851,7 @@ fn a_hot_tail_is_surveyed_again_only_after_more_writes() {
             .load(Ordering::Relaxed)
     };
     let before = surveys();
-    dg.sh.destager_held.store(false, Ordering::Relaxed);
-    dg.sh.wake_destager();
+    h.release();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while surveys() == before && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
@@ -856,7 +862,7 @@ fn a_hot_tail_is_surveyed_again_only_after_more_writes() {
     // Two seconds of single-block rewrites, well under a twentieth of the log: before, the
     // destager looked again every 20-500 ms.
     for i in 0..100u64 {
-        write((i * 4096) % size, 4096, 7);
+        h.write((i * 4096) % size, 4096, 7);
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(
@@ -871,7 +877,7 @@ fn a_hot_tail_is_surveyed_again_only_after_more_writes() {
     // margin.)
     let mut off = 0;
     while appended() - at < log_bytes / 20 + MIB {
-        write(off, chunk, 9);
+        h.write(off, chunk, 9);
         off = (off + chunk as u64) % size;
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -887,7 +893,7 @@ fn a_hot_tail_is_surveyed_again_only_after_more_writes() {
         st.destaged_bytes_total == 0 && st.hot_kept_bytes_total == 0,
         "hot data moved in the band's lower half: {st:?}"
     );
-    check_volume(&dg, v, &model, "after the surveys");
+    check_volume(&dg, h.vol, &h.model, "after the surveys");
 }
 
 #[test]

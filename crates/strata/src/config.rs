@@ -472,25 +472,24 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
             "index_cache",
             defaults.index_cache_bytes,
         )?,
-        scrub_interval: match (args.scrub_interval, &file.scrub_interval) {
-            (Some(v), _) => v.0,
-            (None, Some(text)) => {
-                parse_duration(text).map_err(|e| anyhow!("scrub_interval in the config file: {e}"))?
-            }
-            (None, None) => Some(DEFAULT_SCRUB_INTERVAL),
-        },
+        scrub_interval: duration(
+            args.scrub_interval,
+            &file.scrub_interval,
+            "scrub_interval",
+            Some(DEFAULT_SCRUB_INTERVAL),
+        )?,
         scrub_rate_bytes_per_s: size(
             args.scrub_rate,
             &file.scrub_rate,
             "scrub_rate",
             DEFAULT_SCRUB_RATE,
         )?,
-        idle_destage_after: match (args.idle_destage_after, &file.idle_destage_after) {
-            (Some(v), _) => v.0,
-            (None, Some(text)) => parse_duration(text)
-                .map_err(|e| anyhow!("idle_destage_after in the config file: {e}"))?,
-            (None, None) => defaults.idle_destage_after,
-        },
+        idle_destage_after: duration(
+            args.idle_destage_after,
+            &file.idle_destage_after,
+            "idle_destage_after",
+            defaults.idle_destage_after,
+        )?,
         ..defaults
     };
     let config = ServeConfig {
@@ -583,6 +582,22 @@ fn ratio(flag: Option<f64>, file: &Option<RatioValue>, key: &str, default: f64) 
     match (flag, file) {
         (Some(x), _) => Ok(x),
         (None, Some(v)) => v.resolve(key),
+        (None, None) => Ok(default),
+    }
+}
+
+/// A duration from the flag, else the file (`off` is None), else the default.
+fn duration(
+    flag: Option<DurationValue>,
+    file: &Option<String>,
+    key: &str,
+    default: Option<std::time::Duration>,
+) -> Result<Option<std::time::Duration>> {
+    match (flag, file) {
+        (Some(v), _) => Ok(v.0),
+        (None, Some(text)) => {
+            parse_duration(text).map_err(|e| anyhow!("{key} in the config file: {e}"))
+        }
         (None, None) => Ok(default),
     }
 }
