@@ -37,7 +37,8 @@ pub enum DurableWrite {
     /// the virtio disk this was measured on) the kernel finishes an O_DSYNC direct write on a
     /// per-CPU kernel worker, which issues the cache flush; with that CPU busy (the destager
     /// building a stripe), the write's completion waited 3-4 ms while the write itself took
-    /// 40-80 µs. Here the flush is issued by the writing thread, which can run on any CPU.
+    /// 40-80 µs. Here the flush is issued by the writing thread, which can run on any CPU;
+    /// the write is a blocking one on that thread too, on both backends.
     #[default]
     WriteThenSync,
     /// One write with O_DSYNC semantics (`RWF_DSYNC` on the io_uring backend): a single FUA
@@ -477,8 +478,17 @@ impl Device for FileDevice {
             return self.flush();
         }
         if self.durable_write == DurableWrite::WriteThenSync {
-            // Not the ring's fsync: io_uring runs a blocking fsync on a worker of its own.
-            self.write_at(buf, offset)?;
+            // Both on the caller's thread, not through the ring. The caller waits for this one
+            // write anyway, and a blocking direct write is completed from the device's
+            // interrupt, while io_uring's asynchronous one (on ext4 at least) is completed
+            // through the filesystem's direct-I/O workqueue: a kernel worker's wake-up, then
+            // this thread's, which on a 2-vCPU VM added ~15 µs to a ~150 µs queue-depth-1
+            // write (docs/BENCHMARKS.md). Not the ring's fsync either: io_uring runs a
+            // blocking fsync on a worker of its own.
+            self.validate(buf.as_ptr() as usize, buf.len(), offset)?;
+            let len = buf.len() as u64;
+            let result = os::pwrite_full(self.fd(), buf, offset);
+            self.finish(result, offset, |c| c.record_write(len))?;
             let result = os::fdatasync(self.fd());
             return self.finish(result, 0, Counters::record_flush);
         }

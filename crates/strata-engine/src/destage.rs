@@ -27,7 +27,7 @@ use crate::map::Loc;
 use crate::meta;
 use crate::policy::Mode;
 use crate::shared::{Counters, Shared, STATE_FAILED};
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Receiver;
 
 /// Log fill (cached copies included) at which the destager runs flat out whatever else holds.
 const PHYSICAL_FULL: f64 = 0.95;
@@ -55,7 +55,7 @@ const REST_MAX: Duration = Duration::from_millis(500);
 
 pub struct Destager {
     pub(crate) sh: Arc<Shared>,
-    tx: Sender<WriteReq>,
+    tx: crate::queue::LogQueue,
     /// The rate host writes take the log at (bytes/s, smoothed over about a second) and the
     /// counter reading it was last updated from. (Counting the destager's own rewrites too fed
     /// back: compaction's rewrites raised the rate that set how much to compact.)
@@ -121,7 +121,7 @@ enum TierTail {
 impl Destager {
     pub fn new(
         sh: Arc<Shared>,
-        tx: Sender<WriteReq>,
+        tx: crate::queue::LogQueue,
         bypass_rx: Receiver<crate::bypass::BypassJob>,
     ) -> Destager {
         let maint = crate::maint::Maint::new(&sh);
@@ -1896,9 +1896,9 @@ mod tests {
             dg.write(v, lba * 4096, &[lba as u8 + 1; 4096]).unwrap();
         }
         // A destager of its own, stepped by hand: the step comes without a duty cycle.
-        let (tx, _rx) = crossbeam_channel::bounded(1);
+        let q = crate::queue::Queues::new(1, Duration::from_secs(1)).unwrap();
         let (_btx, brx) = crossbeam_channel::bounded(1);
-        let mut d = Destager::new(dg.sh.clone(), tx, brx);
+        let mut d = Destager::new(dg.sh.clone(), q.hot, brx);
         assert_eq!(d.step(1).expect("step"), 0, "young tier data moved");
         assert_eq!(dg.stats().destaged_bytes_total, 0, "young tier data moved");
         clock.advance_ms(61_000);

@@ -24,6 +24,7 @@ mod map;
 mod meta;
 mod open;
 mod policy;
+mod queue;
 mod rangelock;
 mod read_async;
 mod replay;
@@ -213,7 +214,7 @@ pub struct EngineStats {
 
 pub struct DiskGroup {
     sh: Arc<Shared>,
-    tx: Mutex<Option<Sender<WriteReq>>>,
+    tx: Mutex<Option<queue::LogQueue>>,
     /// Sequential writes for the destager to put straight into segments (see bypass.rs).
     bypass_tx: Sender<bypass::BypassJob>,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -230,9 +231,14 @@ impl DiskGroup {
         create_if_blank: bool,
     ) -> Result<Arc<DiskGroup>, EngineError> {
         let (sh, report) = open::open_shared(fast, capacity, cfg, create_if_blank)?;
-        let (tx, rx) = crossbeam_channel::bounded(log::QUEUE_DEPTH);
-        let (tx_hot, rx_hot) = crossbeam_channel::bounded(log::QUEUE_DEPTH);
-        let writer = log::LogWriter::new(sh.clone(), rx, rx_hot)?;
+        let queue::Queues {
+            host: tx,
+            hot: tx_hot,
+            host_rx: rx,
+            hot_rx: rx_hot,
+            bell,
+        } = queue::Queues::new(log::QUEUE_DEPTH, log::IDLE_RECHECK)?;
+        let writer = log::LogWriter::new(sh.clone(), rx, rx_hot, bell)?;
         let (bypass_tx, bypass_rx) = crossbeam_channel::bounded(bypass::BYPASS_QUEUE);
         let destager = destage::Destager::new(sh.clone(), tx_hot, bypass_rx);
         let mut threads = writer.start()?;

@@ -19,6 +19,7 @@ use strata_device::AlignedBuf;
 use crate::error::EngineError;
 use crate::format::*;
 use crate::map::Loc;
+use crate::queue::Doorbell;
 use crate::shared::{Counters, Shared};
 
 /// A record as the log keeps it in memory until the destager has moved it.
@@ -306,6 +307,8 @@ pub struct LogWriter {
     /// Signalled when such a batch is written, so a committer holding the front may take
     /// the next one.
     own_written: (Sender<()>, Receiver<()>),
+    /// Wakes the committer waiting for a request (see queue.rs).
+    bell: Arc<Doorbell>,
 }
 
 /// What the committer holding the front owns.
@@ -354,6 +357,7 @@ impl LogWriter {
         sh: Arc<Shared>,
         rx: Receiver<WriteReq>,
         rx_hot: Receiver<WriteReq>,
+        bell: Arc<Doorbell>,
     ) -> Result<LogWriter, EngineError> {
         let max_batch_blocks = (sh.cfg.max_batch_bytes as u64 / BLOCK_U64).max(2);
         let epoch = sh.durable.lock().epoch;
@@ -381,6 +385,7 @@ impl LogWriter {
             inflight: AtomicU64::new(0),
             own_inflight: AtomicUsize::new(0),
             own_written: crossbeam_channel::bounded(1),
+            bell,
         })
     }
 
@@ -416,6 +421,7 @@ impl LogWriter {
             if t.own {
                 self.own_inflight.fetch_sub(1, Ordering::Relaxed);
                 let _ = self.own_written.0.try_send(());
+                self.bell.ring();
             }
             self.retire(t, &crcs, result);
         }
@@ -471,31 +477,48 @@ impl LogWriter {
         self.own_inflight.load(Ordering::Relaxed) < OWN_INFLIGHT_MAX
     }
 
-    /// Waits for a request on either queue, or for an own batch to be written (bounded wait,
-    /// so closing is noticed). The destager's queue is not watched while its batch is in
-    /// flight.
+    /// Waits for a request on either queue, or for an own batch to be written (a bounded wait,
+    /// so a closed queue is noticed even without a ring). The destager's queue is not watched
+    /// while its batch is in flight. Sleeps on the doorbell (queue.rs): armed before the
+    /// queues are checked, so a request queued after the check rings it.
     fn wait_request(&self, f: &mut Front) -> Option<WriteReq> {
-        let never = crossbeam_channel::never();
-        let never_written = crossbeam_channel::never();
-        let host = if f.host_open { &self.rx } else { &never };
-        let (hot, written) = if !f.hot_open {
-            (&never, &never_written)
-        } else if self.own_allowed() {
-            (&self.rx_hot, &never_written)
+        self.bell.arm();
+        let got = self.poll_request(f);
+        if got.is_some() || (!f.host_open && !f.hot_open) {
+            self.bell.disarm();
+            return got.flatten();
+        }
+        self.bell.wait();
+        self.poll_request(f).flatten()
+    }
+
+    /// What `wait_request` waits for, if it is there now: Some(Some(request)), Some(None) when
+    /// an own batch was written or a queue found closed, None when there is nothing yet.
+    fn poll_request(&self, f: &mut Front) -> Option<Option<WriteReq>> {
+        if f.host_open {
+            match self.rx.try_recv() {
+                Ok(r) => return Some(Some(r)),
+                Err(TryRecvError::Disconnected) => {
+                    f.host_open = false;
+                    return Some(None);
+                }
+                Err(TryRecvError::Empty) => {}
+            }
+        }
+        if !f.hot_open {
+            return None;
+        }
+        if self.own_allowed() {
+            match self.rx_hot.try_recv() {
+                Ok(r) => Some(Some(r)),
+                Err(TryRecvError::Disconnected) => {
+                    f.hot_open = false;
+                    Some(None)
+                }
+                Err(TryRecvError::Empty) => None,
+            }
         } else {
-            (&never, &self.own_written.1)
-        };
-        select! {
-            recv(host) -> r => match r {
-                Ok(r) => Some(r),
-                Err(_) => { f.host_open = false; None }
-            },
-            recv(hot) -> r => match r {
-                Ok(r) => Some(r),
-                Err(_) => { f.hot_open = false; None }
-            },
-            recv(written) -> _ => None,
-            default(Duration::from_millis(200)) => None,
+            self.own_written.1.try_recv().ok().map(|()| None)
         }
     }
 
@@ -1072,6 +1095,9 @@ fn clone_err(e: &EngineError) -> Result<(), EngineError> {
 
 /// Queue bound between callers and the log writer.
 pub const QUEUE_DEPTH: usize = 1024;
+/// How long the committer waiting for a request sleeps before it looks at the queues again
+/// unwoken (a closed queue wakes it too; this bounds what a lost wake could cost).
+pub const IDLE_RECHECK: Duration = Duration::from_millis(200);
 /// Admission control measures the rate the log is freed at over this much wall time...
 const ADMIT_SPAN: Duration = Duration::from_secs(4);
 /// ...once it has at least this much (the destager frees the log in steps).

@@ -10,13 +10,11 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
-use crossbeam_channel::Sender;
 use parking_lot::{Mutex, RwLock};
 use strata_device::{AlignedBuf, DeviceError};
 
 use crate::capacity;
 use crate::format::{BLOCK, BLOCK_U64};
-use crate::log::WriteReq;
 use crate::map::Loc;
 use crate::resolve::{self, Piece};
 use crate::runtime::VolRuntime;
@@ -47,7 +45,7 @@ enum Source {
         crcs: Vec<u32>,
         gen: u32,
         sequential_bytes: u64,
-        promote: Option<Sender<WriteReq>>,
+        promote: Option<crate::queue::LogQueue>,
     },
 }
 

@@ -13,7 +13,6 @@ use crate::policy::{Mode, Policy};
 use crate::runtime::{Runtimes, VolRuntime, VolumeFigures};
 use crate::shared::Shared;
 use crate::{validate_name, validate_size, DiskGroup, VolumeId, VolumeInfo};
-use crossbeam_channel::Sender;
 
 impl Shared {
     /// Rebuilds the per-volume runtime state from the volume table, keeping the figures and
@@ -118,7 +117,7 @@ impl DiskGroup {
 /// generation `gen`) for the write log, if the read cache has room; never waits.
 pub(crate) fn promote_with(
     sh: &Shared,
-    tx: Option<&Sender<WriteReq>>,
+    tx: Option<&crate::queue::LogQueue>,
     rt: Option<&VolRuntime>,
     seg: u32,
     block: u32,
@@ -147,7 +146,7 @@ pub(crate) fn promote_with(
 /// Queues a clean copy of capacity blocks `block..` of `seg` (as of generation `gen`) for the
 /// log, never waiting for the queue or for log space; false when it was not queued.
 pub(crate) fn send_cache_copy(
-    tx: &Sender<WriteReq>,
+    tx: &crate::queue::LogQueue,
     vol: u32,
     seg: u32,
     block: u32,
