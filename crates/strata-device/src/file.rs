@@ -183,6 +183,13 @@ impl FileDevice {
             .inspect_err(|_| self.counters.record_error())
     }
 
+    /// A write that blocks the calling thread (pwrite), whatever the backend.
+    fn write_blocking(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        self.validate(buf.as_ptr() as usize, buf.len(), offset)?;
+        let result = os::pwrite_full(self.fd(), buf, offset);
+        self.finish(result, offset, |c| c.record_write(buf.len() as u64))
+    }
+
     fn discard_range(&self, offset: u64, len: u64) -> io::Result<bool> {
         if self.preallocated {
             return Ok(false);
@@ -450,12 +457,15 @@ impl Device for FileDevice {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        if !matches!(self.engine, Engine::Uring) {
+            return self.write_blocking(buf, offset);
+        }
         self.validate(buf.as_ptr() as usize, buf.len(), offset)?;
         let len = buf.len();
-        let result = match &self.engine {
-            _ if len == 0 => Ok(()),
+        let result = match len {
+            0 => Ok(()),
             // SAFETY: `buf` is borrowed for the whole call, which blocks until done.
-            Engine::Uring => unsafe {
+            _ => unsafe {
                 execute_on_caller_ring(
                     self.fd(),
                     Op::Write {
@@ -465,30 +475,26 @@ impl Device for FileDevice {
                     },
                 )
             },
-            Engine::Threads => os::pwrite_full(self.fd(), buf, offset),
         };
         self.finish(result, offset, |c| c.record_write(len as u64))
     }
 
-    /// One O_DSYNC write through io_uring instead of a write and a flush: one round trip less
-    /// for the write log's group commits. Counted as a write and a flush.
+    /// The write, then fdatasync, both blocking on the calling thread, on both backends; or,
+    /// in `dsync` mode on io_uring, one O_DSYNC write through the ring (one round trip less).
+    /// Counted as a write and a flush either way.
+    ///
+    /// The write-then-sync write does not go through the ring: the caller waits for it anyway,
+    /// and a blocking direct write is completed from the device's interrupt, while io_uring's
+    /// asynchronous one (on ext4 at least) is completed through the filesystem's direct-I/O
+    /// workqueue: a kernel worker's wake-up, then this thread's, which on a 2-vCPU VM added
+    /// ~15 µs to a ~150 µs queue-depth-1 write (docs/BENCHMARKS.md). Nor the ring's fsync:
+    /// io_uring runs a blocking fsync on a worker of its own.
     fn write_durable_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
-        if !matches!(self.engine, Engine::Uring) || buf.is_empty() {
-            self.write_at(buf, offset)?;
-            return self.flush();
-        }
-        if self.durable_write == DurableWrite::WriteThenSync {
-            // Both on the caller's thread, not through the ring. The caller waits for this one
-            // write anyway, and a blocking direct write is completed from the device's
-            // interrupt, while io_uring's asynchronous one (on ext4 at least) is completed
-            // through the filesystem's direct-I/O workqueue: a kernel worker's wake-up, then
-            // this thread's, which on a 2-vCPU VM added ~15 µs to a ~150 µs queue-depth-1
-            // write (docs/BENCHMARKS.md). Not the ring's fsync either: io_uring runs a
-            // blocking fsync on a worker of its own.
-            self.validate(buf.as_ptr() as usize, buf.len(), offset)?;
-            let len = buf.len() as u64;
-            let result = os::pwrite_full(self.fd(), buf, offset);
-            self.finish(result, offset, |c| c.record_write(len))?;
+        let dsync = matches!(self.engine, Engine::Uring)
+            && self.durable_write == DurableWrite::Dsync
+            && !buf.is_empty();
+        if !dsync {
+            self.write_blocking(buf, offset)?;
             let result = os::fdatasync(self.fd());
             return self.finish(result, 0, Counters::record_flush);
         }
