@@ -48,6 +48,8 @@ pub struct AppState {
     pub stopping: tokio::sync::watch::Receiver<bool>,
     /// The read cache's share of the write log and why (`--read-cache`).
     pub read_cache: crate::read_cache::ReadCacheDecision,
+    /// Space reports for `/metrics` and the volume list (see space_cache.rs).
+    pub space: crate::space_cache::SpaceCache,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -346,8 +348,13 @@ pub fn export_base(nbd_addr: SocketAddr, headers: &HeaderMap) -> String {
 
 /// A volume as the API shows it (blocking: walks the volume's index for its space per tier).
 pub fn volume_json(state: &AppState, base: &str, v: VolumeInfo) -> VolumeJson {
+    let space = state.registry.group().space(v.id).unwrap_or_default();
+    volume_json_with(state, base, v, space)
+}
+
+fn volume_json_with(state: &AppState, base: &str, v: VolumeInfo, space: SpaceReport) -> VolumeJson {
     let group = state.registry.group();
-    let space = SpaceJson::from(group.space(v.id).unwrap_or_default());
+    let space = SpaceJson::from(space);
     let io = IoTotalsJson::from(&state.registry.volume_io(v.id).snapshot());
     let snapshot_count = group.snapshots(Some(&v.name)).map_or(0, |s| s.len());
     let policy = group.policy(&v.name).unwrap_or_default();
@@ -368,11 +375,18 @@ pub fn volume_json(state: &AppState, base: &str, v: VolumeInfo) -> VolumeJson {
     }
 }
 
-/// Every volume, sorted by name (blocking).
+/// Every volume, sorted by name (blocking). Space figures come from `state.space`: a large
+/// volume's may be a little old (space_cache.rs).
 pub fn all_volumes(state: &AppState, base: &str) -> Vec<VolumeJson> {
-    let mut vols = state.registry.group().volumes();
+    let group = state.registry.group();
+    let mut vols = group.volumes();
     vols.sort_by(|a, b| a.name.cmp(&b.name));
-    vols.into_iter().map(|v| volume_json(state, base, v)).collect()
+    vols.into_iter()
+        .map(|v| {
+            let space = state.space.get(group, v.id);
+            volume_json_with(state, base, v, space)
+        })
+        .collect()
 }
 
 async fn list_volumes(

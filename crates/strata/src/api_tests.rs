@@ -30,6 +30,7 @@ pub(crate) fn app() -> (Router, Arc<AppState>) {
             &crate::read_cache::Devices { fast: std::path::Path::new("/fast"), capacity: &[], capacity_emulated: false },
             |p| crate::read_cache::Probe { disk: Some(p.to_path_buf()), rotational: Ok(false) },
         ),
+        space: Default::default(),
     });
     (router(state.clone()), state)
 }

@@ -21,6 +21,7 @@ mod prom;
 mod registry;
 mod routes;
 mod serve;
+mod space_cache;
 mod status_text;
 mod wear;
 #[cfg(test)]

@@ -37,17 +37,22 @@ pub fn render_metrics(state: &AppState) -> String {
             size_bytes: v.size_bytes,
             connections: state.registry.connections(v.id),
             io: state.registry.volume_io(v.id).snapshot(),
-            space: g.space(v.id).unwrap_or_default(),
+            space: state.space.get(g, v.id),
             snapshots: g.snapshots(Some(&v.name)).map_or(0, |s| s.len()),
         })
         .collect();
-    let snaps: Vec<SnapshotRow> = g
-        .snapshots(None)
-        .unwrap_or_default()
+    let snapshots = g.snapshots(None).unwrap_or_default();
+    let live: Vec<_> = volumes
+        .iter()
+        .map(|v| v.id)
+        .chain(snapshots.iter().map(|s| s.id))
+        .collect();
+    state.space.retain(&live);
+    let snaps: Vec<SnapshotRow> = snapshots
         .into_iter()
         .map(|s| SnapshotRow {
             connections: state.registry.connections(s.id),
-            space: g.space(s.id).unwrap_or_default(),
+            space: state.space.get(g, s.id),
             volume: s.volume,
             name: s.name,
         })

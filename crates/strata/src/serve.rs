@@ -206,6 +206,7 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
         },
         stopping: stop_rx.clone(),
         read_cache,
+        space: Default::default(),
     });
 
     let mut nbd_task = spawn_nbd(nbd_listener, registry, cfg.max_connections, stop_rx.clone());

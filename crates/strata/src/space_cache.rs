@@ -1,0 +1,195 @@
+//! Space reports for the pages that show every view at once: `/metrics` and the volume list
+//! (which the dashboard asks for every two seconds).
+//!
+//! A space report walks the view's whole map (strata-engine's `space.rs`), so its cost grows
+//! with the data written and the view's size: 10-13 ms for 512 MiB written at random, 55 ms
+//! for an empty 1 TiB volume (docs/BENCHMARKS.md, thirteenth session). Asked for on every
+//! scrape, by every scraper, that work has no bound. So a report whose walk took long is
+//! reused for a while: for `REUSE_FACTOR` times as long as the walk took, which keeps the
+//! walks of a view to about 1/`REUSE_FACTOR` of one CPU however often the pages are read.
+//! A walk that took less than `REUSE_FROM` of CPU is never reused: small views (and every
+//! test's) always show figures as fresh as the request. The walk's CPU time is what counts,
+//! not its wall time, which a busy machine stretches. `volume info` and the other
+//! single-view answers walk the map themselves.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use strata_engine::{DiskGroup, SpaceReport, VolumeId};
+
+/// Walks that took less CPU time than this are done again for every request.
+const REUSE_FROM: Duration = Duration::from_millis(20);
+/// A longer walk's report is reused for this many times the walk's duration.
+const REUSE_FACTOR: u32 = 50;
+
+#[derive(Default)]
+pub struct SpaceCache {
+    entries: Mutex<HashMap<VolumeId, Entry>>,
+}
+
+#[derive(Clone, Copy)]
+struct Entry {
+    report: SpaceReport,
+    /// When the walk began: the report is at least this old.
+    began: Instant,
+    /// The walk's CPU time.
+    took: Duration,
+}
+
+impl Entry {
+    fn fresh_enough(&self, now: Instant) -> bool {
+        self.took >= REUSE_FROM
+            && now.saturating_duration_since(self.began) < self.took * REUSE_FACTOR
+    }
+}
+
+impl SpaceCache {
+    /// The view's space report: the last one when its walk was long and recent enough, else a
+    /// new walk (blocking). A view that cannot be walked (deleted meanwhile) reports nothing.
+    pub fn get(&self, group: &DiskGroup, view: VolumeId) -> SpaceReport {
+        self.get_with(view, Instant::now(), || {
+            group.space(view).unwrap_or_default()
+        })
+    }
+
+    fn get_with(
+        &self,
+        view: VolumeId,
+        now: Instant,
+        walk: impl FnOnce() -> SpaceReport,
+    ) -> SpaceReport {
+        if let Some(e) = self.entries.lock().get(&view) {
+            if e.fresh_enough(now) {
+                return e.report;
+            }
+        }
+        // Walked without the cache's lock: another page may walk the same view meanwhile,
+        // which costs time but no correctness.
+        let began = Instant::now();
+        let cpu = thread_cpu_time();
+        let report = walk();
+        let entry = Entry {
+            report,
+            began,
+            took: thread_cpu_time().saturating_sub(cpu),
+        };
+        self.entries.lock().insert(view, entry);
+        report
+    }
+
+    /// Forgets the views not in `live` (deleted volumes and snapshots).
+    pub fn retain(&self, live: &[VolumeId]) {
+        self.entries.lock().retain(|id, _| live.contains(id));
+    }
+}
+
+/// The CPU time the calling thread has used (zero where the clock cannot be read, which
+/// only turns the reuse off).
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    fn report(bytes: u64) -> SpaceReport {
+        SpaceReport {
+            exclusive_fast_bytes: bytes,
+            ..SpaceReport::default()
+        }
+    }
+
+    /// A walk that takes `took` of CPU time (spun, so the cache measures it) and counts
+    /// itself.
+    fn walk<'a>(
+        walks: &'a Cell<u32>,
+        bytes: u64,
+        took: Duration,
+    ) -> impl FnOnce() -> SpaceReport + 'a {
+        move || {
+            walks.set(walks.get() + 1);
+            let start = thread_cpu_time();
+            while thread_cpu_time() - start < took {
+                std::hint::spin_loop();
+            }
+            report(bytes)
+        }
+    }
+
+    #[test]
+    fn a_quick_walk_is_done_again_for_every_request() {
+        let cache = SpaceCache::default();
+        let walks = Cell::new(0);
+        let t = Instant::now();
+        assert_eq!(
+            cache.get_with(7, t, walk(&walks, 1, Duration::ZERO)),
+            report(1)
+        );
+        // Asked again at once, after the data changed: the new figure, from a new walk.
+        assert_eq!(
+            cache.get_with(7, t, walk(&walks, 2, Duration::ZERO)),
+            report(2)
+        );
+        assert_eq!(walks.get(), 2);
+    }
+
+    #[test]
+    fn a_long_walk_is_reused_for_fifty_times_its_duration_then_done_again() {
+        let cache = SpaceCache::default();
+        let walks = Cell::new(0);
+        let took = REUSE_FROM + Duration::from_millis(5);
+        let first = cache.get_with(7, Instant::now(), walk(&walks, 1, took));
+        assert_eq!(first, report(1));
+        let began = cache.entries.lock()[&7].began;
+        let measured = cache.entries.lock()[&7].took;
+        assert!(
+            measured >= took,
+            "the walk's time is measured: {measured:?}"
+        );
+        // Within the allowance: the last report, no walk.
+        let soon = began + measured * (REUSE_FACTOR - 1);
+        assert_eq!(
+            cache.get_with(7, soon, walk(&walks, 2, Duration::ZERO)),
+            report(1)
+        );
+        assert_eq!(walks.get(), 1);
+        // Another view is walked on its own.
+        assert_eq!(
+            cache.get_with(8, soon, walk(&walks, 3, Duration::ZERO)),
+            report(3)
+        );
+        // Past it: a new walk and the new figure.
+        let later = began + measured * REUSE_FACTOR;
+        assert_eq!(
+            cache.get_with(7, later, walk(&walks, 4, Duration::ZERO)),
+            report(4)
+        );
+        assert_eq!(walks.get(), 3);
+    }
+
+    #[test]
+    fn deleted_views_are_forgotten() {
+        let cache = SpaceCache::default();
+        let walks = Cell::new(0);
+        let t = Instant::now();
+        for view in [1, 2, 3] {
+            cache.get_with(view, t, walk(&walks, 1, Duration::ZERO));
+        }
+        cache.retain(&[2]);
+        let mut left: Vec<VolumeId> = cache.entries.lock().keys().copied().collect();
+        left.sort_unstable();
+        assert_eq!(left, vec![2]);
+    }
+}
