@@ -12,7 +12,7 @@
 //! not its wall time, which a busy machine stretches. `volume info` and the other
 //! single-view answers walk the map themselves.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -46,18 +46,17 @@ impl Entry {
 
 impl SpaceCache {
     /// The view's space report: the last one when its walk was long and recent enough, else a
-    /// new walk (blocking). A view that cannot be walked (deleted meanwhile) reports nothing.
+    /// new walk (blocking). A view that cannot be walked (deleted meanwhile, or an index page
+    /// unreadable) reports nothing, and nothing is kept for it.
     pub fn get(&self, group: &DiskGroup, view: VolumeId) -> SpaceReport {
-        self.get_with(view, Instant::now(), || {
-            group.space(view).unwrap_or_default()
-        })
+        self.get_with(view, Instant::now(), || group.space(view).ok())
     }
 
     fn get_with(
         &self,
         view: VolumeId,
         now: Instant,
-        walk: impl FnOnce() -> SpaceReport,
+        walk: impl FnOnce() -> Option<SpaceReport>,
     ) -> SpaceReport {
         if let Some(e) = self.entries.lock().get(&view) {
             if e.fresh_enough(now) {
@@ -68,7 +67,10 @@ impl SpaceCache {
         // which costs time but no correctness.
         let began = Instant::now();
         let cpu = thread_cpu_time();
-        let report = walk();
+        let Some(report) = walk() else {
+            self.entries.lock().remove(&view);
+            return SpaceReport::default();
+        };
         let entry = Entry {
             report,
             began,
@@ -80,6 +82,7 @@ impl SpaceCache {
 
     /// Forgets the views not in `live` (deleted volumes and snapshots).
     pub fn retain(&self, live: &[VolumeId]) {
+        let live: HashSet<VolumeId> = live.iter().copied().collect();
         self.entries.lock().retain(|id, _| live.contains(id));
     }
 }
@@ -117,14 +120,14 @@ mod tests {
         walks: &'a Cell<u32>,
         bytes: u64,
         took: Duration,
-    ) -> impl FnOnce() -> SpaceReport + 'a {
+    ) -> impl FnOnce() -> Option<SpaceReport> + 'a {
         move || {
             walks.set(walks.get() + 1);
             let start = thread_cpu_time();
             while thread_cpu_time() - start < took {
                 std::hint::spin_loop();
             }
-            report(bytes)
+            Some(report(bytes))
         }
     }
 
@@ -177,6 +180,24 @@ mod tests {
             report(4)
         );
         assert_eq!(walks.get(), 3);
+    }
+
+    #[test]
+    fn a_failed_walk_reports_nothing_and_is_not_kept() {
+        let cache = SpaceCache::default();
+        let walks = Cell::new(0);
+        let took = REUSE_FROM + Duration::from_millis(5);
+        let t = Instant::now();
+        assert_eq!(cache.get_with(7, t, walk(&walks, 1, took)), report(1));
+        // Past the allowance the next walk fails: nothing is reported and nothing is kept, so
+        // no empty report is served in its place later.
+        let later = t + took * REUSE_FACTOR + Duration::from_secs(1);
+        assert_eq!(cache.get_with(7, later, || None), SpaceReport::default());
+        assert!(cache.entries.lock().get(&7).is_none());
+        assert_eq!(
+            cache.get_with(7, later, walk(&walks, 2, Duration::ZERO)),
+            report(2)
+        );
     }
 
     #[test]
