@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver, Sender, TryRecvError};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use strata_device::AlignedBuf;
 
 use crate::error::EngineError;
@@ -295,6 +295,11 @@ pub struct LogWriter {
     /// This opening's epoch, written into every batch header.
     epoch: u32,
     front: Mutex<Front>,
+    /// Held by the committer that watches the queues (for the whole of `take_batch`); the
+    /// other committers wait here, not on `front`, which the watcher lets go of while it
+    /// sleeps so that a host write reaching an idle log can be written by its sender's thread
+    /// (`try_inline`).
+    watch: Mutex<()>,
     /// The next ticket to retire.
     turn: Mutex<u64>,
     turn_moved: Condvar,
@@ -348,6 +353,17 @@ const OWN_INFLIGHT_MAX: usize = 1;
 /// Blocks of such a batch at most while host writes may go (header included).
 const OWN_BATCH_BLOCKS: u64 = 17;
 
+/// Data blocks of a host write `try_inline` may write on its sender's thread (larger ones go
+/// to the committers, which keep their buffers).
+const INLINE_MAX_BLOCKS: u64 = 16;
+
+thread_local! {
+    /// `try_inline`'s batch buffer, one per sending thread (at most `INLINE_MAX_BLOCKS` + 1
+    /// blocks).
+    static INLINE_SCRATCH: std::cell::RefCell<AlignedBuf> =
+        std::cell::RefCell::new(AlignedBuf::new_zeroed(0));
+}
+
 /// Committer threads, so batches in flight at once. Replay tells a torn in-flight batch from
 /// damage by the `committed_seq` later batches carry (replay.rs).
 pub const PIPELINE_DEPTH: usize = 4;
@@ -379,6 +395,7 @@ impl LogWriter {
             max_batch_blocks,
             epoch,
             front: Mutex::new(front),
+            watch: Mutex::new(()),
             turn: Mutex::new(0),
             turn_moved: Condvar::new(),
             committed_seq,
@@ -391,8 +408,8 @@ impl LogWriter {
 
     /// Starts the committer threads; they run until every sender of both queues is gone and
     /// everything queued is written and answered.
-    pub fn start(self) -> Result<Vec<std::thread::JoinHandle<()>>, EngineError> {
-        let w = Arc::new(self);
+    pub fn start(self: &Arc<Self>) -> Result<Vec<std::thread::JoinHandle<()>>, EngineError> {
+        let w = self;
         (0..PIPELINE_DEPTH)
             .map(|i| {
                 let w = w.clone();
@@ -430,6 +447,7 @@ impl LogWriter {
     /// Gathers the next batch and places it in the log (None once the queues are closed and
     /// drained). Only one committer at a time does this, so batches take the log in order.
     fn take_batch(&self) -> Option<Taken> {
+        let _watching = self.watch.lock();
         let mut f = self.front.lock();
         loop {
             if f.held.is_empty() && !f.host_open && !f.hot_open {
@@ -481,15 +499,62 @@ impl LogWriter {
     /// so a closed queue is noticed even without a ring). The destager's queue is not watched
     /// while its batch is in flight. Sleeps on the doorbell (queue.rs): armed before the
     /// queues are checked, so a request queued after the check rings it.
-    fn wait_request(&self, f: &mut Front) -> Option<WriteReq> {
+    /// It sleeps without the front, which a sender may take meanwhile (`try_inline`).
+    fn wait_request(&self, f: &mut MutexGuard<'_, Front>) -> Option<WriteReq> {
         self.bell.arm();
         let got = self.poll_request(f);
         if got.is_some() || (!f.host_open && !f.hot_open) {
             self.bell.disarm();
             return got.flatten();
         }
-        self.bell.wait();
+        MutexGuard::unlocked(f, || self.bell.wait());
         self.poll_request(f).flatten()
+    }
+
+    /// Writes a host write on the calling thread when the log is idle: no batch in flight,
+    /// nothing queued or held before it, no admission wait, and the committer watching the
+    /// queues asleep (so the front is free). It is then placed, written, applied and answered
+    /// exactly as a committer would, in ticket order; `Err(req)` hands it back otherwise, to be
+    /// queued. At queue depth one this saves the hand-off to a committer: the doorbell's ring,
+    /// the committer's wake-up, and its wake of the next committer as it lets go of the front.
+    pub(crate) fn try_inline(&self, req: WriteReq) -> Result<(), WriteReq> {
+        if req.no_wait
+            || req.data_blocks() > INLINE_MAX_BLOCKS
+            || self.inflight.load(Ordering::Acquire) != 0
+            || !self.rx.is_empty()
+            || self.sh.counters.capacity_full.load(Ordering::Relaxed)
+        {
+            return Err(req);
+        }
+        let Some(mut f) = self.front.try_lock() else {
+            return Err(req);
+        };
+        if !f.host_open
+            || self.inflight.load(Ordering::Acquire) != 0
+            || f.held.iter().any(|r| !r.no_wait)
+            || !self.rx.is_empty()
+            || self.host_wait(&mut f).is_some()
+        {
+            return Err(req);
+        }
+        let taken = self.place(&mut f, vec![req]);
+        drop(f);
+        // Not placed: `place` has answered it (a failed group, or no room that can come).
+        let Some(t) = taken else { return Ok(()) };
+        INLINE_SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            let (buf, crcs) = build_batch(
+                &mut scratch,
+                &self.sh.layout.group,
+                self.epoch,
+                self.committed_seq.load(Ordering::Acquire),
+                &t.meta,
+                &t.reqs,
+            );
+            let result = write_durably(&self.sh, buf, self.sh.layout.log_byte(t.meta.start));
+            self.retire(t, &crcs, result);
+        });
+        Ok(())
     }
 
     /// What `wait_request` waits for, if it is there now: Some(Some(request)), Some(None) when

@@ -102,7 +102,7 @@ impl VolStats {
 }
 
 /// A stream detector: how long the current run of back-to-back requests is.
-#[derive(Default)]
+#[derive(Default, Clone, Copy)]
 pub struct SeqRun {
     next_offset: u64,
     run_bytes: u64,

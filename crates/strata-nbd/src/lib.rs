@@ -86,6 +86,14 @@ pub trait Export: Send + Sync + 'static {
         let _ = (offset, data, fua);
         Err(done)
     }
+    /// `write_nowait` for a write that is the only request in flight on its connection (a
+    /// client at queue depth one): the export may make it on the calling thread, blocking it
+    /// for as long as the write takes, and call `done` before returning. The server's reader
+    /// reads nothing more from that connection meanwhile, which costs nothing when the client
+    /// waits for this reply anyway.
+    fn write_nowait_alone(&self, offset: u64, data: &[u8], fua: bool, done: WriteDone) -> Result<(), WriteDone> {
+        self.write_nowait(offset, data, fua, done)
+    }
     fn flush(&self) -> Result<(), Errno>;
     /// Answers a flush at once when that needs no waiting (an export whose replied writes are
     /// already durable); None sends it to the blocking pool as `flush`.

@@ -272,6 +272,15 @@ impl Export for VolumeExport {
         })
     }
 
+    fn write_nowait_alone(&self, offset: u64, data: &[u8], _fua: bool, done: WriteDone) -> Result<(), WriteDone> {
+        if self.read_only {
+            return Err(done);
+        }
+        self.nowait(Kind::Write, Op::Write, "write", data.len() as u64, done, |complete| {
+            self.group.write_async_alone(self.id, offset, data, complete)
+        })
+    }
+
     /// Every replied write is already durable, so a flush only reports a failed group: it
     /// never waits, unless the view is being changed under its clients.
     fn flush_nowait(&self) -> Option<Result<(), Errno>> {

@@ -75,8 +75,11 @@ pub struct MemExport {
     read_only: bool,
     pub gate: Gate,
     pub log: Mutex<Vec<Op>>,
-    /// Reads and writes complete on another thread (`read_nowait`, `write_nowait`).
+    /// Reads and writes complete on another thread (`read_nowait`, `write_nowait`), and
+    /// lone writes on the reader's (`write_nowait_alone`).
     pub elsewhere: AtomicBool,
+    /// Writes the server offered as the only request in flight on their connection.
+    pub alone_writes: AtomicUsize,
 }
 
 impl MemExport {
@@ -88,6 +91,7 @@ impl MemExport {
             gate: Gate::default(),
             log: Mutex::new(Vec::new()),
             elsewhere: AtomicBool::new(false),
+            alone_writes: AtomicUsize::new(0),
         }
     }
 
@@ -158,6 +162,15 @@ impl Export for MemExport {
         }
         let result = self.write(offset, data, fua);
         std::thread::spawn(move || done(result));
+        Ok(())
+    }
+
+    fn write_nowait_alone(&self, offset: u64, data: &[u8], fua: bool, done: WriteDone) -> Result<(), WriteDone> {
+        if !self.elsewhere.load(Ordering::Relaxed) {
+            return Err(done);
+        }
+        self.alone_writes.fetch_add(1, Ordering::Relaxed);
+        done(self.write(offset, data, fua));
         Ok(())
     }
 
@@ -259,6 +272,9 @@ impl Export for Handle {
     }
     fn write_nowait(&self, offset: u64, data: &[u8], fua: bool, done: WriteDone) -> Result<(), WriteDone> {
         self.inner.write_nowait(offset, data, fua, done)
+    }
+    fn write_nowait_alone(&self, offset: u64, data: &[u8], fua: bool, done: WriteDone) -> Result<(), WriteDone> {
+        self.inner.write_nowait_alone(offset, data, fua, done)
     }
     fn flush(&self) -> Result<(), Errno> {
         self.inner.flush()

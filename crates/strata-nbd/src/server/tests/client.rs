@@ -269,6 +269,29 @@ impl Client {
         self.s.write_all(&msg).await.unwrap();
     }
 
+    /// Sends WRITE requests in one socket write, so the server finds them queued behind one
+    /// another; returns their cookies.
+    pub async fn send_writes_at_once(&mut self, writes: &[(u64, Vec<u8>)]) -> Vec<u64> {
+        let mut msg = Vec::new();
+        let mut cookies = Vec::new();
+        for (offset, payload) in writes {
+            let cookie = self.next_cookie;
+            self.next_cookie += 1;
+            msg.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+            msg.extend_from_slice(&0u16.to_be_bytes());
+            msg.extend_from_slice(&cmd::WRITE.to_be_bytes());
+            msg.extend_from_slice(&cookie.to_be_bytes());
+            msg.extend_from_slice(&offset.to_be_bytes());
+            msg.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+            msg.extend_from_slice(payload);
+            self.pending
+                .insert(cookie, (cmd::WRITE, *offset, payload.len() as u32));
+            cookies.push(cookie);
+        }
+        self.s.write_all(&msg).await.unwrap();
+        cookies
+    }
+
     /// Sends one request and waits for its reply (no other request may be pending).
     pub async fn request(
         &mut self,

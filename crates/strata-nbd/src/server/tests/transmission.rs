@@ -277,6 +277,45 @@ async fn disc_closes_after_answering_what_was_sent() {
     assert_eq!(server.backend.disk.bytes(0, 4), b"abcd");
 }
 
+/// A write the client waits for before sending the next is offered to the export as alone
+/// (`write_nowait_alone`, which may block the reader), from the second such write on; writes
+/// sent together, queued behind one another, never are: the reader must go on reading them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_writes_sent_one_at_a_time_are_offered_as_alone() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let server = TestServer::default().await;
+    let disk = &server.backend.disk;
+    disk.elsewhere.store(true, Relaxed);
+    let (mut c, _) = Client::simple(server.addr, "disk").await;
+    for i in 0..10u64 {
+        assert_eq!(c.write(i * 4096, &[i as u8 + 1; 4096]).await.error, 0);
+    }
+    assert_eq!(
+        disk.alone_writes.load(Relaxed),
+        9,
+        "all but the first of ten lone writes"
+    );
+    let writes: Vec<(u64, Vec<u8>)> = (0..16u64)
+        .map(|i| (64 * 1024 + i * 512, vec![0xA0 + i as u8; 512]))
+        .collect();
+    let mut cookies: Vec<u64> = c.send_writes_at_once(&writes).await;
+    for _ in 0..writes.len() {
+        let r = c.reply().await.expect("a reply");
+        assert_eq!(r.error, 0);
+        cookies.retain(|&k| k != r.cookie);
+    }
+    assert!(cookies.is_empty(), "every write answered once");
+    // The first of them may have been read before the rest reached the socket; no more.
+    let offered = disk.alone_writes.load(Relaxed) - 9;
+    assert!(
+        offered <= 1,
+        "{offered} of 16 writes sent together were offered as alone"
+    );
+    for (offset, data) in &writes {
+        assert_eq!(&disk.bytes(*offset, data.len()), data);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replies_from_completing_threads_stay_whole_when_the_socket_fills() {
     const N: u64 = 300;
