@@ -426,15 +426,7 @@ impl LogWriter {
         // whose pages the kernel faults in and clears on every batch.
         let mut scratch = AlignedBuf::new_zeroed(0);
         while let Some(t) = self.take_batch() {
-            let (buf, crcs) = build_batch(
-                &mut scratch,
-                &self.sh.layout.group,
-                self.epoch,
-                self.committed_seq.load(Ordering::Acquire),
-                &t.meta,
-                &t.reqs,
-            );
-            let result = write_durably(&self.sh, buf, self.sh.layout.log_byte(t.meta.start));
+            let (crcs, result) = self.write_batch(&mut scratch, &t);
             if t.own {
                 self.own_inflight.fetch_sub(1, Ordering::Relaxed);
                 let _ = self.own_written.0.try_send(());
@@ -541,20 +533,28 @@ impl LogWriter {
         drop(f);
         // Not placed: `place` has answered it (a failed group, or no room that can come).
         let Some(t) = taken else { return Ok(()) };
-        INLINE_SCRATCH.with(|scratch| {
-            let mut scratch = scratch.borrow_mut();
-            let (buf, crcs) = build_batch(
-                &mut scratch,
-                &self.sh.layout.group,
-                self.epoch,
-                self.committed_seq.load(Ordering::Acquire),
-                &t.meta,
-                &t.reqs,
-            );
-            let result = write_durably(&self.sh, buf, self.sh.layout.log_byte(t.meta.start));
-            self.retire(t, &crcs, result);
-        });
+        let (crcs, result) = INLINE_SCRATCH.with(|s| self.write_batch(&mut s.borrow_mut(), &t));
+        self.retire(t, &crcs, result);
         Ok(())
+    }
+
+    /// Builds a taken batch in `scratch` and writes it durably; returns its blocks' crcs and
+    /// the write's outcome.
+    fn write_batch(
+        &self,
+        scratch: &mut AlignedBuf,
+        t: &Taken,
+    ) -> (Vec<u32>, Result<(), EngineError>) {
+        let (buf, crcs) = build_batch(
+            scratch,
+            &self.sh.layout.group,
+            self.epoch,
+            self.committed_seq.load(Ordering::Acquire),
+            &t.meta,
+            &t.reqs,
+        );
+        let result = write_durably(&self.sh, buf, self.sh.layout.log_byte(t.meta.start));
+        (crcs, result)
     }
 
     /// What `wait_request` waits for, if it is there now: Some(Some(request)), Some(None) when
