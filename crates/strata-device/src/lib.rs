@@ -26,6 +26,7 @@ mod emulate;
 mod error;
 mod file;
 mod os;
+pub mod priority;
 pub mod raw_bench;
 mod rng;
 mod sim;

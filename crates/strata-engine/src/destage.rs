@@ -84,6 +84,9 @@ pub struct Destager {
     /// Host bytes appended to the log when a step last found no stripe of cold data (see
     /// `duty_cycle`).
     fruitless_at: Option<u64>,
+    /// The destager thread's CPU priority (set in `run`, on that thread): background while
+    /// the log does not need room, so on a busy CPU the host's I/O threads run first.
+    priority: Option<strata_device::priority::ThreadPriority>,
 }
 
 /// What `Destager::keep_hot` writes again at the log head.
@@ -139,12 +142,21 @@ impl Destager {
             idle_drain: false,
             cold_only: false,
             fruitless_at: None,
+            priority: None,
             cache_wants_room: false,
             bypass_rx,
         }
     }
 
     pub fn run(mut self) {
+        let priority = strata_device::priority::ThreadPriority::of_current_thread();
+        if !priority.can_return() {
+            tracing::info!(
+                "the destager stays at normal CPU priority: it could not raise it again when \
+                 the log needs room (that needs CAP_SYS_NICE or an RLIMIT_NICE of 20)"
+            );
+        }
+        self.priority = Some(priority);
         loop {
             let stop = self.sh.abandon.load(Ordering::Relaxed)
                 || self.sh.destager_stop.load(Ordering::Relaxed);
@@ -162,6 +174,7 @@ impl Destager {
                 self.idle(Duration::from_millis(200));
             }
             let duty = self.duty_cycle();
+            self.set_priority();
             if duty <= 0.0 {
                 self.idle(Duration::from_millis(50));
                 continue;
@@ -208,6 +221,30 @@ impl Destager {
                     tracing::error!("destage: {e}");
                     self.idle(Duration::from_millis(200));
                 }
+            }
+        }
+    }
+
+    /// Background CPU priority unless the log needs room now. Paced work ahead of need then
+    /// waits while host I/O threads want the CPU: on two vCPUs, QD1 writes behind a destager
+    /// at normal priority waited up to a scheduler slice (the thirteenth and fifteenth
+    /// sessions in docs/BENCHMARKS.md). When the log needs room (the high mark, a drain), host
+    /// writes wait for the destager, so it runs at the priority it started with. Stripe
+    /// writer threads started by a step inherit the priority in effect.
+    fn set_priority(&mut self) {
+        let background = !self.forced() && !self.under_pressure();
+        let Some(p) = self.priority.as_mut() else {
+            return;
+        };
+        match p.set_background(background) {
+            Ok(nice) => self
+                .sh
+                .counters
+                .destager_nice
+                .store(i64::from(nice), Ordering::Relaxed),
+            Err(e) => {
+                tracing::warn!("setting the destager's CPU priority: {e}; it stays as it is");
+                self.priority = None;
             }
         }
     }

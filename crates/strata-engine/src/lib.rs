@@ -171,6 +171,9 @@ pub struct EngineStats {
     pub host_read_bytes_total: u64,
     pub admission_throttled: bool,
     pub capacity_full: bool,
+    /// The destager thread's nice value: 19 while it works ahead of need (when the daemon may
+    /// raise it again), its starting value while the log needs room.
+    pub destager_nice: i64,
     pub fast_resident_bytes: u64,
     pub capacity_total_bytes: u64,
     pub capacity_used_bytes: u64,
@@ -955,6 +958,7 @@ impl DiskGroup {
             host_read_bytes_total: c.host_read_bytes.load(Ordering::Relaxed),
             admission_throttled: c.throttled.load(Ordering::Relaxed),
             capacity_full: c.capacity_full.load(Ordering::Relaxed),
+            destager_nice: c.destager_nice.load(Ordering::Relaxed),
             fast_resident_bytes: c.fast_live_blocks.load(Ordering::Relaxed) * BLOCK_U64,
             capacity_total_bytes: seg_total * sh.layout.segment_size_bytes,
             capacity_used_bytes: data_segs * sh.layout.segment_size_bytes + meta_blocks * BLOCK_U64,

@@ -5,7 +5,7 @@
 //! Gates (per volume) come before all of them.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -172,6 +172,8 @@ pub struct Counters {
     pub index_copy_repairs_needed: AtomicU64,
     /// Surveys of the log's tail by the destager (tests watch how often it looks).
     pub destage_surveys: AtomicU64,
+    /// The destager thread's nice value (19 while it works ahead of need, when it may).
+    pub destager_nice: AtomicI64,
 }
 
 impl Counters {

@@ -1261,6 +1261,37 @@ fn a_lone_write_on_an_idle_log_is_made_on_the_callers_thread() {
     check_volume(rig.dg(), v, &model, "after power cut");
 }
 
+/// The destager works ahead of need at background CPU priority (when it may come back) and
+/// at the priority it started with while the log needs room (here, a drain).
+#[test]
+fn the_destager_gives_way_on_the_cpu_unless_the_log_needs_room() {
+    use strata_device::priority::{current_thread_nice, ThreadPriority, BACKGROUND_NICE};
+    // The destager thread is started by this one and starts at its nice value and rights.
+    let here = ThreadPriority::of_current_thread();
+    let base = i64::from(current_thread_nice().unwrap());
+    let background = if here.can_return() {
+        i64::from(BACKGROUND_NICE).max(base)
+    } else {
+        base
+    };
+    let rig = Rig::new(32 * MIB, &[24 * MIB], small_cfg(), 14);
+    let dg = rig.dg.clone().expect("running");
+    let nice = || dg.sh.counters.destager_nice.load(Ordering::Relaxed);
+    let wait_for = |want: i64, what: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while nice() != want && std::time::Instant::now() < deadline {
+            dg.sh.wake_destager();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(nice(), want, "{what}");
+    };
+    wait_for(background, "an idle log: background priority");
+    dg.sh.drain.store(true, Ordering::Relaxed);
+    wait_for(base, "draining: the starting priority");
+    dg.sh.drain.store(false, Ordering::Relaxed);
+    wait_for(background, "after the drain: background again");
+}
+
 /// Asynchronous writes: whole blocks start without waiting and complete like `write`; the
 /// rest is handed back untouched; what completed survives a power cut.
 #[test]

@@ -280,7 +280,7 @@ fn render_wear(e: &mut Exposition, devices: &[DeviceJson]) {
 }
 
 fn render_engine(e: &mut Exposition, s: &EngineStats) {
-    let gauges: [(&str, &str, f64); 15] = [
+    let gauges: [(&str, &str, f64); 16] = [
         ("strata_log_fill_ratio", "Share of the fast-tier write log in use.", s.log_fill_ratio),
         ("strata_log_fill_ratio_low", "Fill below which the destager idles.", s.fill_ratio_low),
         ("strata_log_fill_ratio_high", "Fill above which the destager runs flat out and admission follows it.", s.fill_ratio_high),
@@ -296,6 +296,7 @@ fn render_engine(e: &mut Exposition, s: &EngineStats) {
         ("strata_capacity_live_bytes", "Live data on the capacity tier.", s.capacity_live_bytes as f64),
         ("strata_capacity_segments_free", "Free capacity segments.", s.segments_free as f64),
         ("strata_capacity_full", "1 when the capacity tier has no free segment.", if s.capacity_full { 1.0 } else { 0.0 }),
+        ("strata_destager_nice", "Nice value of the destager thread: 19 while it works ahead of need, its own while the log needs room.", s.destager_nice as f64),
     ];
     for (name, help, v) in gauges {
         e.single(name, Type::Gauge, help, v);
