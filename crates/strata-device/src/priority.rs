@@ -4,8 +4,7 @@
 //! Linux keeps a nice value per thread. Any thread may raise its own (lower its priority);
 //! taking it back down needs CAP_SYS_NICE or an RLIMIT_NICE that allows it. So a thread that
 //! must sometimes work at full priority (the destager when the log needs room) lowers its
-//! priority only when it can take it back; a thread that never needs to (the scrubber) lowers
-//! it for good.
+//! priority only when it can take it back.
 
 use std::io;
 
@@ -64,17 +63,6 @@ impl ThreadPriority {
         }
         Ok(self.nice)
     }
-}
-
-/// Lowers the calling thread's priority to [`BACKGROUND_NICE`] for the rest of its life.
-pub fn lower_current_thread_for_good() -> io::Result<i32> {
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::gettid() };
-    let now = thread_nice(tid)?;
-    if now < BACKGROUND_NICE {
-        set_thread_nice(tid, BACKGROUND_NICE)?;
-    }
-    thread_nice(tid)
 }
 
 /// The calling thread's nice value.
@@ -156,16 +144,5 @@ mod tests {
         })
         .join()
         .unwrap();
-    }
-
-    #[test]
-    fn lowering_for_good_changes_only_the_calling_thread() {
-        let here = current_thread_nice().unwrap();
-        let nice = std::thread::spawn(lower_current_thread_for_good)
-            .join()
-            .unwrap()
-            .unwrap();
-        assert_eq!(nice, BACKGROUND_NICE.max(here));
-        assert_eq!(current_thread_nice().unwrap(), here);
     }
 }
