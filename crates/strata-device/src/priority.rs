@@ -65,12 +65,6 @@ impl ThreadPriority {
     }
 }
 
-/// The calling thread's nice value.
-pub fn current_thread_nice() -> io::Result<i32> {
-    // SAFETY: gettid has no preconditions.
-    thread_nice(unsafe { libc::gettid() })
-}
-
 /// A thread's nice value.
 pub fn thread_nice(tid: libc::pid_t) -> io::Result<i32> {
     // getpriority returns -1 both for nice -1 and for an error; errno tells them apart.

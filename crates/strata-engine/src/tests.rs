@@ -1265,10 +1265,10 @@ fn a_lone_write_on_an_idle_log_is_made_on_the_callers_thread() {
 /// at the priority it started with while the log needs room (here, a drain).
 #[test]
 fn the_destager_gives_way_on_the_cpu_unless_the_log_needs_room() {
-    use strata_device::priority::{current_thread_nice, ThreadPriority, BACKGROUND_NICE};
+    use strata_device::priority::{ThreadPriority, BACKGROUND_NICE};
     // The destager thread is started by this one and starts at its nice value and rights.
     let here = ThreadPriority::of_current_thread();
-    let base = i64::from(current_thread_nice().unwrap());
+    let base = i64::from(here.nice());
     let background = if here.can_return() {
         i64::from(BACKGROUND_NICE).max(base)
     } else {

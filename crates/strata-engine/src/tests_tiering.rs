@@ -334,13 +334,14 @@ fn eviction_and_damaged_copies_never_lose_or_falsify_data() {
             "nothing was evicted in {round} rounds and 60 s"
         );
         let lba = next() % 2048;
-        if round % 3 == 0 {
+        if round.is_multiple_of(3) {
             let tag = (round % 250) as u8 + 5;
             rig.dg().write(v, lba * 4096, &block_of(lba, tag)).unwrap();
             model[lba as usize] = tag;
         } else {
             // Every other read asynchronously: both paths evict, promote and count alike.
-            let read = read_either(rig.group(), v, lba * 4096, 4096, round % 2 == 0, &mut taken);
+            let async_read = round.is_multiple_of(2);
+            let read = read_either(rig.group(), v, lba * 4096, 4096, async_read, &mut taken);
             let read = read.unwrap_or_else(|e| panic!("round {round}: {e}"));
             assert_eq!(read, block_of(lba, model[lba as usize]), "round {round}");
         }
