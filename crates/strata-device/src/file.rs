@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 
 use crate::check::{check_io, check_range, io_error};
 use crate::stats::Counters;
-use crate::uring::{execute_on_caller_ring, probe, Op};
+use crate::uring::{execute_on_caller_ring, execute_together_on_caller_ring, probe, Op};
 use crate::uring_async::{AsyncReads, MAX_ASYNC_READ_BYTES};
 use crate::{os, AlignedBuf, Device, DeviceError, DeviceStats, ReadDone, BLOCK_SIZE};
 
@@ -507,6 +507,45 @@ impl Device for FileDevice {
             c.record_write(len as u64);
             c.record_flush();
         })
+    }
+
+    /// The parts go to the device in one io_uring submission, then fdatasync on the calling
+    /// thread (in `dsync` mode each part is an O_DSYNC write instead); on the threads backend,
+    /// blocking writes one after the other, then fdatasync. Counted as the writes and a flush.
+    fn write_all_durable(&self, parts: &[(&[u8], u64)]) -> Result<(), DeviceError> {
+        if parts.len() < 2 || !matches!(self.engine, Engine::Uring) {
+            if let [(buf, offset)] = parts {
+                return self.write_durable_at(buf, *offset);
+            }
+            for (buf, offset) in parts {
+                self.write_blocking(buf, *offset)?;
+            }
+            let result = os::fdatasync(self.fd());
+            return self.finish(result, 0, Counters::record_flush);
+        }
+        let dsync = self.durable_write == DurableWrite::Dsync;
+        let mut ops = Vec::with_capacity(parts.len());
+        for (buf, offset) in parts {
+            self.validate(buf.as_ptr() as usize, buf.len(), *offset)?;
+            let (buf, len, offset) = (buf.as_ptr(), buf.len(), *offset);
+            ops.push(match dsync {
+                true => Op::WriteDsync { buf, len, offset },
+                false => Op::Write { buf, len, offset },
+            });
+        }
+        // SAFETY: every buffer is borrowed for the whole call, which blocks until all are done.
+        let result = unsafe { execute_together_on_caller_ring(self.fd(), &ops) };
+        self.finish(result, parts[0].1, |c| {
+            for (b, _) in parts {
+                c.record_write(b.len() as u64);
+            }
+        })?;
+        if dsync {
+            self.counters.record_flush();
+            return Ok(());
+        }
+        let result = os::fdatasync(self.fd());
+        self.finish(result, 0, Counters::record_flush)
     }
 
     fn flush(&self) -> Result<(), DeviceError> {

@@ -152,6 +152,37 @@ fn durable_write_reads_back_and_counts_a_write_and_a_flush() {
     }
 }
 
+/// Parts far apart, submitted together: each lands where it was sent, the call counts every
+/// write and one flush, and a bad part is an error.
+#[test]
+fn parts_written_together_read_back_and_count_their_writes_and_one_flush() {
+    let modes = [DurableWrite::WriteThenSync, DurableWrite::Dsync];
+    for (backend, mode) in backends().into_iter().flat_map(|b| modes.map(|m| (b, m))) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dev");
+        let opts = OpenOptions {
+            durable_write: mode,
+            ..options(4 * MIB, backend)
+        };
+        let dev = FileDevice::open(&path, &opts).unwrap();
+        let (a, b) = (pattern(1, 7), pattern(3, 9));
+        dev.write_all_durable(&[(&a, 3 * MIB), (&b, BLOCK)]).unwrap();
+        let stats = dev.stats();
+        assert_eq!((stats.write_ops, stats.flush_ops), (2, 1), "{backend:?} {mode:?}");
+        assert_eq!(stats.write_bytes, 4 * BLOCK_SIZE as u64);
+        let past_end = dev.write_all_durable(&[(&a, 0), (&b, 4 * MIB)]);
+        assert!(past_end.is_err(), "{backend:?} {mode:?}: a part past the end accepted");
+        drop(dev);
+        let dev = FileDevice::open(&path, &OpenOptions { backend, ..OpenOptions::default() }).unwrap();
+        let mut back = AlignedBuf::new_zeroed(BLOCK_SIZE);
+        dev.read_at(&mut back, 3 * MIB).unwrap();
+        assert_eq!(back, a, "{backend:?} {mode:?}");
+        let mut back = AlignedBuf::new_zeroed(3 * BLOCK_SIZE);
+        dev.read_at(&mut back, BLOCK).unwrap();
+        assert_eq!(back, b, "{backend:?} {mode:?}");
+    }
+}
+
 #[test]
 fn discard_punches_a_hole_that_reads_zero() {
     for backend in backends() {

@@ -80,6 +80,16 @@ pub trait Device: Send + Sync {
         self.write_at(buf, offset)?;
         self.flush()
     }
+    /// Writes every `(buf, offset)` part and returns once all of them are durable. The parts
+    /// may reach the medium in any order; until this returns, none of them is promised. Devices
+    /// that can submit the writes together (io_uring) make it cost about what one write of their
+    /// total size does; the default writes each, then flushes once.
+    fn write_all_durable(&self, parts: &[(&[u8], u64)]) -> Result<(), DeviceError> {
+        for (buf, offset) in parts {
+            self.write_at(buf, *offset)?;
+        }
+        self.flush()
+    }
     /// Tells the device the range holds nothing of value. A no-op where unsupported.
     fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError>;
     /// A snapshot of the counters.

@@ -276,6 +276,13 @@ impl<D: Device> Device for Throttled<D> {
         self.inner.write_durable_at(buf, offset)
     }
 
+    /// One admission for all the parts, as for `write_durable_at`.
+    fn write_all_durable(&self, parts: &[(&[u8], u64)]) -> Result<(), DeviceError> {
+        let bytes = parts.iter().map(|(b, _)| b.len() as u64).sum();
+        self.admit(Direction::Write, bytes);
+        self.inner.write_all_durable(parts)
+    }
+
     /// Not throttled: a discard moves no data, and a hint should not hold up the caller.
     fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
         self.inner.discard(offset, len)
@@ -317,6 +324,9 @@ impl<D: Device + ?Sized> Device for Arc<D> {
     }
     fn write_durable_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
         (**self).write_durable_at(buf, offset)
+    }
+    fn write_all_durable(&self, parts: &[(&[u8], u64)]) -> Result<(), DeviceError> {
+        (**self).write_all_durable(parts)
     }
     fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
         (**self).discard(offset, len)

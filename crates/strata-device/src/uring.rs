@@ -98,6 +98,64 @@ fn run_on_ring(ring: &mut IoUring, fd: RawFd, op: Op) -> io::Result<()> {
     }
 }
 
+/// Runs up to `CALLER_RING_ENTRIES` ops through the calling thread's ring, all submitted in
+/// one system call, and waits for every one of them (the device sees them together, as one
+/// request would be). An op the kernel only partly did, or that met EINTR or EAGAIN, is
+/// finished on its own afterwards. The first error is returned, once every op is done.
+///
+/// # Safety
+/// As for [`execute_on_caller_ring`], for every buffer the ops name.
+pub(crate) unsafe fn execute_together_on_caller_ring(fd: RawFd, ops: &[Op]) -> io::Result<()> {
+    if ops.len() > CALLER_RING_ENTRIES as usize {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many I/Os for one submission"));
+    }
+    CALLER_RING.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(IoUring::new(CALLER_RING_ENTRIES)?);
+        }
+        let ring = slot.as_mut().ok_or_else(|| io::Error::other("caller ring missing"))?;
+        for (i, op) in ops.iter().enumerate() {
+            let sqe = build_sqe_at(fd, *op, 0).user_data(i as u64);
+            // SAFETY: the SQE names the caller's buffer, which outlives this call (see above).
+            unsafe { ring.submission().push(&sqe) }.map_err(|_| io::Error::other("caller ring full"))?;
+        }
+        let mut results: Vec<Option<i32>> = vec![None; ops.len()];
+        let mut pending = ops.len();
+        while pending > 0 {
+            match ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+            for cqe in ring.completion() {
+                let i = cqe.user_data() as usize;
+                if let Some(r) = results.get_mut(i).filter(|r| r.is_none()) {
+                    *r = Some(cqe.result());
+                    pending -= 1;
+                }
+            }
+        }
+        let mut first_err = None;
+        for (op, result) in ops.iter().zip(results) {
+            let mut progress = Progress { op: *op, progress_bytes: 0 };
+            let mut retries = 0;
+            let mut outcome = step(&mut progress, result.unwrap_or(-libc::EIO), &mut retries);
+            // Whatever is left of this op (a short transfer, a transient error) runs alone.
+            while let Ok(None) = outcome {
+                let sqe = build_sqe_at(fd, *op, progress.progress_bytes).user_data(u64::MAX);
+                // SAFETY: as above.
+                unsafe { ring.submission().push(&sqe) }.map_err(|_| io::Error::other("caller ring full"))?;
+                outcome = wait_completion(ring).and_then(|r| step(&mut progress, r, &mut retries));
+            }
+            if let Err(e) = outcome {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    })
+}
+
 /// Submits what is queued and waits for the one completion, through interruptions (a
 /// retried wait submits nothing twice: the queue is already empty).
 fn wait_completion(ring: &mut IoUring) -> io::Result<i32> {

@@ -427,15 +427,15 @@ impl Destager {
 
     /// Looks at the oldest durable batch's live data of tier-mode volumes.
     fn tier_tail(&self) -> TierTail {
-        let Some(front) = self
-            .sh
-            .log
-            .lock()
-            .batches
-            .front()
-            .filter(|b| b.durable)
-            .cloned()
-        else {
+        let front = {
+            let mut log = self.sh.log.lock();
+            let front = log.batches.front().filter(|b| b.durable).cloned();
+            if let Some(b) = &front {
+                log.close_run_if_taken(b.first_seq);
+            }
+            front
+        };
+        let Some(front) = front else {
             return TierTail::None;
         };
         let now = self.sh.cfg.clock.now_ms();
@@ -572,9 +572,10 @@ impl Destager {
     /// Copying more only cost time: at queue depth 32 a step copied ~4,000 batches of ~32
     /// records each to look at ~500 of them.
     fn durable_batches(&self, skip: usize) -> Vec<BatchMeta> {
-        let log = self.sh.log.lock();
+        let mut log = self.sh.log.lock();
         let (mut taken, mut blocks) = (0, 0);
-        log.batches
+        let copy: Vec<BatchMeta> = log
+            .batches
             .iter()
             .skip(skip)
             .take(MAX_BATCHES_PER_STEP)
@@ -585,7 +586,12 @@ impl Destager {
                 taken == 1 || blocks <= MAX_STEP_READ_BLOCKS
             })
             .cloned()
-            .collect()
+            .collect();
+        // An open run is the last batch: copied, it must not grow any more.
+        if let Some(last) = copy.last() {
+            log.close_run_if_taken(last.first_seq);
+        }
+        copy
     }
 
     fn free_log_blocks(&self) -> u64 {

@@ -743,23 +743,59 @@ pub struct BatchHeader {
     /// was written (several batches are written at once; see replay.rs).
     pub committed_seq: u64,
     pub first_seq: u64,
-    /// Blocks the batch occupies, header block included.
+    /// Blocks the batch occupies, header block included (a run: both header copies).
     pub total_blocks: u32,
     pub records: Vec<RecordHeader>,
+    /// A run of lone writes (version 3, FORMAT.md §3.3.1): which of its two header copies
+    /// this is, 0 at the run's first block, 1 at its third. None: an ordinary batch (version 2).
+    pub run_copy: Option<u32>,
+}
+
+/// The header version of a run of lone writes (FORMAT.md §3.3.1); ordinary batches keep
+/// `FORMAT_VERSION`.
+pub const RUN_HEADER_VERSION: u32 = 3;
+/// In a run, where the second header copy lives, from the run's first block: after the first
+/// copy and the first record's one data block.
+pub const RUN_SECOND_COPY: u64 = 2;
+
+/// Where record `i` of a batch starts, in blocks from the batch's first block, given the data
+/// blocks of the records before it: after the header block, and in a run, past record 0,
+/// after the second header copy too.
+pub fn record_data_offset(run: bool, i: usize, blocks_before: u64) -> u64 {
+    1 + blocks_before + u64::from(run && i >= 1)
+}
+
+/// Blocks a batch takes for records holding `data` blocks in all: a run of more than one
+/// record holds a second header copy.
+pub fn batch_total_blocks(run: bool, records: usize, data: u64) -> u64 {
+    1 + data + u64::from(run && records >= 2)
+}
+
+/// The header copy of a run that holds `records` records: odd counts live in copy 0, even
+/// ones in copy 1, so each extension writes over the older copy.
+pub fn run_copy_for(records: usize) -> u32 {
+    u32::from(records.is_multiple_of(2))
 }
 
 impl BatchHeader {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; BLOCK];
         let mut w = Writer::default();
+        let version = match self.run_copy {
+            Some(_) => RUN_HEADER_VERSION,
+            None => FORMAT_VERSION,
+        };
         w.bytes(BATCH_MAGIC)
-            .u32(FORMAT_VERSION)
+            .u32(version)
             .bytes(&self.group)
             .u64(self.first_seq);
         w.u32(self.total_blocks)
             .u32(self.records.len() as u32)
             .u32(self.epoch)
             .u64(self.committed_seq);
+        if let Some(copy) = self.run_copy {
+            w.u32(copy);
+        }
         b[..w.buf.len()].copy_from_slice(&w.buf);
         for (i, rec) in self.records.iter().enumerate() {
             let at = BATCH_HEADER_BYTES + i * RECORD_HEADER_BYTES;
@@ -775,10 +811,15 @@ impl BatchHeader {
             return None;
         }
         let mut r = Reader::new(b);
-        if r.bytes(8).ok()? != BATCH_MAGIC
-            || r.u32().ok()? != FORMAT_VERSION
-            || &r.uuid().ok()? != group
-        {
+        if r.bytes(8).ok()? != BATCH_MAGIC {
+            return None;
+        }
+        let run = match r.u32().ok()? {
+            FORMAT_VERSION => false,
+            RUN_HEADER_VERSION => true,
+            _ => return None,
+        };
+        if &r.uuid().ok()? != group {
             return None;
         }
         let first_seq = r.u64().ok()?;
@@ -786,9 +827,15 @@ impl BatchHeader {
         let n = r.u32().ok()? as usize;
         let epoch = r.u32().ok()?;
         let committed_seq = r.u64().ok()?;
+        let copy = r.u32().ok()?;
         if n == 0 || n > MAX_RECORDS_PER_BATCH {
             return None;
         }
+        let run_copy = match run {
+            true if copy == run_copy_for(n) => Some(copy),
+            true => return None,
+            false => None,
+        };
         let mut records = Vec::with_capacity(n);
         for i in 0..n {
             let at = BATCH_HEADER_BYTES + i * RECORD_HEADER_BYTES;
@@ -798,8 +845,16 @@ impl BatchHeader {
             }
             records.push(rec);
         }
+        // A run holds host writes only, and its first record one block (so its second header
+        // copy has a fixed place).
+        if run
+            && (records.iter().any(|r| r.kind != RecordKind::Write)
+                || records[0].data_blocks() != 1)
+        {
+            return None;
+        }
         let data: u64 = records.iter().map(|r| r.data_blocks()).sum();
-        if data + 1 != u64::from(total_blocks) {
+        if batch_total_blocks(run, n, data) != u64::from(total_blocks) {
             return None;
         }
         Some(BatchHeader {
@@ -809,6 +864,7 @@ impl BatchHeader {
             first_seq,
             total_blocks,
             records,
+            run_copy,
         })
     }
 }
@@ -1149,6 +1205,7 @@ mod tests {
             first_seq: 10,
             total_blocks: 3,
             records: recs,
+            run_copy: None,
         };
         let b = h.encode();
         assert_eq!(BatchHeader::decode(&b, &[3; 16]).unwrap(), h);
@@ -1177,8 +1234,98 @@ mod tests {
             first_seq: 5,
             total_blocks: 1 + recs.len() as u32,
             records: recs,
+            run_copy: None,
         };
         assert_eq!(BatchHeader::decode(&h.encode(), &[3; 16]).unwrap(), h);
+    }
+
+    fn run_header(n: usize, blocks_after_first: u64) -> BatchHeader {
+        let recs: Vec<_> = (0..n as u64)
+            .map(|i| RecordHeader {
+                kind: RecordKind::Write,
+                seq: 40 + i,
+                layer: 2,
+                offset_bytes: i * 8192,
+                len_bytes: if i == 0 {
+                    4096
+                } else {
+                    blocks_after_first * 4096
+                },
+                data_crc: 7 + i as u32,
+            })
+            .collect();
+        let data = 1 + (n as u64 - 1) * blocks_after_first;
+        BatchHeader {
+            group: [5; 16],
+            epoch: 3,
+            committed_seq: 40 + n as u64 - 1,
+            first_seq: 40,
+            total_blocks: batch_total_blocks(true, n, data) as u32,
+            records: recs,
+            run_copy: Some(run_copy_for(n)),
+        }
+    }
+
+    /// A run's header copies round-trip; one that breaks a run's rules (the copy for its
+    /// record count, host writes only, a one-block first record, its size) is no header.
+    #[test]
+    fn run_header_copies_round_trip_and_break_no_rule() {
+        for n in [1, 2, 3, 17, MAX_RECORDS_PER_BATCH] {
+            let h = run_header(n, 2);
+            let b = h.encode();
+            assert_eq!(
+                u32::from_le_bytes(b[8..12].try_into().unwrap()),
+                RUN_HEADER_VERSION
+            );
+            assert_eq!(BatchHeader::decode(&b, &[5; 16]).unwrap(), h, "{n} records");
+        }
+        assert_eq!(
+            run_header(1, 1).total_blocks,
+            2,
+            "a run of one write is an ordinary batch's size"
+        );
+        assert_eq!(run_header(2, 1).total_blocks, 4);
+        assert_eq!(
+            run_header(5, 1).total_blocks,
+            7,
+            "n + 2 blocks for n one-block writes"
+        );
+        type Break = Box<dyn Fn(&mut BatchHeader)>;
+        let broken: Vec<(&str, Break)> = vec![
+            (
+                "the other copy",
+                Box::new(|h| h.run_copy = h.run_copy.map(|c| 1 - c)),
+            ),
+            (
+                "a zero record",
+                Box::new(|h| h.records[1].kind = RecordKind::Zero),
+            ),
+            (
+                "a cache record",
+                Box::new(|h| h.records[2].kind = RecordKind::Cache),
+            ),
+            (
+                "a two-block first record",
+                Box::new(|h| {
+                    h.records[0].len_bytes = 8192;
+                    h.total_blocks += 1;
+                }),
+            ),
+            ("a block short", Box::new(|h| h.total_blocks -= 1)),
+            ("a block too many", Box::new(|h| h.total_blocks += 1)),
+        ];
+        for (what, f) in broken {
+            let mut h = run_header(3, 1);
+            f(&mut h);
+            assert!(
+                BatchHeader::decode(&h.encode(), &[5; 16]).is_none(),
+                "{what} accepted"
+            );
+        }
+        // An ordinary batch's header at the layout of a run is not a run, nor the reverse.
+        let mut h = run_header(3, 1);
+        h.run_copy = None;
+        assert!(BatchHeader::decode(&h.encode(), &[5; 16]).is_none());
     }
 
     #[test]

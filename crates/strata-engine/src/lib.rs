@@ -40,6 +40,8 @@ mod tests_bypass;
 #[cfg(test)]
 mod tests_read_async;
 #[cfg(test)]
+mod tests_runs;
+#[cfg(test)]
 mod tests_scrub;
 #[cfg(test)]
 mod tests_snap;
@@ -184,6 +186,8 @@ pub struct EngineStats {
     pub gc_relocated_bytes_total: u64,
     /// Hot data written again at the log head instead of being destaged.
     pub hot_kept_bytes_total: u64,
+    /// Lone host writes that extended a run of the log instead of taking a header block.
+    pub log_run_writes_total: u64,
     pub checksum_errors_total: u64,
     /// Checksum failures by device: the fast device first, then the capacity devices.
     pub checksum_errors_by_device: Vec<u64>,
@@ -968,6 +972,7 @@ impl DiskGroup {
             gc_segments_cleaned_total: c.gc_segments_cleaned.load(Ordering::Relaxed),
             gc_relocated_bytes_total: c.gc_relocated_bytes.load(Ordering::Relaxed),
             hot_kept_bytes_total: c.hot_kept_bytes.load(Ordering::Relaxed),
+            log_run_writes_total: c.log_run_writes.load(Ordering::Relaxed),
             checksum_errors_total: c.checksum_errors.load(Ordering::Relaxed),
             checksum_errors_by_device: c
                 .checksum_errors_by_device

@@ -75,6 +75,18 @@ pub struct LogState {
     pub cache_blocks: u64,
     /// The share of the log the read cache may hold, in blocks.
     pub cache_budget_blocks: u64,
+    /// The last batch, while it is a run of lone writes the next lone write may extend.
+    pub open_run: Option<OpenRun>,
+}
+
+/// A run of lone writes still open (FORMAT.md §3.3.1): the last batch of the log, durable,
+/// and taken by no destager step yet.
+#[derive(Debug, Clone)]
+pub struct OpenRun {
+    pub first_seq: u64,
+    /// Its records as its newer header copy holds them; the next write's copy holds them all
+    /// again, and its own.
+    pub headers: Vec<RecordHeader>,
 }
 
 impl LogState {
@@ -88,6 +100,7 @@ impl LogState {
             skipped_blocks: 0,
             cache_blocks: 0,
             cache_budget_blocks: 0,
+            open_run: None,
         }
     }
 
@@ -148,6 +161,8 @@ impl LogState {
     /// Appends a batch at the head. The caller checked `place`.
     pub fn push(&mut self, meta: BatchMeta) {
         debug_assert!(meta.start + meta.blocks <= self.log_blocks);
+        // Anything appended after a run ends it: a run's blocks are contiguous.
+        self.open_run = None;
         self.head = (meta.start + meta.blocks) % self.log_blocks;
         self.used_blocks += meta.blocks + meta.skip;
         self.skipped_blocks += meta.skip;
@@ -158,10 +173,74 @@ impl LogState {
 
     pub fn pop(&mut self) -> Option<BatchMeta> {
         let b = self.batches.pop_front()?;
+        if self
+            .open_run
+            .as_ref()
+            .is_some_and(|r| r.first_seq == b.first_seq)
+        {
+            self.open_run = None;
+        }
         self.used_blocks -= b.blocks + b.skip;
         self.skipped_blocks -= b.skip;
         self.cache_blocks -= b.cache_blocks();
         Some(b)
+    }
+}
+
+impl LogState {
+    /// The destager has taken a copy of the batch that starts at `first_seq` to move or
+    /// survey it: if that is the open run, it is closed, so no write extends it behind the
+    /// destager's back (the copy would then miss the new record, and freeing the batch would
+    /// lose it).
+    pub fn close_run_if_taken(&mut self, first_seq: u64) {
+        if self
+            .open_run
+            .as_ref()
+            .is_some_and(|r| r.first_seq == first_seq)
+        {
+            self.open_run = None;
+        }
+    }
+
+    /// Places a lone write of `nblocks` data blocks as the next record of the open run, if
+    /// the run can take it: the run is the last batch, durable, ends at the head, has room
+    /// for a record and stays within `max_blocks`, and the blocks after it are free. `make`
+    /// describes the record from its seq and data block. Returns the run as it now is and
+    /// what it held before; the run stays closed until the write is retired (`reopen_run`).
+    pub fn extend_run(
+        &mut self,
+        nblocks: u64,
+        max_blocks: u64,
+        make: impl FnOnce(u64, u64) -> RecMeta,
+    ) -> Option<(BatchMeta, OpenRun)> {
+        let first_seq = self.open_run.as_ref()?.first_seq;
+        let last = self.batches.back()?;
+        let n = last.records.len();
+        if last.first_seq != first_seq
+            || !last.durable
+            || n >= MAX_RECORDS_PER_BATCH
+            || last.start + last.blocks != self.head
+        {
+            return None;
+        }
+        // The second write of a run also writes the run's second header copy.
+        let extra = nblocks + u64::from(n == 1);
+        if last.blocks + extra > max_blocks || self.place(extra) != Some((self.head, 0)) {
+            return None;
+        }
+        let before = self.open_run.take()?;
+        let rec = make(self.next_seq, self.head + u64::from(n == 1));
+        let last = self.batches.back_mut()?;
+        let mut records = last.records.to_vec();
+        records.push(rec);
+        last.records = records.into();
+        last.blocks += extra;
+        last.durable = false;
+        let run = last.clone();
+        self.head = (run.start + run.blocks) % self.log_blocks;
+        self.used_blocks += extra;
+        self.next_seq += 1;
+        Some((run, before))
     }
 }
 
@@ -343,6 +422,19 @@ struct Taken {
     reqs: Vec<WriteReq>,
     /// Only the destager's own requests (counted in `own_inflight` until written).
     own: bool,
+    /// A lone write that starts or extends a run (FORMAT.md §3.3.1); `meta` then holds only
+    /// the write's own record.
+    run: Option<RunWrite>,
+}
+
+/// What a write into a run writes besides its data: a whole header copy of the run.
+struct RunWrite {
+    first_seq: u64,
+    start: u64,
+    /// The run's blocks once this write is in it.
+    blocks: u64,
+    /// Every record of the run, this write's last.
+    headers: Vec<RecordHeader>,
 }
 
 /// Batches of the destager's own requests (hot data kept, copies promoted) in flight at once
@@ -529,13 +621,160 @@ impl LogWriter {
         {
             return Err(req);
         }
-        let taken = self.place(&mut f, vec![req]);
+        let taken = match self.extend_run(&mut f, req) {
+            Ok(t) => Some(t),
+            Err(req) => self.place(&mut f, vec![req]).map(|t| self.start_run(t)),
+        };
         drop(f);
         // Not placed: `place` has answered it (a failed group, or no room that can come).
         let Some(t) = taken else { return Ok(()) };
-        let (crcs, result) = INLINE_SCRATCH.with(|s| self.write_batch(&mut s.borrow_mut(), &t));
+        let (crcs, result) = INLINE_SCRATCH.with(|s| {
+            let s = &mut s.borrow_mut();
+            match &t.run {
+                Some(run) => self.write_run(s, &t, run),
+                None => self.write_batch(s, &t),
+            }
+        });
         self.retire(t, &crcs, result);
         Ok(())
+    }
+
+    /// A lone write of one block placed as a batch of its own starts a run: its header is
+    /// the run's first copy, and the next lone write may extend it.
+    fn start_run(&self, mut t: Taken) -> Taken {
+        let [r] = &t.reqs[..] else { return t };
+        let Some(data) = r.data.as_ref().filter(|_| r.kind == RecordKind::Write) else {
+            return t;
+        };
+        if r.nblocks != 1 || r.no_wait || t.meta.records.len() != 1 {
+            return t;
+        }
+        t.run = Some(RunWrite {
+            first_seq: t.meta.first_seq,
+            start: t.meta.start,
+            blocks: t.meta.blocks,
+            headers: vec![record_header(r, t.meta.first_seq, &data[..BLOCK])],
+        });
+        t
+    }
+
+    /// Makes a lone host write the next record of the open run, if there is one that can take
+    /// it (`LogState::extend_run`); `Err(req)` otherwise. Called with the log idle.
+    fn extend_run(&self, f: &mut Front, req: WriteReq) -> Result<Taken, WriteReq> {
+        if req.kind != RecordKind::Write || req.no_wait || self.sh.check_running().is_err() {
+            return Err(req);
+        }
+        let Some(data) = req.data.as_ref() else {
+            return Err(req);
+        };
+        let now_ms = self.sh.cfg.clock.now_ms();
+        let placed =
+            self.sh
+                .log
+                .lock()
+                .extend_run(req.nblocks, self.max_batch_blocks, |seq, data_start| {
+                    RecMeta {
+                        kind: req.kind,
+                        layer: req.layer,
+                        lba: req.lba,
+                        nblocks: req.nblocks,
+                        seq,
+                        data_start,
+                        relocation: false,
+                        born_ms: now_ms,
+                        aged_from_ms: now_ms,
+                        cache_gen: 0,
+                        vol: req.vol,
+                    }
+                });
+        let Some((run, before)) = placed else {
+            return Err(req);
+        };
+        let rec = run.records[run.records.len() - 1];
+        let mut headers = before.headers;
+        headers.push(record_header(
+            &req,
+            rec.seq,
+            &data[..(req.nblocks * BLOCK_U64) as usize],
+        ));
+        self.admit(f, req.nblocks);
+        let ticket = f.next_ticket;
+        f.next_ticket += 1;
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        let c = &self.sh.counters;
+        let added = req.nblocks + u64::from(headers.len() == 2);
+        c.log_host_appended_bytes
+            .fetch_add(added * BLOCK_U64, Ordering::Relaxed);
+        c.log_host_batches.fetch_add(1, Ordering::Relaxed);
+        c.log_host_records.fetch_add(1, Ordering::Relaxed);
+        c.log_run_writes.fetch_add(1, Ordering::Relaxed);
+        Ok(Taken {
+            ticket,
+            meta: BatchMeta {
+                start: run.start,
+                blocks: run.blocks,
+                skip: run.skip,
+                first_seq: rec.seq,
+                records: Arc::from([rec]),
+                durable: false,
+            },
+            reqs: vec![req],
+            own: false,
+            run: Some(RunWrite {
+                first_seq: run.first_seq,
+                start: run.start,
+                blocks: run.blocks,
+                headers,
+            }),
+        })
+    }
+
+    /// Writes a run's newest record and, over the older of the run's two header copies, a
+    /// copy holding every record: one write when they are adjacent (a run's first two
+    /// writes), else two submitted together, then one flush. The copy not written holds every
+    /// record written before, all acknowledged, so a torn write loses only this one.
+    fn write_run(
+        &self,
+        scratch: &mut AlignedBuf,
+        t: &Taken,
+        run: &RunWrite,
+    ) -> (Vec<u32>, Result<(), EngineError>) {
+        let rec = &t.meta.records[0];
+        let len = (rec.nblocks * BLOCK_U64) as usize;
+        let copy = run_copy_for(run.headers.len());
+        let h = BatchHeader {
+            group: self.sh.layout.group,
+            epoch: self.epoch,
+            committed_seq: self.committed_seq.load(Ordering::Acquire),
+            first_seq: run.first_seq,
+            total_blocks: run.blocks as u32,
+            records: run.headers.clone(),
+            run_copy: Some(copy),
+        };
+        if scratch.len() < BLOCK + len {
+            *scratch = AlignedBuf::new_zeroed(BLOCK + len);
+        }
+        let buf = &mut scratch[..BLOCK + len];
+        buf[..BLOCK].copy_from_slice(&h.encode());
+        if let Some(d) = &t.reqs[0].data {
+            buf[BLOCK..].copy_from_slice(&d[..len]);
+        }
+        let crcs = buf[BLOCK..].chunks(BLOCK).map(crc32c::crc32c).collect();
+        let at = run.start + if copy == 0 { 0 } else { RUN_SECOND_COPY };
+        let layout = &self.sh.layout;
+        let result = if at + 1 == rec.data_start {
+            write_durably(&self.sh, &[(buf, layout.log_byte(at))])
+        } else {
+            let (header, data) = buf.split_at(BLOCK);
+            write_durably(
+                &self.sh,
+                &[
+                    (data, layout.log_byte(rec.data_start)),
+                    (header, layout.log_byte(at)),
+                ],
+            )
+        };
+        (crcs, result)
     }
 
     /// Builds a taken batch in `scratch` and writes it durably; returns its blocks' crcs and
@@ -553,7 +792,7 @@ impl LogWriter {
             &t.meta,
             &t.reqs,
         );
-        let result = write_durably(&self.sh, buf, self.sh.layout.log_byte(t.meta.start));
+        let result = write_durably(&self.sh, &[(buf, self.sh.layout.log_byte(t.meta.start))]);
         (crcs, result)
     }
 
@@ -760,6 +999,7 @@ impl LogWriter {
                     meta,
                     reqs: batch,
                     own,
+                    run: None,
                 })
             }
             Err(e) => {
@@ -786,7 +1026,7 @@ impl LogWriter {
                 self.sh.check_running()
             }
             Ok(()) => {
-                self.apply(&t.meta, crcs);
+                self.apply(&t.meta, crcs, t.run.as_ref());
                 Ok(())
             }
         };
@@ -953,11 +1193,19 @@ impl LogWriter {
 
     /// Points the index at a durable batch; only then may the destager see it (it judges what
     /// is live by where the index points).
-    fn apply(&self, meta: &BatchMeta, crcs: &[u32]) {
-        for (i, c) in crcs.iter().enumerate() {
-            self.sh.fast_crcs[(meta.start + 1) as usize + i].store(*c, Ordering::Relaxed);
+    /// A run's write marks the run durable again, and reopens it if nothing was appended
+    /// after it meanwhile.
+    fn apply(&self, meta: &BatchMeta, crcs: &[u32], run: Option<&RunWrite>) {
+        let mut crcs = crcs.iter();
+        for r in meta.records.iter() {
+            if !matches!(r.kind, RecordKind::Write | RecordKind::Cache) {
+                continue;
+            }
+            for (b, c) in (r.data_start..r.data_start + r.nblocks).zip(crcs.by_ref()) {
+                self.sh.fast_crcs[b as usize].store(*c, Ordering::Relaxed);
+            }
+            self.sh.fast_read.clear(r.data_start, r.nblocks);
         }
-        self.sh.fast_read.clear(meta.start + 1, crcs.len() as u64);
         let displaced = apply_records(&self.sh, &meta.records);
         self.sh.release(&displaced);
         let cached: Vec<&RecMeta> = meta
@@ -977,24 +1225,32 @@ impl LogWriter {
                 );
             }
         }
+        let key = run.map_or(meta.first_seq, |r| r.first_seq);
         let mut log = self.sh.log.lock();
-        if let Some(m) = log
-            .batches
-            .iter_mut()
-            .rev()
-            .find(|m| m.first_seq == meta.first_seq)
-        {
+        if let Some(m) = log.batches.iter_mut().rev().find(|m| m.first_seq == key) {
             m.durable = true;
+        }
+        if let Some(run) = run {
+            if log.batches.back().is_some_and(|m| m.first_seq == key) {
+                log.open_run = Some(OpenRun {
+                    first_seq: key,
+                    headers: run.headers.clone(),
+                });
+            }
         }
     }
 }
 
 /// Transient device errors get two more tries at the same place; the batch is not yet
 /// acknowledged, so rewriting it is harmless.
-fn write_durably(sh: &Shared, buf: &[u8], offset: u64) -> Result<(), EngineError> {
+fn write_durably(sh: &Shared, parts: &[(&[u8], u64)]) -> Result<(), EngineError> {
     let mut last = None;
     for _ in 0..3 {
-        match sh.fast.write_durable_at(buf, offset) {
+        let result = match parts {
+            [(buf, offset)] => sh.fast.write_durable_at(buf, *offset),
+            _ => sh.fast.write_all_durable(parts),
+        };
+        match result {
             Ok(()) => return Ok(()),
             Err(e) => last = Some(e),
         }
@@ -1137,10 +1393,23 @@ fn build_batch<'a>(
         first_seq: meta.first_seq,
         total_blocks: meta.blocks as u32,
         records: headers,
+        run_copy: None,
     };
     buf[..BLOCK].copy_from_slice(&h.encode());
     debug_assert_eq!(at, len, "a batch's records fill it exactly");
     (buf, crcs)
+}
+
+/// The header of a host write's record with sequence number `seq` and data `data`.
+fn record_header(r: &WriteReq, seq: u64, data: &[u8]) -> RecordHeader {
+    RecordHeader {
+        kind: r.kind,
+        seq,
+        layer: r.layer,
+        offset_bytes: r.lba * BLOCK_U64,
+        len_bytes: r.nblocks * BLOCK_U64,
+        data_crc: crc32c::crc32c(data),
+    }
 }
 
 fn reply_all(batch: Vec<WriteReq>, mut result: impl FnMut() -> Result<(), EngineError>) {

@@ -32,6 +32,9 @@ pub struct OpenReport {
     pub recent_segments: usize,
     /// Log records whose data failed its checksum (their blocks read as I/O errors).
     pub damaged_log_records: usize,
+    /// Runs of lone writes whose last write was torn in flight (never acknowledged), so
+    /// replayed without it.
+    pub torn_run_writes: usize,
 }
 
 pub fn open_shared(
@@ -97,7 +100,8 @@ pub fn open_shared(
     report.replayed_batches = r.batches;
     report.replayed_records = r.records;
     report.damaged_log_records = r.damaged_records;
-    crate::replay::clear_end(&sh, &r.state)?;
+    report.torn_run_writes = r.stale_copies.len();
+    crate::replay::clear_end(&sh, &r)?;
     let mut state = r.state;
     state.cache_budget_blocks = (sh.cfg.read_cache_ratio * sh.layout.log_blocks as f64) as u64;
     *sh.log.lock() = state;

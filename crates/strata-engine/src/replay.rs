@@ -10,6 +10,12 @@
 //! clean shutdown recorded that the log goes on past it; then it is replayed, and the damaged
 //! records' blocks read as I/O errors instead of silently as older data. Likewise, a batch
 //! that cannot be read at all while a later one records it as acknowledged makes open fail.
+//!
+//! A run of lone writes (FORMAT.md §3.3.1) has two header copies, written in turn; replay
+//! takes the newer valid one. Every record of a copy but its last was acknowledged before that
+//! copy was written, so only the last can be a torn write in flight: when its data fails and
+//! nothing proves it acknowledged, the run is replayed without it, and open clears the copy
+//! that names it before anything new is written.
 
 use strata_device::AlignedBuf;
 
@@ -27,6 +33,9 @@ pub struct Replay {
     pub damaged_records: usize,
     /// The crc of every data block replayed (a damaged record's blocks get one that never matches).
     pub crcs: Vec<(u64, u32)>,
+    /// Header copies of runs that name a torn last write, to clear before anything new is
+    /// written (`clear_end`): the next write takes that write's place.
+    pub stale_copies: Vec<u64>,
 }
 
 /// A batch as found on the device.
@@ -56,15 +65,31 @@ pub fn replay(
         records: 0,
         damaged_records: 0,
         crcs: Vec::new(),
+        stale_copies: Vec::new(),
     };
     let mut epoch = 0;
-    while let Some(f) = find(sh, state.head, state.next_seq, epoch)? {
+    while let Some(mut f) = find(sh, state.head, state.next_seq, epoch)? {
         let blocks = u64::from(f.header.total_blocks);
         if state.used_blocks + blocks + f.skip > l {
             break;
         }
+        let n = f.header.records.len();
+        if f.header.run_copy.is_some() && f.bad_records.contains(&(n - 1)) {
+            // Only a run's last write can have been in flight (see the module comment).
+            let known = end_seq != 0 && f.header.first_seq + n as u64 - 1 < end_seq;
+            if !known && !acknowledged_later(sh, &f)? {
+                if n == 1 {
+                    break;
+                }
+                out.stale_copies.push(f.start + copy_offset(&f.header));
+                f = without_last(f);
+            }
+        }
         if !f.bad_records.is_empty() {
-            let known = end_seq != 0 && f.header.first_seq < end_seq;
+            // In a run, every record but the last was acknowledged before its copy was
+            // written; the last one is known here to have been (above).
+            let known =
+                f.header.run_copy.is_some() || (end_seq != 0 && f.header.first_seq < end_seq);
             if !known && !acknowledged_later(sh, &f)? {
                 break;
             }
@@ -133,15 +158,54 @@ fn find(sh: &Shared, pos: u64, seq: u64, min_epoch: u32) -> Result<Option<Found>
 
 /// Clears the block where replay ended, so a torn header of this or an earlier opening is
 /// gone before anything new is written (see `find`). Not when the log is full: the head is
-/// then the oldest batch's first block.
-pub fn clear_end(sh: &Shared, state: &LogState) -> Result<(), EngineError> {
+/// then the oldest batch's first block. Also clears the header copies that name a torn last
+/// write of a run (`Replay::stale_copies`), and a run's second copy left two blocks past the
+/// head or past block 0 with the next sequence number: a run the next write may start there
+/// must not find an older one's copy in its place.
+pub fn clear_end(sh: &Shared, r: &Replay) -> Result<(), EngineError> {
+    let state = &r.state;
     let head = state.head;
     let full = state.batches.front().is_some_and(|b| b.start == head);
+    let zero = AlignedBuf::new_zeroed(BLOCK);
     if head < sh.layout.log_blocks && !full {
-        let zero = AlignedBuf::new_zeroed(BLOCK);
         sh.fast.write_durable_at(&zero, sh.layout.log_byte(head))?;
     }
+    let mut hb = AlignedBuf::new_zeroed(BLOCK);
+    for p in [head + RUN_SECOND_COPY, RUN_SECOND_COPY] {
+        if p >= sh.layout.log_blocks {
+            continue;
+        }
+        sh.fast.read_at(&mut hb, sh.layout.log_byte(p))?;
+        if BatchHeader::decode(&hb, &sh.layout.group)
+            .is_some_and(|h| h.run_copy == Some(1) && h.first_seq == state.next_seq)
+        {
+            sh.fast.write_durable_at(&zero, sh.layout.log_byte(p))?;
+        }
+    }
+    for &p in &r.stale_copies {
+        sh.fast.write_durable_at(&zero, sh.layout.log_byte(p))?;
+    }
     Ok(())
+}
+
+/// Where a run's header copy lives, from the run's first block.
+fn copy_offset(h: &BatchHeader) -> u64 {
+    match h.run_copy {
+        Some(1) => RUN_SECOND_COPY,
+        _ => 0,
+    }
+}
+
+/// The run without its last record (a torn write in flight): the header its other copy holds.
+fn without_last(mut f: Found) -> Found {
+    let h = &mut f.header;
+    h.records.pop();
+    let n = h.records.len();
+    let data: u64 = h.records.iter().map(|r| r.data_blocks()).sum();
+    h.total_blocks = batch_total_blocks(true, n, data) as u32;
+    h.run_copy = Some(run_copy_for(n));
+    f.bad_records.retain(|&i| i < n);
+    f
 }
 
 /// After replay stopped at `head`: a valid batch a little further on that records the missing
@@ -189,10 +253,7 @@ fn acknowledged_later(sh: &Shared, f: &Found) -> Result<bool, EngineError> {
     for _ in 0..=crate::log::PIPELINE_DEPTH {
         let mut next = None;
         for p in [pos, 0] {
-            sh.fast.read_at(&mut hb, sh.layout.log_byte(p))?;
-            if let Some(h) = BatchHeader::decode(&hb, &sh.layout.group)
-                .filter(|h| h.first_seq == seq && h.epoch >= f.header.epoch)
-            {
+            if let Some(h) = header_at(sh, &mut hb, p, seq, f.header.epoch)? {
                 next = Some((p, h));
                 break;
             }
@@ -215,34 +276,22 @@ fn read_batch(
     seq: u64,
     min_epoch: u32,
 ) -> Result<Option<Found>, EngineError> {
-    let l = sh.layout.log_blocks;
-    if pos >= l {
-        return Ok(None);
-    }
     let mut hb = AlignedBuf::new_zeroed(BLOCK);
-    sh.fast.read_at(&mut hb, sh.layout.log_byte(pos))?;
-    let Some(header) = BatchHeader::decode(&hb, &sh.layout.group) else {
+    let Some(header) = header_at(sh, &mut hb, pos, seq, min_epoch)? else {
         return Ok(None);
     };
-    if header.first_seq != seq
-        || header.epoch < min_epoch
-        || pos + u64::from(header.total_blocks) > l
-    {
-        return Ok(None);
-    }
     let data_blocks = u64::from(header.total_blocks) - 1;
     let mut data = AlignedBuf::new_zeroed((data_blocks * BLOCK_U64) as usize);
     if data_blocks > 0 {
         sh.fast.read_at(&mut data, sh.layout.log_byte(pos + 1))?;
     }
     let mut bad_records = Vec::new();
-    let mut at = 0usize;
-    for (i, r) in header.records.iter().enumerate() {
+    for (i, (r, at)) in header.records.iter().zip(data_offsets(&header)).enumerate() {
+        let at = ((at - 1) * BLOCK_U64) as usize;
         let len = (r.data_blocks() * BLOCK_U64) as usize;
         if r.kind == RecordKind::Write && crc32c::crc32c(&data[at..at + len]) != r.data_crc {
             bad_records.push(i);
         }
-        at += len;
     }
     Ok(Some(Found {
         header,
@@ -253,8 +302,61 @@ fn read_batch(
     }))
 }
 
+/// The header of the batch at `pos` if it is valid, of this group, starts with `seq`, is of
+/// epoch `min_epoch` or later and ends inside the log area. A run's two copies are both read
+/// (either may be torn): the newer epoch wins, then the copy with more records.
+fn header_at(
+    sh: &Shared,
+    hb: &mut AlignedBuf,
+    pos: u64,
+    seq: u64,
+    min_epoch: u32,
+) -> Result<Option<BatchHeader>, EngineError> {
+    let l = sh.layout.log_blocks;
+    let mut read = |p: u64, copy: Option<u32>| -> Result<Option<BatchHeader>, EngineError> {
+        if p >= l {
+            return Ok(None);
+        }
+        sh.fast.read_at(hb, sh.layout.log_byte(p))?;
+        Ok(BatchHeader::decode(hb, &sh.layout.group).filter(|h| {
+            h.first_seq == seq
+                && h.epoch >= min_epoch
+                && pos + u64::from(h.total_blocks) <= l
+                && h.run_copy.is_none_or(|c| Some(c) == copy)
+        }))
+    };
+    let first = read(pos, Some(0))?;
+    if first.as_ref().is_some_and(|h| h.run_copy.is_none()) {
+        return Ok(first);
+    }
+    let second = read(pos + RUN_SECOND_COPY, Some(1))?.filter(|h| h.run_copy.is_some());
+    Ok(match (first, second) {
+        (Some(a), Some(b)) => Some(if (b.epoch, b.records.len()) > (a.epoch, a.records.len()) {
+            b
+        } else {
+            a
+        }),
+        (a, b) => a.or(b),
+    })
+}
+
+/// Where each record's data starts, in blocks from the batch's first block.
+fn data_offsets(h: &BatchHeader) -> Vec<u64> {
+    let run = h.run_copy.is_some();
+    let mut before = 0;
+    h.records
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let at = record_data_offset(run, i, before);
+            before += r.data_blocks();
+            at
+        })
+        .collect()
+}
+
 fn describe(f: &Found, now_ms: u64) -> BatchMeta {
-    let mut data_at = f.start + 1;
+    let offsets = data_offsets(&f.header);
     let mut records = Vec::with_capacity(f.header.records.len());
     for (i, r) in f.header.records.iter().enumerate() {
         records.push(RecMeta {
@@ -263,14 +365,13 @@ fn describe(f: &Found, now_ms: u64) -> BatchMeta {
             lba: r.offset_bytes / BLOCK_U64,
             nblocks: r.len_bytes / BLOCK_U64,
             seq: f.header.first_seq + i as u64,
-            data_start: data_at,
+            data_start: f.start + offsets[i],
             relocation: false,
             born_ms: now_ms,
             aged_from_ms: now_ms,
             cache_gen: 0,
             vol: 0,
         });
-        data_at += r.data_blocks();
     }
     BatchMeta {
         start: f.start,
@@ -290,10 +391,16 @@ fn collect_crcs(f: &Found, meta: &BatchMeta, out: &mut Vec<(u64, u32)>) {
         let r = &meta.records[i];
         bad_blocks.push(r.data_start..r.data_start + r.nblocks);
     }
-    for (i, chunk) in f.data.chunks(BLOCK).enumerate() {
-        let b = f.start + 1 + i as u64;
-        let crc = crc32c::crc32c(chunk);
-        let damaged = bad_blocks.iter().any(|r| r.contains(&b));
-        out.push((b, if damaged { !crc } else { crc }));
+    for r in meta
+        .records
+        .iter()
+        .filter(|r| matches!(r.kind, RecordKind::Write | RecordKind::Cache))
+    {
+        for b in r.data_start..r.data_start + r.nblocks {
+            let at = ((b - f.start - 1) * BLOCK_U64) as usize;
+            let crc = crc32c::crc32c(&f.data[at..at + BLOCK]);
+            let damaged = bad_blocks.iter().any(|r| r.contains(&b));
+            out.push((b, if damaged { !crc } else { crc }));
+        }
     }
 }

@@ -133,6 +133,9 @@ pub struct Counters {
     pub log_host_appended_bytes: AtomicU64,
     pub log_host_batches: AtomicU64,
     pub log_host_records: AtomicU64,
+    /// Lone host writes that extended a run (FORMAT.md §3.3.1) instead of taking a header
+    /// block of their own.
+    pub log_run_writes: AtomicU64,
     pub gc_segments_cleaned: AtomicU64,
     pub hot_kept_bytes: AtomicU64,
     pub gc_relocated_bytes: AtomicU64,

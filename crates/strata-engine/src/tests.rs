@@ -2,7 +2,7 @@
 //! power cuts, torn writes and injected I/O errors. Every randomised test prints its seed;
 //! `STRATA_TEST_SEED=<n>` replays one.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +19,9 @@ pub(crate) const MIB: u64 = 1 << 20;
 struct Switched {
     inner: Arc<MemDevice>,
     off: Arc<AtomicBool>,
+    /// Writes left before the power goes off (after that write reaches the volatile cache);
+    /// negative: no limit. Shared by every device of the group.
+    writes_left: Arc<AtomicI64>,
 }
 
 impl Switched {
@@ -56,6 +59,9 @@ impl Device for Switched {
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
         self.check()?;
+        if self.writes_left.fetch_sub(1, Ordering::SeqCst) == 0 {
+            self.off.store(true, Ordering::SeqCst);
+        }
         self.inner.write_at(buf, offset)
     }
     fn flush(&self) -> Result<(), DeviceError> {
@@ -79,6 +85,8 @@ pub(crate) struct Rig {
     pub fast: Arc<MemDevice>,
     pub caps: Vec<Arc<MemDevice>>,
     power: Arc<AtomicBool>,
+    /// See `Switched::writes_left`.
+    pub writes_left: Arc<AtomicI64>,
     cfg: EngineConfig,
     pub dg: Option<Arc<DiskGroup>>,
 }
@@ -105,6 +113,7 @@ impl Rig {
             fast,
             caps,
             power: Arc::new(AtomicBool::new(false)),
+            writes_left: Arc::new(AtomicI64::new(-1)),
             cfg,
             dg: None,
         };
@@ -116,6 +125,7 @@ impl Rig {
         let fast: Arc<dyn Device> = Arc::new(Switched {
             inner: self.fast.clone(),
             off: self.power.clone(),
+            writes_left: self.writes_left.clone(),
         });
         let caps = self
             .caps
@@ -124,6 +134,7 @@ impl Rig {
                 Arc::new(Switched {
                     inner: c.clone(),
                     off: self.power.clone(),
+                    writes_left: self.writes_left.clone(),
                 }) as Arc<dyn Device>
             })
             .collect();
@@ -155,6 +166,7 @@ impl Rig {
             c.crash();
         }
         self.power = Arc::new(AtomicBool::new(false));
+        self.writes_left = Arc::new(AtomicI64::new(-1));
         self.start().expect("reopen after power loss");
     }
 
@@ -256,7 +268,7 @@ pub(crate) fn read_either(
     dg.read(view, offset, &mut buf).map(|()| buf)
 }
 
-fn check_volume(dg: &DiskGroup, vol: u32, model: &[u8], what: &str) {
+pub(crate) fn check_volume(dg: &DiskGroup, vol: u32, model: &[u8], what: &str) {
     let mut buf = vec![0u8; model.len()];
     dg.read(vol, 0, &mut buf)
         .unwrap_or_else(|e| panic!("{what}: read failed: {e}"));

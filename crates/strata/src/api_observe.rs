@@ -205,6 +205,7 @@ pub struct DiskGroupJson {
     pub gc_segments_cleaned_total: u64,
     pub gc_relocated_bytes_total: u64,
     pub hot_kept_bytes_total: u64,
+    pub log_run_writes_total: u64,
     pub checksum_errors_total: u64,
         /// Share of stored-data reads served by the fast tier (the log or the read cache's
     /// copies) since start (None before any).
@@ -248,6 +249,7 @@ fn disk_group_json(e: &EngineStats, scrub: ScrubSummaryJson) -> DiskGroupJson {
         gc_segments_cleaned_total: e.gc_segments_cleaned_total,
         gc_relocated_bytes_total: e.gc_relocated_bytes_total,
         hot_kept_bytes_total: e.hot_kept_bytes_total,
+        log_run_writes_total: e.log_run_writes_total,
         checksum_errors_total: e.checksum_errors_total,
         fast_read_hit_ratio: fast_read_hit_ratio(e),
         scrub,

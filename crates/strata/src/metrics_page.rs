@@ -301,11 +301,12 @@ fn render_engine(e: &mut Exposition, s: &EngineStats) {
     for (name, help, v) in gauges {
         e.single(name, Type::Gauge, help, v);
     }
-    let counters: [(&str, &str, u64); 5] = [
+    let counters: [(&str, &str, u64); 6] = [
         ("strata_destaged_bytes_total", "Bytes moved from the log to the capacity tier.", s.destaged_bytes_total),
         ("strata_gc_segments_cleaned_total", "Capacity segments reclaimed by garbage collection.", s.gc_segments_cleaned_total),
         ("strata_gc_relocated_bytes_total", "Live bytes garbage collection moved.", s.gc_relocated_bytes_total),
         ("strata_hot_kept_bytes_total", "Recently overwritten bytes kept on the fast tier instead of destaged.", s.hot_kept_bytes_total),
+        ("strata_log_run_writes_total", "Lone writes that extended a run of the write log instead of taking a header block of their own.", s.log_run_writes_total),
         ("strata_checksum_errors_total", "Blocks whose checksum failed on read (both tiers).", s.checksum_errors_total),
     ];
     for (name, help, v) in counters {
