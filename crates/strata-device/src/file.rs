@@ -116,6 +116,9 @@ pub struct FileDevice {
     size_bytes: u64,
     preallocated: bool,
     durable_write: DurableWrite,
+    /// The file is in memory (`os::in_memory_fs`): parts of `write_all_durable` are written
+    /// one after the other with blocking writes, not through the ring.
+    in_memory: bool,
     counters: Arc<Counters>,
 }
 
@@ -134,6 +137,7 @@ impl FileDevice {
         let preallocated = preallocated && preallocate(path, &file, size_bytes)?;
         let name = path.display().to_string();
         let engine = start_engine(path, &name, options.backend)?;
+        let in_memory = kind == Kind::Regular && os::in_memory_fs(file.as_raw_fd());
         Ok(FileDevice {
             reads: OnceLock::new(),
             engine,
@@ -143,6 +147,7 @@ impl FileDevice {
             size_bytes,
             preallocated,
             durable_write: options.durable_write,
+            in_memory,
             counters: Arc::new(Counters::new()),
         })
     }
@@ -509,11 +514,13 @@ impl Device for FileDevice {
         })
     }
 
-    /// The parts go to the device in one io_uring submission, then fdatasync on the calling
-    /// thread (in `dsync` mode each part is an O_DSYNC write instead); on the threads backend,
-    /// blocking writes one after the other, then fdatasync. Counted as the writes and a flush.
+    /// Every part but the first goes through the caller's ring in one submission, the first is
+    /// a blocking write made meanwhile, so all are at the device at once; then fdatasync on
+    /// the calling thread. In `dsync` mode all parts are O_DSYNC writes through the ring. On
+    /// the threads backend, and for a file in memory, blocking writes one after the other, then
+    /// fdatasync. Counted as the writes and a flush.
     fn write_all_durable(&self, parts: &[(&[u8], u64)]) -> Result<(), DeviceError> {
-        if parts.len() < 2 || !matches!(self.engine, Engine::Uring) {
+        if parts.len() < 2 || !matches!(self.engine, Engine::Uring) || self.in_memory {
             if let [(buf, offset)] = parts {
                 return self.write_durable_at(buf, *offset);
             }
@@ -524,26 +531,39 @@ impl Device for FileDevice {
             return self.finish(result, 0, Counters::record_flush);
         }
         let dsync = self.durable_write == DurableWrite::Dsync;
+        if dsync {
+            let mut ops = Vec::with_capacity(parts.len());
+            for (buf, offset) in parts {
+                self.validate(buf.as_ptr() as usize, buf.len(), *offset)?;
+                ops.push(Op::WriteDsync { buf: buf.as_ptr(), len: buf.len(), offset: *offset });
+            }
+            // SAFETY: every buffer is borrowed for the whole call, which blocks until all are done.
+            let result = unsafe { execute_together_on_caller_ring(self.fd(), &ops, || Ok(())) };
+            return self.finish(result, parts[0].1, |c| {
+                for (b, _) in parts {
+                    c.record_write(b.len() as u64);
+                }
+                c.record_flush();
+            });
+        }
+        // All parts but the first go through the ring; the first is a blocking write made
+        // meanwhile, which the device's interrupt completes on this thread (see
+        // `write_durable_at` on why that is the cheaper completion).
         let mut ops = Vec::with_capacity(parts.len());
         for (buf, offset) in parts {
             self.validate(buf.as_ptr() as usize, buf.len(), *offset)?;
-            let (buf, len, offset) = (buf.as_ptr(), buf.len(), *offset);
-            ops.push(match dsync {
-                true => Op::WriteDsync { buf, len, offset },
-                false => Op::Write { buf, len, offset },
-            });
+            ops.push(Op::Write { buf: buf.as_ptr(), len: buf.len(), offset: *offset });
         }
+        let (first, first_at) = parts[0];
         // SAFETY: every buffer is borrowed for the whole call, which blocks until all are done.
-        let result = unsafe { execute_together_on_caller_ring(self.fd(), &ops) };
-        self.finish(result, parts[0].1, |c| {
+        let result = unsafe {
+            execute_together_on_caller_ring(self.fd(), &ops[1..], || os::pwrite_full(self.fd(), first, first_at))
+        };
+        self.finish(result, first_at, |c| {
             for (b, _) in parts {
                 c.record_write(b.len() as u64);
             }
         })?;
-        if dsync {
-            self.counters.record_flush();
-            return Ok(());
-        }
         let result = os::fdatasync(self.fd());
         self.finish(result, 0, Counters::record_flush)
     }

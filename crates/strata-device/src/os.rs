@@ -126,6 +126,21 @@ pub(crate) fn blk_size_bytes(fd: RawFd) -> io::Result<u64> {
     Ok(size)
 }
 
+/// Whether the file lives in memory (tmpfs or ramfs). io_uring hands writes to such a file to a
+/// kernel worker (their file system cannot promise not to block), which cost ~60 µs for a
+/// 4 KiB write that a blocking `pwrite` makes in ~3 µs (docs/BENCHMARKS.md).
+pub(crate) fn in_memory_fs(fd: RawFd) -> bool {
+    // SAFETY: a zeroed statfs is a valid value for the kernel to fill.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs writes one statfs through the pointer, which points to `st`.
+    if unsafe { libc::fstatfs(fd, &mut st) } != 0 {
+        return false;
+    }
+    // ramfs's magic, which the libc crate does not name (include/uapi/linux/magic.h).
+    const RAMFS_MAGIC: libc::__fsword_t = 0x8584_58f6;
+    st.f_type == libc::TMPFS_MAGIC || st.f_type == RAMFS_MAGIC
+}
+
 /// True for the errors that mean "this device or file system cannot discard".
 pub(crate) fn is_unsupported(err: &io::Error) -> bool {
     matches!(

@@ -99,13 +99,18 @@ fn run_on_ring(ring: &mut IoUring, fd: RawFd, op: Op) -> io::Result<()> {
 }
 
 /// Runs up to `CALLER_RING_ENTRIES` ops through the calling thread's ring, all submitted in
-/// one system call, and waits for every one of them (the device sees them together, as one
-/// request would be). An op the kernel only partly did, or that met EINTR or EAGAIN, is
-/// finished on its own afterwards. The first error is returned, once every op is done.
+/// one system call, runs `meanwhile` (a blocking I/O of the caller's, so the device has it and
+/// the ops at once), and waits for every op. An op the kernel only partly did, or that met
+/// EINTR or EAGAIN, is finished on its own afterwards. The first error is returned, once every
+/// op is done (the ring's buffers are not released before).
 ///
 /// # Safety
 /// As for [`execute_on_caller_ring`], for every buffer the ops name.
-pub(crate) unsafe fn execute_together_on_caller_ring(fd: RawFd, ops: &[Op]) -> io::Result<()> {
+pub(crate) unsafe fn execute_together_on_caller_ring(
+    fd: RawFd,
+    ops: &[Op],
+    meanwhile: impl FnOnce() -> io::Result<()>,
+) -> io::Result<()> {
     if ops.len() > CALLER_RING_ENTRIES as usize {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many I/Os for one submission"));
     }
@@ -122,6 +127,13 @@ pub(crate) unsafe fn execute_together_on_caller_ring(fd: RawFd, ops: &[Op]) -> i
         }
         let mut results: Vec<Option<i32>> = vec![None; ops.len()];
         let mut pending = ops.len();
+        let submitted = loop {
+            match ring.submit() {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                other => break other,
+            }
+        };
+        let mut first_err = submitted.and_then(|_| meanwhile()).err();
         while pending > 0 {
             match ring.submit_and_wait(1) {
                 Ok(_) => {}
@@ -136,7 +148,6 @@ pub(crate) unsafe fn execute_together_on_caller_ring(fd: RawFd, ops: &[Op]) -> i
                 }
             }
         }
-        let mut first_err = None;
         for (op, result) in ops.iter().zip(results) {
             let mut progress = Progress { op: *op, progress_bytes: 0 };
             let mut retries = 0;

@@ -673,20 +673,20 @@ pub const BATCH_HEADER_BYTES: usize = 64;
 pub const MAX_RECORDS_PER_BATCH: usize = (BLOCK - BATCH_HEADER_BYTES - 4) / RECORD_HEADER_BYTES;
 
 impl RecordHeader {
+    /// Written in place, with no allocation: a batch header encodes up to 62 of them, and a
+    /// run's header copy all of its records again for every write.
     pub fn encode(&self, out: &mut [u8]) {
-        let mut w = Writer::default();
-        w.u32(RECORD_MAGIC)
-            .u16(FORMAT_VERSION as u16)
-            .u16(self.kind as u16)
-            .u64(self.seq);
-        w.u32(self.layer)
-            .u32(0)
-            .u64(self.offset_bytes)
-            .u64(self.len_bytes)
-            .u32(self.data_crc);
-        let mut b = w.pad_to(RECORD_HEADER_BYTES).buf.clone();
-        seal_crc(&mut b, RECORD_HEADER_BYTES - 4);
-        out[..RECORD_HEADER_BYTES].copy_from_slice(&b);
+        let b = &mut out[..RECORD_HEADER_BYTES];
+        b.fill(0);
+        b[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+        b[4..6].copy_from_slice(&(FORMAT_VERSION as u16).to_le_bytes());
+        b[6..8].copy_from_slice(&(self.kind as u16).to_le_bytes());
+        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        b[16..20].copy_from_slice(&self.layer.to_le_bytes());
+        b[24..32].copy_from_slice(&self.offset_bytes.to_le_bytes());
+        b[32..40].copy_from_slice(&self.len_bytes.to_le_bytes());
+        b[40..44].copy_from_slice(&self.data_crc.to_le_bytes());
+        seal_crc(b, RECORD_HEADER_BYTES - 4);
     }
 
     pub fn decode(b: &[u8]) -> Option<RecordHeader> {

@@ -115,6 +115,13 @@ pub struct EngineConfig {
     /// setups (rotational capacity devices) use 0.7 by default; all-flash, none.
     pub read_cache_ratio: f64,
     /// Time as policies see it (ages, promotion windows, I/O limits); tests inject their own.
+    /// Writes made one at a time on an idle log (queue depth one) extend a run of the log:
+    /// each writes its data block and a whole header copy over the run's older copy, so n
+    /// such writes take n + 2 log blocks instead of 2n (FORMAT.md §3.3.1). It halves the log
+    /// such a load takes, and with it the destager's cleaning; each write then makes two
+    /// device writes at once instead of one, which on a fast tier that is a file on ext4 cost
+    /// ~20 µs more at the median (docs/BENCHMARKS.md). Off by default.
+    pub log_runs: bool,
     pub clock: Arc<dyn Clock>,
 }
 
@@ -130,6 +137,7 @@ impl Default for EngineConfig {
             scrub_rate_bytes_per_s: 64 << 20,
             idle_destage_after: Some(Duration::from_secs(1)),
             read_cache_ratio: 0.0,
+            log_runs: false,
             clock: Arc::new(SystemClock::default()),
         }
     }

@@ -623,7 +623,10 @@ impl LogWriter {
         }
         let taken = match self.extend_run(&mut f, req) {
             Ok(t) => Some(t),
-            Err(req) => self.place(&mut f, vec![req]).map(|t| self.start_run(t)),
+            Err(req) if self.sh.cfg.log_runs => {
+                self.place(&mut f, vec![req]).map(|t| self.start_run(t))
+            }
+            Err(req) => self.place(&mut f, vec![req]),
         };
         drop(f);
         // Not placed: `place` has answered it (a failed group, or no room that can come).
@@ -661,7 +664,11 @@ impl LogWriter {
     /// Makes a lone host write the next record of the open run, if there is one that can take
     /// it (`LogState::extend_run`); `Err(req)` otherwise. Called with the log idle.
     fn extend_run(&self, f: &mut Front, req: WriteReq) -> Result<Taken, WriteReq> {
-        if req.kind != RecordKind::Write || req.no_wait || self.sh.check_running().is_err() {
+        if !self.sh.cfg.log_runs
+            || req.kind != RecordKind::Write
+            || req.no_wait
+            || self.sh.check_running().is_err()
+        {
             return Err(req);
         }
         let Some(data) = req.data.as_ref() else {

@@ -1268,6 +1268,8 @@ fn a_lone_write_on_an_idle_log_is_made_on_the_callers_thread() {
         here >= 32,
         "only {here} of 64 lone writes made on the caller's thread"
     );
+    // Runs of the log are off by default: each lone write is a batch of its own.
+    assert_eq!(dg.stats().log_run_writes_total, 0);
     drop(dg);
     rig.power_cut_and_restart();
     check_volume(rig.dg(), v, &model, "after power cut");

@@ -10,6 +10,13 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::tests::{check_volume, seed_for, small_cfg, Rig, MIB};
+
+fn runs_cfg() -> EngineConfig {
+    EngineConfig {
+        log_runs: true,
+        ..small_cfg()
+    }
+}
 use crate::*;
 
 /// A write as a client at queue depth one makes it: on the caller's thread when the log is
@@ -51,7 +58,7 @@ fn settle_unanswered(dg: &DiskGroup, v: u32, model: &mut [u8], w: &(usize, Vec<u
 fn power_cuts_amid_runs_of_lone_writes_lose_only_the_unanswered_write() {
     let seed = seed_for("power_cuts_amid_runs_of_lone_writes_lose_only_the_unanswered_write");
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut rig = Rig::new(16 * MIB, &[24 * MIB], small_cfg(), seed);
+    let mut rig = Rig::new(16 * MIB, &[24 * MIB], runs_cfg(), seed);
     let size = 2 * MIB as usize;
     let v = rig.dg().create_volume("r", size as u64).unwrap().id;
     let mut model = vec![0u8; size];
@@ -129,7 +136,7 @@ fn power_cuts_amid_runs_of_lone_writes_lose_only_the_unanswered_write() {
 fn lone_writes_racing_a_draining_destager_are_never_lost() {
     let seed = seed_for("lone_writes_racing_a_draining_destager_are_never_lost");
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut rig = Rig::new(16 * MIB, &[24 * MIB], small_cfg(), seed);
+    let mut rig = Rig::new(16 * MIB, &[24 * MIB], runs_cfg(), seed);
     let size = MIB as usize;
     let v = rig.dg().create_volume("d", size as u64).unwrap().id;
     let mut model = vec![0u8; size];

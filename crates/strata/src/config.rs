@@ -142,6 +142,7 @@ pub struct FileConfig {
     pub idle_destage_after: Option<String>,
     pub io_backend: Option<String>,
     pub durable_write: Option<String>,
+    pub log_runs: Option<bool>,
     /// Bearer token for mutating admin requests; required when http_listen is not loopback.
     pub http_token: Option<String>,
     /// A file holding the token (first line), instead of `http_token`.
@@ -490,6 +491,7 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
             "idle_destage_after",
             defaults.idle_destage_after,
         )?,
+        log_runs: args.log_runs.or(file.log_runs).unwrap_or(defaults.log_runs),
         ..defaults
     };
     let config = ServeConfig {

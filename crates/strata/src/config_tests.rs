@@ -63,6 +63,20 @@ fn defaults_when_nothing_is_given() {
     assert_eq!(c.default_volume_size_bytes, 8 << 30);
     assert_eq!(c.engine.fill_ratio_low, 0.30);
     assert_eq!(c.durable_write, strata_device::DurableWrite::WriteThenSync);
+    assert!(!c.engine.log_runs, "runs of the log are off by default");
+}
+
+#[test]
+fn log_runs_come_from_the_flag_over_the_file() {
+    let on = || parse_file("log_runs = true").unwrap();
+    assert!(merge(&ServeArgs::default(), on()).unwrap().engine.log_runs);
+    let off = ServeArgs {
+        log_runs: Some(false),
+        ..Default::default()
+    };
+    let merged = merge(&off, on()).unwrap();
+    assert!(!merged.engine.log_runs, "flag wins over file");
+    assert!(parse_file("log_runs = \"yes\"").is_err(), "not a boolean");
 }
 
 #[test]

@@ -233,6 +233,12 @@ pub struct ServeArgs {
     /// writing thread) or dsync (one O_DSYNC write, a FUA write where the device has FUA) [default: write-then-sync].
     #[arg(long, value_name = "MODE")]
     pub durable_write: Option<String>,
+    /// Let writes made one at a time extend a run of the write log (a data block and a
+    /// rewritten header copy, written together): half the log space for queue-depth-one
+    /// writes, two device writes each instead of one (`--log-runs`, `--log-runs=false`)
+    /// [default: false].
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub log_runs: Option<bool>,
     /// File whose first line is the admin API token; required when --http-listen is not loopback.
     #[arg(long, value_name = "FILE")]
     pub http_token_file: Option<PathBuf>,
