@@ -206,7 +206,8 @@ impl LogState {
     /// the run can take it: the run is the last batch, durable, ends at the head, has room
     /// for a record and stays within `max_blocks`, and the blocks after it are free. `make`
     /// describes the record from its seq and data block. Returns the run as it now is and
-    /// what it held before; the run stays closed until the write is retired (`reopen_run`).
+    /// what it held before; the run stays closed until the write is retired (`apply` reopens
+    /// it if it is still the last batch).
     pub fn extend_run(
         &mut self,
         nblocks: u64,

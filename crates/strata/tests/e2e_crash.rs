@@ -137,13 +137,8 @@ fn round_under_load(
     (after, acks.load(Ordering::SeqCst))
 }
 
-/// Reads the whole volume with nbdcopy and checks every region and the gaps between them.
-fn verify(daemon: &Daemon, regions: &mut [Region], round: u64) {
-    let listing = daemon.cli_ok(&["volume", "list"]);
-    assert!(
-        listing.contains(VOLUME),
-        "round {round}: volume {VOLUME:?} is gone after the restart:\n{listing}"
-    );
+/// The whole test volume, read with nbdcopy.
+fn read_volume(daemon: &Daemon) -> Vec<u8> {
     let image = daemon.scratch_dir().join("readback.raw");
     let _ = std::fs::remove_file(&image);
     run_ok(
@@ -153,7 +148,17 @@ fn verify(daemon: &Daemon, regions: &mut [Region], round: u64) {
         ),
         CMD_TIMEOUT,
     );
-    let data = std::fs::read(&image).expect("read back");
+    std::fs::read(&image).expect("read back")
+}
+
+/// Reads the whole volume with nbdcopy and checks every region and the gaps between them.
+fn verify(daemon: &Daemon, regions: &mut [Region], round: u64) {
+    let listing = daemon.cli_ok(&["volume", "list"]);
+    assert!(
+        listing.contains(VOLUME),
+        "round {round}: volume {VOLUME:?} is gone after the restart:\n{listing}"
+    );
+    let data = read_volume(daemon);
     assert_eq!(
         data.len() as u64,
         VOLUME_BYTES,
@@ -291,16 +296,7 @@ fn acknowledged_lone_writes_in_runs_of_the_log_survive_sigkill() {
         }
         acked += done;
         daemon.restart();
-        let image = daemon.scratch_dir().join("lone.raw");
-        let _ = std::fs::remove_file(&image);
-        run_ok(
-            &mut cmd(
-                "nbdcopy",
-                &[&daemon.nbd_uri(VOLUME), image.to_str().expect("utf-8")],
-            ),
-            CMD_TIMEOUT,
-        );
-        let data = std::fs::read(&image).expect("read back");
+        let data = read_volume(&daemon);
         let in_flight = writes.get(done).copied();
         for b in 0..blocks {
             let at = b * 4096..(b + 1) * 4096;
