@@ -530,40 +530,41 @@ impl Device for FileDevice {
             let result = os::fdatasync(self.fd());
             return self.finish(result, 0, Counters::record_flush);
         }
+        // Without dsync, every part but the first goes through the ring and the first is a
+        // blocking write made meanwhile, which the device's interrupt completes on this thread
+        // (see `write_durable_at` on why that is the cheaper completion). With dsync, every
+        // part is an O_DSYNC write through the ring, durable when it completes.
         let dsync = self.durable_write == DurableWrite::Dsync;
-        if dsync {
-            let mut ops = Vec::with_capacity(parts.len());
-            for (buf, offset) in parts {
-                self.validate(buf.as_ptr() as usize, buf.len(), *offset)?;
-                ops.push(Op::WriteDsync { buf: buf.as_ptr(), len: buf.len(), offset: *offset });
-            }
-            // SAFETY: every buffer is borrowed for the whole call, which blocks until all are done.
-            let result = unsafe { execute_together_on_caller_ring(self.fd(), &ops, || Ok(())) };
-            return self.finish(result, parts[0].1, |c| {
-                for (b, _) in parts {
-                    c.record_write(b.len() as u64);
-                }
-                c.record_flush();
-            });
-        }
-        // All parts but the first go through the ring; the first is a blocking write made
-        // meanwhile, which the device's interrupt completes on this thread (see
-        // `write_durable_at` on why that is the cheaper completion).
         let mut ops = Vec::with_capacity(parts.len());
         for (buf, offset) in parts {
             self.validate(buf.as_ptr() as usize, buf.len(), *offset)?;
-            ops.push(Op::Write { buf: buf.as_ptr(), len: buf.len(), offset: *offset });
+            let (buf, len, offset) = (buf.as_ptr(), buf.len(), *offset);
+            ops.push(match dsync {
+                true => Op::WriteDsync { buf, len, offset },
+                false => Op::Write { buf, len, offset },
+            });
         }
         let (first, first_at) = parts[0];
         // SAFETY: every buffer is borrowed for the whole call, which blocks until all are done.
         let result = unsafe {
-            execute_together_on_caller_ring(self.fd(), &ops[1..], || os::pwrite_full(self.fd(), first, first_at))
+            match dsync {
+                true => execute_together_on_caller_ring(self.fd(), &ops, || Ok(())),
+                false => execute_together_on_caller_ring(self.fd(), &ops[1..], || {
+                    os::pwrite_full(self.fd(), first, first_at)
+                }),
+            }
         };
         self.finish(result, first_at, |c| {
             for (b, _) in parts {
                 c.record_write(b.len() as u64);
             }
+            if dsync {
+                c.record_flush();
+            }
         })?;
+        if dsync {
+            return Ok(());
+        }
         let result = os::fdatasync(self.fd());
         self.finish(result, 0, Counters::record_flush)
     }

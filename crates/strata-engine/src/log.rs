@@ -173,13 +173,7 @@ impl LogState {
 
     pub fn pop(&mut self) -> Option<BatchMeta> {
         let b = self.batches.pop_front()?;
-        if self
-            .open_run
-            .as_ref()
-            .is_some_and(|r| r.first_seq == b.first_seq)
-        {
-            self.open_run = None;
-        }
+        self.close_run_if_taken(b.first_seq);
         self.used_blocks -= b.blocks + b.skip;
         self.skipped_blocks -= b.skip;
         self.cache_blocks -= b.cache_blocks();
@@ -1020,7 +1014,7 @@ impl LogWriter {
     /// Waits for this batch's turn, then applies and answers it. After a failed write the
     /// group goes offline, and this batch and every later one are answered with the failure
     /// (nothing after a failed batch may be acknowledged).
-    fn retire(&self, t: Taken, crcs: &[u32], result: Result<(), EngineError>) {
+    fn retire(&self, mut t: Taken, crcs: &[u32], result: Result<(), EngineError>) {
         let mut turn = self.turn.lock();
         while *turn != t.ticket {
             self.turn_moved.wait(&mut turn);
@@ -1034,7 +1028,7 @@ impl LogWriter {
                 self.sh.check_running()
             }
             Ok(()) => {
-                self.apply(&t.meta, crcs, t.run.as_ref());
+                self.apply(&t.meta, crcs, t.run.take());
                 Ok(())
             }
         };
@@ -1203,7 +1197,7 @@ impl LogWriter {
     /// is live by where the index points).
     /// A run's write marks the run durable again, and reopens it if nothing was appended
     /// after it meanwhile.
-    fn apply(&self, meta: &BatchMeta, crcs: &[u32], run: Option<&RunWrite>) {
+    fn apply(&self, meta: &BatchMeta, crcs: &[u32], run: Option<RunWrite>) {
         let mut crcs = crcs.iter();
         for r in meta.records.iter() {
             if !matches!(r.kind, RecordKind::Write | RecordKind::Cache) {
@@ -1233,7 +1227,7 @@ impl LogWriter {
                 );
             }
         }
-        let key = run.map_or(meta.first_seq, |r| r.first_seq);
+        let key = run.as_ref().map_or(meta.first_seq, |r| r.first_seq);
         let mut log = self.sh.log.lock();
         if let Some(m) = log.batches.iter_mut().rev().find(|m| m.first_seq == key) {
             m.durable = true;
@@ -1242,7 +1236,7 @@ impl LogWriter {
             if log.batches.back().is_some_and(|m| m.first_seq == key) {
                 log.open_run = Some(OpenRun {
                     first_seq: key,
-                    headers: run.headers.clone(),
+                    headers: run.headers,
                 });
             }
         }
