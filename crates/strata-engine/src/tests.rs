@@ -1235,44 +1235,55 @@ fn device_wear_counts_every_device_write_and_survives_restart() {
 }
 
 /// A lone write reaching an idle log is made on the caller's thread (answered there, before
-/// `write_async_alone` returns), reads back at once, and survives a power cut like any other.
+/// `write_async_alone` returns), reads back at once, and survives a power cut like any other:
+/// without runs of the log (the default), where each is a batch of its own, and with them,
+/// where lone writes after a run's first extend it.
 #[test]
 fn a_lone_write_on_an_idle_log_is_made_on_the_callers_thread() {
-    let mut rig = Rig::new(32 * MIB, &[24 * MIB], small_cfg(), 13);
-    let dg = rig.dg.clone().expect("running");
-    let v = dg.create_volume("a", 4 * MIB).unwrap().id;
-    let mut model = vec![0u8; 4 * MIB as usize];
-    let (tx, rx) = crossbeam_channel::unbounded();
-    let mut here = 0;
-    for i in 0..64u64 {
-        let offset = i * 3 * 4096;
-        let data = vec![i as u8 + 1; 4096];
-        let tx = tx.clone();
-        let done: WriteDone = Box::new(move |r| {
-            tx.send((r.is_ok(), std::thread::current().id()))
-                .expect("test alive")
-        });
-        if let Err(done) = dg.write_async_alone(v, offset, &data, done) {
-            done(dg.write(v, offset, &data));
+    for log_runs in [false, true] {
+        let cfg = EngineConfig {
+            log_runs,
+            ..small_cfg()
+        };
+        let mut rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 13);
+        let dg = rig.dg.clone().expect("running");
+        let v = dg.create_volume("a", 4 * MIB).unwrap().id;
+        let mut model = vec![0u8; 4 * MIB as usize];
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let mut here = 0;
+        for i in 0..64u64 {
+            let offset = i * 3 * 4096;
+            let data = vec![i as u8 + 1; 4096];
+            let tx = tx.clone();
+            let done: WriteDone = Box::new(move |r| {
+                tx.send((r.is_ok(), std::thread::current().id()))
+                    .expect("test alive")
+            });
+            if let Err(done) = dg.write_async_alone(v, offset, &data, done) {
+                done(dg.write(v, offset, &data));
+            }
+            let (ok, thread) = rx.recv_timeout(Duration::from_secs(10)).expect("answered");
+            assert!(ok, "write {i} failed");
+            here += usize::from(thread == std::thread::current().id());
+            model[offset as usize..][..4096].copy_from_slice(&data);
+            let mut back = vec![0u8; 4096];
+            dg.read(v, offset, &mut back).unwrap();
+            assert_eq!(back, data, "write {i} reads back once answered");
         }
-        let (ok, thread) = rx.recv_timeout(Duration::from_secs(10)).expect("answered");
-        assert!(ok, "write {i} failed");
-        here += usize::from(thread == std::thread::current().id());
-        model[offset as usize..][..4096].copy_from_slice(&data);
-        let mut back = vec![0u8; 4096];
-        dg.read(v, offset, &mut back).unwrap();
-        assert_eq!(back, data, "write {i} reads back once answered");
+        // Each write finds the log idle unless a committer woke on its own at that moment.
+        assert!(
+            here >= 32,
+            "only {here} of 64 lone writes made on the caller's thread (runs: {log_runs})"
+        );
+        let joined = dg.stats().log_run_writes_total;
+        match log_runs {
+            true => assert!(joined > 0, "no lone write joined a run"),
+            false => assert_eq!(joined, 0, "runs are off"),
+        }
+        drop(dg);
+        rig.power_cut_and_restart();
+        check_volume(rig.dg(), v, &model, "after power cut");
     }
-    // Each write finds the log idle unless a committer woke on its own at that moment.
-    assert!(
-        here >= 32,
-        "only {here} of 64 lone writes made on the caller's thread"
-    );
-    // Runs of the log are off by default: each lone write is a batch of its own.
-    assert_eq!(dg.stats().log_run_writes_total, 0);
-    drop(dg);
-    rig.power_cut_and_restart();
-    check_volume(rig.dg(), v, &model, "after power cut");
 }
 
 /// The destager works ahead of need at background CPU priority (when it may come back) and
