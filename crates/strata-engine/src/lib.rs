@@ -114,7 +114,6 @@ pub struct EngineConfig {
     /// Share of the write log's area the read cache may hold (0: no read cache). Hybrid
     /// setups (rotational capacity devices) use 0.7 by default; all-flash, none.
     pub read_cache_ratio: f64,
-    /// Time as policies see it (ages, promotion windows, I/O limits); tests inject their own.
     /// Writes made one at a time on an idle log (queue depth one) extend a run of the log:
     /// each writes its data block and a whole header copy over the run's older copy, so n
     /// such writes take n + 2 log blocks instead of 2n (FORMAT.md §3.3.1). It halves the log
@@ -122,6 +121,7 @@ pub struct EngineConfig {
     /// device writes at once instead of one, which on a fast tier that is a file on ext4 cost
     /// ~20 µs more at the median (docs/BENCHMARKS.md). Off by default.
     pub log_runs: bool,
+    /// Time as policies see it (ages, promotion windows, I/O limits); tests inject their own.
     pub clock: Arc<dyn Clock>,
 }
 

@@ -618,10 +618,7 @@ impl LogWriter {
         }
         let taken = match self.extend_run(&mut f, req) {
             Ok(t) => Some(t),
-            Err(req) if self.sh.cfg.log_runs => {
-                self.place(&mut f, vec![req]).map(|t| self.start_run(t))
-            }
-            Err(req) => self.place(&mut f, vec![req]),
+            Err(req) => self.place(&mut f, vec![req]).map(|t| self.start_run(t)),
         };
         drop(f);
         // Not placed: `place` has answered it (a failed group, or no room that can come).
@@ -637,9 +634,13 @@ impl LogWriter {
         Ok(())
     }
 
-    /// A lone write of one block placed as a batch of its own starts a run: its header is
-    /// the run's first copy, and the next lone write may extend it.
+    /// With runs on (`EngineConfig::log_runs`), a lone write of one block placed as a batch of
+    /// its own starts a run: its header is the run's first copy, and the next lone write may
+    /// extend it.
     fn start_run(&self, mut t: Taken) -> Taken {
+        if !self.sh.cfg.log_runs {
+            return t;
+        }
         let [r] = &t.reqs[..] else { return t };
         let Some(data) = r.data.as_ref().filter(|_| r.kind == RecordKind::Write) else {
             return t;

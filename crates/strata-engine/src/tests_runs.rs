@@ -10,6 +10,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::tests::{check_volume, seed_for, small_cfg, Rig, MIB};
+use crate::*;
 
 fn runs_cfg() -> EngineConfig {
     EngineConfig {
@@ -17,7 +18,6 @@ fn runs_cfg() -> EngineConfig {
         ..small_cfg()
     }
 }
-use crate::*;
 
 /// A write as a client at queue depth one makes it: on the caller's thread when the log is
 /// idle, else through the log writer.
