@@ -269,6 +269,7 @@ fn new_shared(
         clean_log_end_seq: 0,
         index_root: cp.index_root,
         index_generation: cp.index_generation,
+        log_tail: (0, 0),
     };
     Shared {
         cfg,
@@ -301,6 +302,8 @@ fn new_shared(
         destager_stop: AtomicBool::new(false),
         #[cfg(test)]
         destager_held: AtomicBool::new(false),
+        #[cfg(test)]
+        after_tail_checkpoint: Mutex::new(None),
         heat: Mutex::new(crate::heat::Heat::new(layout_log_blocks)),
         cache: Mutex::new(crate::cache::ReadCache::new(seg_gen, layout_log_blocks)),
         fast_read: crate::cache::ReadMarks::new(layout_log_blocks),

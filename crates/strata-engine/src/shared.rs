@@ -201,6 +201,9 @@ pub struct Durable {
     pub clean_log_end_seq: u64,
     pub index_root: Option<PagePtr>,
     pub index_generation: u64,
+    /// The log tail (block, seq) of the last checkpoint this opening wrote; (0, 0) before the
+    /// first.
+    pub log_tail: (u64, u64),
 }
 
 /// The index part of a checkpoint.
@@ -260,6 +263,11 @@ pub struct Shared {
     /// without racing it).
     #[cfg(test)]
     pub destager_held: AtomicBool,
+    /// Tests only: called by the destager with the tail it has just made durable, before it
+    /// frees the log space behind it.
+    #[cfg(test)]
+    #[allow(clippy::type_complexity)]
+    pub after_tail_checkpoint: Mutex<Option<Box<dyn Fn((u64, u64)) + Send + Sync>>>,
     /// Set by `destage_all`: destage regardless of fill.
     pub drain: AtomicBool,
     /// Blocks being rewritten (see heat.rs): the evidence that data is hot. Bounded by the
@@ -405,6 +413,18 @@ impl Shared {
         parts: &IndexParts,
         t: &Tables,
     ) -> Result<(), EngineError> {
+        // A tail once made durable was destaged: the space behind it may hold newer batches
+        // already, so no checkpoint may name an older one (replay would start there).
+        let tail = if tail.1 < d.log_tail.1 {
+            tracing::error!(
+                given = tail.1,
+                durable = d.log_tail.1,
+                "a checkpoint named a log tail older than the durable one; kept the durable one"
+            );
+            d.log_tail
+        } else {
+            tail
+        };
         let next_segment_seq = self.segs.lock().next_seq;
         let cp = Checkpoint {
             group: self.layout.group,
@@ -427,6 +447,7 @@ impl Shared {
         };
         write_checkpoint(self.fast.as_ref(), &self.layout, &cp)?;
         d.generation += 1;
+        d.log_tail = tail;
         Ok(())
     }
 
