@@ -132,6 +132,9 @@ impl FileDevice {
         let metadata = metadata_or_create(path, options.create_size_bytes, options.preallocate)?;
         let kind = kind_of(path, &metadata)?;
         let file = open_direct(path, OpenMode::ReadWrite, kind)?;
+        if kind == Kind::Regular {
+            lock_file(path, &file)?;
+        }
         let size_bytes = usable_size(path, &file, kind, &metadata)?;
         let preallocated = options.preallocate && kind == Kind::Regular;
         let preallocated = preallocated && preallocate(path, &file, size_bytes)?;
@@ -380,6 +383,22 @@ fn open_direct(path: &Path, mode: OpenMode, kind: Kind) -> Result<File, DeviceEr
             "the file system does not support O_DIRECT, which Strata requires",
         ),
         _ => open_error(path, format_args!("cannot open with O_DIRECT: {err}")),
+    })
+}
+
+/// Locks a regular file for this device alone, the way O_EXCL does for a block device: a
+/// second daemon on the same files, or one file given twice (under two names), is refused
+/// instead of two writers corrupting each other.
+fn lock_file(path: &Path, file: &File) -> Result<(), DeviceError> {
+    os::lock_exclusive(file.as_raw_fd()).map_err(|err| {
+        if err.kind() == io::ErrorKind::WouldBlock {
+            open_error(
+                path,
+                "is in use: another Strata device (in this or another process) has it open",
+            )
+        } else {
+            open_error(path, format_args!("cannot lock: {err}"))
+        }
     })
 }
 

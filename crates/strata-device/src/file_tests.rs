@@ -564,3 +564,20 @@ fn block_device_size_io_discard_and_exclusive_open() {
         assert!(text.contains("in use"), "{text}");
     }
 }
+
+#[test]
+fn an_open_file_device_is_refused_to_a_second_opener_until_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dev");
+    let first = open_path(&path, Some(4 * MIB)).unwrap();
+    let text = open_error_text(FileDevice::open(&path, &OpenOptions::default()));
+    assert!(text.contains("is in use"), "{text}");
+    // The same file under another name is the same file.
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&path, &link).unwrap();
+    let text = open_error_text(FileDevice::open(&link, &OpenOptions::default()));
+    assert!(text.contains("is in use"), "{text}");
+    drop(first);
+    let again = open_path(&link, None).unwrap();
+    assert_eq!(again.size_bytes(), 4 * MIB);
+}

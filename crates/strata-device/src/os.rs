@@ -93,6 +93,23 @@ pub(crate) fn fdatasync(fd: RawFd) -> io::Result<()> {
     retrying(|| unsafe { libc::fdatasync(fd) as isize }).map(drop)
 }
 
+/// Takes an exclusive advisory lock on the whole file without waiting. Err(WouldBlock) when
+/// another open file description holds it: another process, or this one opening the same
+/// file again under another name. Released when the descriptor closes (also on SIGKILL).
+pub(crate) fn lock_exclusive(fd: RawFd) -> io::Result<()> {
+    loop {
+        // SAFETY: plain system call on a descriptor we own.
+        if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
+        // Not `retrying`: EWOULDBLOCK is EAGAIN, which is an answer here, not a hiccup.
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
 /// Frees the blocks of a byte range in a regular file, keeping its size.
 pub(crate) fn punch_hole(fd: RawFd, offset: u64, len: u64) -> io::Result<()> {
     let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;

@@ -473,6 +473,12 @@ impl DiskGroup {
         })
     }
 
+    /// Whether no volume, snapshot or clone was ever created in this group (ids are never
+    /// reused, so deleting them all does not make the table new again).
+    pub fn volume_table_is_new(&self) -> bool {
+        self.sh.index.read().next_id == 1
+    }
+
     pub fn volumes(&self) -> Vec<VolumeInfo> {
         let idx = self.sh.index.read();
         idx.volumes

@@ -3,7 +3,7 @@
 //! they are. With `--fast-emulate` / `--capacity-emulate` (benchmarking aids) a device is
 //! wrapped in the device layer's `Throttled` model and its name says "emulated", so every
 //! report built from device names (API, dashboard, `strata bench`) states it.
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
@@ -18,25 +18,68 @@ pub struct OpenedDevices {
     pub capacity: Vec<Arc<dyn Device>>,
     /// "io_uring" or "threads", as the device layer reports it.
     pub io_backend: String,
+    /// What this start created, for [`Created::remove`] if the start fails later.
+    pub created: Created,
+}
+
+/// Device files and directories a start created. A start that fails removes them again, so
+/// it leaves nothing behind: a size refused by the engine can be corrected on the next try
+/// (an existing file is never resized).
+#[derive(Debug, Default)]
+pub struct Created {
+    dirs: Vec<PathBuf>,
+    files: Vec<PathBuf>,
+}
+
+impl Created {
+    /// Removes the files, then the directories if they are empty, newest first. Call it only
+    /// once the devices are closed.
+    pub fn remove(&self) {
+        for file in self.files.iter().rev() {
+            match std::fs::remove_file(file) {
+                Ok(()) => {
+                    tracing::info!(path = %file.display(), "removed the device file this failed start created")
+                }
+                Err(e) => {
+                    tracing::warn!(path = %file.display(), error = %e, "cannot remove a device file this failed start created")
+                }
+            }
+        }
+        for dir in self.dirs.iter().rev() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
 }
 
 pub fn open_devices(cfg: &ServeConfig) -> Result<OpenedDevices> {
-    let fast = open_one(&cfg.fast_device, cfg.fast_size_bytes, true, cfg)?;
+    let mut created = Created::default();
+    let opened = open_all(cfg, &mut created);
+    // On an error the devices opened so far are closed by now.
+    opened
+        .map(|(fast, capacity, io_backend)| OpenedDevices {
+            fast,
+            capacity,
+            io_backend,
+            created: std::mem::take(&mut created),
+        })
+        .inspect_err(|_| created.remove())
+}
+
+type Opened = (Arc<dyn Device>, Vec<Arc<dyn Device>>, String);
+
+fn open_all(cfg: &ServeConfig, created: &mut Created) -> Result<Opened> {
+    let fast = open_one(&cfg.fast_device, cfg.fast_size_bytes, true, cfg, created)?;
     let io_backend = fast.io_backend_name().to_string();
     let fast = emulate(fast, cfg.emulation.fast.as_ref());
     let capacity = cfg
         .capacity_devices
         .iter()
         .map(|path| {
-            let device = open_one(path, cfg.capacity_size_bytes, false, cfg)?;
+            let device = open_one(path, cfg.capacity_size_bytes, false, cfg, created)?;
             Ok(emulate(device, cfg.emulation.capacity.as_ref()))
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(OpenedDevices {
-        fast,
-        capacity,
-        io_backend,
-    })
+    Ok((fast, capacity, io_backend))
 }
 
 /// Wraps a device in its emulated model, if one was asked for.
@@ -51,10 +94,16 @@ fn open_one(
     create_size_bytes: u64,
     preallocate: bool,
     cfg: &ServeConfig,
+    created: &mut Created,
 ) -> Result<Arc<dyn Device>> {
     let fresh = !path.exists();
     if fresh {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            let missing: Vec<PathBuf> = parent
+                .ancestors()
+                .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
+                .map(Path::to_path_buf)
+                .collect();
             std::fs::create_dir_all(parent).map_err(|e| {
                 anyhow!(
                     "cannot create directory {}: {}",
@@ -62,10 +111,14 @@ fn open_one(
                     crate::io_reason(&e)
                 )
             })?;
+            created.dirs.extend(missing.into_iter().rev());
         }
         tracing::info!(path = %path.display(), size_bytes = create_size_bytes, preallocate, "creating device file");
     }
     let device = open_with(path, create_size_bytes, preallocate, cfg.io_backend, cfg.durable_write)?;
+    if fresh {
+        created.files.push(path.to_path_buf());
+    }
     tracing::info!(path = %path.display(), size_bytes = device.size_bytes(), backend = device.io_backend_name(), "opened device");
     Ok(device)
 }

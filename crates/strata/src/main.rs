@@ -204,13 +204,13 @@ pub struct ServeArgs {
     /// Log fill above which destaging runs at full speed [default: 70%].
     #[arg(long, value_name = "RATIO", value_parser = config::parse_ratio_arg)]
     pub fill_high: Option<f64>,
-    /// Largest group-commit batch written to the fast tier [default: the engine's, 4M].
+    /// Largest group-commit batch written to the fast tier [default: the engine's, 2M].
     #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
     pub max_batch_size: Option<u64>,
     /// Most NBD connections served at once [default: 64].
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
-    /// Size of the volume `vol0` created on first start when there is no volume; 0 creates none [default: 8G].
+    /// Size of the volume `vol0` created when the disk group has never had a volume; 0 creates none [default: 8G].
     #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
     pub default_volume_size: Option<u64>,
     /// Memory for index pages of data on the capacity tier (the capacity index's RAM bound) [default: 64M].
@@ -319,12 +319,26 @@ fn clap_failure(e: clap::Error) -> ExitCode {
         | ErrorKind::DisplayVersion
         | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
         _ => {
-            let text = e.to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments");
-            let first = first.strip_prefix("error: ").unwrap_or(first);
-            eprintln!("strata: {first} (see --help)");
+            eprintln!("strata: {} (see --help)", usage_error_line(&e.to_string()));
             ExitCode::from(2)
         }
+    }
+}
+
+/// clap's usage error as one line: the error and its details (which argument is missing, a
+/// similar one that exists), without the usage summary that follows them.
+fn usage_error_line(text: &str) -> String {
+    let text = text.trim_start().strip_prefix("error: ").unwrap_or(text);
+    let parts: Vec<String> = text
+        .split("\n\n")
+        .map(one_line)
+        .take_while(|p| !p.starts_with("Usage:") && !p.starts_with("For more information"))
+        .filter(|p| !p.is_empty())
+        .collect();
+    if parts.is_empty() {
+        "invalid arguments".to_string()
+    } else {
+        parts.join("; ")
     }
 }
 

@@ -85,9 +85,15 @@ async fn open_group(cfg: &ServeConfig) -> Result<(Arc<DiskGroup>, String, ReadCa
             read_cache_ratio: read_cache.ratio,
             ..cfg.engine.clone()
         };
-        let group = DiskGroup::open(devs.fast, devs.capacity, engine, true)
-            .map_err(|e| anyhow!("cannot open the disk group on {fast_name}: {e}"))?;
-        if cfg.default_volume_size_bytes > 0 && group.volumes().is_empty() {
+        let created = devs.created;
+        let group = DiskGroup::open(devs.fast, devs.capacity, engine, true).map_err(|e| {
+            // The devices are closed again by now.
+            created.remove();
+            anyhow!("cannot open the disk group on {fast_name}: {e}")
+        })?;
+        // Only into a group that never had a volume: one whose volumes were all deleted
+        // stays empty, so a client of `vol0` does not find a new blank disk under that name.
+        if cfg.default_volume_size_bytes > 0 && group.volume_table_is_new() {
             let info = group
                 .create_volume(config::DEFAULT_VOLUME_NAME, cfg.default_volume_size_bytes)
                 .map_err(|e| anyhow!("cannot create the default volume: {e}"))?;

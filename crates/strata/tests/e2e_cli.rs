@@ -135,6 +135,10 @@ fn cli_failures_give_one_line_reasons() {
     for (what, args) in cases {
         assert_one_line_reason(what, &daemon.cli(args));
     }
+    // The one line names what is missing.
+    let missing = daemon.cli(&["volume", "create", "x"]);
+    let reason = String::from_utf8_lossy(&missing.stderr);
+    assert!(reason.contains("--size"), "{reason}");
     let list = volumes(&daemon);
     assert_eq!(
         list.len(),
@@ -310,4 +314,92 @@ fn serve_with_bad_flags_fails_with_one_line() {
         let out = run_timeout(&mut c, Duration::from_secs(20));
         assert_one_line_reason(what, &out);
     }
+}
+
+/// A failed `serve` after logging started: a non-zero exit, and the reason as the last line.
+fn assert_serve_fails_with(what: &str, out: &std::process::Output, reason: &str) {
+    assert!(
+        !out.status.success(),
+        "{what}: expected failure, got {}",
+        out.status
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
+    assert!(
+        last.starts_with("strata: ") && last.contains(reason),
+        "{what}: the last line must be `strata: ...{reason}...`, got:\n{stderr}"
+    );
+}
+
+#[test]
+fn a_failed_start_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let listen = [
+        "--nbd-listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
+    ];
+    let cases: [(&str, &[&str], &str); 3] = [
+        ("fast tier too small", &["--fast-size", "2M"], "at least"),
+        (
+            "capacity tier too small",
+            &["--fast-size", "64M", "--capacity-size", "4M"],
+            "fewer than 2 segments",
+        ),
+        (
+            "one file given twice",
+            &[
+                "--fast-size",
+                "64M",
+                "--capacity-device",
+                "data/c.img",
+                "--capacity-device",
+                "./data/c.img",
+            ],
+            "in use",
+        ),
+    ];
+    for (what, args, reason) in cases {
+        let args = [&["serve", "--data-dir", "data"][..], args, &listen].concat();
+        let mut c = cmd(STRATA_BIN, &args);
+        c.current_dir(dir.path());
+        let out = run_timeout(&mut c, Duration::from_secs(60));
+        assert_serve_fails_with(what, &out, reason);
+        assert!(
+            !dir.path().join("data").exists(),
+            "{what}: the failed start left its data directory behind"
+        );
+    }
+}
+
+#[test]
+fn a_second_daemon_on_the_same_data_directory_is_refused() {
+    if !require_tool("qemu-io") {
+        return;
+    }
+    let mut daemon = Daemon::start_default();
+    let data = daemon.data_dir();
+    let args = [
+        "serve",
+        "--data-dir",
+        data.to_str().expect("utf-8"),
+        "--nbd-listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
+    ];
+    let out = run_timeout(&mut cmd(STRATA_BIN, &args), Duration::from_secs(60));
+    assert_serve_fails_with("second daemon", &out, "is in use");
+    daemon.assert_alive();
+    assert_fresh_client_works(&daemon);
+}
+
+#[test]
+fn a_deleted_default_volume_is_not_created_again() {
+    let mut daemon = Daemon::start_default();
+    daemon.cli_ok(&["volume", "delete", VOL0]);
+    daemon.restart();
+    let list = volumes(&daemon);
+    assert!(list.is_empty(), "vol0 came back after a restart: {list:?}");
 }
