@@ -39,6 +39,10 @@ pub struct ServeConfig {
     pub fast_size_bytes: u64,
     pub capacity_devices: Vec<PathBuf>,
     pub capacity_size_bytes: u64,
+    /// Whether the sizes were asked for (flag or file) rather than defaults: an existing file
+    /// of another size is then worth a warning, as it is never resized.
+    pub fast_size_given: bool,
+    pub capacity_size_given: bool,
     pub nbd_listen: SocketAddr,
     pub http_listen: SocketAddr,
     pub engine: EngineConfig,
@@ -500,6 +504,8 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
         fast_size_bytes,
         capacity_devices,
         capacity_size_bytes,
+        fast_size_given: args.fast_size.is_some() || file.fast_size.is_some(),
+        capacity_size_given: args.capacity_size.is_some() || file.capacity_size.is_some(),
         nbd_listen: parse_listen(&nbd_text, "NBD")?,
         http_listen: parse_listen(&http_text, "HTTP")?,
         engine,

@@ -69,6 +69,7 @@ type Opened = (Arc<dyn Device>, Vec<Arc<dyn Device>>, String);
 
 fn open_all(cfg: &ServeConfig, created: &mut Created) -> Result<Opened> {
     let fast = open_one(&cfg.fast_device, cfg.fast_size_bytes, true, cfg, created)?;
+    warn_unused_size(&fast, cfg.fast_size_bytes, cfg.fast_size_given, "fast-size");
     let io_backend = fast.io_backend_name().to_string();
     let fast = emulate(fast, cfg.emulation.fast.as_ref());
     let capacity = cfg
@@ -76,10 +77,25 @@ fn open_all(cfg: &ServeConfig, created: &mut Created) -> Result<Opened> {
         .iter()
         .map(|path| {
             let device = open_one(path, cfg.capacity_size_bytes, false, cfg, created)?;
+            let size = cfg.capacity_size_bytes;
+            warn_unused_size(&device, size, cfg.capacity_size_given, "capacity-size");
             Ok(emulate(device, cfg.emulation.capacity.as_ref()))
         })
         .collect::<Result<Vec<_>>>()?;
     Ok((fast, capacity, io_backend))
+}
+
+/// A size asked for applies only to a file this start creates: says so when an existing
+/// device has another size (block devices included: their size is their own).
+fn warn_unused_size(device: &Arc<dyn Device>, asked: u64, given: bool, key: &str) {
+    if given && device.size_bytes() != asked {
+        tracing::warn!(
+            device = device.name(),
+            size_bytes = device.size_bytes(),
+            asked_bytes = asked,
+            "{key} is not applied: the device exists with another size, and Strata never resizes one"
+        );
+    }
 }
 
 /// Wraps a device in its emulated model, if one was asked for.
