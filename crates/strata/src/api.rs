@@ -319,12 +319,12 @@ pub fn validate_name_of(kind: &str, name: &str) -> Result<(), ApiError> {
 pub fn validate_size(size_bytes: u64) -> Result<(), ApiError> {
     if size_bytes == 0 || !size_bytes.is_multiple_of(VOLUME_SIZE_ALIGN_BYTES) {
         return Err(ApiError::bad_request(format!(
-            "size_bytes ({size_bytes}) must be a positive multiple of 4096"
+            "size ({size_bytes} bytes) must be a positive multiple of 4 KiB (4096 bytes)"
         )));
     }
     if size_bytes > MAX_VOLUME_SIZE_BYTES {
         return Err(ApiError::bad_request(format!(
-            "size_bytes ({size_bytes}) is larger than the limit of 1 PiB"
+            "size ({size_bytes} bytes) is larger than the limit of 1 PiB"
         )));
     }
     Ok(())

@@ -199,19 +199,20 @@ impl RatioValue {
     }
 }
 
-/// Parses "4096", "512K", "64M", "1G", "1GiB", "16T" (binary units; "KB" means KiB too).
+/// Parses "4096", "512K", "64M", "1G", "1.5G", "1GiB", "16T": binary units, as qemu-img reads
+/// them ("GB" means GiB too). A fraction is taken when it makes a whole number of bytes.
 pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
     let s = text.trim();
-    let digits_end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    if digits_end == 0 {
+    let number_end = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (whole, fraction) = s[..number_end].split_once('.').unwrap_or((&s[..number_end], ""));
+    if whole.is_empty() || fraction.contains('.') || (s[..number_end].ends_with('.')) {
         return Err(format!(
             "invalid size {text:?}: expected a number with an optional unit such as 512K, 64M, 1G"
         ));
     }
-    let number: u64 = s[..digits_end]
-        .parse()
-        .map_err(|_| format!("invalid size {text:?}: number too large"))?;
-    let unit = s[digits_end..].trim();
+    let unit = s[number_end..].trim();
     let shift = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 0,
         "k" | "kb" | "kib" => 10,
@@ -225,9 +226,24 @@ pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
             ))
         }
     };
-    number
-        .checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("invalid size {text:?}: too large"))
+    let too_large = || format!("invalid size {text:?}: too large");
+    let whole: u128 = whole.parse().map_err(|_| too_large())?;
+    let mut bytes = whole << shift;
+    if !fraction.is_empty() {
+        if fraction.len() > 18 {
+            return Err(format!("invalid size {text:?}: too many decimals"));
+        }
+        let digits: u128 = fraction.parse().map_err(|_| too_large())?;
+        let scaled = digits << shift;
+        let ten_pow = 10u128.pow(fraction.len() as u32);
+        if scaled % ten_pow != 0 {
+            return Err(format!(
+                "invalid size {text:?}: not a whole number of bytes (use a smaller unit)"
+            ));
+        }
+        bytes += scaled / ten_pow;
+    }
+    u64::try_from(bytes).map_err(|_| too_large())
 }
 
 /// "8 GiB", "1.5 GiB", "512 B".

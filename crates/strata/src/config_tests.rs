@@ -12,6 +12,9 @@ fn sizes_parse_with_binary_units() {
     assert_eq!(parse_size("16T"), Ok(16 << 40));
     assert_eq!(parse_size(" 8 G "), Ok(8 << 30));
     assert_eq!(parse_size("0"), Ok(0));
+    assert_eq!(parse_size("1.5G"), Ok(3 << 29));
+    assert_eq!(parse_size("0.25M"), Ok(256 << 10));
+    assert_eq!(parse_size(&format_size(3 << 29)), Ok(3 << 29));
 }
 
 #[test]
@@ -26,7 +29,7 @@ fn sizes_format_for_people() {
 
 #[test]
 fn garbage_sizes_are_rejected_with_a_reason() {
-    for bad in ["", "G", "abc", "-1", "1.5G", "12Q", "1 G B"] {
+    for bad in ["", "G", "abc", "-1", "1.1", "1.1G", ".5G", "1.G", "1.2.3M", "12Q", "1 G B"] {
         let e = parse_size(bad).unwrap_err();
         assert!(e.starts_with("invalid size"), "{bad}: {e}");
         assert!(!e.contains('\n'));
@@ -35,6 +38,7 @@ fn garbage_sizes_are_rejected_with_a_reason() {
         .unwrap_err()
         .contains("too large"));
     assert!(parse_size("100000P").unwrap_err().contains("too large"));
+    assert!(parse_size("1.1G").unwrap_err().contains("whole number of bytes"));
 }
 
 #[test]

@@ -97,7 +97,7 @@ pub enum VolumeCommand {
     /// Create a thin-provisioned volume.
     Create {
         name: String,
-        /// Size, e.g. 8G, 512M, 1GiB or a byte count.
+        /// Size, e.g. 8G, 1.5G, 512M or a byte count; units are binary (G and GB mean GiB).
         #[arg(long, value_parser = config::parse_size_arg)]
         size: u64,
         #[command(flatten)]
@@ -116,6 +116,7 @@ pub enum VolumeCommand {
     /// Grow a volume (shrinking is refused).
     Resize {
         name: String,
+        /// The new size, larger than the current one (binary units, as for create).
         #[arg(long, value_parser = config::parse_size_arg)]
         size: u64,
     },
