@@ -109,7 +109,7 @@ pub(super) async fn run(
         writer,
         slots.clone(),
         cfg.max_in_flight_per_connection,
-        cfg.idle_timeout,
+        cfg.stall_timeout,
     );
     let writer = tokio::spawn(write_replies.in_current_span());
     let conn = Conn {
@@ -183,10 +183,15 @@ async fn next_request(
 ) -> Result<Next, ConnError> {
     let slot = conn.slots.clone().acquire_owned().await;
     let slot = slot.map_err(|_| ConnError::Internal("slot semaphore closed"))?;
-    let limit = cfg.idle_timeout;
     let mut header = [0u8; REQUEST_HEADER_LEN];
     let mut filled = 0;
     while filled < header.len() {
+        // Between requests the client owes us nothing: only the opt-in idle timeout bounds
+        // that wait. Once a header has begun, the rest of it is a stall if it does not come.
+        let limit = match filled {
+            0 => cfg.idle_timeout,
+            _ => cfg.stall_timeout,
+        };
         // read() is cancel-safe (the buffer keeps what it took from the socket), so a
         // timeout loses no bytes and we can keep waiting.
         let Some(read) = within(limit, reader.read(&mut header[filled..])).await else {
@@ -226,7 +231,7 @@ async fn dispatch(
     slot: OwnedSemaphorePermit,
     req: RequestHeader,
 ) -> Result<(), ConnError> {
-    let limit = cfg.idle_timeout;
+    let limit = cfg.stall_timeout;
     match command::validate(&req, &conn.session, cfg.max_payload_bytes) {
         Err(refusal) => {
             debug!(command = req.command, cookie = req.cookie, errno = ?refusal.errno, why = refusal.why, "request refused");

@@ -163,6 +163,66 @@ async fn idle_timeout_spares_connections_waiting_on_the_server() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_outlives_the_stall_timeout_and_still_works() {
+    let cfg = ServerConfig {
+        stall_timeout: Duration::from_millis(200),
+        ..ServerConfig::default()
+    };
+    assert!(
+        cfg.idle_timeout.is_zero(),
+        "idle connections are kept by default"
+    );
+    let server = TestServer::start(cfg).await;
+    let (mut c, _) = Client::simple(server.addr, "disk").await;
+    assert_eq!(c.write(0, b"before").await.error, 0);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(c.write(0, b"after, still open").await.error, 0);
+    assert_eq!(c.read(0, 17).await.data, b"after, still open");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_stalling_mid_request_is_dropped_after_the_stall_timeout() {
+    let cfg = ServerConfig {
+        stall_timeout: Duration::from_millis(300),
+        ..ServerConfig::default()
+    };
+    let server = TestServer::start(cfg).await;
+    let (mut mid_payload, _) = Client::simple(server.addr, "disk").await;
+    mid_payload
+        .send(cmd::WRITE, 0, 0, 65536, &[0x11; 1000])
+        .await;
+    let (mut mid_header, _) = Client::simple(server.addr, "disk").await;
+    mid_header
+        .write_raw(&[0x25, 0x60, 0x95, 0x13, 0, 0])
+        .await
+        .unwrap();
+    assert!(mid_payload.is_closed().await, "stalled in a payload");
+    assert!(mid_header.is_closed().await, "stalled in a header");
+    eventually("handles dropped", || server.backend.open_count() == 0).await;
+    assert!(server.backend.disk.ops().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_replies_is_dropped_after_the_stall_timeout() {
+    let cfg = ServerConfig {
+        stall_timeout: Duration::from_millis(300),
+        ..ServerConfig::default()
+    };
+    let server = TestServer::start(cfg).await;
+    let (mut c, _) = Client::simple(server.addr, "disk").await;
+    // 64 MiB of replies, far more than the sockets buffer, and the client reads none.
+    for _ in 0..16 {
+        c.send(cmd::READ, 0, 0, 4 << 20, &[]).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        c.is_closed().await,
+        "the server gave up writing to a client that stopped reading"
+    );
+    eventually("handle dropped", || server.backend.open_count() == 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_config_is_rejected() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let backend = std::sync::Arc::new(super::backend::MemBackend::new());
