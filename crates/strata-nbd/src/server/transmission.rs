@@ -148,7 +148,7 @@ async fn read_requests(
         // header is in, the request is read to its end and answered.
         let next = tokio::select! {
             biased;
-            () = stopped(stop) => return Ok(Ending::Shutdown),
+            () = stopped(stop) => return refuse_buffered(reader, conn, tx, cfg).await,
             () = tx.closed() => return Err(ConnError::WriterGone),
             next = next_request(reader, conn, cfg) => next?,
         };
@@ -168,6 +168,63 @@ async fn read_requests(
             () = grace_after_stop(stop) => return Err(ConnError::Stalled(SHUTDOWN_GRACE)),
         }
     }
+}
+
+/// At shutdown, answers ESHUTDOWN to every request whose header is already in the read
+/// buffer (a client that pipelines sends several in one segment, and one system call took
+/// them all): the server read them, so it owes them a reply before it hangs up, and the
+/// spec names ESHUTDOWN for requests refused at shutdown. Nothing more is read.
+async fn refuse_buffered(
+    reader: &Reader,
+    conn: &Conn,
+    tx: &Replies,
+    cfg: &ServerConfig,
+) -> Result<Ending, ConnError> {
+    let cookies = buffered_requests(reader.buffer(), cfg.max_payload_bytes);
+    if !cookies.is_empty() {
+        debug!(
+            requests = cookies.len(),
+            "refusing requests read before shutdown"
+        );
+    }
+    for cookie in cookies {
+        // Waits for a request in flight to be answered; a dead writer ends the wait.
+        let slot = tokio::select! {
+            slot = conn.slots.clone().acquire_owned() => {
+                slot.map_err(|_| ConnError::Internal("slot semaphore closed"))?
+            }
+            () = tx.closed() => return Err(ConnError::WriterGone),
+        };
+        let why = "server is shutting down";
+        let wire = command::error_reply(&conn.session, cookie, Errno::Shutdown, why);
+        let reply = Reply {
+            wire,
+            _slot: slot,
+            _budget: None,
+        };
+        tx.send(reply).await?;
+    }
+    Ok(Ending::Shutdown)
+}
+
+/// Cookies of the requests whose headers lie whole in `buf`, in order. A WRITE's payload
+/// is stepped over; one cut short by the end of `buf` ends the walk after its request, as
+/// do NBD_CMD_DISC and anything malformed. At most one per header in the read buffer.
+pub(super) fn buffered_requests(mut buf: &[u8], max_payload_bytes: u32) -> Vec<u64> {
+    let mut cookies = Vec::new();
+    while buf.len() >= REQUEST_HEADER_LEN {
+        let header = &buf[..REQUEST_HEADER_LEN];
+        let Ok(req) = proto::parse_request_header(header, max_payload_bytes) else {
+            break;
+        };
+        if req.command == cmd::DISC {
+            break;
+        }
+        cookies.push(req.cookie);
+        let next = REQUEST_HEADER_LEN + req.payload_len() as usize;
+        buf = buf.get(next..).unwrap_or_default();
+    }
+    cookies
 }
 
 async fn grace_after_stop(stop: &mut watch::Receiver<bool>) {
