@@ -51,6 +51,7 @@ pub fn parse_option_header(bytes: &[u8]) -> Result<OptionHeader, ProtoError> {
     r.finish()?;
     if len_bytes > MAX_OPTION_BYTES {
         return Err(ProtoError::OptionTooLong {
+            option,
             len: len_bytes,
             max: MAX_OPTION_BYTES,
         });

@@ -28,6 +28,11 @@ pub const MAX_STRING_BYTES: usize = 4096;
 /// clients while keeping a hostile one from making us buffer much.
 pub const MAX_OPTION_BYTES: u32 = 64 * 1024;
 
+/// Largest option payload the server reads (and drops) to answer NBD_REP_ERR_TOO_BIG and
+/// go on haggling, as the spec prefers. Beyond it the client is taken for a denial of
+/// service, which the spec lets the server end with a hard disconnect.
+pub const MAX_OPTION_DISCARD_BYTES: u32 = 1 << 20;
+
 /// `NBD_FLAG_*` handshake flags (sent by the server, 16 bits).
 pub mod handshake_flags {
     pub const FIXED_NEWSTYLE: u16 = 1 << 0;
@@ -158,8 +163,8 @@ pub enum ProtoError {
     Truncated { needed: usize, available: usize },
     #[error("bad magic: expected {expected:#x}, found {found:#x}")]
     BadMagic { expected: u64, found: u64 },
-    #[error("option payload of {len} bytes exceeds the limit of {max}")]
-    OptionTooLong { len: u32, max: u32 },
+    #[error("payload of option {option} ({len} bytes) exceeds the limit of {max}")]
+    OptionTooLong { option: u32, len: u32, max: u32 },
     #[error("request payload of {len} bytes exceeds the limit of {max}")]
     PayloadTooLarge { len: u32, max: u32 },
     #[error("string of {len} bytes exceeds the limit of {max}")]

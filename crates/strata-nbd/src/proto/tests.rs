@@ -65,6 +65,7 @@ fn option_header_rejects_bad_magic_and_oversized_length() {
     assert_eq!(
         parse_option_header(&bytes),
         Err(ProtoError::OptionTooLong {
+            option: opt::LIST,
             len: MAX_OPTION_BYTES + 1,
             max: MAX_OPTION_BYTES
         })

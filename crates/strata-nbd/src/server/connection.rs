@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use socket2::{SockRef, TcpKeepalive};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tracing::{info, info_span, warn, Instrument};
@@ -25,7 +26,7 @@ pub(super) enum Ending {
     Eof,
     /// The server is shutting down.
     Shutdown,
-    /// Nothing in flight and nothing received for `idle_timeout`.
+    /// Nothing in flight and nothing received for `idle_timeout` (only when enabled).
     Idle,
 }
 
@@ -63,6 +64,15 @@ pub(super) enum ConnError {
     Internal(&'static str),
 }
 
+/// TCP keepalive on every accepted connection. The server never hangs up on a client for
+/// being quiet (unless `idle_timeout` is set), so a peer that vanished without a FIN (power
+/// loss, a pulled cable, a dropped NAT entry) is found by probes: the first after 60 s of
+/// silence, then one every 10 s; after 6 unanswered the kernel fails the socket, about two
+/// minutes in, and the connection ends with an I/O error like any other.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_PROBES: u32 = 6;
+
 pub(super) async fn run(
     stream: TcpStream,
     peer: SocketAddr,
@@ -77,6 +87,9 @@ async fn run_logged(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rec
     // Replies are small and latency-bound; Nagle would hold them back (the spec agrees).
     if let Err(e) = stream.set_nodelay(true) {
         warn!(error = %e, "cannot set TCP_NODELAY");
+    }
+    if let Err(e) = set_keepalive(&stream) {
+        warn!(error = %e, "cannot enable TCP keepalive");
     }
     info!("NBD connection opened");
     match serve_connection(stream, &shared, &mut stop).await {
@@ -104,6 +117,14 @@ async fn serve_connection(
     }
 }
 
+fn set_keepalive(stream: &TcpStream) -> io::Result<()> {
+    let keepalive = TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    SockRef::from(stream).set_tcp_keepalive(&keepalive)
+}
+
 /// Resolves once the server is shutting down (or the server is gone, which means the same).
 pub(super) async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|stopping| *stopping).await;
@@ -115,5 +136,25 @@ pub(super) async fn within<F: Future>(limit: Duration, fut: F) -> Option<F::Outp
         Some(fut.await)
     } else {
         tokio::time::timeout(limit, fut).await.ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn accepted_sockets_get_the_keepalive_settings() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let _client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        set_keepalive(&stream).unwrap();
+        let sock = SockRef::from(&stream);
+        assert!(sock.keepalive().unwrap());
+        assert_eq!(sock.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE);
+        assert_eq!(sock.tcp_keepalive_interval().unwrap(), KEEPALIVE_INTERVAL);
+        assert_eq!(sock.tcp_keepalive_retries().unwrap(), KEEPALIVE_PROBES);
     }
 }

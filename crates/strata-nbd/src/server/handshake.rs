@@ -1,5 +1,6 @@
 //! Handshake phase: fixed newstyle greeting and option haggling, ending in a [`Session`].
 
+use std::io;
 use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -10,7 +11,8 @@ use super::connection::ConnError;
 use super::{Shared, PREFERRED_BLOCK_BYTES};
 use crate::proto::{
     self, client_flags, handshake_flags, info, opt, rep, transmission_flags as tf, Info,
-    OptionReply, BASE_ALLOCATION, CLIENT_FLAGS_LEN, OPTION_HEADER_LEN,
+    OptionReply, ProtoError, BASE_ALLOCATION, CLIENT_FLAGS_LEN, MAX_OPTION_DISCARD_BYTES,
+    OPTION_HEADER_LEN,
 };
 use crate::{Backend, Export};
 
@@ -88,8 +90,16 @@ pub(super) async fn negotiate(
         opened: None,
     };
     loop {
-        let (option, payload) = read_option(stream).await?;
         let mut replies = Vec::new();
+        let (option, payload) = match read_option(stream).await? {
+            Incoming::Option(option, payload) => (option, payload),
+            Incoming::TooBig(option) => {
+                let why = "option data longer than 64 KiB";
+                reply_error(&mut replies, option, rep::ERR_TOO_BIG, why);
+                stream.write_all(&replies).await?;
+                continue;
+            }
+        };
         let step = haggle.handle(option, &payload, &mut replies).await?;
         stream.write_all(&replies).await?;
         match step {
@@ -100,15 +110,46 @@ pub(super) async fn negotiate(
     }
 }
 
-/// One option: header, then a payload the header parser has already bounded.
-async fn read_option(stream: &mut TcpStream) -> Result<(u32, Vec<u8>), ConnError> {
+/// The client's next option.
+enum Incoming {
+    /// An option and its payload.
+    Option(u32, Vec<u8>),
+    /// An option whose payload was too long to keep: it has been read and dropped.
+    TooBig(u32),
+}
+
+/// One option: header, then a payload the header parser has already bounded. A payload
+/// over that bound but within MAX_OPTION_DISCARD_BYTES is read and dropped, so the option
+/// can be refused and haggling go on; beyond it, the connection is closed. So is an
+/// NBD_OPT_EXPORT_NAME too long to keep, since it has no way to carry an error.
+async fn read_option(stream: &mut TcpStream) -> Result<Incoming, ConnError> {
     let mut header = [0u8; OPTION_HEADER_LEN];
     stream.read_exact(&mut header).await?;
-    let header = proto::parse_option_header(&header)?;
+    let header = match proto::parse_option_header(&header) {
+        Ok(header) => header,
+        Err(ProtoError::OptionTooLong { option, len, .. })
+            if len <= MAX_OPTION_DISCARD_BYTES && option != opt::EXPORT_NAME =>
+        {
+            discard(stream, len).await?;
+            debug!(option, len, "NBD option too long: its data was dropped");
+            return Ok(Incoming::TooBig(option));
+        }
+        Err(e) => return Err(e.into()),
+    };
     let mut payload = vec![0u8; header.len_bytes as usize];
     stream.read_exact(&mut payload).await?;
     debug!(option = header.option, len = header.len_bytes, "NBD option");
-    Ok((header.option, payload))
+    Ok(Incoming::Option(header.option, payload))
+}
+
+/// Reads `len` bytes and drops them, a buffer at a time.
+async fn discard(stream: &mut TcpStream, len: u32) -> Result<(), ConnError> {
+    let mut payload = (&mut *stream).take(len.into());
+    let copied = tokio::io::copy(&mut payload, &mut tokio::io::sink()).await?;
+    if copied < u64::from(len) {
+        return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
+    }
+    Ok(())
 }
 
 struct Haggle {

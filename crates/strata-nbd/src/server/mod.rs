@@ -34,10 +34,15 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Option haggling must finish within this, or the connection is closed.
     pub handshake_timeout: Duration,
-    /// A connection with no request in flight that sends nothing for this long is closed.
-    /// It also bounds a stall in the middle of a request or while writing a reply, so a
-    /// client that stops reading cannot pin buffers forever. Zero disables it.
+    /// A connection in the transmission phase with no request in flight that sends nothing
+    /// for this long is closed. Zero (the default) disables it: the spec lets a server hang
+    /// up only on a protocol violation or at shutdown, and a VM whose disk sits idle must
+    /// keep it. Peers that vanished are found by TCP keepalive instead.
     pub idle_timeout: Duration,
+    /// A client that stops in the middle of a request (header or payload), or stops reading
+    /// while a reply is being written, is dropped after this long, so it cannot pin buffers
+    /// forever. Zero disables it (and then such a client can hold shutdown).
+    pub stall_timeout: Duration,
     /// Largest READ or WRITE, advertised as the maximum block size. A READ beyond it gets
     /// EINVAL (EOVERFLOW with DF); a WRITE header claiming more closes the connection,
     /// because its payload is already on the wire and skipping it would mean reading it.
@@ -57,7 +62,8 @@ impl Default for ServerConfig {
         ServerConfig {
             max_connections: 256,
             handshake_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(10 * 60),
+            idle_timeout: Duration::ZERO,
+            stall_timeout: Duration::from_secs(2 * 60),
             max_payload_bytes: 32 << 20,
             max_in_flight_per_connection: 64,
             max_buffered_bytes_per_connection: 64 << 20,
@@ -111,8 +117,8 @@ pub(crate) struct Shared {
 }
 
 /// Serves NBD on `listener` until `shutdown` resolves. Then it stops accepting, lets each
-/// connection finish the requests it has already read and write their replies, closes the
-/// connections and returns. Fails only on an invalid `cfg`; a misbehaving client costs
+/// connection finish the requests it has started, answers ESHUTDOWN to those whose headers
+/// it had read but not started, writes the replies, closes the connections and returns. Fails only on an invalid `cfg`; a misbehaving client costs
 /// only its own connection.
 pub async fn serve(
     listener: TcpListener,

@@ -109,7 +109,7 @@ pub(super) async fn run(
         writer,
         slots.clone(),
         cfg.max_in_flight_per_connection,
-        cfg.idle_timeout,
+        cfg.stall_timeout,
     );
     let writer = tokio::spawn(write_replies.in_current_span());
     let conn = Conn {
@@ -148,7 +148,7 @@ async fn read_requests(
         // header is in, the request is read to its end and answered.
         let next = tokio::select! {
             biased;
-            () = stopped(stop) => return Ok(Ending::Shutdown),
+            () = stopped(stop) => return refuse_buffered(reader, conn, tx, cfg).await,
             () = tx.closed() => return Err(ConnError::WriterGone),
             next = next_request(reader, conn, cfg) => next?,
         };
@@ -170,6 +170,63 @@ async fn read_requests(
     }
 }
 
+/// At shutdown, answers ESHUTDOWN to every request whose header is already in the read
+/// buffer (a client that pipelines sends several in one segment, and one system call took
+/// them all): the server read them, so it owes them a reply before it hangs up, and the
+/// spec names ESHUTDOWN for requests refused at shutdown. Nothing more is read.
+async fn refuse_buffered(
+    reader: &Reader,
+    conn: &Conn,
+    tx: &Replies,
+    cfg: &ServerConfig,
+) -> Result<Ending, ConnError> {
+    let cookies = buffered_requests(reader.buffer(), cfg.max_payload_bytes);
+    if !cookies.is_empty() {
+        debug!(
+            requests = cookies.len(),
+            "refusing requests read before shutdown"
+        );
+    }
+    for cookie in cookies {
+        // Waits for a request in flight to be answered; a dead writer ends the wait.
+        let slot = tokio::select! {
+            slot = conn.slots.clone().acquire_owned() => {
+                slot.map_err(|_| ConnError::Internal("slot semaphore closed"))?
+            }
+            () = tx.closed() => return Err(ConnError::WriterGone),
+        };
+        let why = "server is shutting down";
+        let wire = command::error_reply(&conn.session, cookie, Errno::Shutdown, why);
+        let reply = Reply {
+            wire,
+            _slot: slot,
+            _budget: None,
+        };
+        tx.send(reply).await?;
+    }
+    Ok(Ending::Shutdown)
+}
+
+/// Cookies of the requests whose headers lie whole in `buf`, in order. A WRITE's payload
+/// is stepped over; one cut short by the end of `buf` ends the walk after its request, as
+/// do NBD_CMD_DISC and anything malformed. At most one per header in the read buffer.
+pub(super) fn buffered_requests(mut buf: &[u8], max_payload_bytes: u32) -> Vec<u64> {
+    let mut cookies = Vec::new();
+    while buf.len() >= REQUEST_HEADER_LEN {
+        let header = &buf[..REQUEST_HEADER_LEN];
+        let Ok(req) = proto::parse_request_header(header, max_payload_bytes) else {
+            break;
+        };
+        if req.command == cmd::DISC {
+            break;
+        }
+        cookies.push(req.cookie);
+        let next = REQUEST_HEADER_LEN + req.payload_len() as usize;
+        buf = buf.get(next..).unwrap_or_default();
+    }
+    cookies
+}
+
 async fn grace_after_stop(stop: &mut watch::Receiver<bool>) {
     stopped(stop).await;
     tokio::time::sleep(SHUTDOWN_GRACE).await;
@@ -183,10 +240,15 @@ async fn next_request(
 ) -> Result<Next, ConnError> {
     let slot = conn.slots.clone().acquire_owned().await;
     let slot = slot.map_err(|_| ConnError::Internal("slot semaphore closed"))?;
-    let limit = cfg.idle_timeout;
     let mut header = [0u8; REQUEST_HEADER_LEN];
     let mut filled = 0;
     while filled < header.len() {
+        // Between requests the client owes us nothing: only the opt-in idle timeout bounds
+        // that wait. Once a header has begun, the rest of it is a stall if it does not come.
+        let limit = match filled {
+            0 => cfg.idle_timeout,
+            _ => cfg.stall_timeout,
+        };
         // read() is cancel-safe (the buffer keeps what it took from the socket), so a
         // timeout loses no bytes and we can keep waiting.
         let Some(read) = within(limit, reader.read(&mut header[filled..])).await else {
@@ -226,7 +288,7 @@ async fn dispatch(
     slot: OwnedSemaphorePermit,
     req: RequestHeader,
 ) -> Result<(), ConnError> {
-    let limit = cfg.idle_timeout;
+    let limit = cfg.stall_timeout;
     match command::validate(&req, &conn.session, cfg.max_payload_bytes) {
         Err(refusal) => {
             debug!(command = req.command, cookie = req.cookie, errno = ?refusal.errno, why = refusal.why, "request refused");

@@ -272,20 +272,29 @@ impl Client {
     /// Sends WRITE requests in one socket write, so the server finds them queued behind one
     /// another; returns their cookies.
     pub async fn send_writes_at_once(&mut self, writes: &[(u64, Vec<u8>)]) -> Vec<u64> {
+        let requests: Vec<_> = writes
+            .iter()
+            .map(|(offset, payload)| (cmd::WRITE, *offset, payload.len() as u32, payload.clone()))
+            .collect();
+        self.send_at_once(&requests).await
+    }
+
+    /// Sends (command, offset, length, payload) requests in one socket write; returns their
+    /// cookies.
+    pub async fn send_at_once(&mut self, requests: &[(u16, u64, u32, Vec<u8>)]) -> Vec<u64> {
         let mut msg = Vec::new();
         let mut cookies = Vec::new();
-        for (offset, payload) in writes {
+        for (command, offset, len, payload) in requests {
             let cookie = self.next_cookie;
             self.next_cookie += 1;
             msg.extend_from_slice(&0x2560_9513u32.to_be_bytes());
             msg.extend_from_slice(&0u16.to_be_bytes());
-            msg.extend_from_slice(&cmd::WRITE.to_be_bytes());
+            msg.extend_from_slice(&command.to_be_bytes());
             msg.extend_from_slice(&cookie.to_be_bytes());
             msg.extend_from_slice(&offset.to_be_bytes());
-            msg.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+            msg.extend_from_slice(&len.to_be_bytes());
             msg.extend_from_slice(payload);
-            self.pending
-                .insert(cookie, (cmd::WRITE, *offset, payload.len() as u32));
+            self.pending.insert(cookie, (*command, *offset, *len));
             cookies.push(cookie);
         }
         self.s.write_all(&msg).await.unwrap();

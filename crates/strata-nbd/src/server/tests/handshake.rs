@@ -149,15 +149,44 @@ async fn abort_is_acknowledged_then_closed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn option_data_too_big_to_keep_is_refused_and_haggling_goes_on() {
+    let server = TestServer::default().await;
+    let mut c = Client::connect(server.addr).await;
+    for (option, len) in [
+        (opt::GO, 64 * 1024 + 1),
+        (opt::LIST, 1 << 20),
+        (99, 300_000),
+    ] {
+        let replies = c.option(option, &vec![0x55; len]).await;
+        assert_eq!(replies.len(), 1, "option {option}, {len} bytes");
+        assert_eq!(replies[0].reply_type, rep::ERR_TOO_BIG);
+    }
+    let facts = c.go("disk").await;
+    assert_eq!(facts.size, DISK_SIZE);
+    assert_eq!(c.read(0, 8).await.error, 0);
+}
+
+fn option_header(option: u32, len: u32) -> Vec<u8> {
+    let mut header = b"IHAVEOPT".to_vec();
+    header.extend_from_slice(&option.to_be_bytes());
+    header.extend_from_slice(&len.to_be_bytes());
+    header
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_option_closes_only_that_connection() {
     let server = TestServer::default().await;
     let mut bystander = Client::connect(server.addr).await;
-    let mut c = Client::connect(server.addr).await;
-    let mut header = b"IHAVEOPT".to_vec();
-    header.extend_from_slice(&opt::GO.to_be_bytes());
-    header.extend_from_slice(&(1u32 << 30).to_be_bytes());
-    c.write_raw(&header).await.unwrap();
-    assert!(c.is_closed().await);
+    for (option, len) in [
+        (opt::GO, 1 << 30),
+        (opt::GO, (1 << 20) + 1),
+        // It cannot carry an error, so the first bound applies.
+        (opt::EXPORT_NAME, 64 * 1024 + 1),
+    ] {
+        let mut c = Client::connect(server.addr).await;
+        c.write_raw(&option_header(option, len)).await.unwrap();
+        assert!(c.is_closed().await, "option {option}, {len} bytes");
+    }
     let mut bad_magic = Client::connect(server.addr).await;
     bad_magic
         .write_raw(b"IHAVEOPS\0\0\0\x07\0\0\0\0")

@@ -141,6 +141,108 @@ async fn shutdown_finishes_requests_already_read() {
     );
 }
 
+/// A client that pipelines has requests whose headers the server has taken from the socket
+/// but not started (here: held back by the in-flight limit); at shutdown they get ESHUTDOWN
+/// rather than silence, and the ones started are finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_answers_requests_waiting_in_the_read_buffer() {
+    let cfg = ServerConfig {
+        max_in_flight_per_connection: 2,
+        ..ServerConfig::default()
+    };
+    let mut server = TestServer::start(cfg).await;
+    let (mut c, _) = Client::simple(server.addr, "disk").await;
+    let first = c.send(cmd::READ, 0, GATE_OFFSET, 512, &[]).await;
+    eventually("first read held", || {
+        server.backend.disk.gate.waiting() == 1
+    })
+    .await;
+    let queued = c
+        .send_at_once(&[
+            (cmd::READ, GATE_OFFSET, 512, Vec::new()),
+            (cmd::WRITE, 0, 8, b"too late".to_vec()),
+            (cmd::READ, 0, 512, Vec::new()),
+        ])
+        .await;
+    eventually("second read held", || {
+        server.backend.disk.gate.waiting() == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.request_stop();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.backend.disk.gate.open();
+    let mut answers = std::collections::HashMap::new();
+    for _ in 0..4 {
+        let reply = c.reply().await.expect("every request read is answered");
+        answers.insert(reply.cookie, reply.error);
+    }
+    let shutdown = crate::Errno::Shutdown.code();
+    assert_eq!(answers[&first], 0, "started before the stop: served");
+    assert_eq!(answers[&queued[0]], 0, "started before the stop: served");
+    assert_eq!(answers[&queued[1]], shutdown, "in the buffer: refused");
+    assert_eq!(answers[&queued[2]], shutdown, "in the buffer: refused");
+    assert!(c.is_closed().await);
+    assert_eq!(
+        server.backend.disk.bytes(0, 8),
+        [0; 8],
+        "the refused write was not made"
+    );
+    server.stop().await.unwrap();
+}
+
+#[test]
+fn buffered_requests_stops_at_a_cut_payload_disc_or_garbage() {
+    use crate::proto::{encode_request, RequestHeader};
+    use crate::server::transmission::buffered_requests;
+    let header = |command, cookie, len_bytes| {
+        let mut out = Vec::new();
+        let req = RequestHeader {
+            flags: 0,
+            command,
+            cookie,
+            offset: 0,
+            len_bytes,
+        };
+        encode_request(&mut out, &req);
+        out
+    };
+    let mut buf = header(cmd::READ, 1, 4096);
+    buf.extend(header(cmd::WRITE, 2, 4));
+    buf.extend(b"data");
+    buf.extend(header(cmd::FLUSH, 3, 0));
+    assert_eq!(buffered_requests(&buf, 1 << 20), [1, 2, 3]);
+    let whole = buf.len();
+    buf.extend(&header(cmd::READ, 4, 0)[..20]);
+    assert_eq!(buffered_requests(&buf, 1 << 20), [1, 2, 3], "half a header");
+    buf.truncate(whole);
+    buf.extend(header(cmd::WRITE, 4, 100));
+    buf.extend([0; 50]);
+    assert_eq!(
+        buffered_requests(&buf, 1 << 20),
+        [1, 2, 3, 4],
+        "a payload cut short"
+    );
+    let mut buf = header(cmd::READ, 1, 0);
+    buf.extend(header(cmd::DISC, 2, 0));
+    buf.extend(header(cmd::READ, 3, 0));
+    assert_eq!(buffered_requests(&buf, 1 << 20), [1], "nothing after DISC");
+    let mut buf = header(cmd::READ, 1, 0);
+    buf.extend([0xde; 28]);
+    buf.extend(header(cmd::READ, 3, 0));
+    assert_eq!(
+        buffered_requests(&buf, 1 << 20),
+        [1],
+        "nothing after bad magic"
+    );
+    let mut buf = header(cmd::WRITE, 1, 1 << 30);
+    buf.extend(header(cmd::READ, 2, 0));
+    assert!(
+        buffered_requests(&buf, 1 << 20).is_empty(),
+        "an oversized write"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_timeout_spares_connections_waiting_on_the_server() {
     let cfg = ServerConfig {
@@ -160,6 +262,66 @@ async fn idle_timeout_spares_connections_waiting_on_the_server() {
         "a slow request is not idleness"
     );
     assert!(busy.is_closed().await, "then it idles out too");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_outlives_the_stall_timeout_and_still_works() {
+    let cfg = ServerConfig {
+        stall_timeout: Duration::from_millis(200),
+        ..ServerConfig::default()
+    };
+    assert!(
+        cfg.idle_timeout.is_zero(),
+        "idle connections are kept by default"
+    );
+    let server = TestServer::start(cfg).await;
+    let (mut c, _) = Client::simple(server.addr, "disk").await;
+    assert_eq!(c.write(0, b"before").await.error, 0);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(c.write(0, b"after, still open").await.error, 0);
+    assert_eq!(c.read(0, 17).await.data, b"after, still open");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_stalling_mid_request_is_dropped_after_the_stall_timeout() {
+    let cfg = ServerConfig {
+        stall_timeout: Duration::from_millis(300),
+        ..ServerConfig::default()
+    };
+    let server = TestServer::start(cfg).await;
+    let (mut mid_payload, _) = Client::simple(server.addr, "disk").await;
+    mid_payload
+        .send(cmd::WRITE, 0, 0, 65536, &[0x11; 1000])
+        .await;
+    let (mut mid_header, _) = Client::simple(server.addr, "disk").await;
+    mid_header
+        .write_raw(&[0x25, 0x60, 0x95, 0x13, 0, 0])
+        .await
+        .unwrap();
+    assert!(mid_payload.is_closed().await, "stalled in a payload");
+    assert!(mid_header.is_closed().await, "stalled in a header");
+    eventually("handles dropped", || server.backend.open_count() == 0).await;
+    assert!(server.backend.disk.ops().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_replies_is_dropped_after_the_stall_timeout() {
+    let cfg = ServerConfig {
+        stall_timeout: Duration::from_millis(300),
+        ..ServerConfig::default()
+    };
+    let server = TestServer::start(cfg).await;
+    let (mut c, _) = Client::simple(server.addr, "disk").await;
+    // 64 MiB of replies, far more than the sockets buffer, and the client reads none.
+    for _ in 0..16 {
+        c.send(cmd::READ, 0, 0, 4 << 20, &[]).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        c.is_closed().await,
+        "the server gave up writing to a client that stopped reading"
+    );
+    eventually("handle dropped", || server.backend.open_count() == 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

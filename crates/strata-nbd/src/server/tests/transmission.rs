@@ -127,6 +127,57 @@ async fn trim_write_zeroes_and_cache_reach_the_export() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_zero_without_a_whole_aligned_block_is_enotsup_and_changes_nothing() {
+    let server = TestServer::default().await;
+    let (mut c, _) = Client::structured(server.addr, "disk").await;
+    let data = pattern(16384, 4);
+    assert_eq!(c.write(0, &data).await.error, 0);
+    let fast = cmd_flags::FAST_ZERO;
+    for (flags, offset, len) in [
+        (fast, 512, 512),
+        (fast, 4096 + 100, 4000),
+        (fast, 4000, 200),
+        (fast, 8191, 2),
+        (fast | cmd_flags::NO_HOLE, 512, 512),
+    ] {
+        let reply = c.request(cmd::WRITE_ZEROES, flags, offset, len, &[]).await;
+        assert_eq!(
+            (reply.error, reply.chunk_types.as_slice()),
+            (Errno::NotSup.code(), &[chunk::ERROR][..]),
+            "fast zero of {len} bytes at {offset}"
+        );
+    }
+    assert!(c.read(0, 16384).await.data == data, "nothing was zeroed");
+    // Without FAST_ZERO the same range is zeroed; with it, any range holding a whole
+    // aligned block is accepted, ragged ends included, and so is an empty one.
+    let accepted = [
+        (0, 512, 512),
+        (fast, 2048, 8192),
+        (fast, 12288, 4096),
+        (fast, 100, 0),
+    ];
+    for (flags, offset, len) in accepted {
+        let reply = c.request(cmd::WRITE_ZEROES, flags, offset, len, &[]).await;
+        assert_eq!(reply.error, 0, "zero of {len} bytes at {offset}");
+    }
+    let mut expect = data;
+    expect[512..1024].fill(0);
+    expect[2048..10240].fill(0);
+    expect[12288..].fill(0);
+    assert!(
+        c.read(0, 16384).await.data == expect,
+        "the accepted ones zeroed"
+    );
+    let zeroes: Vec<Op> = server.backend.disk.ops().into_iter().skip(1).collect();
+    let op = |offset, len| Op::WriteZeroes {
+        offset,
+        len,
+        may_trim: true,
+    };
+    assert_eq!(zeroes, [op(512, 512), op(2048, 8192), op(12288, 4096)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn block_status_reports_clipped_extents() {
     let server = TestServer::default().await;
     let (mut c, _) = Client::structured(server.addr, "disk").await;
