@@ -118,8 +118,8 @@ pub(crate) struct Shared {
 
 /// Serves NBD on `listener` until `shutdown` resolves. Then it stops accepting, lets each
 /// connection finish the requests it has started, answers ESHUTDOWN to those whose headers
-/// it had read but not started, writes the replies, closes the connections and returns. Fails only on an invalid `cfg`; a misbehaving client costs
-/// only its own connection.
+/// it had read but not started, writes the replies, closes the connections and returns.
+/// Fails only on an invalid `cfg`; a misbehaving client costs only its own connection.
 pub async fn serve(
     listener: TcpListener,
     backend: Arc<dyn Backend>,
