@@ -162,40 +162,57 @@ pub struct FileConfig {
     pub read_cache: Option<crate::read_cache::ReadCacheValue>,
 }
 
-/// A size in a file: a byte count (4096) or a string with a unit ("64M").
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum SizeValue {
+/// A size in a file: a byte count (4096) or a string with a unit ("64M"), checked as the
+/// file is read, so a bad one is reported with the file's name and line.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(try_from = "RawSize")]
+pub struct SizeValue(u64);
+
+#[derive(Deserialize)]
+#[serde(
+    untagged,
+    expecting = "a size: a byte count (4096) or a string with a unit (\"64M\", \"1.5G\")"
+)]
+enum RawSize {
     Bytes(u64),
     Text(String),
 }
 
-impl SizeValue {
-    fn resolve(&self, key: &str) -> Result<u64> {
-        match self {
-            SizeValue::Bytes(n) => Ok(*n),
-            SizeValue::Text(s) => parse_size(s).map_err(|e| anyhow!("{key}: {e}")),
+impl TryFrom<RawSize> for SizeValue {
+    type Error = String;
+    fn try_from(raw: RawSize) -> std::result::Result<SizeValue, String> {
+        match raw {
+            RawSize::Bytes(n) => Ok(SizeValue(n)),
+            RawSize::Text(s) => parse_size(&s).map(SizeValue),
         }
     }
 }
 
-/// A fill mark in a file: 0.3, 0, 1 or "30%".
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum RatioValue {
+/// A fill mark in a file: 0.3, 0, 1 or "30%", checked as the file is read.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(try_from = "RawRatio")]
+pub struct RatioValue(f64);
+
+#[derive(Deserialize)]
+#[serde(
+    untagged,
+    expecting = "a ratio from 0 to 1 (0.3) or a percentage (\"30%\")"
+)]
+enum RawRatio {
     Int(i64),
     Float(f64),
     Text(String),
 }
 
-impl RatioValue {
-    fn resolve(&self, key: &str) -> Result<f64> {
-        let r = match self {
-            RatioValue::Int(n) => check_ratio(*n as f64, &n.to_string()),
-            RatioValue::Float(x) => check_ratio(*x, &x.to_string()),
-            RatioValue::Text(s) => parse_ratio(s),
-        };
-        r.map_err(|e| anyhow!("{key}: {e}"))
+impl TryFrom<RawRatio> for RatioValue {
+    type Error = String;
+    fn try_from(raw: RawRatio) -> std::result::Result<RatioValue, String> {
+        match raw {
+            RawRatio::Int(n) => check_ratio(n as f64, &n.to_string()),
+            RawRatio::Float(x) => check_ratio(x, &x.to_string()),
+            RawRatio::Text(s) => parse_ratio(&s),
+        }
+        .map(RatioValue)
     }
 }
 
@@ -206,7 +223,9 @@ pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
     let number_end = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(s.len());
-    let (whole, fraction) = s[..number_end].split_once('.').unwrap_or((&s[..number_end], ""));
+    let (whole, fraction) = s[..number_end]
+        .split_once('.')
+        .unwrap_or((&s[..number_end], ""));
     if whole.is_empty() || fraction.contains('.') || (s[..number_end].ends_with('.')) {
         return Err(format!(
             "invalid size {text:?}: expected a number with an optional unit such as 512K, 64M, 1G"
@@ -236,7 +255,7 @@ pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
         let digits: u128 = fraction.parse().map_err(|_| too_large())?;
         let scaled = digits << shift;
         let ten_pow = 10u128.pow(fraction.len() as u32);
-        if scaled % ten_pow != 0 {
+        if !scaled.is_multiple_of(ten_pow) {
             return Err(format!(
                 "invalid size {text:?}: not a whole number of bytes (use a smaller unit)"
             ));
@@ -438,18 +457,12 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
         file.capacity_devices
             .unwrap_or_else(|| vec![data_dir.join("capacity-0.img")])
     };
-    let fast_size_bytes = size(
-        args.fast_size,
-        &file.fast_size,
-        "fast_size",
-        DEFAULT_FAST_SIZE_BYTES,
-    )?;
+    let fast_size_bytes = size(args.fast_size, &file.fast_size, DEFAULT_FAST_SIZE_BYTES);
     let capacity_size_bytes = size(
         args.capacity_size,
         &file.capacity_size,
-        "capacity_size",
         DEFAULT_CAPACITY_SIZE_BYTES,
-    )?;
+    );
     let nbd_text = pick(
         args.nbd_listen.clone(),
         file.nbd_listen,
@@ -465,46 +478,28 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
         segment_size_bytes: size(
             args.segment_size,
             &file.segment_size,
-            "segment_size",
             defaults.segment_size_bytes,
-        )?,
-        fill_ratio_low: ratio(
-            args.fill_low,
-            &file.fill_low,
-            "fill_low",
-            defaults.fill_ratio_low,
-        )?,
-        fill_ratio_high: ratio(
-            args.fill_high,
-            &file.fill_high,
-            "fill_high",
-            defaults.fill_ratio_high,
-        )?,
+        ),
+        fill_ratio_low: ratio(args.fill_low, &file.fill_low, defaults.fill_ratio_low),
+        fill_ratio_high: ratio(args.fill_high, &file.fill_high, defaults.fill_ratio_high),
         max_batch_bytes: usize::try_from(size(
             args.max_batch_size,
             &file.max_batch_size,
-            "max_batch_size",
             defaults.max_batch_bytes as u64,
-        )?)
+        ))
         .context("max_batch_size is too large")?,
         index_cache_bytes: size(
             args.index_cache,
             &file.index_cache,
-            "index_cache",
             defaults.index_cache_bytes,
-        )?,
+        ),
         scrub_interval: duration(
             args.scrub_interval,
             &file.scrub_interval,
             "scrub_interval",
             Some(DEFAULT_SCRUB_INTERVAL),
         )?,
-        scrub_rate_bytes_per_s: size(
-            args.scrub_rate,
-            &file.scrub_rate,
-            "scrub_rate",
-            DEFAULT_SCRUB_RATE,
-        )?,
+        scrub_rate_bytes_per_s: size(args.scrub_rate, &file.scrub_rate, DEFAULT_SCRUB_RATE),
         idle_destage_after: duration(
             args.idle_destage_after,
             &file.idle_destage_after,
@@ -533,9 +528,8 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
         default_volume_size_bytes: size(
             args.default_volume_size,
             &file.default_volume_size,
-            "default_volume_size",
             DEFAULT_VOLUME_SIZE_BYTES,
-        )?,
+        ),
         io_backend: parse_io_backend(&pick(
             args.io_backend.clone(),
             file.io_backend,
@@ -594,20 +588,12 @@ fn pick<T>(flag: Option<T>, file: Option<T>, default: T) -> T {
     flag.or(file).unwrap_or(default)
 }
 
-fn size(flag: Option<u64>, file: &Option<SizeValue>, key: &str, default: u64) -> Result<u64> {
-    match (flag, file) {
-        (Some(n), _) => Ok(n),
-        (None, Some(v)) => v.resolve(key),
-        (None, None) => Ok(default),
-    }
+fn size(flag: Option<u64>, file: &Option<SizeValue>, default: u64) -> u64 {
+    flag.or(file.map(|v| v.0)).unwrap_or(default)
 }
 
-fn ratio(flag: Option<f64>, file: &Option<RatioValue>, key: &str, default: f64) -> Result<f64> {
-    match (flag, file) {
-        (Some(x), _) => Ok(x),
-        (None, Some(v)) => v.resolve(key),
-        (None, None) => Ok(default),
-    }
+fn ratio(flag: Option<f64>, file: &Option<RatioValue>, default: f64) -> f64 {
+    flag.or(file.map(|v| v.0)).unwrap_or(default)
 }
 
 /// A duration from the flag, else the file (`off` is None), else the default.
@@ -663,7 +649,7 @@ fn validate(c: &ServeConfig) -> Result<()> {
     }
     if !c.http_listen.ip().is_loopback() && c.http_token.is_none() {
         bail!(
-            "the admin API may listen on {} (not loopback) only with an access token: set http_token or http_token_file in the config file",
+            "the admin API may listen on {} (not loopback) only with an access token: pass --http-token-file FILE, or set http_token or http_token_file in the config file",
             c.http_listen
         );
     }

@@ -180,10 +180,23 @@ fn unknown_keys_are_an_error_naming_key_and_line() {
 }
 
 #[test]
-fn bad_values_in_the_file_name_the_key() {
-    let file = parse_file("fast_size = \"lots\"").unwrap();
-    let e = merge(&ServeArgs::default(), file).unwrap_err().to_string();
-    assert!(e.starts_with("fast_size: invalid size"), "{e}");
+fn bad_values_in_the_file_name_the_line_and_what_is_wanted() {
+    for (text, wanted) in [
+        ("data_dir = \"/x\"\nfast_size = \"lots\"", "invalid size"),
+        ("data_dir = \"/x\"\nfast_size = \"1.1G\"", "whole number of bytes"),
+        ("data_dir = \"/x\"\nfast_size = -5", "a size: a byte count"),
+        ("data_dir = \"/x\"\nfill_low = 3", "out of range"),
+        ("data_dir = \"/x\"\nfill_low = true", "a ratio from 0 to 1"),
+    ] {
+        let e = parse_file(text).unwrap_err().to_string();
+        assert!(e.starts_with("line 2: "), "{text}: {e}");
+        assert!(e.contains(wanted), "{text}: {e}");
+        assert!(!e.contains("untagged"), "{text}: {e}");
+    }
+    let file = parse_file("fast_size = \"1.5G\"\nfill_low = \"20%\"").unwrap();
+    let c = merge(&ServeArgs::default(), file).unwrap();
+    assert_eq!(c.fast_size_bytes, 3 << 29);
+    assert_eq!(c.engine.fill_ratio_low, 0.2);
 }
 
 #[test]

@@ -26,7 +26,10 @@ pub enum ReadCacheSetting {
 
 /// `read_cache` in the config file: `"auto"`, `0.5`, `0` or `"50%"`.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "\"auto\", a ratio from 0 to 1 (0.5) or a percentage (\"50%\")"
+)]
 pub enum ReadCacheValue {
     Int(i64),
     Float(f64),
