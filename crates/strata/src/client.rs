@@ -18,6 +18,21 @@ mod snapshot;
 mod scrub;
 
 pub use scrub::{DamageFound, EXIT_DAMAGE_FOUND};
+
+/// The daemon refused a request: its HTTP status and its reason (`--json` prints both).
+#[derive(Debug)]
+pub struct Refused {
+    pub status: u16,
+    pub reason: String,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+impl std::error::Error for Refused {}
 pub use snapshot::utc_time;
 #[path = "client_policy.rs"]
 pub mod policy;
@@ -256,7 +271,11 @@ impl Client {
                     .ok()
                     .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_string))
                     .unwrap_or_else(|| format!("the daemon answered HTTP {code}"));
-                Err(anyhow!("{}", crate::one_line(&reason)))
+                Err(Refused {
+                    status: code,
+                    reason: crate::one_line(&reason),
+                }
+                .into())
             }
             Err(ureq::Error::Transport(t)) => Err(anyhow!(
                 "cannot reach the daemon at {}: {}",

@@ -291,7 +291,15 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("strata: {}", one_line(&format!("{e:#}")));
+            let reason = one_line(&format!("{e:#}"));
+            // A scrub that found damage has printed its report already.
+            if cli.json && !e.is::<client::DamageFound>() {
+                // Machine output on failure too: the reason, and the daemon's HTTP status
+                // when it answered (404 unknown, 409 in use or already there, ...).
+                let status = e.downcast_ref::<client::Refused>().map(|r| r.status);
+                println!("{}", serde_json::json!({ "error": reason, "status": status }));
+            }
+            eprintln!("strata: {reason}");
             if e.is::<client::DamageFound>() {
                 ExitCode::from(client::EXIT_DAMAGE_FOUND)
             } else {

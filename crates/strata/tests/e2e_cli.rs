@@ -135,6 +135,21 @@ fn cli_failures_give_one_line_reasons() {
     for (what, args) in cases {
         assert_one_line_reason(what, &daemon.cli(args));
     }
+    // With --json a refusal is also a JSON object on stdout, with the daemon's HTTP status.
+    for (args, status) in [
+        (&["--json", "volume", "info", "nope"][..], 404),
+        (
+            &["--json", "volume", "create", VOL0, "--size", "1G"][..],
+            409,
+        ),
+    ] {
+        let out = daemon.cli(args);
+        assert_one_line_reason("refusal with --json", &out);
+        let v: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: stdout is not JSON ({e})"));
+        assert_eq!(v["status"], status, "{args:?}: {v}");
+        assert!(v["error"].as_str().is_some_and(|r| !r.is_empty()), "{v}");
+    }
     // The one line names what is missing.
     let missing = daemon.cli(&["volume", "create", "x"]);
     let reason = String::from_utf8_lossy(&missing.stderr);
