@@ -265,10 +265,27 @@ pub fn write_checkpoint(
     layout: &Layout,
     cp: &Checkpoint,
 ) -> Result<(), EngineError> {
-    let bytes = cp.encode(CHECKPOINT_AREA_BYTES as usize)?;
-    for off in layout.checkpoint_offsets {
-        write_padded(fast, &bytes, off)?;
-        fast.flush()?;
+    write_checkpoint_from(fast, layout, cp, 0).map_err(|(e, _)| e)
+}
+
+/// [`write_checkpoint`], copy `first` (0 for A, 1 for B) first. On failure, also says which
+/// copy may be damaged now (the one being written): the next checkpoint must start with that
+/// one, so the other, complete copy is not overwritten while no other complete copy exists.
+/// Nothing written (the checkpoint does not encode) leaves `first` as it was.
+pub fn write_checkpoint_from(
+    fast: &dyn Device,
+    layout: &Layout,
+    cp: &Checkpoint,
+    first: usize,
+) -> Result<(), (EngineError, usize)> {
+    let bytes = cp
+        .encode(CHECKPOINT_AREA_BYTES as usize)
+        .map_err(|e| (e, first))?;
+    for copy in [first, 1 - first] {
+        let off = layout.checkpoint_offsets[copy];
+        write_padded(fast, &bytes, off)
+            .and_then(|()| Ok(fast.flush()?))
+            .map_err(|e| (e, copy))?;
     }
     Ok(())
 }

@@ -270,6 +270,7 @@ fn new_shared(
         index_root: cp.index_root,
         index_generation: cp.index_generation,
         log_tail: (0, 0),
+        first_copy: 0,
     };
     Shared {
         cfg,

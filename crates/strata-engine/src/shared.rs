@@ -15,7 +15,7 @@ use crate::capacity::{CrcCache, SegTable, SummaryCache};
 use crate::ctree::{CTree, PagePtr};
 use crate::error::EngineError;
 use crate::format::*;
-use crate::layout::{write_checkpoint, Layout};
+use crate::layout::{write_checkpoint_from, Layout};
 use crate::log::LogState;
 use crate::map::{ExtentMap, Loc};
 use crate::rangelock::RangeLocks;
@@ -204,6 +204,9 @@ pub struct Durable {
     /// The log tail (block, seq) of the last checkpoint this opening wrote; (0, 0) before the
     /// first.
     pub log_tail: (u64, u64),
+    /// The checkpoint copy written first (0: A, 1: B). After a failed checkpoint, the copy
+    /// that failed, which may be torn: it is mended before the whole one is overwritten.
+    pub first_copy: usize,
 }
 
 /// The index part of a checkpoint.
@@ -445,7 +448,12 @@ impl Shared {
             snapshots: t.snapshots.values().cloned().collect(),
             wear: self.device_wear(),
         };
-        write_checkpoint(self.fast.as_ref(), &self.layout, &cp)?;
+        write_checkpoint_from(self.fast.as_ref(), &self.layout, &cp, d.first_copy).map_err(
+            |(e, suspect)| {
+                d.first_copy = suspect;
+                e
+            },
+        )?;
         d.generation += 1;
         d.log_tail = tail;
         Ok(())
