@@ -70,8 +70,12 @@ impl Destager {
         let width = self.sh.caps.len();
         let mut stripe: Vec<Builder> = Vec::new();
         let mut jobs: Vec<(usize, u32, BypassJob)> = Vec::new();
-        // Every entry of this round sorts after the log records written so far.
-        let seq = self.sh.log.lock().next_seq;
+        // Every entry of this round sorts after the log records answered so far, which
+        // include every older copy of its range (the job holds the range). Not the log's
+        // next seq: batches placed but not yet durable are ahead of it, and should the power
+        // fail before they are, the next opening hands their seqs out again; a segment entry
+        // carrying one of them would then sort after a newer write (FORMAT.md, 5.3).
+        let seq = self.sh.retired_seq.load(Ordering::Acquire);
         while let Ok(job) = self.bypass_rx.try_recv() {
             let n = job.data.len() as u64 / BLOCK_U64;
             if !stripe.last().is_some_and(|b| b.fits(n, 1)) {

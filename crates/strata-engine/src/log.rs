@@ -1039,10 +1039,9 @@ impl LogWriter {
         self.turn_moved.notify_all();
         match result {
             Ok(()) => {
-                self.committed_seq.store(
-                    t.meta.first_seq + t.meta.records.len() as u64,
-                    Ordering::Release,
-                );
+                let end = t.meta.first_seq + t.meta.records.len() as u64;
+                self.committed_seq.store(end, Ordering::Release);
+                self.sh.retired_seq.fetch_max(end, Ordering::AcqRel);
                 let bytes: u64 = t
                     .reqs
                     .iter()

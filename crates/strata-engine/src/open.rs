@@ -104,6 +104,7 @@ pub fn open_shared(
     crate::replay::clear_end(&sh, &r)?;
     let mut state = r.state;
     state.cache_budget_blocks = (sh.cfg.read_cache_ratio * sh.layout.log_blocks as f64) as u64;
+    sh.retired_seq.store(state.next_seq, Ordering::Release);
     *sh.log.lock() = state;
     count_fast_live(&sh);
     sh.rebuild_runtimes();
@@ -279,6 +280,7 @@ fn new_shared(
         log: Mutex::new(LogState::new(layout.log_blocks, 0, 1)),
         layout,
         durable: Mutex::new(durable),
+        retired_seq: AtomicU64::new(1),
         reclaim: Arc::new(RwLock::new(())),
         log_freed: Condvar::new(),
         log_freed_signal: crossbeam_channel::bounded(1),

@@ -230,6 +230,10 @@ pub struct Shared {
     pub caps: Vec<Arc<dyn Device>>,
     pub layout: Layout,
     pub durable: Mutex<Durable>,
+    /// One past the highest record seq answered (durable, applied, acknowledged) in this
+    /// opening; at open, the seq replay stopped at. Every later opening hands out seqs from at
+    /// least this, so it is the seq for entries written outside the log (bypass.rs).
+    pub retired_seq: AtomicU64,
     /// Readers hold it shared while they read from a location; space is freed under it
     /// exclusively, so a location found in the index stays valid for the whole read. In an
     /// `Arc` so an asynchronous read can hold it from submission to completion, which runs

@@ -2,7 +2,7 @@
 //! power cuts, torn writes and injected I/O errors. Every randomised test prints its seed;
 //! `STRATA_TEST_SEED=<n>` replays one.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +22,9 @@ struct Switched {
     /// Writes left before the power goes off (after that write reaches the volatile cache);
     /// negative: no limit. Shared by every device of the group.
     writes_left: Arc<AtomicI64>,
+    /// Writes at or past this offset wait until it is raised or the power goes off (a device
+    /// that stalls); u64::MAX: none wait. Only the fast device has one.
+    stall_from: Option<Arc<AtomicU64>>,
 }
 
 impl Switched {
@@ -58,6 +61,11 @@ impl Device for Switched {
         self.inner.read_async(buf, offset, done)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        if let Some(from) = &self.stall_from {
+            while offset >= from.load(Ordering::SeqCst) && !self.off.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
         self.check()?;
         if self.writes_left.fetch_sub(1, Ordering::SeqCst) == 0 {
             self.off.store(true, Ordering::SeqCst);
@@ -87,6 +95,8 @@ pub(crate) struct Rig {
     power: Arc<AtomicBool>,
     /// See `Switched::writes_left`.
     pub writes_left: Arc<AtomicI64>,
+    /// See `Switched::stall_from` (the fast device's).
+    pub stall_fast_from: Arc<AtomicU64>,
     cfg: EngineConfig,
     pub dg: Option<Arc<DiskGroup>>,
 }
@@ -114,6 +124,7 @@ impl Rig {
             caps,
             power: Arc::new(AtomicBool::new(false)),
             writes_left: Arc::new(AtomicI64::new(-1)),
+            stall_fast_from: Arc::new(AtomicU64::new(u64::MAX)),
             cfg,
             dg: None,
         };
@@ -126,6 +137,7 @@ impl Rig {
             inner: self.fast.clone(),
             off: self.power.clone(),
             writes_left: self.writes_left.clone(),
+            stall_from: Some(self.stall_fast_from.clone()),
         });
         let caps = self
             .caps
@@ -135,6 +147,7 @@ impl Rig {
                     inner: c.clone(),
                     off: self.power.clone(),
                     writes_left: self.writes_left.clone(),
+                    stall_from: None,
                 }) as Arc<dyn Device>
             })
             .collect();
@@ -167,6 +180,7 @@ impl Rig {
         }
         self.power = Arc::new(AtomicBool::new(false));
         self.writes_left = Arc::new(AtomicI64::new(-1));
+        self.stall_fast_from = Arc::new(AtomicU64::new(u64::MAX));
         self.start().expect("reopen after power loss");
     }
 

@@ -144,3 +144,83 @@ fn short_small_or_tier_mode_writes_use_the_log() {
     assert_eq!(dg.volume_figures("off").unwrap().bypassed_bytes, 3 * MIB);
     check(dg, off, 0, &tagged(0, 4 * MIB as usize, 8), "off, then on");
 }
+
+/// The seqs a bypass stamps on its segment entries are never ahead of what the log has
+/// answered: a batch placed but not yet durable when the power fails has its seqs handed out
+/// again by the next opening, and a segment entry carrying one of them would sort after a
+/// newer write at recovery (an acknowledged write lost to older data).
+#[test]
+fn a_bypass_carries_no_seq_the_next_opening_hands_out_again() {
+    let mut rig = rig(93);
+    let v = rig
+        .dg()
+        .create_volume_with_policy("s", 8 * MIB, &bypassing(MIB))
+        .unwrap()
+        .id;
+    // Another volume, so its write does not break the stream.
+    let o = rig.dg().create_volume("o", MIB).unwrap().id;
+    let kib256 = 256 * KIB as usize;
+    // The stream's first MiB, through the log: the stream is established.
+    for at in (0..MIB as usize).step_by(kib256) {
+        let at = at as u64;
+        rig.dg().write(v, at, &tagged(at, kib256, 1)).unwrap();
+    }
+    let sh = rig.dg().sh.clone();
+    let log_start = sh.layout.log_byte(0);
+    assert!(sh.layout.checkpoint_offsets.iter().all(|&o| o < log_start));
+    // From here the log's writes stall (the checkpoints' do not): a write elsewhere is placed
+    // in the log and waits there, never to become durable.
+    rig.stall_fast_from.store(log_start, Ordering::SeqCst);
+    let dg = rig.group().clone();
+    let elsewhere = std::thread::spawn(move || dg.write(o, 0, &[7; 4096]));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while sh.log.lock().next_seq <= sh.retired_seq.load(Ordering::SeqCst) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the write was not placed"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The stream goes on past the cutoff: its next write bypasses the log (segment and
+    // checkpoint durable); the record that would acknowledge it waits behind the stall.
+    let dg = rig.group().clone();
+    let stream = std::thread::spawn(move || {
+        let at = MIB;
+        dg.write(v, at, &tagged(at, kib256, 2))
+    });
+    while rig.dg().volume_figures("s").unwrap().bypassed_bytes == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stream did not bypass"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    rig.power_cut_and_restart();
+    assert!(elsewhere.join().unwrap().is_err(), "never acknowledged");
+    assert!(stream.join().unwrap().is_err(), "never acknowledged");
+    let sh = rig.dg().sh.clone();
+    let next_seq = sh.log.lock().next_seq;
+    let sealed: Vec<u32> = {
+        let segs = sh.segs.lock();
+        (0..segs.segs.len() as u32)
+            .filter(|&s| segs.segs[s as usize].state == crate::capacity::SegState::Sealed)
+            .collect()
+    };
+    let mut entries = 0;
+    for seg in sealed {
+        let Some(summary) = crate::capacity::read_summary(&sh, seg).unwrap() else {
+            continue;
+        };
+        for e in summary.entries {
+            entries += 1;
+            assert!(
+                e.seq <= next_seq,
+                "segment {seg} holds an entry of seq {} (lba {}), but this opening hands out \
+                 seqs from {next_seq}",
+                e.seq,
+                e.lba
+            );
+        }
+    }
+    assert!(entries > 0, "the bypass segment was found");
+}
