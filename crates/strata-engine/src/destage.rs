@@ -1376,7 +1376,7 @@ impl Destager {
                 continue;
             }
             let summary = load_summary(&self.sh, seg)?;
-            let runs = live_seg_runs(&self.sh, seg, &summary)?;
+            let (summary, runs) = live_seg_runs(&self.sh, seg, summary)?;
             let b: u64 = runs.iter().map(|r| r.2).sum();
             if blocks + b > max_blocks || entries + runs.len() > max_entries {
                 // Another candidate may still fit.
@@ -1841,38 +1841,105 @@ fn commit_relocation(sh: &Shared, seg: u32, b: &Builder) -> Result<(), EngineErr
     apply_tree_sets(sh, &sets, false)
 }
 
-/// Live data of a segment per the index: (entry index, block offset in entry, blocks).
+/// Live data of a segment per the index: (entry index, block offset in entry, blocks), and
+/// the summary to read the entries from. Blocks a merge moved (a deleted snapshot's blocks,
+/// handed to its child) are indexed under another layer than the summary names: when the
+/// summary names a layer gone or merging and the index holds fewer of the segment's blocks
+/// under the named layers than are live, the other layers are searched, and each block found
+/// gets an entry of its own in a copy of the summary, under the layer that holds it now.
 fn live_seg_runs(
     sh: &Shared,
     seg: u32,
-    s: &SegmentSummary,
-) -> Result<Vec<(usize, u64, u64)>, EngineError> {
+    s: Arc<SegmentSummary>,
+) -> Result<(Arc<SegmentSummary>, LiveRuns), EngineError> {
     let mut out = Vec::new();
+    let mut found = 0;
     for (i, e) in s.entries.iter().enumerate() {
         if e.kind != RecordKind::Write {
             continue;
         }
-        let (a, z) = (
-            key_of(e.layer, e.lba),
-            key_of(e.layer, e.lba + u64::from(e.nblocks)),
-        );
-        let found = meta::with_tree_read(sh, |t| {
-            let mut v = Vec::new();
-            t.lookup(a, z, &mut v).map(|()| v)
-        })?;
-        for h in found {
-            let off = (h.key - a) as u64;
-            if h.loc
-                == (Loc::Cap {
-                    seg,
-                    block: e.data_block + off as u32,
-                })
-            {
-                out.push((i, off, h.len));
+        for (off, len) in held_by(sh, seg, e, e.layer)? {
+            out.push((i, off, len));
+            found += len;
+        }
+    }
+    let live = u64::from(sh.segs.lock().segs[seg as usize].live_blocks);
+    let (layers, moved_from): (Vec<u32>, Vec<u32>) = {
+        let idx = sh.index.read();
+        let moved_from = s
+            .entries
+            .iter()
+            .map(|e| e.layer)
+            .filter(|l| {
+                idx.layers
+                    .get(l)
+                    .is_none_or(|st| st.rec.flags & (LAYER_DELETED | LAYER_MERGING) != 0)
+            })
+            .collect();
+        (idx.layers.keys().copied().collect(), moved_from)
+    };
+    if found >= live || moved_from.is_empty() {
+        return Ok((s, out));
+    }
+    let mut extra = Vec::new();
+    'entries: for e in s.entries.iter() {
+        if e.kind != RecordKind::Write || !moved_from.contains(&e.layer) {
+            continue;
+        }
+        for &layer in layers.iter().filter(|&&l| l != e.layer) {
+            for (off, len) in held_by(sh, seg, e, layer)? {
+                extra.push(SummaryEntry {
+                    layer,
+                    lba: e.lba + off,
+                    nblocks: len as u32,
+                    data_block: e.data_block + off as u32,
+                    ..*e
+                });
+                found += len;
+            }
+            if found >= live {
+                break 'entries;
             }
         }
     }
-    Ok(out)
+    if extra.is_empty() {
+        return Ok((s, out));
+    }
+    let mut copy = (*s).clone();
+    for x in extra {
+        out.push((copy.entries.len(), 0, u64::from(x.nblocks)));
+        copy.entries.push(x);
+    }
+    Ok((Arc::new(copy), out))
+}
+
+/// The parts of entry `e`'s blocks that `layer` maps to their place in segment `seg`:
+/// (block offset in the entry, blocks).
+fn held_by(
+    sh: &Shared,
+    seg: u32,
+    e: &SummaryEntry,
+    layer: u32,
+) -> Result<Vec<(u64, u64)>, EngineError> {
+    let (a, z) = (
+        key_of(layer, e.lba),
+        key_of(layer, e.lba + u64::from(e.nblocks)),
+    );
+    let found = meta::with_tree_read(sh, |t| {
+        let mut v = Vec::new();
+        t.lookup(a, z, &mut v).map(|()| v)
+    })?;
+    Ok(found
+        .into_iter()
+        .filter_map(|h| {
+            let off = (h.key - a) as u64;
+            let here = Loc::Cap {
+                seg,
+                block: e.data_block + off as u32,
+            };
+            (h.loc == here).then_some((off, h.len))
+        })
+        .collect())
 }
 
 fn add_seg_runs(
