@@ -581,3 +581,42 @@ fn an_open_file_device_is_refused_to_a_second_opener_until_closed() {
     let again = open_path(&link, None).unwrap();
     assert_eq!(again.size_bytes(), 4 * MIB);
 }
+
+/// io_uring_enter can fail without the I/O having failed: EAGAIN or EBUSY when the kernel is
+/// short of memory for requests or of completion slots, or anything at all once the I/O is in
+/// flight. The buffer belongs to the kernel until the I/O completes, so the call waits for it;
+/// and an entry the kernel never took must not be submitted with a later I/O.
+#[test]
+fn a_failed_io_uring_enter_never_leaves_an_io_behind() {
+    use crate::uring::injected::fail_enters;
+    if !io_uring_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let dev = FileDevice::open(&dir.path().join("dev"), &options(MIB, IoBackend::IoUring)).unwrap();
+    dev.write_at(&pattern(4, 7), 0).unwrap();
+    dev.write_at(&pattern(4, 9), 64 * BLOCK).unwrap();
+    let read = |offset: u64| {
+        let mut back = AlignedBuf::new_zeroed(4 * BLOCK_SIZE);
+        dev.read_at(&mut back, offset).map(|()| back)
+    };
+    // Transient: waited out.
+    fail_enters(3, libc::EAGAIN, false);
+    assert_eq!(read(0).unwrap(), pattern(4, 7));
+    fail_enters(2, libc::EBUSY, false);
+    assert_eq!(read(64 * BLOCK).unwrap(), pattern(4, 9));
+    // Any failure with the read in flight: the read is waited for, and its data is right.
+    fail_enters(2, libc::EINVAL, true);
+    assert_eq!(read(0).unwrap(), pattern(4, 7));
+    // A failure before the kernel took the read: an error, and nothing left queued that a
+    // later read would submit and take the completion of.
+    fail_enters(1, libc::EINVAL, false);
+    let mut stale = AlignedBuf::new_zeroed(4 * BLOCK_SIZE);
+    assert!(dev.read_at(&mut stale, 0).is_err());
+    assert_eq!(read(64 * BLOCK).unwrap(), pattern(4, 9));
+    assert!(stale.iter().all(|&b| b == 0), "the refused read ran later");
+    // Writes and the durable path go the same way.
+    fail_enters(2, libc::EAGAIN, false);
+    dev.write_durable_at(&pattern(4, 11), 128 * BLOCK).unwrap();
+    assert_eq!(read(128 * BLOCK).unwrap(), pattern(4, 11));
+}

@@ -70,17 +70,30 @@ const CALLER_RING_ENTRIES: u32 = 4;
 /// ring per caller thread the I/O is still submitted and completed through io_uring, with no
 /// hand-off, and the kernel sees as many I/Os in flight as there are callers.
 ///
+/// Never returns while an entry it queued is in the kernel's hands (see [`Pending`]); if it
+/// fails with one still queued, the ring is dropped, so the next call starts clean.
+///
 /// # Safety
 /// The buffer named in `op` must stay valid, and untouched by
 /// anyone else, until this returns.
 pub(crate) unsafe fn execute_on_caller_ring(fd: RawFd, op: Op) -> io::Result<()> {
+    with_caller_ring(|ring| run_on_ring(ring, fd, op))
+}
+
+/// Runs `f` on the calling thread's ring (made on first use). If `f` fails and left entries
+/// queued that the kernel never took, the ring goes: a later call would submit them.
+fn with_caller_ring<T>(f: impl FnOnce(&mut IoUring) -> io::Result<T>) -> io::Result<T> {
     CALLER_RING.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.is_none() {
             *slot = Some(IoUring::new(CALLER_RING_ENTRIES)?);
         }
         let ring = slot.as_mut().ok_or_else(|| io::Error::other("caller ring missing"))?;
-        run_on_ring(ring, fd, op)
+        let result = f(ring);
+        if result.is_err() && !ring.submission().is_empty() {
+            *slot = None;
+        }
+        result
     })
 }
 
@@ -88,10 +101,11 @@ fn run_on_ring(ring: &mut IoUring, fd: RawFd, op: Op) -> io::Result<()> {
     let mut progress = Progress { op, progress_bytes: 0 };
     let mut retries = 0;
     loop {
-        let sqe = build_sqe_at(fd, op, progress.progress_bytes).user_data(1);
+        let sqe = build_sqe_at(fd, op, progress.progress_bytes).user_data(ONE);
         // SAFETY: the SQE names the caller's buffer, which outlives this call (see above).
         unsafe { ring.submission().push(&sqe) }.map_err(|_| io::Error::other("caller ring full"))?;
-        let result = wait_completion(ring)?;
+        let mut pending = Pending::new(1);
+        let result = pending.next(ring)?.1;
         if step(&mut progress, result, &mut retries)?.is_some() {
             return Ok(());
         }
@@ -114,38 +128,21 @@ pub(crate) unsafe fn execute_together_on_caller_ring(
     if ops.len() > CALLER_RING_ENTRIES as usize {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many I/Os for one submission"));
     }
-    CALLER_RING.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        if slot.is_none() {
-            *slot = Some(IoUring::new(CALLER_RING_ENTRIES)?);
-        }
-        let ring = slot.as_mut().ok_or_else(|| io::Error::other("caller ring missing"))?;
+    with_caller_ring(|ring| {
         for (i, op) in ops.iter().enumerate() {
             let sqe = build_sqe_at(fd, *op, 0).user_data(i as u64);
             // SAFETY: the SQE names the caller's buffer, which outlives this call (see above).
             unsafe { ring.submission().push(&sqe) }.map_err(|_| io::Error::other("caller ring full"))?;
         }
+        let mut pending = Pending::new(ops.len());
+        // Nothing is in flight if this fails: `meanwhile` is skipped and the ring dropped.
+        pending.submit(ring)?;
+        let mut first_err = meanwhile().err();
         let mut results: Vec<Option<i32>> = vec![None; ops.len()];
-        let mut pending = ops.len();
-        let submitted = loop {
-            match ring.submit() {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                other => break other,
-            }
-        };
-        let mut first_err = submitted.and_then(|_| meanwhile()).err();
-        while pending > 0 {
-            match ring.submit_and_wait(1) {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-            for cqe in ring.completion() {
-                let i = cqe.user_data() as usize;
-                if let Some(r) = results.get_mut(i).filter(|r| r.is_none()) {
-                    *r = Some(cqe.result());
-                    pending -= 1;
-                }
+        while !pending.done() {
+            let (i, r) = pending.next(ring)?;
+            if let Some(slot) = results.get_mut(i as usize).filter(|r| r.is_none()) {
+                *slot = Some(r);
             }
         }
         for (op, result) in ops.iter().zip(results) {
@@ -154,10 +151,11 @@ pub(crate) unsafe fn execute_together_on_caller_ring(
             let mut outcome = step(&mut progress, result.unwrap_or(-libc::EIO), &mut retries);
             // Whatever is left of this op (a short transfer, a transient error) runs alone.
             while let Ok(None) = outcome {
-                let sqe = build_sqe_at(fd, *op, progress.progress_bytes).user_data(u64::MAX);
+                let sqe = build_sqe_at(fd, *op, progress.progress_bytes).user_data(ONE);
                 // SAFETY: as above.
                 unsafe { ring.submission().push(&sqe) }.map_err(|_| io::Error::other("caller ring full"))?;
-                outcome = wait_completion(ring).and_then(|r| step(&mut progress, r, &mut retries));
+                let mut one = Pending::new(1);
+                outcome = one.next(ring).and_then(|(_, r)| step(&mut progress, r, &mut retries));
             }
             if let Err(e) = outcome {
                 first_err.get_or_insert(e);
@@ -167,19 +165,84 @@ pub(crate) unsafe fn execute_together_on_caller_ring(
     })
 }
 
-/// Submits what is queued and waits for the one completion, through interruptions (a
-/// retried wait submits nothing twice: the queue is already empty).
-fn wait_completion(ring: &mut IoUring) -> io::Result<i32> {
-    loop {
-        match ring.submit_and_wait(1) {
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-        if let Some(cqe) = ring.completion().next() {
-            return Ok(cqe.result());
+/// `user_data` of an op run alone.
+const ONE: u64 = u64::MAX;
+
+/// The entries one call queued on its ring, until each has completed. An entry the kernel
+/// has taken owns its buffer until its completion is reaped, so [`Pending::next`] gives up
+/// only while the kernel has taken none of them; then the caller's ring still queues them,
+/// and [`with_caller_ring`] drops it.
+struct Pending {
+    /// Entries queued and not yet completed.
+    left: usize,
+}
+
+impl Pending {
+    fn new(queued: usize) -> Pending {
+        Pending { left: queued }
+    }
+
+    /// Whether the kernel holds any of the entries: taken from the queue, not completed.
+    fn in_flight(&self, ring: &mut IoUring) -> bool {
+        self.left > ring.submission().len()
+    }
+
+    fn done(&self) -> bool {
+        self.left == 0
+    }
+
+    /// Submits what is queued, without waiting for completions.
+    fn submit(&mut self, ring: &mut IoUring) -> io::Result<()> {
+        self.enter(ring, 0).map(drop)
+    }
+
+    /// Submits what is queued and waits for one completion: (user_data, result).
+    fn next(&mut self, ring: &mut IoUring) -> io::Result<(u64, i32)> {
+        loop {
+            if let Some(cqe) = ring.completion().next() {
+                self.left = self.left.saturating_sub(1);
+                return Ok((cqe.user_data(), cqe.result()));
+            }
+            self.enter(ring, 1)?;
         }
     }
+
+    /// One io_uring_enter, through its transient failures: EINTR, and EAGAIN or EBUSY, which
+    /// the kernel returns when it is short of memory for requests or of completion slots.
+    /// Another failure is returned only while the kernel holds none of this call's entries;
+    /// with one in flight, returning would free its buffer under the kernel, so this waits.
+    fn enter(&mut self, ring: &mut IoUring, want: usize) -> io::Result<usize> {
+        let mut reported = false;
+        loop {
+            match submit_and_wait(ring, want) {
+                Ok(n) => return Ok(n),
+                Err(e) => {
+                    let errno = e.raw_os_error().unwrap_or(0);
+                    if errno == libc::EINTR {
+                        continue;
+                    }
+                    let transient = matches!(errno, libc::EAGAIN | libc::EBUSY);
+                    if !transient && !self.in_flight(ring) {
+                        return Err(e);
+                    }
+                    if !transient && !reported {
+                        tracing::error!(error = %e, "io_uring_enter failed with I/O in flight; waiting for it");
+                        reported = true;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+        }
+    }
+}
+
+/// `IoUring::submit_and_wait`, or a failure injected by a test first.
+fn submit_and_wait(ring: &mut IoUring, want: usize) -> io::Result<usize> {
+    #[cfg(test)]
+    if let Some(e) = injected::take(ring) {
+        return Err(e);
+    }
+    ring.submit_and_wait(want)
 }
 
 struct Progress {
@@ -234,5 +297,39 @@ fn build_sqe_at(fd: RawFd, op: Op, done: usize) -> squeue::Entry {
                 .build()
         }
         Op::Fsync => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
+    }
+}
+
+/// Failures of io_uring_enter injected by tests, per thread.
+#[cfg(test)]
+pub(crate) mod injected {
+    use std::cell::Cell;
+    use std::io;
+
+    use io_uring::IoUring;
+
+    thread_local! {
+        /// (failures left, errno, submit first): with the last set, the queued entries are
+        /// submitted before the failure is returned, so they are in flight (as after a call
+        /// that submitted them and a later one, waiting, that failed).
+        static ENTER: Cell<(u32, i32, bool)> = const { Cell::new((0, 0, false)) };
+    }
+
+    /// The next `n` io_uring_enter calls of this thread fail with `errno`, after submitting
+    /// what is queued if `submit_first`.
+    pub(crate) fn fail_enters(n: u32, errno: i32, submit_first: bool) {
+        ENTER.with(|c| c.set((n, errno, submit_first)));
+    }
+
+    pub(super) fn take(ring: &mut IoUring) -> Option<io::Error> {
+        let (n, errno, submit_first) = ENTER.with(Cell::get);
+        if n == 0 {
+            return None;
+        }
+        ENTER.with(|c| c.set((n - 1, errno, submit_first)));
+        if submit_first && ring.submit().is_err() {
+            return None;
+        }
+        Some(io::Error::from_raw_os_error(errno))
     }
 }
