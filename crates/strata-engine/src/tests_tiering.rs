@@ -447,3 +447,38 @@ fn a_volume_at_its_iops_limit_does_not_slow_its_neighbour() {
     assert!(dg.volume_figures("slow").unwrap().limited_wait_ms >= 1000);
     assert_eq!(dg.volume_figures("quick").unwrap().limited_wait_ms, 0);
 }
+
+/// Two policy changes made at once, each naming its own field, both take effect: each is
+/// applied to the policy as it stands under the volume table's lock, not to a copy read before.
+#[test]
+fn concurrent_policy_changes_to_different_fields_are_both_kept() {
+    let rig = Rig::new(16 * MIB, &[32 * MIB], small_cfg(), 41);
+    rig.dg().create_volume("p", MIB).unwrap();
+    let rounds = 200u64;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 1..=rounds {
+                rig.dg()
+                    .update_policy("p", |p| Policy {
+                        iops_limit: i,
+                        ..*p
+                    })
+                    .unwrap();
+            }
+        });
+        s.spawn(|| {
+            for i in 1..=rounds {
+                let bandwidth_limit_bytes_per_s = i << 20;
+                rig.dg()
+                    .update_policy("p", |p| Policy {
+                        bandwidth_limit_bytes_per_s,
+                        ..*p
+                    })
+                    .unwrap();
+            }
+        });
+    });
+    let p = rig.dg().policy("p").unwrap();
+    assert_eq!(p.iops_limit, rounds, "{p:?}");
+    assert_eq!(p.bandwidth_limit_bytes_per_s, rounds << 20, "{p:?}");
+}

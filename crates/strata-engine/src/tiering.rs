@@ -76,11 +76,27 @@ impl DiskGroup {
     /// Changes a volume's policy; it takes effect at once (the destager and the read path
     /// read it on every decision) and is durable when this returns.
     pub fn set_policy(&self, volume: &str, policy: &Policy) -> Result<(), EngineError> {
-        policy.validate()?;
-        let encoded = policy.encode();
-        self.change_volume(volume, |v| v.policy = encoded)?;
+        self.update_policy(volume, |_| *policy).map(drop)
+    }
+
+    /// Changes a volume's policy from the one it has: `f` is given the policy as it stands
+    /// under the volume table's lock, so two changes made at once (each naming a few fields)
+    /// both take effect. Returns the policy set.
+    pub fn update_policy(
+        &self,
+        volume: &str,
+        f: impl FnOnce(&Policy) -> Policy,
+    ) -> Result<Policy, EngineError> {
+        let mut set = None;
+        self.change_volume(volume, |v| {
+            let policy = f(&Policy::decode(&v.policy)?);
+            policy.validate()?;
+            v.policy = policy.encode();
+            set = Some(policy);
+            Ok(())
+        })?;
         self.sh.wake_destager();
-        Ok(())
+        set.ok_or_else(|| EngineError::Failed("the policy was not set".into()))
     }
 
     pub fn policy(&self, volume: &str) -> Result<Policy, EngineError> {

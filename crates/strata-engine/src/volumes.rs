@@ -283,7 +283,7 @@ impl DiskGroup {
     pub(crate) fn change_volume(
         &self,
         name: &str,
-        f: impl FnOnce(&mut VolumeRecord),
+        f: impl FnOnce(&mut VolumeRecord) -> Result<(), EngineError>,
     ) -> Result<(), EngineError> {
         self.change(|t| {
             let id = t.volume_named(name)?.id;
@@ -291,8 +291,7 @@ impl DiskGroup {
                 .volumes
                 .get_mut(&id)
                 .ok_or_else(|| EngineError::NotFound(name.into()))?;
-            f(v);
-            Ok(())
+            f(v)
         })
     }
 

@@ -94,8 +94,9 @@ async fn put_policy(
         let info = group
             .volume(&name)
             .ok_or_else(|| EngineError::NotFound(name.clone()))?;
-        let policy = resolve_policy(Some(&patch), &group.policy(&name)?)?;
-        group.set_policy(&name, &policy)?;
+        // The patch applies to the policy as it stands when the change is made, so two
+        // patches at once both take effect.
+        let policy = group.update_policy(&name, |current| patch.apply(current))?;
         tracing::info!(volume = %name, policy = ?policy, "volume policy changed");
         Ok::<_, ApiError>(volume_json(&s, &base, info))
     })
