@@ -286,6 +286,28 @@ where
     }
 }
 
+/// `Path`, whose rejection (a parameter that does not decode, e.g. `%FF`) is a JSON error
+/// like every other answer of the API, not axum's plain text.
+pub(crate) struct ApiPath<T>(pub T);
+
+impl<S, T> axum::extract::FromRequestParts<S> for ApiPath<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(ApiPath(value)),
+            Err(e) => Err(ApiError::new(e.status(), crate::one_line(&e.body_text()))),
+        }
+    }
+}
+
 pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<T, ApiError> {
@@ -427,7 +449,7 @@ async fn create_volume(
 
 async fn get_volume(
     State(state): State<Arc<AppState>>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     headers: HeaderMap,
 ) -> Result<Json<VolumeJson>, ApiError> {
     let base = export_base(state.nbd_addr, &headers);
@@ -446,7 +468,7 @@ async fn get_volume(
 
 async fn resize_volume(
     State(state): State<Arc<AppState>>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<VolumeJson>, ApiError> {
@@ -476,7 +498,7 @@ async fn resize_volume(
 
 async fn delete_volume(
     State(state): State<Arc<AppState>>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     params: Result<Query<DeleteParams>, QueryRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let Query(params) =

@@ -6,13 +6,15 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use strata_engine::{EngineError, Mode, Policy, VolumeFigures};
 
-use crate::api::{blocking, export_base, parse_body, volume_json, ApiError, AppState, VolumeJson};
+use crate::api::{
+    blocking, export_base, parse_body, volume_json, ApiError, ApiPath, AppState, VolumeJson,
+};
 use crate::routes::Routes;
 
 pub fn routes() -> Routes<Arc<AppState>> {
@@ -82,7 +84,7 @@ pub type FiguresJson = VolumeFigures;
 
 async fn put_policy(
     State(state): State<Arc<AppState>>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<VolumeJson>, ApiError> {

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -17,7 +17,7 @@ use strata_engine::{EngineError, SnapshotInfo};
 
 use crate::api::{
     blocking, export_base, parse_body, validate_name, validate_name_of, volume_json, ApiError,
-    AppState, SpaceJson, VolumeJson,
+    ApiPath, AppState, SpaceJson, VolumeJson,
 };
 use crate::metrics::IoTotalsJson;
 use crate::routes::Routes;
@@ -147,7 +147,7 @@ async fn list_all(
 
 async fn list_of_volume(
     State(state): State<Arc<AppState>>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     headers: HeaderMap,
 ) -> Result<Json<SnapshotListJson>, ApiError> {
     let base = export_base(state.nbd_addr, &headers);
@@ -167,7 +167,7 @@ fn find_snapshot(state: &AppState, volume: &str, name: &str) -> Result<SnapshotI
 
 async fn get_one(
     State(state): State<Arc<AppState>>,
-    Path((volume, name)): Path<(String, String)>,
+    ApiPath((volume, name)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Json<SnapshotJson>, ApiError> {
     let base = export_base(state.nbd_addr, &headers);
@@ -181,7 +181,7 @@ async fn get_one(
 
 async fn create(
     State(state): State<Arc<AppState>>,
-    Path(volume): Path<String>,
+    ApiPath(volume): ApiPath<String>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -210,7 +210,7 @@ async fn create(
 
 async fn delete(
     State(state): State<Arc<AppState>>,
-    Path((volume, name)): Path<(String, String)>,
+    ApiPath((volume, name)): ApiPath<(String, String)>,
     params: Result<Query<ForceParams>, QueryRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let Query(params) =
@@ -227,7 +227,7 @@ async fn delete(
 
 async fn clone_volume(
     State(state): State<Arc<AppState>>,
-    Path(volume): Path<String>,
+    ApiPath(volume): ApiPath<String>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -251,7 +251,7 @@ async fn clone_volume(
 
 async fn rollback(
     State(state): State<Arc<AppState>>,
-    Path(volume): Path<String>,
+    ApiPath(volume): ApiPath<String>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<VolumeJson>, ApiError> {

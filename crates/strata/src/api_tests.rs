@@ -120,6 +120,17 @@ async fn errors_are_json_with_proper_status() {
     let (s, v) = call(&app, "GET", "/api/v1/volumes/nope", None).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
     assert_eq!(v["error"], "volume \"nope\" not found");
+    // A name that does not decode (not UTF-8) in any route's path: JSON too.
+    for (method, uri) in [
+        ("GET", "/api/v1/volumes/%FF"),
+        ("GET", "/api/v1/volumes/%FF/snapshots"),
+        ("GET", "/api/v1/volumes/a/snapshots/%FF"),
+        ("PUT", "/api/v1/volumes/%FF/policy"),
+    ] {
+        let (s, v) = call(&app, method, uri, None).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{method} {uri}: {v}");
+        assert!(v["error"].as_str().is_some(), "{method} {uri}: {v}");
+    }
 
     call(
         &app,
