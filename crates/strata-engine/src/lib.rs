@@ -842,7 +842,11 @@ impl DiskGroup {
             )?;
         }
         // Only the span that holds something needs a record: zeros already read as zeros.
-        let pieces = resolve::resolve_view(&self.sh, vol, full0, full1 - full0)?;
+        // (The reclaim hold ends before the records wait for log space.)
+        let pieces = {
+            let _shared = self.sh.reclaim.read();
+            resolve::resolve_view(&self.sh, vol, full0, full1 - full0)?
+        };
         let mut data = pieces.iter().filter(|p| p.loc.is_some());
         let present = data.next().map(|first| {
             let last = pieces
@@ -890,7 +894,11 @@ impl DiskGroup {
             return Ok(Vec::new());
         }
         let (b0, b1) = block_span(offset, len);
-        let pieces = resolve::resolve_view(&self.sh, view, b0, b1 - b0)?;
+        // As for a read: a flush may not free an index page this lookup is loading.
+        let pieces = {
+            let _shared = self.sh.reclaim.read();
+            resolve::resolve_view(&self.sh, view, b0, b1 - b0)?
+        };
         let end = offset + len;
         let mut out: Vec<Extent> = Vec::new();
         for p in pieces {

@@ -44,6 +44,8 @@ impl DiskGroup {
         let mut at = 0;
         while at < size_blocks {
             let n = CHUNK_BLOCKS.min(size_blocks - at);
+            // As for a read: a flush may not free an index page this count is loading.
+            let _shared = self.sh.reclaim.read();
             meta::with_index_tree(&self.sh, |idx, t| {
                 let mut part = SpaceReport::default();
                 count_chunk(idx, t, view, at, n, &mut part)?;
