@@ -1081,7 +1081,14 @@ impl Destager {
             if rt.policy().promote_after_reads == 0 {
                 continue;
             }
-            let marked = |k: u64| self.sh.fast_read.is_marked(c.from + k);
+            // A block whose bytes no longer match the crc the segment keeps for it was damaged
+            // in the log: a copy of it would get a fresh, valid crc and be read as data.
+            let intact = |k: u64| {
+                let block = (c.to_block as u64 + k) as usize;
+                let at = block * BLOCK;
+                crc32c::crc32c(&b.data[at..at + BLOCK]) == b.crcs[block]
+            };
+            let marked = |k: u64| self.sh.fast_read.is_marked(c.from + k) && intact(k);
             let mut k = 0;
             while k < c.len {
                 if !marked(k) {

@@ -482,3 +482,60 @@ fn concurrent_policy_changes_to_different_fields_are_both_kept() {
     assert_eq!(p.iops_limit, rounds, "{p:?}");
     assert_eq!(p.bandwidth_limit_bytes_per_s, rounds << 20, "{p:?}");
 }
+
+/// A block read while in the log keeps a clean copy in the read cache when it is destaged. If
+/// its log block was damaged meanwhile, that copy must not be made from the damaged bytes with
+/// a fresh crc: reads would then return the damage as data. They fail with a checksum error.
+#[test]
+fn a_damaged_log_block_read_before_destage_is_never_served_as_data() {
+    let p = Policy {
+        promote_after_reads: 1,
+        ..Policy::default()
+    };
+    let rig = Rig::new(
+        32 * MIB,
+        &[48 * MIB],
+        EngineConfig {
+            read_cache_ratio: 0.2,
+            ..small_cfg()
+        },
+        68,
+    );
+    let dg = rig.dg();
+    let v = dg.create_volume_with_policy("c", 8 * MIB, &p).unwrap().id;
+    let lba = 7;
+    dg.write(v, lba * 4096, &block_of(lba, 9)).unwrap();
+    assert_eq!(
+        read_block(dg, v, lba),
+        block_of(lba, 9),
+        "read while in the log"
+    );
+    let loc = |dg: &DiskGroup| crate::resolve::resolve_view(&dg.sh, v, lba, 1).unwrap()[0].loc;
+    let Some(Loc::Fast(b)) = loc(dg) else {
+        panic!("block {lba} is not in the log: {:?}", loc(dg));
+    };
+    rig.fast
+        .flip_bit(dg.sh.layout.log_byte(b) + 100, 3)
+        .unwrap();
+    // Other writes push the log past its marks: the destager moves the block as it would
+    // under load (not a forced drain, which keeps no copies).
+    let filler: Vec<u8> = vec![1; 64 * 4096];
+    let mut at = 64u64;
+    assert!(
+        eventually(60, || {
+            dg.write(v, at * 4096, &filler).unwrap();
+            at = if at + 128 >= 2048 { 64 } else { at + 64 };
+            matches!(loc(dg), Some(Loc::Cap { .. }))
+        }),
+        "block {lba} was not destaged"
+    );
+    for async_read in [false, true] {
+        let mut taken = 0;
+        let read = read_either(rig.group(), v, lba * 4096, 4096, async_read, &mut taken);
+        assert!(
+            matches!(read, Err(EngineError::Corrupt(_))),
+            "async {async_read}: the damaged block read as {:?}",
+            read.map(|d| d[..16].to_vec())
+        );
+    }
+}
