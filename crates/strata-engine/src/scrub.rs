@@ -144,9 +144,30 @@ fn run(sh: &Shared, opts: &ScrubOptions) -> Result<ScrubReport, EngineError> {
         sh.scrub
             .total_bytes
             .store(s.estimate(&layers), Ordering::Relaxed);
-        s.check_metadata()?;
+        // An error that stops one part (an index page unreadable in both copies, a read that
+        // fails) is damage to report; the scrub goes on with the next part, so the report
+        // keeps what it found and later data is still checked. Only a stopping group ends it.
+        let ends = |e: &EngineError| {
+            matches!(
+                e,
+                EngineError::ShuttingDown | EngineError::InUse(_) | EngineError::Failed(_)
+            )
+        };
+        if let Err(e) = s.check_metadata() {
+            if ends(&e) {
+                return Err(e);
+            }
+            let why = format!("metadata check stopped early at an error: {e}");
+            s.report.metadata_damaged.push(why);
+        }
         for (layer, name) in &layers {
-            s.check_layer(*layer, name)?;
+            if let Err(e) = s.check_layer(*layer, name) {
+                if ends(&e) {
+                    return Err(e);
+                }
+                let why = format!("{name}: check stopped at an error, the rest is unchecked: {e}");
+                s.report.metadata_damaged.push(why);
+            }
         }
         s.report.finished_unix_s = unix_now_s();
         let report = s.report;

@@ -273,3 +273,38 @@ fn checksum_failures_are_counted_on_the_device_that_holds_the_bad_copy() {
     want[1 + on] = 1;
     assert_eq!(by_dev, want);
 }
+
+/// A metadata read that fails (here the fast device's first reads: both superblock copies and
+/// then a checkpoint copy) stops that part of the scrub, not the scrub: the report says so and
+/// keeps what else it found, and the data after it is still checked.
+#[test]
+fn a_failed_metadata_read_is_reported_not_the_end_of_the_scrub() {
+    let mut rig = Rig::new(32 * MIB, &[48 * MIB], small_cfg(), 43);
+    let v = rig.dg().create_volume("v", 4 * MIB).unwrap().id;
+    for lba in 0..512u64 {
+        rig.dg().write(v, lba * 4096, &block_of(lba, 0x11)).unwrap();
+    }
+    assert!(rig.dg().destage_all(Duration::from_secs(10)));
+    let w = rig.dg().create_volume("w", MIB).unwrap().id;
+    rig.dg().write(w, 0, &block_of(0, 0x33)).unwrap();
+    rig.clean_restart();
+    // w's block is in the log: damaged, to see that the scrub gets that far.
+    rig.fast
+        .flip_bit(find_block(&rig.fast, &block_of(0, 0x33)) + 17, 5)
+        .unwrap();
+    rig.fast.fail_next_reads(3);
+    let dg = rig.dg();
+    let report = dg
+        .scrub(&ScrubOptions::default())
+        .expect("a report, not an error");
+    assert!(!report.clean(), "{report:#?}");
+    let damaged = report.metadata_damaged.join("\n");
+    assert!(damaged.contains("both superblock copies"), "{damaged}");
+    assert!(damaged.contains("stopped early"), "{damaged}");
+    assert!(
+        report.bad_blocks.iter().any(|b| b.volume == "w"),
+        "the scrub stopped before w: {report:#?}"
+    );
+    let last = dg.scrub_status().last.expect("the report is kept");
+    assert_eq!(last.metadata_damaged, report.metadata_damaged);
+}
