@@ -95,11 +95,13 @@ pub fn write_superblock(dev: &dyn Device, sb: &Superblock) -> Result<(), EngineE
     Ok(())
 }
 
-/// Formats blank devices into a new disk group.
+/// Formats blank devices into a new disk group. `check` sees the layout before anything is
+/// written (the caller's limits that depend on it).
 pub fn format(
     fast: &dyn Device,
     caps: &[Arc<dyn Device>],
     segment_size_bytes: u64,
+    check: impl FnOnce(&Layout) -> Result<(), EngineError>,
 ) -> Result<(Layout, Checkpoint), EngineError> {
     let group = new_uuid();
     let fast_size = fast.size_bytes() / BLOCK_U64 * BLOCK_U64;
@@ -150,10 +152,13 @@ pub fn format(
     // only once everything it needs is durable. A crash before that leaves a blank fast
     // device; open then refuses to format over the capacity devices it finds labelled (they
     // could be a real group whose fast device was replaced) and says so.
+    // Every check comes before the first write: a refused format leaves the devices blank,
+    // so the same devices can be formatted once the settings are right.
+    let layout = layout_from(&sbs)?;
+    check(&layout)?;
     for (dev, sb) in caps.iter().zip(&sbs[1..]) {
         write_superblock(dev.as_ref(), sb)?;
     }
-    let layout = layout_from(&sbs)?;
     let now = crate::format::unix_now_s();
     let wear = vec![
         DeviceWear {

@@ -67,23 +67,18 @@ pub fn open_shared(
                     )));
                 }
             }
-            let (layout, cp) = format(fast.as_ref(), &caps, cfg.segment_size_bytes)?;
+            let fits = |layout: &Layout| batch_fits(&cfg, layout);
+            let (layout, cp) = format(fast.as_ref(), &caps, cfg.segment_size_bytes, fits)?;
             report.formatted = true;
             (layout, cp)
         }
         Some(sb) => {
             let layout = identify(&sb, fast.as_ref(), &caps)?;
+            batch_fits(&cfg, &layout)?;
             let cp = read_checkpoint(fast.as_ref(), &layout)?;
             (layout, cp)
         }
     };
-    if cfg.max_batch_bytes as u64 > u64::from(layout.geo.data_blocks) * BLOCK_U64 / 2
-        || cfg.max_batch_bytes as u64 > layout.log_blocks * BLOCK_U64 / 4
-    {
-        return Err(EngineError::InvalidArgument(
-            "max batch size must be at most half a segment and a quarter of the log".into(),
-        ));
-    }
     let sh = Arc::new(new_shared(fast, caps, cfg, layout, &checkpoint));
     load_segment_table(&sh, &checkpoint)?;
     recount_index_pages(&sh, &checkpoint)?;
@@ -113,6 +108,18 @@ pub fn open_shared(
     sh.durable.lock().epoch = checkpoint.epoch + 1;
     meta::flush_index(&sh)?;
     Ok((sh, report))
+}
+
+/// A batch must fit half a segment (the destager moves whole records) and a quarter of the log.
+fn batch_fits(cfg: &EngineConfig, layout: &Layout) -> Result<(), EngineError> {
+    if cfg.max_batch_bytes as u64 > u64::from(layout.geo.data_blocks) * BLOCK_U64 / 2
+        || cfg.max_batch_bytes as u64 > layout.log_blocks * BLOCK_U64 / 4
+    {
+        return Err(EngineError::InvalidArgument(
+            "max batch size must be at most half a segment and a quarter of the log".into(),
+        ));
+    }
+    Ok(())
 }
 
 fn validate_config(cfg: &EngineConfig) -> Result<(), EngineError> {

@@ -1149,6 +1149,65 @@ fn corruption_on_either_tier_is_an_error_not_data() {
     assert!(dg.stats().checksum_errors_total >= 4);
 }
 
+/// A format refused for its settings writes nothing: the devices stay blank, so the next start
+/// with settings that fit formats them (a device left labelled would be refused for good, as
+/// one that may belong to a group whose fast device was replaced).
+#[test]
+fn a_refused_format_leaves_the_devices_blank() {
+    let blank = |d: &Arc<MemDevice>| {
+        crate::layout::read_superblock(d.as_ref())
+            .unwrap()
+            .is_none()
+    };
+    let fast = Arc::new(MemDevice::new("fast", 32 * MIB));
+    let cap = Arc::new(MemDevice::new("cap", 64 * MIB));
+    let open = |cfg: EngineConfig| {
+        DiskGroup::open(
+            fast.clone(),
+            vec![cap.clone() as Arc<dyn Device>],
+            cfg,
+            true,
+        )
+    };
+    // A batch larger than half a segment.
+    let too_big = EngineConfig {
+        max_batch_bytes: MIB as usize,
+        ..small_cfg()
+    };
+    assert!(matches!(
+        open(too_big),
+        Err(EngineError::InvalidArgument(_))
+    ));
+    assert!(
+        blank(&fast) && blank(&cap),
+        "the refused format wrote a superblock"
+    );
+    let dg = open(small_cfg()).expect("the same devices format with settings that fit");
+    dg.shutdown().unwrap();
+    // More segments than a group records (a sparse 17 TB device, 8 MiB segments).
+    let fast = Arc::new(MemDevice::new("fast", 32 * MIB));
+    let huge = Arc::new(MemDevice::new("huge", 17 << 40));
+    let cfg = EngineConfig {
+        segment_size_bytes: 8 * MIB,
+        ..small_cfg()
+    };
+    let refused = DiskGroup::open(
+        fast.clone(),
+        vec![huge.clone() as Arc<dyn Device>],
+        cfg,
+        true,
+    );
+    assert!(
+        matches!(&refused, Err(EngineError::InvalidArgument(m)) if m.contains("larger segments")),
+        "{:?}",
+        refused.err()
+    );
+    assert!(
+        blank(&fast) && blank(&huge),
+        "the refused format wrote a superblock"
+    );
+}
+
 #[test]
 fn foreign_and_newer_devices_are_refused() {
     let rig1 = Rig::new(32 * MIB, &[24 * MIB], small_cfg(), 7);
