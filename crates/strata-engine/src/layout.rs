@@ -57,6 +57,31 @@ fn read_block(dev: &dyn Device, offset: u64) -> Result<AlignedBuf, EngineError> 
     Ok(b)
 }
 
+/// How much of each end of a device must read as zeros for it to count as blank.
+pub const BLANK_EDGE_BYTES: u64 = 1 << 20;
+
+/// Refuses a device with data near either end, where file systems, volume managers and RAID
+/// keep their labels (btrfs at 64 KiB and ZFS past its first 8 KiB, which the superblock
+/// check alone reads as blank; md 0.90 and 1.0 at the end). Strata formats only blank devices.
+pub fn check_blank(dev: &dyn Device) -> Result<(), EngineError> {
+    let size = dev.size_bytes() / BLOCK_U64 * BLOCK_U64;
+    let edge = BLANK_EDGE_BYTES.min(size);
+    let mut b = AlignedBuf::new_zeroed(edge as usize);
+    for at in [0, size - edge] {
+        dev.read_at(&mut b, at)?;
+        if b.iter().any(|&x| x != 0) {
+            return Err(EngineError::Format(format!(
+                "device {} is not blank: it holds data within 1 MiB of its {} (a file system, \
+                 partition table or volume label?); Strata formats only blank devices: wipe it \
+                 first (wipefs -a, blkdiscard) if nothing on it is needed",
+                dev.name(),
+                if at == 0 { "start" } else { "end" }
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn write_padded(dev: &dyn Device, bytes: &[u8], offset: u64) -> Result<(), EngineError> {
     let mut b = AlignedBuf::new_zeroed(bytes.len().div_ceil(BLOCK) * BLOCK);
     b[..bytes.len()].copy_from_slice(bytes);

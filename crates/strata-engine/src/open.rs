@@ -67,6 +67,9 @@ pub fn open_shared(
                     )));
                 }
             }
+            for dev in std::iter::once(&fast).chain(&caps) {
+                check_blank(dev.as_ref())?;
+            }
             let fits = |layout: &Layout| batch_fits(&cfg, layout);
             let (layout, cp) = format(fast.as_ref(), &caps, cfg.segment_size_bytes, fits)?;
             report.formatted = true;

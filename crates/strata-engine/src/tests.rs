@@ -1208,6 +1208,44 @@ fn a_refused_format_leaves_the_devices_blank() {
     );
 }
 
+/// A device whose first 8 KiB are zero but that holds data near either end (a btrfs
+/// superblock at 64 KiB, a ZFS label, an md 1.0 superblock at the end) is not blank: it is
+/// refused, and nothing is written to any device.
+#[test]
+fn a_device_with_data_near_either_end_is_not_formatted() {
+    for (which, at) in [
+        ("fast", 64 * 1024),
+        ("cap", 64 * 1024),
+        ("cap", 64 * MIB - 8192),
+    ] {
+        let fast = Arc::new(MemDevice::new("fast", 32 * MIB));
+        let cap = Arc::new(MemDevice::new("cap", 64 * MIB));
+        let used = if which == "fast" { &fast } else { &cap };
+        let mut label = AlignedBuf::new_zeroed(4096);
+        label[..8].copy_from_slice(b"_BHRfS_M");
+        used.write_at(&label, at).unwrap();
+        used.flush().unwrap();
+        let caps = vec![cap.clone() as Arc<dyn Device>];
+        let refused = DiskGroup::open(fast.clone(), caps, small_cfg(), true);
+        assert!(
+            matches!(&refused, Err(EngineError::Format(m)) if m.contains("is not blank")),
+            "{which} at {at}: {:?}",
+            refused.err()
+        );
+        for d in [&fast, &cap] {
+            assert!(
+                crate::layout::read_superblock(d.as_ref())
+                    .unwrap()
+                    .is_none(),
+                "{which} at {at}: a superblock was written"
+            );
+        }
+        let mut back = AlignedBuf::new_zeroed(4096);
+        used.read_at(&mut back, at).unwrap();
+        assert_eq!(back, label, "{which} at {at}: the label was touched");
+    }
+}
+
 #[test]
 fn foreign_and_newer_devices_are_refused() {
     let rig1 = Rig::new(32 * MIB, &[24 * MIB], small_cfg(), 7);
