@@ -113,6 +113,16 @@ fn open_one(
     created: &mut Created,
 ) -> Result<Arc<dyn Device>> {
     let fresh = !path.exists();
+    // A missing path under /dev is a disk that is not there (not attached yet, or a typo): a
+    // file made in its place would live in memory, and everything written to it would be
+    // gone at the next boot. (/dev/shm is memory by choice: benchmarks use it.)
+    if fresh && path.starts_with("/dev") && !path.starts_with("/dev/shm") {
+        return Err(anyhow!(
+            "device {} does not exist: is the disk attached, and the path right? (Strata \
+             creates missing device files, but not under /dev)",
+            path.display()
+        ));
+    }
     if fresh {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             let missing: Vec<PathBuf> = parent

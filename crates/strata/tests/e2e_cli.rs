@@ -355,8 +355,14 @@ fn a_failed_start_leaves_nothing_behind() {
         "--http-listen",
         "127.0.0.1:0",
     ];
-    let cases: [(&str, &[&str], &str); 3] = [
+    let missing_disk = "/dev/strata-e2e-no-such-disk";
+    let cases: [(&str, &[&str], &str); 4] = [
         ("fast tier too small", &["--fast-size", "2M"], "at least"),
+        (
+            "a disk that is not there",
+            &["--capacity-device", missing_disk],
+            "does not exist",
+        ),
         (
             "capacity tier too small",
             &["--fast-size", "64M", "--capacity-size", "4M"],
@@ -386,6 +392,10 @@ fn a_failed_start_leaves_nothing_behind() {
             "{what}: the failed start left its data directory behind"
         );
     }
+    assert!(
+        !std::path::Path::new(missing_disk).exists(),
+        "a file was made under /dev"
+    );
 }
 
 #[test]
