@@ -163,8 +163,22 @@ pub fn flush_index(sh: &Shared) -> Result<(), EngineError> {
     let (plan, writes, parts) = {
         let tree = sh.tree.read();
         let mut segs = sh.segs.lock();
-        let plan = tree.plan_flush(&mut || alloc_ptr(&mut segs))?;
-        let segtab = plan_segtab(&mut segs)?;
+        // Page copies placed so far: given back if the planning fails half way (no room).
+        let mut placed = Vec::new();
+        let planned = (|| {
+            let plan = tree.plan_flush(&mut || alloc_ptr(&mut segs, &mut placed))?;
+            let segtab = plan_segtab(&mut segs, &mut placed)?;
+            Ok::<_, EngineError>((plan, segtab))
+        })();
+        let (plan, segtab) = match planned {
+            Ok(planned) => planned,
+            Err(e) => {
+                for addr in placed {
+                    segs.page_freed(addr);
+                }
+                return Err(e);
+            }
+        };
         let mut writes = PageWrites {
             pages: Vec::with_capacity(2 * (plan.pages.len() + segtab.len())),
         };
@@ -234,16 +248,21 @@ pub fn flush_index(sh: &Shared) -> Result<(), EngineError> {
     Ok(())
 }
 
-fn alloc_ptr(segs: &mut SegTable) -> Result<PagePtr, EngineError> {
-    Ok(PagePtr {
-        a: segs.alloc_page(0)?,
-        b: segs.alloc_page(1)?,
-    })
+/// Places both copies of a page, noting each copy placed in `placed`.
+fn alloc_ptr(segs: &mut SegTable, placed: &mut Vec<u64>) -> Result<PagePtr, EngineError> {
+    let a = segs.alloc_page(0)?;
+    placed.push(a);
+    let b = segs.alloc_page(1)?;
+    placed.push(b);
+    Ok(PagePtr { a, b })
 }
 
 /// Places the changed segment-table pages. Placing pages can open a new index segment, which
 /// changes the table again, so this runs until nothing new is dirty.
-fn plan_segtab(segs: &mut SegTable) -> Result<Vec<(usize, PagePtr, PageBody)>, EngineError> {
+fn plan_segtab(
+    segs: &mut SegTable,
+    placed_copies: &mut Vec<u64>,
+) -> Result<Vec<(usize, PagePtr, PageBody)>, EngineError> {
     let mut placed: Vec<(usize, PagePtr)> = Vec::new();
     loop {
         let todo: Vec<usize> = segs
@@ -256,7 +275,7 @@ fn plan_segtab(segs: &mut SegTable) -> Result<Vec<(usize, PagePtr, PageBody)>, E
             break;
         }
         for page in todo {
-            let ptr = alloc_ptr(segs)?;
+            let ptr = alloc_ptr(segs, placed_copies)?;
             placed.push((page, ptr));
         }
     }

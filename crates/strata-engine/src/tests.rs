@@ -1246,6 +1246,60 @@ fn a_device_with_data_near_either_end_is_not_formatted() {
     }
 }
 
+/// An index flush that finds no room half way through placing its pages gives back the page
+/// slots it had placed: nothing refers to them, and kept counted they would hold their index
+/// segment in use until the next open.
+#[test]
+fn an_index_flush_without_room_gives_back_the_pages_it_placed() {
+    let rig = Rig::new(32 * MIB, &[48 * MIB], small_cfg(), 47);
+    let dg = rig.dg();
+    let v = dg.create_volume("v", 8 * MIB).unwrap().id;
+    dg.write(v, 0, &vec![5u8; 4 * MIB as usize]).unwrap();
+    assert!(dg.destage_all(Duration::from_secs(10)));
+    dg.sh.destager_held.store(true, Ordering::Relaxed);
+    assert!(
+        dg.sh.tree.read().counts().dirty_nodes > 0,
+        "nothing to flush"
+    );
+    // No free segment, and the B copies' stream needs a new one: the flush places A copies
+    // in the open stream, then runs out.
+    let (taken, b_stream, a_seg, a_live) = {
+        let mut segs = dg.sh.segs.lock();
+        let mut taken = Vec::new();
+        while let Some(s) = segs.alloc(0) {
+            taken.push(s);
+        }
+        let b_stream = segs.streams[1];
+        segs.streams[1].next_block = u32::MAX;
+        let a_seg = segs.streams[0].seg;
+        assert_ne!(a_seg, u32::MAX, "the A stream has no open segment");
+        (
+            taken,
+            b_stream,
+            a_seg,
+            segs.segs[a_seg as usize].live_blocks,
+        )
+    };
+    let flushed = crate::meta::flush_index(&dg.sh);
+    assert!(matches!(flushed, Err(EngineError::NoSpace)), "{flushed:?}");
+    {
+        let mut segs = dg.sh.segs.lock();
+        assert_eq!(
+            segs.segs[a_seg as usize].live_blocks, a_live,
+            "page slots placed by the failed flush are still counted"
+        );
+        segs.streams[1] = b_stream;
+        for s in taken {
+            segs.unallocate(s);
+        }
+    }
+    crate::meta::flush_index(&dg.sh).expect("with room, the flush goes through");
+    dg.sh.destager_held.store(false, Ordering::Relaxed);
+    let mut back = vec![0u8; 4 * MIB as usize];
+    dg.read(v, 0, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 5));
+}
+
 #[test]
 fn foreign_and_newer_devices_are_refused() {
     let rig1 = Rig::new(32 * MIB, &[24 * MIB], small_cfg(), 7);
