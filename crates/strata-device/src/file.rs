@@ -110,6 +110,8 @@ pub struct FileDevice {
     reads: OnceLock<Option<AsyncReads>>,
     /// How I/O is issued (io_uring on the caller's thread, or plain system calls).
     engine: Engine,
+    /// This process's claim on the file (regular files), given up on drop.
+    _here: Option<OpenHere>,
     file: File,
     name: String,
     kind: Kind,
@@ -132,9 +134,14 @@ impl FileDevice {
         let metadata = metadata_or_create(path, options.create_size_bytes, options.preallocate)?;
         let kind = kind_of(path, &metadata)?;
         let file = open_direct(path, OpenMode::ReadWrite, kind)?;
-        if kind == Kind::Regular {
-            lock_file(path, &file)?;
-        }
+        let here = match kind {
+            Kind::Regular => {
+                let here = OpenHere::claim(path, &file)?;
+                lock_file(path, &file)?;
+                Some(here)
+            }
+            Kind::Block => None,
+        };
         let size_bytes = usable_size(path, &file, kind, &metadata)?;
         let preallocated = options.preallocate && kind == Kind::Regular;
         let preallocated = preallocated && preallocate(path, &file, size_bytes)?;
@@ -144,6 +151,7 @@ impl FileDevice {
         Ok(FileDevice {
             reads: OnceLock::new(),
             engine,
+            _here: here,
             file,
             name,
             kind,
@@ -386,20 +394,68 @@ fn open_direct(path: &Path, mode: OpenMode, kind: Kind) -> Result<File, DeviceEr
     })
 }
 
+/// Regular files open as devices in this process, by (device, inode): one file named twice
+/// (under two paths, through a symlink) is refused at once, without waiting for its lock.
+static OPEN_HERE: std::sync::Mutex<std::collections::BTreeSet<(u64, u64)>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+struct OpenHere((u64, u64));
+
+impl OpenHere {
+    fn claim(path: &Path, file: &File) -> Result<OpenHere, DeviceError> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = file.metadata().map_err(|e| open_error(path, e))?;
+        let key = (meta.dev(), meta.ino());
+        let mut open = OPEN_HERE.lock().unwrap_or_else(|e| e.into_inner());
+        if !open.insert(key) {
+            return Err(open_error(
+                path,
+                "is in use: it is already open as another device (the same file under two names?)",
+            ));
+        }
+        Ok(OpenHere(key))
+    }
+}
+
+impl Drop for OpenHere {
+    fn drop(&mut self) {
+        OPEN_HERE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.0);
+    }
+}
+
+/// How long opening waits for a file another opener holds. A process killed with I/O in
+/// flight keeps its files open a little past its death: the kernel drops an io_uring's file
+/// references only once the ring's requests are done, after the process is gone.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Locks a regular file for this device alone, the way O_EXCL does for a block device: a
 /// second daemon on the same files, or one file given twice (under two names), is refused
 /// instead of two writers corrupting each other.
 fn lock_file(path: &Path, file: &File) -> Result<(), DeviceError> {
-    os::lock_exclusive(file.as_raw_fd()).map_err(|err| {
-        if err.kind() == io::ErrorKind::WouldBlock {
-            open_error(
-                path,
-                "is in use: another Strata device (in this or another process) has it open",
-            )
-        } else {
-            open_error(path, format_args!("cannot lock: {err}"))
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    let mut said = false;
+    loop {
+        match os::lock_exclusive(file.as_raw_fd()) {
+            Ok(()) => return Ok(()),
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                if std::time::Instant::now() >= deadline {
+                    return Err(open_error(
+                        path,
+                        "is in use: another Strata device (in this or another process) has it open",
+                    ));
+                }
+                if !said {
+                    tracing::info!(path = %path.display(), "device file in use; waiting up to 5 s for it to be released");
+                    said = true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(err) => return Err(open_error(path, format_args!("cannot lock: {err}"))),
         }
-    })
+    }
 }
 
 /// The size Strata may use: the file length or device size, rounded down to 4 KiB.

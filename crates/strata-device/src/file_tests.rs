@@ -620,3 +620,29 @@ fn a_failed_io_uring_enter_never_leaves_an_io_behind() {
     dev.write_durable_at(&pattern(4, 11), 128 * BLOCK).unwrap();
     assert_eq!(read(128 * BLOCK).unwrap(), pattern(4, 11));
 }
+
+/// A file still locked by another opener for a moment (a process just killed with I/O in
+/// flight holds its files until the kernel has finished that I/O) is waited for; one held
+/// longer than the wait is refused.
+#[test]
+fn a_locked_file_is_waited_for_a_moment_then_refused() {
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dev");
+    drop(open_path(&path, Some(4 * MIB)).unwrap());
+    let holder = std::fs::File::open(&path).unwrap();
+    os::lock_exclusive(holder.as_raw_fd()).unwrap();
+    let released = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        drop(holder);
+    });
+    let dev = open_path(&path, None).expect("opened once the other opener let go");
+    released.join().unwrap();
+    drop(dev);
+    let holder = std::fs::File::open(&path).unwrap();
+    os::lock_exclusive(holder.as_raw_fd()).unwrap();
+    let started = std::time::Instant::now();
+    let text = open_error_text(FileDevice::open(&path, &OpenOptions::default()));
+    assert!(text.contains("is in use"), "{text}");
+    assert!(started.elapsed() >= LOCK_WAIT, "refused before the wait was over");
+}
