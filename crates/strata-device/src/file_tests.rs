@@ -644,5 +644,8 @@ fn a_locked_file_is_waited_for_a_moment_then_refused() {
     let started = std::time::Instant::now();
     let text = open_error_text(FileDevice::open(&path, &OpenOptions::default()));
     assert!(text.contains("is in use"), "{text}");
-    assert!(started.elapsed() >= LOCK_WAIT, "refused before the wait was over");
+    assert!(
+        started.elapsed() >= LOCK_WAIT,
+        "refused before the wait was over"
+    );
 }
