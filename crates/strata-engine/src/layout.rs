@@ -184,6 +184,25 @@ pub fn format(
     for (dev, sb) in caps.iter().zip(&sbs[1..]) {
         write_superblock(dev.as_ref(), sb)?;
     }
+    // Two paths to one storage (a disk seen twice, a file and a loop device over it) pass
+    // every check above, and the second label overwrites the first: each device must read
+    // back as itself. If one does not, the labels go again (those places held zeros), so the
+    // devices stay blank.
+    for (i, dev) in caps.iter().enumerate() {
+        let back = read_superblock(dev.as_ref()).ok().flatten();
+        if back.is_none_or(|sb| sb.device_index != i as u32) {
+            for dev in caps {
+                let zeros = AlignedBuf::new_zeroed(2 * BLOCK);
+                dev.write_at(&zeros, 0)?;
+                dev.flush()?;
+            }
+            return Err(EngineError::InvalidArgument(format!(
+                "capacity device {} did not read back as itself after formatting: two of the \
+                 devices given are the same storage",
+                dev.name()
+            )));
+        }
+    }
     let now = crate::format::unix_now_s();
     let wear = vec![
         DeviceWear {

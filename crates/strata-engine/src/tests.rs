@@ -1300,6 +1300,36 @@ fn an_index_flush_without_room_gives_back_the_pages_it_placed() {
     assert!(back.iter().all(|&b| b == 5));
 }
 
+/// Two capacity devices that are one storage (a disk seen twice, a file and a loop device over
+/// it) pass every check before formatting; the format finds them out and leaves them blank.
+#[test]
+fn one_storage_given_as_two_capacity_devices_is_refused_and_left_blank() {
+    let fast = Arc::new(MemDevice::new("fast", 32 * MIB));
+    let cap = Arc::new(MemDevice::new("cap", 64 * MIB));
+    let caps = vec![
+        cap.clone() as Arc<dyn Device>,
+        cap.clone() as Arc<dyn Device>,
+    ];
+    let refused = DiskGroup::open(fast.clone(), caps, small_cfg(), true);
+    assert!(
+        matches!(&refused, Err(EngineError::InvalidArgument(m)) if m.contains("same storage")),
+        "{:?}",
+        refused.err()
+    );
+    for d in [&fast, &cap] {
+        assert!(
+            crate::layout::read_superblock(d.as_ref())
+                .unwrap()
+                .is_none(),
+            "{} is not blank",
+            d.name()
+        );
+    }
+    let caps = vec![cap.clone() as Arc<dyn Device>];
+    let dg = DiskGroup::open(fast, caps, small_cfg(), true).expect("one of them formats");
+    dg.shutdown().unwrap();
+}
+
 #[test]
 fn foreign_and_newer_devices_are_refused() {
     let rig1 = Rig::new(32 * MIB, &[24 * MIB], small_cfg(), 7);
