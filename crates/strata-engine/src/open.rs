@@ -61,7 +61,7 @@ pub fn open_shared(
             for c in &caps {
                 if read_superblock(c.as_ref())?.is_some() {
                     return Err(EngineError::Format(format!(
-                        "capacity device {} already belongs to a disk group but the fast device {} is blank; refusing to format over it",
+                        "capacity device {} already belongs to a disk group but the fast device {} is blank; refusing to format over it (if a first start was cut short before the group existed, wipe the capacity device's first 8 KiB to start over; if the fast device was replaced or wiped, that group's data cannot be read without it)",
                         c.name(),
                         fast.name()
                     )));
