@@ -1149,16 +1149,19 @@ fn corruption_on_either_tier_is_an_error_not_data() {
     assert!(dg.stats().checksum_errors_total >= 4);
 }
 
+/// Asserts that no device of `devs` holds a superblock (a refused format wrote nothing).
+fn assert_unlabelled(devs: &[&Arc<MemDevice>], what: &str) {
+    for d in devs {
+        let sb = crate::layout::read_superblock(d.as_ref()).unwrap();
+        assert!(sb.is_none(), "{what}: {} holds a superblock", d.name());
+    }
+}
+
 /// A format refused for its settings writes nothing: the devices stay blank, so the next start
 /// with settings that fit formats them (a device left labelled would be refused for good, as
 /// one that may belong to a group whose fast device was replaced).
 #[test]
 fn a_refused_format_leaves_the_devices_blank() {
-    let blank = |d: &Arc<MemDevice>| {
-        crate::layout::read_superblock(d.as_ref())
-            .unwrap()
-            .is_none()
-    };
     let fast = Arc::new(MemDevice::new("fast", 32 * MIB));
     let cap = Arc::new(MemDevice::new("cap", 64 * MIB));
     let open = |cfg: EngineConfig| {
@@ -1178,10 +1181,7 @@ fn a_refused_format_leaves_the_devices_blank() {
         open(too_big),
         Err(EngineError::InvalidArgument(_))
     ));
-    assert!(
-        blank(&fast) && blank(&cap),
-        "the refused format wrote a superblock"
-    );
+    assert_unlabelled(&[&fast, &cap], "a batch too large");
     let dg = open(small_cfg()).expect("the same devices format with settings that fit");
     dg.shutdown().unwrap();
     // More segments than a group records (a sparse 17 TB device, 8 MiB segments).
@@ -1202,10 +1202,7 @@ fn a_refused_format_leaves_the_devices_blank() {
         "{:?}",
         refused.err()
     );
-    assert!(
-        blank(&fast) && blank(&huge),
-        "the refused format wrote a superblock"
-    );
+    assert_unlabelled(&[&fast, &huge], "too many segments");
 }
 
 /// A device whose first 8 KiB are zero but that holds data near either end (a btrfs
@@ -1232,14 +1229,7 @@ fn a_device_with_data_near_either_end_is_not_formatted() {
             "{which} at {at}: {:?}",
             refused.err()
         );
-        for d in [&fast, &cap] {
-            assert!(
-                crate::layout::read_superblock(d.as_ref())
-                    .unwrap()
-                    .is_none(),
-                "{which} at {at}: a superblock was written"
-            );
-        }
+        assert_unlabelled(&[&fast, &cap], &format!("{which} at {at}"));
         let mut back = AlignedBuf::new_zeroed(4096);
         used.read_at(&mut back, at).unwrap();
         assert_eq!(back, label, "{which} at {at}: the label was touched");
@@ -1316,15 +1306,7 @@ fn one_storage_given_as_two_capacity_devices_is_refused_and_left_blank() {
         "{:?}",
         refused.err()
     );
-    for d in [&fast, &cap] {
-        assert!(
-            crate::layout::read_superblock(d.as_ref())
-                .unwrap()
-                .is_none(),
-            "{} is not blank",
-            d.name()
-        );
-    }
+    assert_unlabelled(&[&fast, &cap], "one storage twice");
     let caps = vec![cap.clone() as Arc<dyn Device>];
     let dg = DiskGroup::open(fast, caps, small_cfg(), true).expect("one of them formats");
     dg.shutdown().unwrap();
