@@ -168,6 +168,11 @@ pub struct Superblock {
     /// Capacity device: first segment and segment count.
     pub segments_offset: u64,
     pub segment_count: u64,
+    /// Capacity device: the last opening (its epoch) that stamped it, at open and at a clean
+    /// shutdown. The checkpoint says which stamps the group's devices may carry
+    /// (`Checkpoint::device_stamps`), so a device restored from an older image is found out.
+    /// 0: never stamped (a group from before stamps). The fast device: always 0.
+    pub stamp: u32,
 }
 
 pub enum SuperblockRead {
@@ -193,7 +198,8 @@ impl Superblock {
         w.u64(self.log_offset)
             .u64(self.log_size_bytes)
             .u64(self.segments_offset)
-            .u64(self.segment_count);
+            .u64(self.segment_count)
+            .u32(self.stamp);
         let mut b = w.pad_to(BLOCK).buf.clone();
         seal_crc(&mut b, BLOCK - 4);
         b
@@ -254,6 +260,8 @@ impl Superblock {
             log_size_bytes: r.u64()?,
             segments_offset: r.u64()?,
             segment_count: r.u64()?,
+            // Padding (zero) in superblocks written before stamps.
+            stamp: r.u32()?,
         })
     }
 }
@@ -367,6 +375,10 @@ pub struct Checkpoint {
     pub snapshots: Vec<SnapshotRecord>,
     /// One per device, fast first, then the capacity devices in index order.
     pub wear: Vec<DeviceWear>,
+    /// The stamps (`Superblock::stamp`, inclusive range) the capacity devices may carry: a
+    /// device below it is older than this metadata, one above it is newer. None: a checkpoint
+    /// written before stamps (or by a build without them), which checks nothing.
+    pub device_stamps: Option<(u32, u32)>,
 }
 
 fn put_name(p: &mut Writer, name: &str) {
@@ -448,6 +460,10 @@ impl Checkpoint {
         p.u32(self.wear.len() as u32);
         for w in &self.wear {
             p.u64(w.bytes_written_total).u64(w.first_use_unix_s);
+        }
+        // After the wear records, where a build from before stamps stops reading.
+        if let Some((low, high)) = self.device_stamps {
+            p.u32(low).u32(high);
         }
         p
     }
@@ -619,6 +635,10 @@ impl Checkpoint {
                 })
             })
             .collect::<Result<Vec<_>, EngineError>>()?;
+        let device_stamps = match p.pos() == payload.len() {
+            true => None,
+            false => Some((p.u32()?, p.u32()?)),
+        };
         Ok(Checkpoint {
             group: [0; 16],
             generation: 0,
@@ -637,6 +657,7 @@ impl Checkpoint {
             volumes,
             snapshots,
             wear,
+            device_stamps,
         })
     }
 }
@@ -1092,8 +1113,11 @@ mod tests {
             log_size_bytes: 0,
             segments_offset: 1 << 20,
             segment_count: 100,
+            stamp: 6,
         };
         let mut b = sb.encode();
+        // The stamp sits at offset 116, in what was padding.
+        assert_eq!(b[116..120], 6u32.to_le_bytes());
         assert!(matches!(Superblock::decode(&b), SuperblockRead::Valid(x) if x == sb));
         assert!(matches!(
             Superblock::decode(&[0u8; BLOCK]),
@@ -1169,6 +1193,7 @@ mod tests {
                     first_use_unix_s: 1_700_000_001,
                 },
             ],
+            device_stamps: Some((3, 4)),
         };
         let b = cp.encode(1 << 20).unwrap();
         assert_eq!(Checkpoint::decode(&b, &[1; 16]).unwrap(), cp);
@@ -1176,6 +1201,16 @@ mod tests {
         let mut bad = b.clone();
         bad[70] ^= 0x10;
         assert!(Checkpoint::decode(&bad, &[1; 16]).is_err());
+        // A checkpoint from before stamps ends after the wear records: it reads as None, and
+        // the stamps are the payload's last 8 bytes.
+        let old = Checkpoint {
+            device_stamps: None,
+            ..cp.clone()
+        };
+        let b_old = old.encode(1 << 20).unwrap();
+        assert_eq!(Checkpoint::decode(&b_old, &[1; 16]).unwrap(), old);
+        let payload_len = |b: &[u8]| u32::from_le_bytes(b[52..56].try_into().unwrap());
+        assert_eq!(payload_len(&b), payload_len(&b_old) + 8);
     }
 
     #[test]

@@ -120,6 +120,38 @@ pub fn write_superblock(dev: &dyn Device, sb: &Superblock) -> Result<(), EngineE
     Ok(())
 }
 
+/// Sets a capacity device's stamp (`Superblock::stamp`) in both superblock copies. The copy
+/// not read from is written first, each write made durable before the next, so a valid copy
+/// exists at every instant (a damaged copy is mended on the way).
+pub fn write_stamp(dev: &dyn Device, stamp: u32) -> Result<(), EngineError> {
+    let mut found = None;
+    for copy in 0..2u64 {
+        let b = read_block(dev, copy * BLOCK_U64)?;
+        match Superblock::decode(&b) {
+            SuperblockRead::Valid(sb) if found.is_none() => found = Some((copy, sb)),
+            SuperblockRead::Valid(_) => {}
+            _ => tracing::warn!(
+                device = dev.name(),
+                "superblock copy {} is damaged; rewriting it",
+                if copy == 0 { "A" } else { "B" }
+            ),
+        }
+    }
+    let Some((read_from, mut sb)) = found else {
+        return Err(EngineError::Format(format!(
+            "device {}: no valid superblock to stamp",
+            dev.name()
+        )));
+    };
+    sb.stamp = stamp;
+    let b = sb.encode();
+    for copy in [1 - read_from, read_from] {
+        write_padded(dev, &b, copy * BLOCK_U64)?;
+        dev.flush()?;
+    }
+    Ok(())
+}
+
 /// Formats blank devices into a new disk group. `check` sees the layout before anything is
 /// written (the caller's limits that depend on it).
 pub fn format(
@@ -149,6 +181,7 @@ pub fn format(
         log_size_bytes: fast_size - FAST_LOG_OFFSET,
         segments_offset: 0,
         segment_count: 0,
+        stamp: 0,
     };
     let mut sbs = vec![fast_sb];
     for (i, dev) in caps.iter().enumerate() {
@@ -170,6 +203,8 @@ pub fn format(
             log_size_bytes: 0,
             segments_offset: SEGMENTS_OFFSET,
             segment_count: count,
+            // The format's epoch (its checkpoint's).
+            stamp: 1,
             ..sbs[0].clone()
         });
     }
@@ -229,6 +264,7 @@ pub fn format(
         volumes: Vec::new(),
         snapshots: Vec::new(),
         wear,
+        device_stamps: Some((1, 1)),
     };
     write_checkpoint(fast, &layout, &cp)?;
     write_superblock(fast, &sbs[0])?;

@@ -46,6 +46,8 @@ mod tests_scrub;
 #[cfg(test)]
 mod tests_snap;
 #[cfg(test)]
+mod tests_stamps;
+#[cfg(test)]
 mod tests_tiering;
 mod tiering;
 mod volumes;
@@ -1073,10 +1075,18 @@ impl DiskGroup {
         );
         self.stop_threads();
         if self.sh.state.load(Ordering::Acquire) != shared::STATE_FAILED {
-            // Nothing more reaches the log: the last checkpoint says where it ends.
+            // Nothing more reaches the log: the last checkpoint says where it ends. The
+            // capacity devices get a new stamp (the next opening's epoch), so a copy of one
+            // taken while the group was open is older than the group once it is closed.
             let end = self.sh.log.lock().next_seq;
-            self.sh.durable.lock().clean_log_end_seq = end;
+            let stamp = {
+                let mut d = self.sh.durable.lock();
+                d.clean_log_end_seq = end;
+                d.device_stamps.1 = d.epoch + 1;
+                d.epoch + 1
+            };
             meta::flush_index(&self.sh)?;
+            open::stamp_capacity_devices(&self.sh, stamp)?;
         }
         for d in &self.sh.caps {
             d.flush()?;

@@ -50,7 +50,8 @@ pub fn open_shared(
     }
     validate_config(&cfg)?;
     let mut report = OpenReport::default();
-    let (layout, checkpoint) = match read_superblock(fast.as_ref())? {
+    // With the layout and checkpoint, the stamps the capacity devices carry (`Superblock::stamp`).
+    let (layout, checkpoint, stamps) = match read_superblock(fast.as_ref())? {
         None => {
             if !create_if_blank {
                 return Err(EngineError::Format(format!(
@@ -73,13 +74,16 @@ pub fn open_shared(
             let fits = |layout: &Layout| batch_fits(&cfg, layout);
             let (layout, cp) = format(fast.as_ref(), &caps, cfg.segment_size_bytes, fits)?;
             report.formatted = true;
-            (layout, cp)
+            let stamps = cp.device_stamps.map_or(0, |s| s.0);
+            (layout, cp, vec![stamps; caps.len()])
         }
         Some(sb) => {
-            let layout = identify(&sb, fast.as_ref(), &caps)?;
+            let (layout, sbs) = identify(&sb, fast.as_ref(), &caps)?;
             batch_fits(&cfg, &layout)?;
             let cp = read_checkpoint(fast.as_ref(), &layout)?;
-            (layout, cp)
+            check_stamps(&cp, &sbs[1..], fast.as_ref(), &caps)?;
+            let stamps = sbs[1..].iter().map(|sb| sb.stamp).collect();
+            (layout, cp, stamps)
         }
     };
     let sh = Arc::new(new_shared(fast, caps, cfg, layout, &checkpoint));
@@ -107,10 +111,85 @@ pub fn open_shared(
     count_fast_live(&sh);
     sh.rebuild_runtimes();
     // A new epoch before anything new reaches the log, and an index without recent segments:
-    // the next open starts from here.
-    sh.durable.lock().epoch = checkpoint.epoch + 1;
+    // the next open starts from here. The capacity devices then carry the new epoch as their
+    // stamp: a copy of one taken before now is older than the group from here on.
+    let epoch = checkpoint.epoch + 1;
+    let oldest = stamps.iter().copied().min().unwrap_or(0);
+    {
+        let mut d = sh.durable.lock();
+        d.epoch = epoch;
+        d.device_stamps = (oldest, epoch);
+    }
     meta::flush_index(&sh)?;
+    stamp_capacity_devices(&sh, epoch)?;
     Ok((sh, report))
+}
+
+/// Stamps every capacity device with `stamp`, between two checkpoints: the one before (which
+/// the caller wrote) must accept both the old stamps and `stamp`, since a crash can leave any
+/// mix of them; the one after accepts `stamp` alone.
+pub(crate) fn stamp_capacity_devices(sh: &Shared, stamp: u32) -> Result<(), EngineError> {
+    debug_assert!(sh.durable.lock().device_stamps.1 == stamp);
+    for dev in &sh.caps {
+        let _sb = sh.superblocks.lock();
+        write_stamp(dev.as_ref(), stamp)?;
+    }
+    let mut d = sh.durable.lock();
+    d.device_stamps = (stamp, stamp);
+    let tail = d.log_tail;
+    sh.write_checkpoint_locked(&mut d, tail)
+}
+
+/// Refuses a capacity device whose stamp the checkpoint does not accept: one restored from an
+/// image older than the fast device's metadata, or a fast device older than its capacity
+/// devices. Either way its index and segments no longer describe each other, and reads would
+/// return old data as if it were current.
+fn check_stamps(
+    cp: &Checkpoint,
+    cap_sbs: &[Superblock],
+    fast: &dyn Device,
+    caps: &[Arc<dyn Device>],
+) -> Result<(), EngineError> {
+    let Some((low, high)) = cp.device_stamps else {
+        return Ok(());
+    };
+    let expected = match low == high {
+        true => format!("{low}"),
+        false => format!("{low} to {high}"),
+    };
+    let group = uuid_hex(&cp.group);
+    for (sb, dev) in cap_sbs.iter().zip(caps) {
+        if sb.stamp < low {
+            let last = match sb.stamp {
+                0 => "it carries no opening stamp (it was last used by a build without them)"
+                    .to_string(),
+                n => format!("it was last used by opening {n} of the group"),
+            };
+            return Err(EngineError::Format(format!(
+                "capacity device {} is older than the rest of disk group {group}: {last}, and \
+                 the metadata on fast device {} expects opening {expected}. It looks restored \
+                 from an older image or copy, and would return old data as current: put back \
+                 the device the group last used, or restore every device of the group from \
+                 the same point in time",
+                dev.name(),
+                fast.name(),
+            )));
+        }
+        if sb.stamp > high {
+            return Err(EngineError::Format(format!(
+                "fast device {} is older than the rest of disk group {group}: capacity device {} \
+                 was last used by opening {} of the group, and the fast device's metadata knows \
+                 openings up to {high} only. The fast device looks restored from an older image \
+                 or copy, and would return old data as current: put back the fast device the \
+                 group last used, or restore every device of the group from the same point in \
+                 time",
+                fast.name(),
+                dev.name(),
+                sb.stamp,
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A batch must fit half a segment (the destager moves whole records) and a quarter of the log.
@@ -156,11 +235,12 @@ fn validate_config(cfg: &EngineConfig) -> Result<(), EngineError> {
 }
 
 /// Checks that every capacity device belongs to this fast device's group, in this order.
+/// Returns the layout and the superblocks, the fast device's first.
 fn identify(
     fast_sb: &Superblock,
     fast: &dyn Device,
     caps: &[Arc<dyn Device>],
-) -> Result<Layout, EngineError> {
+) -> Result<(Layout, Vec<Superblock>), EngineError> {
     if fast_sb.role != Role::Fast {
         return Err(EngineError::Format(format!(
             "device {} is a capacity device, not a fast device",
@@ -222,7 +302,7 @@ fn identify(
             fast.name()
         )));
     }
-    layout_from(&sbs)
+    Ok((layout_from(&sbs)?, sbs))
 }
 
 fn new_shared(
@@ -282,6 +362,7 @@ fn new_shared(
         index_generation: cp.index_generation,
         log_tail: (0, 0),
         first_copy: 0,
+        device_stamps: cp.device_stamps.unwrap_or((0, 0)),
     };
     Shared {
         cfg,
@@ -329,6 +410,7 @@ fn new_shared(
         meta_reserve,
         index_dirty_limit,
         flush_guard: Mutex::new(()),
+        superblocks: Mutex::new(()),
         scrub: Default::default(),
     }
 }

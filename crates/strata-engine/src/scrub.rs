@@ -474,6 +474,8 @@ impl<'a> Scrubber<'a> {
     }
 
     fn check_superblocks(&mut self, dev: &dyn strata_device::Device) -> Result<(), EngineError> {
+        let sh = self.sh;
+        let _sb = sh.superblocks.lock();
         let mut copies = Vec::new();
         for copy in 0..2u64 {
             let mut b = AlignedBuf::new_zeroed(BLOCK);

@@ -207,6 +207,8 @@ pub struct Durable {
     /// The checkpoint copy written first (0: A, 1: B). After a failed checkpoint, the copy
     /// that failed, which may be torn: it is mended before the whole one is overwritten.
     pub first_copy: usize,
+    /// The capacity devices' stamps the next checkpoint accepts (`Checkpoint::device_stamps`).
+    pub device_stamps: (u32, u32),
 }
 
 /// The index part of a checkpoint.
@@ -292,6 +294,9 @@ pub struct Shared {
     pub wear_at_open: Vec<DeviceWear>,
     /// Held by index flushes; scrub holds it while it checks the durable index's pages.
     pub flush_guard: Mutex<()>,
+    /// Held while a device's superblock copies are read and rewritten (stamps, scrub's
+    /// repairs): a repair made from a copy read before a stamp changed would undo it.
+    pub superblocks: Mutex<()>,
     pub scrub: crate::scrub::ScrubState,
     /// Free segments kept for index flushes (two streams of pages; see `maint::meta_reserve`).
     pub meta_reserve: usize,
@@ -451,6 +456,7 @@ impl Shared {
             volumes: t.volumes.values().cloned().collect(),
             snapshots: t.snapshots.values().cloned().collect(),
             wear: self.device_wear(),
+            device_stamps: Some(d.device_stamps),
         };
         write_checkpoint_from(self.fast.as_ref(), &self.layout, &cp, d.first_copy).map_err(
             |(e, suspect)| {

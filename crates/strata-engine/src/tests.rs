@@ -170,6 +170,13 @@ impl Rig {
 
     /// Power loss: all devices stop at once, then each loses (part of) its volatile cache.
     pub fn power_cut_and_restart(&mut self) {
+        self.power_cut();
+        self.start().expect("reopen after power loss");
+    }
+
+    /// Power loss with the group stopped, if running: every device loses (part of) its
+    /// volatile cache, then the power is back (no write limit, no stall) for the next start.
+    pub fn power_cut(&mut self) {
         self.power.store(true, Ordering::SeqCst);
         if let Some(dg) = self.dg.take() {
             dg.halt_for_test();
@@ -181,7 +188,11 @@ impl Rig {
         self.power = Arc::new(AtomicBool::new(false));
         self.writes_left = Arc::new(AtomicI64::new(-1));
         self.stall_fast_from = Arc::new(AtomicU64::new(u64::MAX));
-        self.start().expect("reopen after power loss");
+    }
+
+    /// Whether the power went off (a write limit ran out) since the last cut.
+    pub fn power_is_off(&self) -> bool {
+        self.power.load(Ordering::SeqCst)
     }
 
     pub fn clean_restart(&mut self) {

@@ -1,7 +1,8 @@
 //! Scrub end to end, with the real daemon on files: data blocks damaged on each tier and one
 //! metadata copy damaged while the daemon is stopped; `strata scrub` finds every one by volume
 //! and offset, repairs the metadata copy, and reads of the damaged blocks fail with an I/O
-//! error. Also: the CLI's refusals (an unknown volume, a second scrub while one runs).
+//! error. Also: the CLI's refusals (an unknown volume, a second scrub while one runs), and a
+//! capacity device put back from an older copy, refused at start rather than read as current.
 mod common;
 
 use std::fs::{File, OpenOptions};
@@ -165,8 +166,9 @@ fn scrub_finds_damage_on_both_tiers_and_repairs_a_metadata_copy() {
     assert!(blocks_of(&capacity, 0xb1).is_empty(), "web's block 40k was destaged");
     flip_byte(&capacity, on_capacity[0] + 100);
     flip_byte(&fast, in_log[0] + 2000);
-    // Superblock copy B of the capacity device (copy A, at 0, is what opening reads).
-    flip_byte(&capacity, BLOCK as u64 + 64);
+    // Superblock copy B of the fast device (copy A, at 0, is what opening reads; a capacity
+    // device's copies are both rewritten at every opening, with its stamp).
+    flip_byte(&fast, BLOCK as u64 + 64);
     daemon.restart();
 
     let before = checksum_failures(&daemon);
@@ -179,7 +181,7 @@ fn scrub_finds_damage_on_both_tiers_and_repairs_a_metadata_copy() {
     assert_eq!(bad_blocks(&report), want, "{report:#}");
     let repaired: Vec<&str> = report["metadata_repaired"].as_array().expect("list").iter().filter_map(Value::as_str).collect();
     assert!(
-        repaired.len() == 1 && repaired[0].contains("capacity-0.img") && repaired[0].contains("superblock copy B"),
+        repaired.len() == 1 && repaired[0].contains("fast.img") && repaired[0].contains("superblock copy B"),
         "{report:#}"
     );
     assert_eq!(report["metadata_damaged"], Value::Array(vec![]), "{report:#}");
@@ -191,7 +193,7 @@ fn scrub_finds_damage_on_both_tiers_and_repairs_a_metadata_copy() {
     assert_eq!(metric(&daemon, "strata_scrub_last_bad_blocks", ""), 2.0);
     assert_eq!(metric(&daemon, "strata_scrub_last_metadata_repaired", ""), 1.0);
     // The copy on the device was rewritten from the good one.
-    assert_eq!(read_bytes(&capacity, 0, BLOCK), read_bytes(&capacity, BLOCK as u64, BLOCK), "superblock copy B not repaired");
+    assert_eq!(read_bytes(&fast, 0, BLOCK), read_bytes(&fast, BLOCK as u64, BLOCK), "superblock copy B not repaired");
 
     // Damaged blocks fail, never return data; their neighbours read as written.
     assert_read_fails(&daemon, "db", 12288);
@@ -268,4 +270,57 @@ fn scrub_refuses_an_unknown_volume_and_a_second_scrub() {
     assert!(report["data_bytes_verified"].as_u64() >= Some(16 * 4096), "{report:#}");
     let page = daemon.cli_ok(&["status"]);
     assert!(page.contains("scrub        clean: "), "{page}");
+}
+
+/// Copies a (sparse) device file.
+fn copy_device(from: &Path, to: &Path) {
+    let out = run_timeout(
+        &mut cmd("cp", &["--sparse=always", path_str(from), path_str(to)]),
+        Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "cp: {out:?}");
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// A capacity device put back from a copy taken before the last run (one device restored from
+/// a backup) no longer matches the fast device's metadata: the daemon refuses to start on it,
+/// with the reason, and starts again once the device it last used is back.
+#[test]
+fn a_capacity_device_put_back_from_an_older_copy_is_refused() {
+    if !require_tools(&["qemu-io"]) {
+        return;
+    }
+    let mut daemon = small_fast_tier();
+    daemon.create_volume("db", "64M");
+    qemu_io_ok(&daemon.nbd_uri("db"), &["write -P 0x11 0 8M"]);
+    daemon.terminate();
+    let capacity = daemon.data_dir().join("capacity-0.img");
+    let older = daemon.scratch_dir().join("capacity-0.older");
+    copy_device(&capacity, &older);
+
+    daemon.restart();
+    qemu_io_ok(&daemon.nbd_uri("db"), &["write -P 0x22 0 8M"]);
+    daemon.terminate();
+    let current = daemon.scratch_dir().join("capacity-0.current");
+    std::fs::rename(&capacity, &current).expect("set the current device aside");
+    copy_device(&older, &capacity);
+
+    let data = daemon.data_dir();
+    let args = ["serve", "--data-dir", path_str(&data), "--nbd-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"];
+    let out = run_timeout(&mut cmd(STRATA_BIN, &args), Duration::from_secs(60));
+    assert!(!out.status.success(), "started on the older copy: {out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
+    assert!(
+        last.starts_with("strata: ") && last.contains("capacity-0.img is older than the rest of disk group"),
+        "the last line must give the reason:\n{stderr}"
+    );
+    assert_eq!(read_bytes(&capacity, 0, 2 * BLOCK), read_bytes(&older, 0, 2 * BLOCK), "the refused start wrote the superblocks");
+
+    std::fs::rename(&current, &capacity).expect("put the current device back");
+    daemon.restart();
+    qemu_io_ok(&daemon.nbd_uri("db"), &["read -P 0x22 0 8M"]);
 }
