@@ -498,6 +498,11 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// Bytes of the payload (the header adds 64).
+    pub fn payload_len(&self) -> usize {
+        self.encode_payload().buf.len()
+    }
+
     pub fn encode(&self, area_bytes: usize) -> Result<Vec<u8>, EngineError> {
         self.check_limits()?;
         let p = self.encode_payload();

@@ -15,7 +15,7 @@ use crate::capacity::{CrcCache, SegTable, SummaryCache};
 use crate::ctree::{CTree, PagePtr};
 use crate::error::EngineError;
 use crate::format::*;
-use crate::layout::{write_checkpoint_from, Layout};
+use crate::layout::{write_checkpoint_from, Layout, CHECKPOINT_AREA_BYTES};
 use crate::log::LogState;
 use crate::map::{ExtentMap, Loc};
 use crate::rangelock::RangeLocks;
@@ -425,6 +425,49 @@ impl Shared {
         parts: &IndexParts,
         t: &Tables,
     ) -> Result<(), EngineError> {
+        let cp = self.checkpoint_of(d, tail, parts, t);
+        write_checkpoint_from(self.fast.as_ref(), &self.layout, &cp, d.first_copy).map_err(
+            |(e, suspect)| {
+                d.first_copy = suspect;
+                e
+            },
+        )?;
+        d.generation += 1;
+        d.log_tail = (cp.log_tail_offset / BLOCK_U64, cp.log_tail_seq);
+        Ok(())
+    }
+
+    /// Refuses a volume-table change that grows the table unless the checkpoint keeps room for
+    /// the longest list of recent segments (`MAX_RECENT_SEGMENTS`): the destager's checkpoints
+    /// carry the same table with the segments it sealed since the last index flush, and one
+    /// that does not fit leaves the log unfreed. A change that does not grow it (a deletion)
+    /// always goes through.
+    pub fn check_table_room(
+        &self,
+        d: &Durable,
+        before: &Tables,
+        after: &Tables,
+    ) -> Result<(), EngineError> {
+        let parts = IndexParts {
+            recent: vec![0; MAX_RECENT_SEGMENTS as usize],
+            ..self.durable_parts(d)
+        };
+        let cp = self.checkpoint_of(d, d.log_tail, &parts, after);
+        let now = self.checkpoint_of(d, d.log_tail, &parts, before);
+        if cp.payload_len() <= now.payload_len() {
+            return Ok(());
+        }
+        cp.encode(CHECKPOINT_AREA_BYTES as usize).map(|_| ())
+    }
+
+    /// The checkpoint of the log tail, the given index and the volume table `t`.
+    fn checkpoint_of(
+        &self,
+        d: &Durable,
+        tail: (u64, u64),
+        parts: &IndexParts,
+        t: &Tables,
+    ) -> Checkpoint {
         // A tail once made durable was destaged: the space behind it may hold newer batches
         // already, so no checkpoint may name an older one (replay would start there).
         let tail = if tail.1 < d.log_tail.1 {
@@ -438,7 +481,7 @@ impl Shared {
             tail
         };
         let next_segment_seq = self.segs.lock().next_seq;
-        let cp = Checkpoint {
+        Checkpoint {
             group: self.layout.group,
             generation: d.generation + 1,
             log_tail_offset: tail.0 * BLOCK_U64,
@@ -457,16 +500,7 @@ impl Shared {
             snapshots: t.snapshots.values().cloned().collect(),
             wear: self.device_wear(),
             device_stamps: Some(d.device_stamps),
-        };
-        write_checkpoint_from(self.fast.as_ref(), &self.layout, &cp, d.first_copy).map_err(
-            |(e, suspect)| {
-                d.first_copy = suspect;
-                e
-            },
-        )?;
-        d.generation += 1;
-        d.log_tail = tail;
-        Ok(())
+        }
     }
 
     /// Lifetime writes of every device now (fast first, then capacity in index order).

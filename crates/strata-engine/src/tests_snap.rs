@@ -8,7 +8,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::tests::{seed_for, small_cfg, Rig, MIB};
+use crate::tests::{check_volume, seed_for, small_cfg, Rig, MIB};
 use crate::*;
 
 const VOL_BYTES: usize = 2 * MIB as usize;
@@ -382,4 +382,94 @@ fn gc_moves_the_blocks_a_deleted_snapshot_handed_to_its_volume() {
     // The moved blocks' new entries (under the volume's layer) are what recovery reads.
     rig.power_cut_and_restart();
     check(rig.dg(), "after a power cut");
+}
+
+/// A volume-table change that grows the table must leave room in the checkpoint for the
+/// destager's recent segments: with a table filled until changes were refused, writes are
+/// still destaged and the log freed (the destager's checkpoints used to no longer fit, so the
+/// log tail stopped moving). Deleting still works on a full table.
+#[test]
+fn a_full_volume_table_still_lets_destage_free_the_log() {
+    use crate::format::{LayerRecord, SnapshotRecord};
+    let rig = Rig::new(
+        24 * MIB,
+        &[48 * MIB],
+        small_cfg(),
+        seed_for("a_full_volume_table_still_lets_destage_free_the_log"),
+    );
+    let dg = rig.dg();
+    let data = dg.create_volume("data", 16 * MIB).unwrap().id;
+    // Many volumes keep each one's chain of snapshot layers short.
+    let vols: Vec<u32> = (0..256)
+        .map(|i| dg.create_volume(&format!("v{i:0>63}"), MIB).unwrap().id)
+        .collect();
+    let full = |e: &EngineError| e.to_string().contains("the volume table is full");
+    // Snapshot records (106 bytes each with their layers) through the same admission as the
+    // API, many per change, then fewer, until none fits.
+    let mut taken = 0usize;
+    for chunk in [1024usize, 64, 4, 1] {
+        loop {
+            let result = dg.change(|t| {
+                for k in taken..taken + chunk {
+                    let vol = vols[k % vols.len()];
+                    let head = t.volumes[&vol].head;
+                    let (id, layer) = (t.next_id, t.next_id + 1);
+                    t.next_id += 2;
+                    t.layers.insert(
+                        layer,
+                        LayerRecord {
+                            id: layer,
+                            parent: head,
+                            flags: 0,
+                        },
+                    );
+                    t.snapshots.insert(
+                        id,
+                        SnapshotRecord {
+                            id,
+                            volume: vol,
+                            layer: head,
+                            size_bytes: MIB,
+                            created_unix_s: 1,
+                            name: format!("s{k:0>63}"),
+                        },
+                    );
+                    t.volumes.get_mut(&vol).unwrap().head = layer;
+                }
+                Ok(())
+            });
+            match result {
+                Ok(()) => taken += chunk,
+                Err(e) if full(&e) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+    assert!(taken > 5000, "only {taken} snapshots fit");
+    // Then volumes through the API (40 bytes and the name), with names of 64 letters down to
+    // one, until not even a one-letter name fits: less than 41 bytes are left.
+    let mut made = 0;
+    'fill: loop {
+        for len in [64, 32, 16, 8, 4, 2, 1] {
+            match dg.create_volume(&format!("{made:0>len$}"), MIB) {
+                Ok(_) => {
+                    made += 1;
+                    continue 'fill;
+                }
+                Err(e) if full(&e) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        break;
+    }
+    // Writes that seal a dozen segments before the next index flush.
+    let model = vec![7u8; 12 * MIB as usize];
+    dg.write(data, 0, &model).unwrap();
+    assert!(
+        dg.destage_all(Duration::from_secs(20)),
+        "destage could not free the log: {:?}",
+        dg.stats()
+    );
+    check_volume(dg, data, &model, "after destage");
+    dg.delete_volume(&format!("v{:0>63}", 3), true).unwrap();
 }

@@ -231,15 +231,17 @@ impl Shared {
 
 impl DiskGroup {
     /// Runs a change of the volume table: `f` edits a copy, which is made durable and current.
-    fn change<T>(
+    pub(crate) fn change<T>(
         &self,
         f: impl FnOnce(&mut Tables) -> Result<T, EngineError>,
     ) -> Result<T, EngineError> {
         self.sh.check_running()?;
         let mut d = self.sh.durable.lock();
-        let mut t = self.sh.tables();
+        let before = self.sh.tables();
+        let mut t = before.clone();
         let out = f(&mut t)?;
         t.settle_layers();
+        self.sh.check_table_room(&d, &before, &t)?;
         self.sh.commit_tables(&mut d, &t)?;
         Ok(out)
     }
