@@ -216,53 +216,11 @@ impl TryFrom<RawRatio> for RatioValue {
     }
 }
 
-/// Parses "4096", "512K", "64M", "1G", "1.5G", "1GiB", "16T": binary units, as qemu-img reads
-/// them ("GB" means GiB too). A fraction is taken when it makes a whole number of bytes.
+/// Parses "4096", "512K", "64M", "1G", "1.5G", "1GiB", "16T" (the grammar is
+/// `strata_units`'). A fraction is taken only when it makes a whole number of bytes: the
+/// daemon's sizes are exact.
 pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
-    let s = text.trim();
-    let number_end = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (whole, fraction) = s[..number_end]
-        .split_once('.')
-        .unwrap_or((&s[..number_end], ""));
-    if whole.is_empty() || fraction.contains('.') || (s[..number_end].ends_with('.')) {
-        return Err(format!(
-            "invalid size {text:?}: expected a number with an optional unit such as 512K, 64M, 1G"
-        ));
-    }
-    let unit = s[number_end..].trim();
-    let shift = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        "p" | "pb" | "pib" => 50,
-        _ => {
-            return Err(format!(
-                "invalid size {text:?}: unknown unit {unit:?} (use K, M, G, T or P)"
-            ))
-        }
-    };
-    let too_large = || format!("invalid size {text:?}: too large");
-    let whole: u128 = whole.parse().map_err(|_| too_large())?;
-    let mut bytes = whole << shift;
-    if !fraction.is_empty() {
-        if fraction.len() > 18 {
-            return Err(format!("invalid size {text:?}: too many decimals"));
-        }
-        let digits: u128 = fraction.parse().map_err(|_| too_large())?;
-        let scaled = digits << shift;
-        let ten_pow = 10u128.pow(fraction.len() as u32);
-        if !scaled.is_multiple_of(ten_pow) {
-            return Err(format!(
-                "invalid size {text:?}: not a whole number of bytes (use a smaller unit)"
-            ));
-        }
-        bytes += scaled / ten_pow;
-    }
-    u64::try_from(bytes).map_err(|_| too_large())
+    strata_units::parse_size(text).map_err(|e| e.to_string())
 }
 
 /// "8 GiB", "1.5 GiB", "512 B".
