@@ -3,6 +3,7 @@
 //! percentage ("30%").
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Deserialize;
@@ -31,6 +32,9 @@ pub enum IoBackendChoice {
     Threads,
 }
 
+/// Why `--nbd-stall-timeout off` is refused: without it nothing bounds a client that stops.
+const STALL_TIMEOUT_OFF: &str = "nbd-stall-timeout cannot be off: it is what drops an NBD client that stops in the middle of a request or stops reading replies, which would otherwise hold its buffers and the daemon's shutdown for as long as it likes; give a duration such as 2m";
+
 /// Everything `strata serve` needs, resolved and validated.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -47,6 +51,11 @@ pub struct ServeConfig {
     pub http_listen: SocketAddr,
     pub engine: EngineConfig,
     pub max_connections: usize,
+    /// An NBD connection with nothing in flight that sends nothing for this long is closed
+    /// (None: never, the default).
+    pub nbd_idle_timeout: Option<Duration>,
+    /// An NBD client stuck in the middle of a message for this long is dropped. Never off.
+    pub nbd_stall_timeout: Duration,
     pub default_volume_size_bytes: u64,
     pub io_backend: IoBackendChoice,
     /// How the log's writes are made durable (see `strata_device::DurableWrite`).
@@ -62,6 +71,18 @@ pub struct ServeConfig {
     pub emulation: Emulation,
     /// The read cache's share of the write log, or auto (decided once the devices are open).
     pub read_cache: crate::read_cache::ReadCacheSetting,
+}
+
+impl ServeConfig {
+    /// The NBD server's limits: ours where we have a setting, the server's defaults for the rest.
+    pub fn nbd_server(&self) -> strata_nbd::ServerConfig {
+        strata_nbd::ServerConfig {
+            max_connections: self.max_connections,
+            idle_timeout: self.nbd_idle_timeout.unwrap_or(Duration::ZERO),
+            stall_timeout: self.nbd_stall_timeout,
+            ..Default::default()
+        }
+    }
 }
 
 /// `--fast-emulate` / `--capacity-emulate` (TOML `fast_emulate` / `capacity_emulate`), parsed.
@@ -139,6 +160,8 @@ pub struct FileConfig {
     pub fill_high: Option<RatioValue>,
     pub max_batch_size: Option<SizeValue>,
     pub max_connections: Option<usize>,
+    pub nbd_idle_timeout: Option<String>,
+    pub nbd_stall_timeout: Option<String>,
     pub default_volume_size: Option<SizeValue>,
     pub index_cache: Option<SizeValue>,
     pub scrub_interval: Option<String>,
@@ -432,6 +455,7 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
         DEFAULT_HTTP_LISTEN.into(),
     );
     let defaults = EngineConfig::default();
+    let nbd_defaults = strata_nbd::ServerConfig::default();
     let engine = EngineConfig {
         segment_size_bytes: size(
             args.segment_size,
@@ -483,6 +507,19 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
             file.max_connections,
             DEFAULT_MAX_CONNECTIONS,
         ),
+        nbd_idle_timeout: duration(
+            args.nbd_idle_timeout,
+            &file.nbd_idle_timeout,
+            "nbd_idle_timeout",
+            Some(nbd_defaults.idle_timeout).filter(|t| !t.is_zero()),
+        )?,
+        nbd_stall_timeout: duration(
+            args.nbd_stall_timeout,
+            &file.nbd_stall_timeout,
+            "nbd_stall_timeout",
+            Some(nbd_defaults.stall_timeout),
+        )?
+        .ok_or_else(|| anyhow!(STALL_TIMEOUT_OFF))?,
         default_volume_size_bytes: size(
             args.default_volume_size,
             &file.default_volume_size,

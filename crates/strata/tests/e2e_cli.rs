@@ -329,6 +329,27 @@ fn serve_with_bad_flags_fails_with_one_line() {
         let out = run_timeout(&mut c, Duration::from_secs(20));
         assert_one_line_reason(what, &out);
     }
+    // The NBD server's stall timeout is what bounds a client that stops mid-request.
+    let args = [
+        &["serve", "--data-dir", data, "--nbd-stall-timeout", "off"][..],
+        &small,
+        &nbd,
+        &http,
+    ]
+    .concat();
+    let mut c = cmd(STRATA_BIN, &args);
+    c.current_dir(dir.path());
+    let out = run_timeout(&mut c, Duration::from_secs(20));
+    assert_one_line_reason("stall timeout off", &out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("nbd-stall-timeout cannot be off"),
+        "{stderr}"
+    );
+    assert!(
+        !dir.path().join("data").exists(),
+        "the refused start made its data directory"
+    );
 }
 
 /// A failed `serve` after logging started: a non-zero exit, and the reason as the last line.
