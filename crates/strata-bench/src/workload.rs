@@ -235,20 +235,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
-/// Sizes such as "4k", "32K", "256KiB", "1M", "4096" (binary units).
+/// Sizes such as "4k", "32K", "256KiB", "1M", "4096" (binary units, the grammar every Strata
+/// command takes), exact, up to 4 GiB - 1.
 pub fn parse_size(text: &str) -> Result<u32, String> {
-    let t = text.trim().to_ascii_lowercase();
-    let t = t.trim_end_matches("ib").trim_end_matches('b');
-    let (number, shift) = match t.chars().last() {
-        Some('k') => (&t[..t.len() - 1], 10),
-        Some('m') => (&t[..t.len() - 1], 20),
-        _ => (t, 0),
-    };
-    let n: u64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("invalid size {text:?}: expected e.g. 4k, 32K, 1M"))?;
-    u32::try_from(n << shift).map_err(|_| format!("size {text:?} is too large"))
+    let bytes = strata_units::parse_size(text).map_err(|e| e.to_string())?;
+    u32::try_from(bytes).map_err(|_| format!("size {text:?} is too large"))
 }
 
 /// Curve steps such as "10,20,50,100" (percent of the maximum, rising, 1..100).
@@ -311,7 +302,14 @@ mod tests {
         assert_eq!(parse_size("32K").unwrap(), 32768);
         assert_eq!(parse_size("256KiB").unwrap(), 262144);
         assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert!(parse_size("8G").is_err());
+        assert!(parse_size("8G").unwrap_err().contains("too large"));
+        assert_eq!(parse_size("1.5K").unwrap(), 1536);
+        assert_eq!(parse_size("4 K").unwrap(), 4096);
+        assert!(parse_size("1.1K")
+            .unwrap_err()
+            .contains("whole number of bytes"));
+        assert!(parse_size("4kibb").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("4ib").unwrap_err().contains("unknown unit"));
         assert_eq!(parse_steps("10,20,50%,100").unwrap(), vec![10, 20, 50, 100]);
         assert!(parse_steps("20,10").is_err());
         assert!(parse_steps("0,50").is_err());

@@ -1,38 +1,8 @@
 //! Parsers of the `strata size` flags: each returns a one-line reason clap prints as is.
 
-/// Sizes in binary units, as everywhere in Strata: 4096, 32K, 1.5G, 300GiB, 2T.
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let s = text.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let number: f64 = s[..split].parse().map_err(|_| {
-        format!(
-            "invalid size {text:?}: expected a number with an optional unit such as 32K, 300G, 2T"
-        )
-    })?;
-    let shift = match s[split..].trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        "p" | "pb" | "pib" => 50,
-        unit => {
-            return Err(format!(
-                "invalid size {text:?}: unknown unit {unit:?} (use K, M, G, T or P)"
-            ))
-        }
-    };
-    let bytes = number * (1u64 << shift) as f64;
-    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
-        return Err(format!("invalid size {text:?}: too large"));
-    }
-    Ok(bytes.round() as u64)
-}
-
+/// An I/O size, exact: a block size that is not whole bytes is a typo, not an estimate.
 pub fn parse_block_size(text: &str) -> Result<u64, String> {
-    let bytes = parse_size(text)?;
+    let bytes = strata_units::parse_size(text).map_err(|e| e.to_string())?;
     if !(512..=(16 << 20)).contains(&bytes) {
         return Err(format!(
             "block size {text} is out of range: use 512 bytes to 16M"
@@ -41,8 +11,9 @@ pub fn parse_block_size(text: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
+/// A VM's capacity, an estimate: a fraction is rounded to the nearest byte (`1.3T`).
 pub fn parse_capacity(text: &str) -> Result<u64, String> {
-    match parse_size(text)? {
+    match strata_units::parse_size_rounded(text).map_err(|e| e.to_string())? {
         0 => Err(format!("capacity {text} must be more than zero")),
         bytes => Ok(bytes),
     }
@@ -106,18 +77,47 @@ mod tests {
 
     #[test]
     fn sizes_are_binary() {
-        assert_eq!(parse_size("32K"), Ok(32 * 1024));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("300G"), Ok(300 << 30));
-        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
-        assert!(parse_size("12Q").unwrap_err().contains("unknown unit"));
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("99999999999P")
+        assert_eq!(parse_block_size("32K"), Ok(32 * 1024));
+        assert_eq!(parse_block_size("4096"), Ok(4096));
+        assert_eq!(parse_capacity("300G"), Ok(300 << 30));
+        assert_eq!(parse_capacity("1.5GiB"), Ok(3 << 29));
+        assert!(parse_block_size("12Q")
+            .unwrap_err()
+            .contains("unknown unit"));
+        assert!(parse_capacity("lots").is_err());
+        assert!(parse_capacity("99999999999P")
             .unwrap_err()
             .contains("too large"));
         assert!(parse_block_size("256").is_err());
         assert!(parse_block_size("64M").is_err());
         assert!(parse_capacity("0").is_err());
+    }
+
+    #[test]
+    fn a_capacity_rounds_a_fraction_and_a_block_size_does_not() {
+        // 1.3 x 2^40 is 1,429,365,116,108.8 bytes.
+        assert_eq!(parse_capacity("1.3T"), Ok(1_429_365_116_109));
+        assert_eq!(parse_capacity("0.3K"), Ok(307));
+        let e = parse_block_size("4.1K").unwrap_err();
+        assert!(e.contains("not a whole number of bytes"), "{e}");
+        assert_eq!(parse_block_size("1.5K"), Ok(1536));
+        // One grammar for both: what the daemon refuses as text is refused here too.
+        for bad in [".5T", "1.T", "1e3", "1 T B"] {
+            assert!(
+                parse_capacity(bad).unwrap_err().starts_with("invalid size"),
+                "{bad}"
+            );
+            assert!(
+                parse_block_size(bad)
+                    .unwrap_err()
+                    .starts_with("invalid size"),
+                "{bad}"
+            );
+        }
+        // Rounded down to nothing is no capacity.
+        assert!(parse_capacity("0.1")
+            .unwrap_err()
+            .contains("more than zero"));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! percentage ("30%").
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Deserialize;
@@ -31,6 +32,9 @@ pub enum IoBackendChoice {
     Threads,
 }
 
+/// Why `--nbd-stall-timeout off` is refused: without it nothing bounds a client that stops.
+const STALL_TIMEOUT_OFF: &str = "nbd-stall-timeout cannot be off: it is what drops an NBD client that stops in the middle of a request or stops reading replies, which would otherwise hold its buffers and the daemon's shutdown for as long as it likes; give a duration such as 2m";
+
 /// Everything `strata serve` needs, resolved and validated.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -47,6 +51,11 @@ pub struct ServeConfig {
     pub http_listen: SocketAddr,
     pub engine: EngineConfig,
     pub max_connections: usize,
+    /// An NBD connection with nothing in flight that sends nothing for this long is closed
+    /// (None: never, the default).
+    pub nbd_idle_timeout: Option<Duration>,
+    /// An NBD client stuck in the middle of a message for this long is dropped. Never off.
+    pub nbd_stall_timeout: Duration,
     pub default_volume_size_bytes: u64,
     pub io_backend: IoBackendChoice,
     /// How the log's writes are made durable (see `strata_device::DurableWrite`).
@@ -62,6 +71,18 @@ pub struct ServeConfig {
     pub emulation: Emulation,
     /// The read cache's share of the write log, or auto (decided once the devices are open).
     pub read_cache: crate::read_cache::ReadCacheSetting,
+}
+
+impl ServeConfig {
+    /// The NBD server's limits: ours where we have a setting, the server's defaults for the rest.
+    pub fn nbd_server(&self) -> strata_nbd::ServerConfig {
+        strata_nbd::ServerConfig {
+            max_connections: self.max_connections,
+            idle_timeout: self.nbd_idle_timeout.unwrap_or(Duration::ZERO),
+            stall_timeout: self.nbd_stall_timeout,
+            ..Default::default()
+        }
+    }
 }
 
 /// `--fast-emulate` / `--capacity-emulate` (TOML `fast_emulate` / `capacity_emulate`), parsed.
@@ -139,6 +160,8 @@ pub struct FileConfig {
     pub fill_high: Option<RatioValue>,
     pub max_batch_size: Option<SizeValue>,
     pub max_connections: Option<usize>,
+    pub nbd_idle_timeout: Option<String>,
+    pub nbd_stall_timeout: Option<String>,
     pub default_volume_size: Option<SizeValue>,
     pub index_cache: Option<SizeValue>,
     pub scrub_interval: Option<String>,
@@ -216,53 +239,11 @@ impl TryFrom<RawRatio> for RatioValue {
     }
 }
 
-/// Parses "4096", "512K", "64M", "1G", "1.5G", "1GiB", "16T": binary units, as qemu-img reads
-/// them ("GB" means GiB too). A fraction is taken when it makes a whole number of bytes.
+/// Parses "4096", "512K", "64M", "1G", "1.5G", "1GiB", "16T" (the grammar is
+/// `strata_units`'). A fraction is taken only when it makes a whole number of bytes: the
+/// daemon's sizes are exact.
 pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
-    let s = text.trim();
-    let number_end = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (whole, fraction) = s[..number_end]
-        .split_once('.')
-        .unwrap_or((&s[..number_end], ""));
-    if whole.is_empty() || fraction.contains('.') || (s[..number_end].ends_with('.')) {
-        return Err(format!(
-            "invalid size {text:?}: expected a number with an optional unit such as 512K, 64M, 1G"
-        ));
-    }
-    let unit = s[number_end..].trim();
-    let shift = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        "p" | "pb" | "pib" => 50,
-        _ => {
-            return Err(format!(
-                "invalid size {text:?}: unknown unit {unit:?} (use K, M, G, T or P)"
-            ))
-        }
-    };
-    let too_large = || format!("invalid size {text:?}: too large");
-    let whole: u128 = whole.parse().map_err(|_| too_large())?;
-    let mut bytes = whole << shift;
-    if !fraction.is_empty() {
-        if fraction.len() > 18 {
-            return Err(format!("invalid size {text:?}: too many decimals"));
-        }
-        let digits: u128 = fraction.parse().map_err(|_| too_large())?;
-        let scaled = digits << shift;
-        let ten_pow = 10u128.pow(fraction.len() as u32);
-        if !scaled.is_multiple_of(ten_pow) {
-            return Err(format!(
-                "invalid size {text:?}: not a whole number of bytes (use a smaller unit)"
-            ));
-        }
-        bytes += scaled / ten_pow;
-    }
-    u64::try_from(bytes).map_err(|_| too_large())
+    strata_units::parse_size(text).map_err(|e| e.to_string())
 }
 
 /// "8 GiB", "1.5 GiB", "512 B".
@@ -474,6 +455,7 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
         DEFAULT_HTTP_LISTEN.into(),
     );
     let defaults = EngineConfig::default();
+    let nbd_defaults = strata_nbd::ServerConfig::default();
     let engine = EngineConfig {
         segment_size_bytes: size(
             args.segment_size,
@@ -525,6 +507,19 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
             file.max_connections,
             DEFAULT_MAX_CONNECTIONS,
         ),
+        nbd_idle_timeout: duration(
+            args.nbd_idle_timeout,
+            &file.nbd_idle_timeout,
+            "nbd_idle_timeout",
+            Some(nbd_defaults.idle_timeout).filter(|t| !t.is_zero()),
+        )?,
+        nbd_stall_timeout: duration(
+            args.nbd_stall_timeout,
+            &file.nbd_stall_timeout,
+            "nbd_stall_timeout",
+            Some(nbd_defaults.stall_timeout),
+        )?
+        .ok_or_else(|| anyhow!(STALL_TIMEOUT_OFF))?,
         default_volume_size_bytes: size(
             args.default_volume_size,
             &file.default_volume_size,

@@ -154,6 +154,56 @@ fn idle_destage_defaults_to_a_second_and_can_be_set_or_turned_off() {
 }
 
 #[test]
+fn nbd_timeouts_come_from_the_flag_over_the_file_and_stalls_are_always_bounded() {
+    use std::time::Duration;
+    let c = merge(&ServeArgs::default(), FileConfig::default()).unwrap();
+    assert_eq!(
+        c.nbd_idle_timeout, None,
+        "idle connections are kept by default"
+    );
+    assert_eq!(c.nbd_stall_timeout, Duration::from_secs(120));
+    let server = c.nbd_server();
+    assert!(server.idle_timeout.is_zero(), "zero is off for the server");
+    assert_eq!(server.stall_timeout, Duration::from_secs(120));
+    assert_eq!(server.max_connections, DEFAULT_MAX_CONNECTIONS);
+
+    let file = || parse_file("nbd_idle_timeout = \"30m\"\nnbd_stall_timeout = \"30s\"").unwrap();
+    let server = merge(&ServeArgs::default(), file()).unwrap().nbd_server();
+    assert_eq!(server.idle_timeout, Duration::from_secs(1800));
+    assert_eq!(server.stall_timeout, Duration::from_secs(30));
+    let args = ServeArgs {
+        nbd_idle_timeout: Some(parse_duration_arg("off").unwrap()),
+        nbd_stall_timeout: Some(parse_duration_arg("5m").unwrap()),
+        ..Default::default()
+    };
+    let server = merge(&args, file()).unwrap().nbd_server();
+    assert!(server.idle_timeout.is_zero(), "flag off wins over file");
+    assert_eq!(
+        server.stall_timeout,
+        Duration::from_secs(300),
+        "flag wins over file"
+    );
+
+    let off = ServeArgs {
+        nbd_stall_timeout: Some(parse_duration_arg("off").unwrap()),
+        ..Default::default()
+    };
+    let in_file = parse_file("nbd_stall_timeout = \"0\"").unwrap();
+    for e in [
+        merge(&off, FileConfig::default()).unwrap_err().to_string(),
+        merge(&ServeArgs::default(), in_file)
+            .unwrap_err()
+            .to_string(),
+    ] {
+        assert!(e.starts_with("nbd-stall-timeout cannot be off"), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+    }
+    let file = parse_file("nbd_idle_timeout = \"2 s\"").unwrap();
+    let e = merge(&ServeArgs::default(), file).unwrap_err().to_string();
+    assert!(e.starts_with("nbd_idle_timeout in the config file"), "{e}");
+}
+
+#[test]
 fn capacity_device_flags_replace_the_file_list() {
     let file = parse_file("capacity_devices = [\"/a\", \"/b\"]").unwrap();
     let c = merge(&ServeArgs::default(), file).unwrap();

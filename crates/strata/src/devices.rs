@@ -1,6 +1,7 @@
 //! Opening the devices of a disk group: files are created on first start (the fast tier
 //! allocated and written with zeros, the capacity tier sparse), block devices are used as
-//! they are. With `--fast-emulate` / `--capacity-emulate` (benchmarking aids) a device is
+//! they are. An existing fast-tier file is allocated only once it is known to be one the
+//! engine will take (blank, or a Strata fast device). With `--fast-emulate` / `--capacity-emulate` (benchmarking aids) a device is
 //! wrapped in the device layer's `Throttled` model and its name says "emulated", so every
 //! report built from device names (API, dashboard, `strata bench`) states it.
 use std::path::{Path, PathBuf};
@@ -8,8 +9,10 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
 use strata_device::{
-    Device, DeviceError, DurableWrite, EmulationSpec, IoBackend, OpenOptions, Throttled,
+    AlignedBuf, Device, DeviceError, DurableWrite, EmulationSpec, IoBackend, OpenOptions,
+    Throttled, BLOCK_SIZE,
 };
+use strata_engine::format::{Role, Superblock, SuperblockRead};
 
 use crate::config::{IoBackendChoice, ServeConfig};
 
@@ -141,12 +144,86 @@ fn open_one(
         }
         tracing::info!(path = %path.display(), size_bytes = create_size_bytes, preallocate, "creating device file");
     }
-    let device = open_with(path, create_size_bytes, preallocate, cfg.io_backend, cfg.durable_write)?;
+    let device = if preallocate && !fresh && path.is_file() {
+        open_existing_fast_file(path, create_size_bytes, cfg)?
+    } else {
+        open_with(
+            path,
+            create_size_bytes,
+            preallocate,
+            cfg.io_backend,
+            cfg.durable_write,
+        )?
+    };
     if fresh {
         created.files.push(path.to_path_buf());
     }
     tracing::info!(path = %path.display(), size_bytes = device.size_bytes(), backend = device.io_backend_name(), "opened device");
     Ok(device)
+}
+
+/// Opens an existing regular file for the fast tier, allocated in full only if the engine will
+/// take it: blank, or holding a Strata fast-device superblock. Anything else (another group's
+/// sparse capacity file given by mistake, a disk image) the engine refuses, and allocating it
+/// first could fill the file system for nothing; it is handed on as it is, to be refused.
+fn open_existing_fast_file(
+    path: &Path,
+    create_size_bytes: u64,
+    cfg: &ServeConfig,
+) -> Result<Arc<dyn Device>> {
+    let (backend, durable_write) = (cfg.io_backend, cfg.durable_write);
+    let device = open_with(path, create_size_bytes, false, backend, durable_write)?;
+    let takes = blank_or_fast(device.as_ref()).map_err(|e| {
+        anyhow!(
+            "cannot read device {}: {}",
+            path.display(),
+            crate::one_line(&e.to_string())
+        )
+    })?;
+    if !takes {
+        tracing::warn!(path = %path.display(), "the fast device file is neither blank nor a Strata fast device: not allocating it");
+        return Ok(device);
+    }
+    // The device layer locks a file and claims it in the process while it is open: the
+    // first handle must be closed before the second opens.
+    drop(device);
+    open_with(path, create_size_bytes, true, backend, durable_write)
+}
+
+/// Bytes at each end of a device that must be zeros for the engine to call it blank and
+/// format it (its `check_blank`, not public; the rule README.md states).
+const BLANK_EDGE_BYTES: u64 = 1 << 20;
+
+/// Whether the engine will take `device` as a fast device: a valid fast-device superblock, or
+/// none and zeros within [`BLANK_EDGE_BYTES`] of either end. Reads at most 2 MiB.
+fn blank_or_fast(device: &dyn Device) -> std::result::Result<bool, DeviceError> {
+    let block = BLOCK_SIZE as u64;
+    let size = device.size_bytes() / block * block;
+    if size < 2 * block {
+        return Ok(false); // too small to hold a superblock: the engine refuses it
+    }
+    let mut buf = AlignedBuf::new_zeroed(BLOCK_SIZE);
+    let mut blank = true;
+    for copy in 0..2 {
+        device.read_at(&mut buf, copy * block)?;
+        match Superblock::decode(&buf) {
+            SuperblockRead::Valid(sb) => return Ok(sb.role == Role::Fast),
+            SuperblockRead::Blank => {}
+            SuperblockRead::Invalid(_) => blank = false,
+        }
+    }
+    if !blank {
+        return Ok(false);
+    }
+    let edge = BLANK_EDGE_BYTES.min(size);
+    let mut buf = AlignedBuf::new_zeroed(edge as usize);
+    for at in [0, size - edge] {
+        device.read_at(&mut buf, at)?;
+        if buf.iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// The one place that knows the device layer's opening API.
@@ -226,6 +303,86 @@ mod tests {
             "{}",
             devs.fast.name()
         );
+    }
+
+    /// A superblock of either role, encoded as the engine writes it.
+    fn superblock(role: Role) -> Vec<u8> {
+        Superblock {
+            role,
+            group: [7; 16],
+            device_index: 0,
+            capacity_devices: 1,
+            device_size_bytes: 16 << 20,
+            segment_size_bytes: 1 << 20,
+            checkpoint_offsets: [1 << 20, 2 << 20],
+            checkpoint_size_bytes: 1 << 20,
+            log_offset: 4 << 20,
+            log_size_bytes: 12 << 20,
+            segments_offset: 1 << 20,
+            segment_count: 15,
+        }
+        .encode()
+    }
+
+    #[test]
+    fn an_existing_fast_file_is_allocated_only_if_the_engine_will_take_it() {
+        use std::os::unix::fs::{FileExt, MetadataExt};
+        let size: u64 = 16 << 20;
+        // What is written where in a sparse file, and whether it is then allocated.
+        type Writes<'a> = &'a [(u64, Vec<u8>)];
+        let cases: [(&str, Writes, bool); 5] = [
+            ("blank", &[], true),
+            (
+                "a fast device",
+                &[(0, superblock(Role::Fast)), (4096, superblock(Role::Fast))],
+                true,
+            ),
+            (
+                "a capacity device",
+                &[
+                    (0, superblock(Role::Capacity)),
+                    (4096, superblock(Role::Capacity)),
+                ],
+                false,
+            ),
+            ("not Strata's", &[(0, b"not a superblock".to_vec())], false),
+            (
+                "a label at the end",
+                &[(size - 512, vec![0xaa; 512])],
+                false,
+            ),
+        ];
+        for (what, writes, allocated) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("fast.img");
+            let file = std::fs::File::create(&path).unwrap();
+            file.set_len(size).unwrap();
+            for (at, bytes) in writes {
+                file.write_all_at(bytes, *at).unwrap();
+            }
+            file.sync_all().unwrap();
+            drop(file);
+            let before = std::fs::read(&path).unwrap();
+            let cfg = merge(&args_in(dir.path()), Default::default()).unwrap();
+            let devs = open_devices(&cfg).unwrap();
+            drop(devs);
+            let allocated_bytes = std::fs::metadata(&path).unwrap().blocks() * 512;
+            if allocated {
+                assert!(
+                    allocated_bytes >= size,
+                    "{what}: {allocated_bytes} bytes allocated"
+                );
+            } else {
+                assert!(
+                    allocated_bytes < 1 << 20,
+                    "{what}: {allocated_bytes} bytes allocated"
+                );
+            }
+            assert!(
+                std::fs::read(&path).unwrap() == before,
+                "{what}: the file changed"
+            );
+        }
     }
 
     #[test]

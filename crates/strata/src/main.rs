@@ -211,6 +211,14 @@ pub struct ServeArgs {
     /// Most NBD connections served at once [default: 64].
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
+    /// Close an NBD connection with nothing in flight that has sent nothing for this long
+    /// (`30m`, `off`). Off by default: a VM whose disk sits idle keeps its connection [default: off].
+    #[arg(long, value_name = "DURATION", value_parser = config::parse_duration_arg)]
+    pub nbd_idle_timeout: Option<config::DurationValue>,
+    /// Drop an NBD client that stops in the middle of a request or stops reading replies for
+    /// this long (`30s`, `5m`; never off) [default: 2m].
+    #[arg(long, value_name = "DURATION", value_parser = config::parse_duration_arg)]
+    pub nbd_stall_timeout: Option<config::DurationValue>,
     /// Size of the volume `vol0` created when the disk group has never had a volume; 0 creates none [default: 8G].
     #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
     pub default_volume_size: Option<u64>,

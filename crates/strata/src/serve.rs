@@ -138,14 +138,10 @@ async fn shutdown_requested(mut rx: watch::Receiver<bool>) {
 fn spawn_nbd(
     listener: TcpListener,
     registry: Arc<Registry>,
-    max_connections: usize,
+    server_cfg: strata_nbd::ServerConfig,
     stop: watch::Receiver<bool>,
 ) -> JoinHandle<Result<()>> {
     let backend: Arc<dyn strata_nbd::Backend> = Arc::new(NbdBackend(registry));
-    let server_cfg = strata_nbd::ServerConfig {
-        max_connections,
-        ..Default::default()
-    };
     tokio::spawn(async move {
         strata_nbd::serve(listener, backend, server_cfg, shutdown_requested(stop))
             .await
@@ -215,7 +211,7 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
         space: Default::default(),
     });
 
-    let mut nbd_task = spawn_nbd(nbd_listener, registry, cfg.max_connections, stop_rx.clone());
+    let mut nbd_task = spawn_nbd(nbd_listener, registry, cfg.nbd_server(), stop_rx.clone());
     let wear_task = spawn_wear_check(state.clone(), stop_rx.clone());
     let mut http_task = spawn_http(http_listener, state, stop_rx);
     tracing::info!(%nbd_addr, %http_addr, volumes = group.volumes().len(), "serving");

@@ -329,6 +329,27 @@ fn serve_with_bad_flags_fails_with_one_line() {
         let out = run_timeout(&mut c, Duration::from_secs(20));
         assert_one_line_reason(what, &out);
     }
+    // The NBD server's stall timeout is what bounds a client that stops mid-request.
+    let args = [
+        &["serve", "--data-dir", data, "--nbd-stall-timeout", "off"][..],
+        &small,
+        &nbd,
+        &http,
+    ]
+    .concat();
+    let mut c = cmd(STRATA_BIN, &args);
+    c.current_dir(dir.path());
+    let out = run_timeout(&mut c, Duration::from_secs(20));
+    assert_one_line_reason("stall timeout off", &out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("nbd-stall-timeout cannot be off"),
+        "{stderr}"
+    );
+    assert!(
+        !dir.path().join("data").exists(),
+        "the refused start made its data directory"
+    );
 }
 
 /// A failed `serve` after logging started: a non-zero exit, and the reason as the last line.
@@ -395,6 +416,60 @@ fn a_failed_start_leaves_nothing_behind() {
     assert!(
         !std::path::Path::new(missing_disk).exists(),
         "a file was made under /dev"
+    );
+}
+
+/// Another group's sparse capacity file given by mistake as `--fast-device` is refused, and is
+/// not allocated in full first: that could fill the file system before the engine said no.
+#[test]
+fn a_capacity_file_given_as_the_fast_device_is_refused_unallocated() {
+    use std::os::unix::fs::MetadataExt;
+    let mut other = Daemon::start(DaemonOpts {
+        capacity_size: "1G".into(),
+        ..Default::default()
+    });
+    other.terminate();
+    let capacity = other.data_dir().join("capacity-0.img");
+    let before = std::fs::metadata(&capacity).expect("the other group's capacity file");
+    assert!(
+        before.blocks() * 512 < before.len() / 4,
+        "the capacity file should be sparse: {} of {} bytes allocated",
+        before.blocks() * 512,
+        before.len()
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args = [
+        "serve",
+        "--data-dir",
+        "data",
+        "--fast-device",
+        capacity.to_str().expect("utf-8"),
+        "--capacity-size",
+        "256M",
+        "--nbd-listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
+    ];
+    let mut c = cmd(STRATA_BIN, &args);
+    c.current_dir(dir.path());
+    let out = run_timeout(&mut c, Duration::from_secs(60));
+    assert_serve_fails_with(
+        "capacity file as the fast device",
+        &out,
+        "is a capacity device, not a fast device",
+    );
+    let after = std::fs::metadata(&capacity).expect("the capacity file after");
+    assert_eq!(after.len(), before.len(), "the file changed size");
+    assert!(
+        after.blocks() <= before.blocks(),
+        "the refused start allocated the file: {} -> {} bytes",
+        before.blocks() * 512,
+        after.blocks() * 512
+    );
+    assert!(
+        !dir.path().join("data").exists(),
+        "the failed start left its data directory behind"
     );
 }
 

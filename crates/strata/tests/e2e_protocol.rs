@@ -290,3 +290,44 @@ fn option_list_and_export_name_work() {
     assert_eq!(client.write(0, &[3u8; 512]).expect("io"), Ok(()));
     assert_eq!(client.read(0, 512).expect("io"), Ok(vec![3u8; 512]));
 }
+
+/// `--nbd-idle-timeout`: a connection that has gone quiet after its requests is closed once
+/// the timeout has passed, while on a daemon with the default (off) a quiet connection stays.
+/// The bounds are loose on purpose: at least most of the timeout, at most many times it.
+#[test]
+fn the_idle_timeout_closes_quiet_connections_only_when_set() {
+    let idle = Duration::from_secs(2);
+    let strict = Daemon::start(DaemonOpts {
+        extra_args: vec!["--nbd-idle-timeout".into(), "2s".into()],
+        ..Default::default()
+    });
+    let lenient = Daemon::start_default();
+    let mut quiet = nbd::go(strict.nbd_addr, VOL0).expect("NBD_OPT_GO, idle timeout set");
+    let mut kept = nbd::go(lenient.nbd_addr, VOL0).expect("NBD_OPT_GO, default");
+    assert_eq!(quiet.write(0, &[7u8; 4096]).expect("io"), Ok(()));
+    assert_eq!(kept.write(0, &[9u8; 4096]).expect("io"), Ok(()));
+
+    let quiet_since = std::time::Instant::now();
+    let closed = nbd::wait_closed(&mut quiet.stream, idle * 15);
+    let waited = quiet_since.elapsed();
+    assert!(
+        matches!(closed, nbd::Closed::Yes { .. }),
+        "a quiet connection outlived --nbd-idle-timeout 2s by far\n{}",
+        strict.stderr_log()
+    );
+    assert!(
+        waited >= idle / 2,
+        "closed after {waited:?}, before the idle timeout"
+    );
+
+    // The default connection has been quiet as long, and longer than the other's timeout.
+    assert_eq!(
+        nbd::wait_closed(&mut kept.stream, idle),
+        nbd::Closed::StillOpen,
+        "without --nbd-idle-timeout a quiet connection is kept"
+    );
+    assert_eq!(kept.read(0, 4096).expect("io"), Ok(vec![9u8; 4096]));
+    // A fresh connection to the strict daemon still works: only the quiet one was closed.
+    let mut fresh = nbd::go(strict.nbd_addr, VOL0).expect("NBD_OPT_GO after the close");
+    assert_eq!(fresh.read(0, 4096).expect("io"), Ok(vec![7u8; 4096]));
+}

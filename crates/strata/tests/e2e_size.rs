@@ -130,6 +130,12 @@ fn size_rejects_bad_input_with_one_line() {
             "invalid protection",
         ),
         ("block size", with("--block-size", "12Q"), "unknown unit"),
+        (
+            "block size in part bytes",
+            with("--block-size", "4.1K"),
+            "not a whole number of bytes",
+        ),
+        ("capacity", with("--capacity-per-vm", ".5T"), "invalid size"),
         ("hosts", with("--hosts", "0"), "--hosts"),
         (
             "unknown device",
