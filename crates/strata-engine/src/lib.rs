@@ -64,6 +64,8 @@ use strata_device::{AlignedBuf, Device, DeviceStats};
 
 pub use error::EngineError;
 pub use format::DeviceWear;
+/// What open decides from a device alone: its superblock, and whether it is blank.
+pub use layout::{check_blank, read_superblock};
 pub use map::{ExtentMap, Loc};
 pub use open::OpenReport;
 pub use policy::{Clock, ManualClock, Mode, Policy, SystemClock};

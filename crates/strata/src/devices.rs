@@ -1,18 +1,18 @@
 //! Opening the devices of a disk group: files are created on first start (the fast tier
 //! allocated and written with zeros, the capacity tier sparse), block devices are used as
 //! they are. An existing fast-tier file is allocated only once it is known to be one the
-//! engine will take (blank, or a Strata fast device). With `--fast-emulate` / `--capacity-emulate` (benchmarking aids) a device is
-//! wrapped in the device layer's `Throttled` model and its name says "emulated", so every
-//! report built from device names (API, dashboard, `strata bench`) states it.
+//! engine will take (blank, or a Strata fast device). With `--fast-emulate` /
+//! `--capacity-emulate` (benchmarking aids) a device is wrapped in the device layer's
+//! `Throttled` model and its name says "emulated", so every report built from device names
+//! (API, dashboard, `strata bench`) states it.
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
 use strata_device::{
-    AlignedBuf, Device, DeviceError, DurableWrite, EmulationSpec, IoBackend, OpenOptions,
-    Throttled, BLOCK_SIZE,
+    Device, DeviceError, DurableWrite, EmulationSpec, IoBackend, OpenOptions, Throttled,
 };
-use strata_engine::format::{Role, Superblock, SuperblockRead};
+use strata_engine::format::Role;
 
 use crate::config::{IoBackendChoice, ServeConfig};
 
@@ -173,13 +173,7 @@ fn open_existing_fast_file(
 ) -> Result<Arc<dyn Device>> {
     let (backend, durable_write) = (cfg.io_backend, cfg.durable_write);
     let device = open_with(path, create_size_bytes, false, backend, durable_write)?;
-    let takes = blank_or_fast(device.as_ref()).map_err(|e| {
-        anyhow!(
-            "cannot read device {}: {}",
-            path.display(),
-            crate::one_line(&e.to_string())
-        )
-    })?;
+    let takes = blank_or_fast(device.as_ref());
     if !takes {
         tracing::warn!(path = %path.display(), "the fast device file is neither blank nor a Strata fast device: not allocating it");
         return Ok(device);
@@ -190,40 +184,15 @@ fn open_existing_fast_file(
     open_with(path, create_size_bytes, true, backend, durable_write)
 }
 
-/// Bytes at each end of a device that must be zeros for the engine to call it blank and
-/// format it (its `check_blank`, not public; the rule README.md states).
-const BLANK_EDGE_BYTES: u64 = 1 << 20;
-
 /// Whether the engine will take `device` as a fast device: a valid fast-device superblock, or
-/// none and zeros within [`BLANK_EDGE_BYTES`] of either end. Reads at most 2 MiB.
-fn blank_or_fast(device: &dyn Device) -> std::result::Result<bool, DeviceError> {
-    let block = BLOCK_SIZE as u64;
-    let size = device.size_bytes() / block * block;
-    if size < 2 * block {
-        return Ok(false); // too small to hold a superblock: the engine refuses it
+/// a blank device (no superblock, and zeros near either end: the engine's own checks). A device
+/// whose superblock cannot be read or decoded is not: the engine refuses it with the reason.
+fn blank_or_fast(device: &dyn Device) -> bool {
+    match strata_engine::read_superblock(device) {
+        Ok(Some(sb)) => sb.role == Role::Fast,
+        Ok(None) => strata_engine::check_blank(device).is_ok(),
+        Err(_) => false,
     }
-    let mut buf = AlignedBuf::new_zeroed(BLOCK_SIZE);
-    let mut blank = true;
-    for copy in 0..2 {
-        device.read_at(&mut buf, copy * block)?;
-        match Superblock::decode(&buf) {
-            SuperblockRead::Valid(sb) => return Ok(sb.role == Role::Fast),
-            SuperblockRead::Blank => {}
-            SuperblockRead::Invalid(_) => blank = false,
-        }
-    }
-    if !blank {
-        return Ok(false);
-    }
-    let edge = BLANK_EDGE_BYTES.min(size);
-    let mut buf = AlignedBuf::new_zeroed(edge as usize);
-    for at in [0, size - edge] {
-        device.read_at(&mut buf, at)?;
-        if buf.iter().any(|&b| b != 0) {
-            return Ok(false);
-        }
-    }
-    Ok(true)
 }
 
 /// The one place that knows the device layer's opening API.
@@ -261,6 +230,7 @@ mod tests {
     use super::*;
     use crate::config::{merge, parse_file};
     use crate::ServeArgs;
+    use strata_engine::format::Superblock;
 
     fn args_in(dir: &Path) -> ServeArgs {
         ServeArgs {
@@ -320,6 +290,7 @@ mod tests {
             log_size_bytes: 12 << 20,
             segments_offset: 1 << 20,
             segment_count: 15,
+            stamp: 0,
         }
         .encode()
     }
