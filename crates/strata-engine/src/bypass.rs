@@ -13,7 +13,10 @@
 //!
 //! Recovery replays the log over the index: older log copies of the range come back into the
 //! fast maps, and the `Forget` record, durable only after step 2, drops them again. A crash
-//! between steps 2 and 3 leaves the older copies in force: the write was not acknowledged.
+//! between steps 2 and 3 (the write was not acknowledged) leaves each block old or new: the
+//! older copies still in the log come back, but step 2 dropped them from the fast maps, so
+//! the destager may have freed some from the log meanwhile, and where it did the new data
+//! stands. Readers see the new data from step 2 on, before the write is acknowledged.
 //! The summary entries carry the log's next sequence number as of step 2, so recovery orders
 //! them after every older copy that reached a segment, and before every newer one.
 //!

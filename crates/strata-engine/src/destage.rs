@@ -1680,8 +1680,11 @@ pub(crate) struct TreeSet {
 }
 
 /// Applies tree changes (loading the pages they need first) and keeps segment live counts in
-/// step: what they displace is released, and, with `count_new`, what they add is counted
-/// (destage and GC count a new segment's blocks when they seal it).
+/// step: what they displace is released, and, with `count_new`, what they add is counted.
+/// Without it the caller counted the new blocks when it sealed their segment (destage, GC and
+/// the write bypass): if the changes fail (an index page that cannot be read), the blocks they
+/// did not point the tree at are released again, so no segment keeps a live count that
+/// nothing references (it could never be freed).
 pub(crate) fn apply_tree_sets(
     sh: &Shared,
     sets: &[TreeSet],
@@ -1691,13 +1694,14 @@ pub(crate) fn apply_tree_sets(
         .iter()
         .map(|s| (key_of(s.layer, s.lba), key_of(s.layer, s.lba + s.len)))
         .collect();
-    meta::with_tree_read(sh, |t| {
-        ranges
-            .iter()
-            .try_for_each(|&(a, b)| t.ensure_resident(a, b))
-    })?;
     let mut displaced: Vec<Entry> = Vec::new();
-    {
+    let mut applied = 0;
+    let result = (|| {
+        meta::with_tree_read(sh, |t| {
+            ranges
+                .iter()
+                .try_for_each(|&(a, b)| t.ensure_resident(a, b))
+        })?;
         let mut tree = sh.tree.write();
         for (s, &(a, b)) in sets.iter().zip(&ranges) {
             match tree.set(a, b, s.loc) {
@@ -1709,13 +1713,17 @@ pub(crate) fn apply_tree_sets(
                     tree = sh.tree.write();
                 }
             }
+            applied += 1;
         }
-    }
+        Ok::<(), EngineError>(())
+    })();
     let mut segs = sh.segs.lock();
-    if count_new {
-        for s in sets {
-            if let Some(Loc::Cap { seg, .. }) = s.loc {
-                segs.add_live(seg, s.len as u32);
+    for (i, s) in sets.iter().enumerate() {
+        if let Some(Loc::Cap { seg, .. }) = s.loc {
+            match (i < applied, count_new) {
+                (true, true) => segs.add_live(seg, s.len as u32),
+                (false, false) => segs.release(seg, s.len as u32),
+                _ => {}
             }
         }
     }
@@ -1724,7 +1732,7 @@ pub(crate) fn apply_tree_sets(
             segs.release(seg, d.len as u32);
         }
     }
-    Ok(())
+    result
 }
 
 /// A destaged run the index now points at: `len` blocks of `layer` at `to_block..` of the
