@@ -1750,7 +1750,9 @@ fn a_destage_commit_that_cannot_read_the_index_leaves_no_live_count_behind() {
     for k in 0..400usize {
         let at = 2 * k * 4096;
         model[at..at + 4096].fill(k as u8 | 1);
-        rig.dg().write(vol, at as u64, &model[at..at + 4096]).unwrap();
+        rig.dg()
+            .write(vol, at as u64, &model[at..at + 4096])
+            .unwrap();
     }
     assert!(rig.dg().destage_all(Duration::from_secs(30)));
     let sh = rig.dg().sh.clone();
@@ -1767,7 +1769,11 @@ fn a_destage_commit_that_cannot_read_the_index_leaves_no_live_count_behind() {
     rig.dg().write(vol, 4096, &model[4096..8192]).unwrap();
     assert!(rig.dg().destage_all(Duration::from_secs(30)));
     check_volume(rig.dg(), vol, &model, "after the retried destage");
-    assert_eq!(live_count_drift(rig.dg(), head), [], "after the retried destage");
+    assert_eq!(
+        live_count_drift(rig.dg(), head),
+        [],
+        "after the retried destage"
+    );
     rig.clean_restart();
     assert_eq!(live_count_drift(rig.dg(), head), [], "after a restart");
     check_volume(rig.dg(), vol, &model, "after a restart");
