@@ -120,12 +120,18 @@ impl DiskGroup {
         };
         let rt = sh.runtime(view);
         let mut sequential = 0;
+        // Taken before the device may refuse the read: then put back as it was, since the
+        // blocking read the caller falls back to admits and notes the same read again.
+        let mut reads_before = None;
         if let Some(rt) = &rt {
             if !rt.try_admit(&*sh.cfg.clock, len as u64) {
                 return Err(done);
             }
-            sequential = rt.reads.lock().note(offset, len as u64);
+            let mut reads = rt.reads.lock();
+            reads_before = Some(*reads);
+            sequential = reads.note(offset, len as u64);
         }
+        let undo = (rt.clone(), reads_before);
         let Some((run, mut source)) = source else {
             drop(pin);
             count_zeros(sh, zero_blocks, len);
@@ -174,6 +180,10 @@ impl DiskGroup {
             Ok(()) => Ok(()),
             Err((_, refused)) => {
                 drop(refused);
+                if let (Some(rt), Some(before)) = undo {
+                    *rt.reads.lock() = before;
+                    rt.give_back(len as u64);
+                }
                 let done = slot.lock().take();
                 Err(done.unwrap_or_else(|| Box::new(|_| {})))
             }

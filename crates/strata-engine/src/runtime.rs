@@ -190,6 +190,18 @@ impl Limiter {
         };
         Err(((wait_ops.max(wait_bytes) * 1000.0).ceil() as u64).max(1))
     }
+
+    /// Returns what a `try_take` of `bytes` took, for a request that was not carried out
+    /// after all (it is taken again by the path that carries it out).
+    pub fn give_back(&mut self, p: &Policy, bytes: u64) {
+        if p.iops_limit > 0 {
+            self.ops = (self.ops + 1.0).min(p.iops_limit as f64);
+        }
+        if p.bandwidth_limit_bytes_per_s > 0 {
+            let rate = p.bandwidth_limit_bytes_per_s as f64;
+            self.bytes = (self.bytes + (bytes as f64).min(rate)).min(rate);
+        }
+    }
 }
 
 pub struct VolRuntime {
@@ -246,6 +258,12 @@ impl VolRuntime {
             .lock()
             .try_take(&p, bytes, clock.now_ms())
             .is_ok()
+    }
+
+    /// Undoes a `try_admit` of `bytes` whose request was refused after all.
+    pub fn give_back(&self, bytes: u64) {
+        let p = self.policy();
+        self.limiter.lock().give_back(&p, bytes);
     }
 }
 

@@ -322,10 +322,15 @@ impl<'a> Scrubber<'a> {
         let mut at = key_of(layer, 0);
         let end = key_of(layer, 0) + (1u128 << 64);
         loop {
-            let ents = meta::with_tree_read(self.sh, |t| {
-                let mut v = Vec::new();
-                t.first_entries(at, end, 1024, &mut v).map(|()| v)
-            })?;
+            // Under the reclaim guard, as reads: a page loaded here cannot have been freed
+            // (and its segment discarded) by a flush since the tree named it.
+            let ents = {
+                let _guard = self.sh.reclaim.read();
+                meta::with_tree_read(self.sh, |t| {
+                    let mut v = Vec::new();
+                    t.first_entries(at, end, 1024, &mut v).map(|()| v)
+                })?
+            };
             let Some(last) = ents.last() else { break };
             at = last.end();
             for e in ents {

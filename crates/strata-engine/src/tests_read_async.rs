@@ -3,11 +3,14 @@
 //! acknowledged before the read began.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::tests::{read_async_wait, seed_for, small_cfg, Rig, MIB};
+use strata_device::{Device, DeviceError, DeviceStats, MemDevice};
+
+use crate::tests::{read_async_wait, read_either, seed_for, small_cfg, Rig, MIB};
 use crate::*;
 
 const BLOCKS: u64 = 1024;
@@ -133,4 +136,90 @@ fn async_reads_racing_writes_destage_and_gc_see_acknowledged_data() {
             "block {lba} at the end"
         );
     }
+}
+
+/// A device without an asynchronous read path (as with the `threads` backend): every
+/// `read_async` is refused and the caller falls back to the blocking read.
+struct NoAsyncReads(Arc<MemDevice>);
+
+impl Device for NoAsyncReads {
+    fn size_bytes(&self) -> u64 {
+        self.0.size_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        self.0.write_at(buf, offset)
+    }
+    fn flush(&self) -> Result<(), DeviceError> {
+        self.0.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
+        self.0.discard(offset, len)
+    }
+    fn stats(&self) -> DeviceStats {
+        self.0.stats()
+    }
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+}
+
+/// Blocks a sequential scan of 64 destaged blocks promotes, read as the NBD server reads
+/// (`read_async` first, the blocking read when it is refused).
+fn promoted_by_a_sequential_scan(async_reads: bool) -> u64 {
+    let device = |d: MemDevice| -> Arc<dyn Device> {
+        match async_reads {
+            true => Arc::new(d),
+            false => Arc::new(NoAsyncReads(Arc::new(d))),
+        }
+    };
+    let cfg = EngineConfig {
+        read_cache_ratio: 0.3,
+        ..small_cfg()
+    };
+    let dg = DiskGroup::open(
+        device(MemDevice::new("fast", 32 * MIB)),
+        vec![device(MemDevice::new("cap0", 48 * MIB))],
+        cfg,
+        true,
+    )
+    .unwrap();
+    let p = Policy {
+        promote_after_reads: 1,
+        promote_sequential_cutoff_bytes: 16 * 1024,
+        ..Policy::default()
+    };
+    let v = dg.create_volume_with_policy("s", 8 * MIB, &p).unwrap().id;
+    for lba in 0..64u64 {
+        dg.write(v, lba * 4096, &block(lba, 1)).unwrap();
+    }
+    assert!(dg.destage_all(std::time::Duration::from_secs(30)));
+    let mut taken_async = 0;
+    for lba in 0..64u64 {
+        let b = read_either(&dg, v, lba * 4096, 4096, true, &mut taken_async).unwrap();
+        assert_eq!(b, block(lba, 1), "block {lba}");
+    }
+    assert_eq!(taken_async > 0, async_reads, "reads taken asynchronously");
+    let promoted = dg.volume_figures("s").unwrap().promoted_bytes / 4096;
+    dg.shutdown().unwrap();
+    promoted
+}
+
+/// A refused asynchronous read leaves the volume's stream detector (and its I/O limits) as
+/// they were: the blocking read that follows counts the same read again, and counted twice
+/// every read looked like the start of a new stream, so a sequential scan was promoted whole.
+#[test]
+fn a_refused_async_read_does_not_break_sequential_detection() {
+    let with_async = promoted_by_a_sequential_scan(true);
+    let without = promoted_by_a_sequential_scan(false);
+    assert!(
+        with_async <= 8,
+        "a sequential scan promoted {with_async} blocks"
+    );
+    assert_eq!(
+        without, with_async,
+        "without asynchronous reads the same scan promoted {without} blocks"
+    );
 }
