@@ -8,7 +8,7 @@
 //! names is never overwritten. The tree does no I/O itself: a lookup or change that needs a
 //! page that is not resident returns a [`Miss`]; the caller reads the page with no lock held,
 //! [`CTree::install`]s it and tries again. Changes check residency first, so a `Miss` never
-//! leaves a change half done.
+//! leaves a change half done (`redirty` excepted: its next try completes it).
 //!
 //! Extents never cross a leaf's key range: a change is cut at leaf boundaries, so a lookup
 //! only needs the leaves whose ranges overlap the query.
@@ -348,7 +348,9 @@ impl CTree {
 
     /// Marks dirty every node whose page satisfies `moving` (and their ancestors), so the next
     /// flush writes them elsewhere. Returns a miss while a node it must look at (any inner node,
-    /// or a leaf that moves) is not resident.
+    /// or a leaf that moves) is not resident. Unlike other changes it does not check residency
+    /// first: a miss can leave the nodes to its left dirtied and their ancestors not yet. The
+    /// try after the install finishes it, since a node already dirty counts as changed.
     pub fn redirty(&mut self, moving: &dyn Fn(PagePtr) -> bool) -> Result<usize, Miss> {
         let levels = self.inner_levels()?;
         let mut cx = Cx {
@@ -853,7 +855,10 @@ fn redirty_in(
         Child::Disk(_) => return Ok(false),
         Child::Mem(node) => node,
     };
-    let mut changed = node.ptr.is_some_and(moving);
+    // A node dirty already (by an earlier try of this walk that stopped at a page not in
+    // memory) counts as changed too: its ancestors must be written again with it, or the
+    // flush keeps the old root and frees the pages it still names.
+    let mut changed = node.dirty || node.ptr.is_some_and(moving);
     if let Body::Inner(children) = &mut node.body {
         for i in 0..children.len() {
             let (clo, chi) = bounds(children, i, lo, hi);

@@ -331,3 +331,51 @@ fn a_change_across_many_leaves_keeps_each_part_at_its_place() {
         }
     }
 }
+
+/// A redirty that misses an inner node after it dirtied a node to its left must still
+/// leave every ancestor of the dirtied node dirty, or the flush writes neither the node nor its
+/// ancestors while its old page goes into `freed` (still referenced by the unchanged root).
+#[test]
+fn a_redirty_that_misses_an_inner_node_keeps_the_ancestors_of_what_it_dirtied_dirty() {
+    let mut t = CTree::new();
+    let mut s = Store::default();
+    // 25,000 single-block runs that cannot merge: ~174 full leaves under two inner nodes.
+    for i in 0..25_000u64 {
+        t.set(
+            key_of(1, i * 2),
+            key_of(1, i * 2 + 1),
+            Some(Loc::Cap {
+                seg: (i % 2) as u32,
+                block: i as u32,
+            }),
+        )
+        .unwrap();
+    }
+    let (root, _) = s.flush(&mut t);
+    let PageBody::Inner(top) = s.read(root) else {
+        panic!("root is a leaf")
+    };
+    assert!(top.len() >= 2, "root has {} children", top.len());
+    let PageBody::Inner(first) = s.read(top[0].1) else {
+        panic!("two levels expected")
+    };
+    let leaf0 = first[0].1;
+    // Only the leftmost leaf moves (as when the index segment holding it is cleaned), and the
+    // inner nodes are not resident (evicted: all their children were on disk).
+    t.evict(0);
+    assert_eq!(t.counts().resident_inner, 1, "{:?}", t.counts());
+    loaded(&mut t, &s, |t| t.redirty(&|p| p == leaf0));
+    let (root2, freed) = s.flush(&mut t);
+    let mut now = HashSet::new();
+    s.reachable(root2, &mut now);
+    let still: Vec<_> = freed.iter().filter(|f| now.contains(f)).collect();
+    assert!(
+        still.is_empty(),
+        "root {:?} -> {:?} (unchanged: {}); freed pages still referenced by it: {:?}; dirty left: {:?}",
+        root,
+        root2,
+        root == root2,
+        still,
+        t.counts()
+    );
+}
