@@ -522,7 +522,7 @@ impl Destager {
     /// written, so the capacity devices are kept busy.
     pub fn step(&mut self, max_stripes: usize) -> Result<u64, EngineError> {
         let started = Instant::now();
-        let (mut freed, mut written) = (0, 0);
+        let mut freed = 0;
         let result = std::thread::scope(|scope| -> Result<(), EngineError> {
             let mut inflight: Option<Inflight<'_>> = None;
             let mut skip = 0;
@@ -535,11 +535,11 @@ impl Destager {
                 let next = self.next_stripe(skip);
                 if let Some(prev) = inflight.take() {
                     // Commit what is already written before acting on an error.
-                    let (f, w) = self.finish(prev)?;
-                    freed += f;
-                    written += w;
+                    freed += self.finish(prev)?;
                 }
-                let Some((stripe, taken)) = next? else { break };
+                let Some((stripe, taken, moved)) = next? else {
+                    break;
+                };
                 if stripe.iter().all(Builder::is_empty) {
                     // Nothing live left in these batches (kept or overwritten): no segment
                     // to write, the tail just moves past them.
@@ -552,17 +552,19 @@ impl Destager {
                 let placed = self.place(stripe)?;
                 let sh = &*self.sh;
                 let handle = scope.spawn(move || write_stripe(sh, &placed).map(|()| placed));
-                inflight = Some(Inflight { handle, taken });
+                inflight = Some(Inflight {
+                    handle,
+                    taken,
+                    moved,
+                });
             }
             if let Some(prev) = inflight.take() {
-                let (f, w) = self.finish(prev)?;
-                freed += f;
-                written += w;
+                freed += self.finish(prev)?;
             }
             Ok(())
         });
         if freed > 0 {
-            self.measure(started, freed, written);
+            self.measure(started, freed);
         }
         result.map(|()| freed)
     }
@@ -604,7 +606,7 @@ impl Destager {
     }
 
     /// Plans and builds the next stripe from the durable batches after the first `skip`.
-    fn next_stripe(&self, skip: usize) -> Result<Option<(Vec<Builder>, usize)>, EngineError> {
+    fn next_stripe(&self, skip: usize) -> Result<Option<NextStripe>, EngineError> {
         let batches = self.durable_batches(skip);
         if batches.is_empty() {
             return Ok(None);
@@ -680,11 +682,12 @@ impl Destager {
             ));
         }
         let taken = plan.len();
-        Ok(Some((build_stripe(&self.sh, &plan, width)?, taken)))
+        let (stripe, moved) = build_stripe(&self.sh, &plan, width)?;
+        Ok(Some((stripe, taken, moved)))
     }
 
     /// Waits for an in-flight stripe, points the index at it and frees its log space.
-    fn finish(&self, f: Inflight<'_>) -> Result<(u64, u64), EngineError> {
+    fn finish(&self, f: Inflight<'_>) -> Result<u64, EngineError> {
         let placed = match f.handle.join() {
             Ok(Ok(placed)) => placed,
             Ok(Err(e)) => {
@@ -704,17 +707,17 @@ impl Destager {
             self.keep_read_copies(*seg, b, &committed);
             written += u64::from(b.used) * BLOCK_U64;
         }
-        self.sh
-            .counters
-            .destaged_bytes
-            .fetch_add(written, Ordering::Relaxed);
+        record_residency(&self.sh, &f.moved);
+        let c = &self.sh.counters;
+        c.destaged_bytes.fetch_add(written, Ordering::Relaxed);
+        c.destage_rate.lock().add(written, Instant::now());
         self.second_chance(f.taken);
         let freed = self.advance_tail(f.taken)?;
         // What one flush writes stays within the reserve: at most one stripe over the limit.
         if self.sh.tree.read().counts().dirty_nodes >= self.sh.index_dirty_limit {
             meta::flush_index(&self.sh)?;
         }
-        Ok((freed, written))
+        Ok(freed)
     }
 
     /// The oldest batches whose live data fits one stripe (less a margin of one entry per
@@ -1255,7 +1258,7 @@ impl Destager {
         }
     }
 
-    fn measure(&self, started: Instant, freed: u64, written: u64) {
+    fn measure(&self, started: Instant, freed: u64) {
         let busy = started.elapsed().as_secs_f64().max(1e-6);
         let c = &self.sh.counters;
         let bw = Counters::get_f64(&c.destage_bw_bytes_per_s);
@@ -1267,11 +1270,6 @@ impl Destager {
             } else {
                 0.8 * bw + 0.2 * sample
             },
-        );
-        let rate = Counters::get_f64(&c.destage_rate_bytes_per_s);
-        Counters::set_f64(
-            &c.destage_rate_bytes_per_s,
-            0.8 * rate + 0.2 * (written as f64 / busy),
         );
     }
 
@@ -1408,7 +1406,11 @@ type Placed = (u32, Builder, u64);
 struct Inflight<'s> {
     handle: std::thread::ScopedJoinHandle<'s, Result<Vec<Placed>, EngineError>>,
     taken: usize,
+    moved: Vec<Moved>,
 }
+
+/// A stripe to write, the log batches it takes, and what it moves.
+type NextStripe = (Vec<Builder>, usize, Vec<Moved>);
 
 /// A rewrite sent to the log writer: its answer, layer, lba and length.
 type Pending = (crate::log::ReplyRx, u32, u64, u64);
@@ -1551,7 +1553,7 @@ fn build_stripe(
     sh: &Shared,
     plan: &[Planned<'_>],
     width: usize,
-) -> Result<Vec<Builder>, EngineError> {
+) -> Result<(Vec<Builder>, Vec<Moved>), EngineError> {
     let mut bufs = Vec::with_capacity(plan.len());
     for (b, runs) in plan {
         if runs.is_empty() {
@@ -1580,7 +1582,7 @@ fn build_stripe(
         }
     }
     live.sort_by_key(|r| (r.layer, r.lba));
-    record_residency(sh, &live);
+    let moved = residency(sh, &live);
     let geo = sh.layout.geo;
     let mut stripe = vec![Builder::new(geo)];
     for run in &live {
@@ -1619,18 +1621,35 @@ fn build_stripe(
         }
     }
     stripe.retain(|b| !b.is_empty());
-    Ok(stripe)
+    Ok((stripe, moved))
 }
 
 /// How long the data about to move stayed on the fast tier, per volume.
-fn record_residency(sh: &Shared, live: &[LiveRun<'_>]) {
+/// Blocks of a layer a stripe moves to the capacity tier, and how long they stayed on the
+/// fast tier (milliseconds).
+pub(crate) struct Moved {
+    layer: u32,
+    blocks: u64,
+    resident_ms: u64,
+}
+
+fn residency(sh: &Shared, live: &[LiveRun<'_>]) -> Vec<Moved> {
     let now = sh.cfg.clock.now_ms();
-    for run in live {
-        if let Some(rt) = sh.head_runtime(run.layer) {
-            rt.stats.record_residency(
-                (run.data.len() / BLOCK) as u64,
-                now.saturating_sub(run.born_ms),
-            );
+    live.iter()
+        .map(|run| Moved {
+            layer: run.layer,
+            blocks: (run.data.len() / BLOCK) as u64,
+            resident_ms: now.saturating_sub(run.born_ms),
+        })
+        .collect()
+}
+
+/// Counts what a stripe moved in its volumes' residency histograms, once it is committed (a
+/// stripe that could not be placed is planned again, and counted then).
+fn record_residency(sh: &Shared, moved: &[Moved]) {
+    for m in moved {
+        if let Some(rt) = sh.head_runtime(m.layer) {
+            rt.stats.record_residency(m.blocks, m.resident_ms);
         }
     }
 }

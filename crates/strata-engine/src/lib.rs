@@ -52,7 +52,7 @@ mod tests_tiering;
 mod tiering;
 mod volumes;
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -387,6 +387,13 @@ impl DiskGroup {
         let sh = &self.sh;
         let _shared = sh.reclaim.read();
         let pieces = resolve::resolve_view(sh, view, lba, n)?;
+        // Reads the engine makes for itself (the edges of a partial-block write) are not host
+        // reads: they stay out of the read figures.
+        let count = |counter: &AtomicU64, bytes: u64| {
+            if host.is_some() {
+                counter.fetch_add(bytes, Ordering::Relaxed);
+            }
+        };
         for p in pieces {
             let at = ((p.lba - lba) * BLOCK_U64) as usize;
             let dst = &mut out[at..at + (p.len * BLOCK_U64) as usize];
@@ -394,14 +401,10 @@ impl DiskGroup {
             match p.loc {
                 None | Some(Loc::Zero(_)) => {
                     dst.fill(0);
-                    sh.counters
-                        .read_unwritten_bytes
-                        .fetch_add(piece_bytes, Ordering::Relaxed);
+                    count(&sh.counters.read_unwritten_bytes, piece_bytes);
                 }
                 Some(Loc::Fast(b)) => {
-                    sh.counters
-                        .read_fast_bytes
-                        .fetch_add(piece_bytes, Ordering::Relaxed);
+                    count(&sh.counters.read_fast_bytes, piece_bytes);
                     sh.fast.read_at(dst, sh.layout.log_byte(b))?;
                     for (i, chunk) in dst.chunks(BLOCK).enumerate() {
                         if crc32c::crc32c(chunk)
@@ -463,18 +466,22 @@ impl DiskGroup {
             let part = &mut dst[i as usize * BLOCK..j as usize * BLOCK];
             let blocks = u64::from(j - i);
             if first.is_some_and(|f| self.read_cached(seg, block + i, f, part)) {
-                sh.counters
-                    .read_cached_bytes
-                    .fetch_add(blocks * BLOCK_U64, Ordering::Relaxed);
+                if host.is_some() {
+                    sh.counters
+                        .read_cached_bytes
+                        .fetch_add(blocks * BLOCK_U64, Ordering::Relaxed);
+                }
                 if let Some(h) = host {
                     h.rt.stats
                         .read_cached_blocks
                         .fetch_add(blocks, Ordering::Relaxed);
                 }
             } else {
-                sh.counters
-                    .read_capacity_bytes
-                    .fetch_add(blocks * BLOCK_U64, Ordering::Relaxed);
+                if host.is_some() {
+                    sh.counters
+                        .read_capacity_bytes
+                        .fetch_add(blocks * BLOCK_U64, Ordering::Relaxed);
+                }
                 let crcs = capacity::block_crcs(sh, seg, block + i, j - i)?;
                 if let Some(bad) =
                     capacity::read_seg_blocks(sh, seg, block + i, j - i, part, &crcs)?
@@ -974,7 +981,7 @@ impl DiskGroup {
             log_fill_ratio: fill,
             fill_ratio_low: sh.cfg.fill_ratio_low,
             fill_ratio_high: sh.cfg.fill_ratio_high,
-            destage_rate_bytes_per_s: shared::Counters::get_f64(&c.destage_rate_bytes_per_s),
+            destage_rate_bytes_per_s: c.destage_rate.lock().per_second(Instant::now()),
             destage_bandwidth_bytes_per_s: shared::Counters::get_f64(&c.destage_bw_bytes_per_s),
             destage_backlog_bytes: backlog,
             destaged_bytes_total: c.destaged_bytes.load(Ordering::Relaxed),

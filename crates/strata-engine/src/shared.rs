@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 use strata_device::Device;
@@ -121,6 +122,35 @@ impl Index {
     }
 }
 
+/// A rate per wall second, averaged exponentially over the last `TAU_S` seconds: an amount
+/// counts in full when it happens and fades with time, so the rate falls back to zero when
+/// nothing happens (a steady `r` per second reads as `r`).
+#[derive(Debug, Default)]
+pub struct DecayingRate {
+    /// The rate as of `at`.
+    value: f64,
+    at: Option<Instant>,
+}
+
+impl DecayingRate {
+    const TAU_S: f64 = 5.0;
+
+    pub fn add(&mut self, amount: u64, now: Instant) {
+        self.value = self.per_second(now) + amount as f64 / Self::TAU_S;
+        self.at = Some(self.at.map_or(now, |at| at.max(now)));
+    }
+
+    pub fn per_second(&self, now: Instant) -> f64 {
+        match self.at {
+            None => 0.0,
+            Some(at) => {
+                let dt = now.saturating_duration_since(at).as_secs_f64();
+                self.value * (-dt / Self::TAU_S).exp()
+            }
+        }
+    }
+}
+
 /// Monotonic counters; read by `stats()`.
 #[derive(Default)]
 pub struct Counters {
@@ -161,8 +191,8 @@ pub struct Counters {
     pub fast_live_blocks: AtomicU64,
     /// f64 bits: log space the destager frees per busy second, smoothed.
     pub destage_bw_bytes_per_s: AtomicU64,
-    /// f64 bits: capacity bytes written per wall second, smoothed.
-    pub destage_rate_bytes_per_s: AtomicU64,
+    /// Capacity bytes the destager wrote, per wall second over the last seconds.
+    pub destage_rate: Mutex<DecayingRate>,
     pub throttled: AtomicBool,
     pub capacity_full: AtomicBool,
     /// The last destage found no segment to write: the log is freed only by compaction
@@ -607,5 +637,29 @@ impl RangeClaim {
 impl Drop for RangeClaim {
     fn drop(&mut self) {
         self.sh.ranges.release(self.key);
+    }
+}
+
+#[cfg(test)]
+mod decaying_rate_tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_decaying_rate_follows_a_steady_rate_and_falls_to_zero_at_rest() {
+        let t0 = Instant::now();
+        let mut r = DecayingRate::default();
+        assert_eq!(r.per_second(t0), 0.0);
+        // 1 MB every 100 ms for 60 s: 10 MB/s.
+        let mut t = t0;
+        for _ in 0..600 {
+            t += Duration::from_millis(100);
+            r.add(1_000_000, t);
+        }
+        let steady = r.per_second(t);
+        assert!((9.5e6..10.6e6).contains(&steady), "steady rate {steady}");
+        // At rest: down to a tenth within 12 s, to nothing to speak of within a minute.
+        assert!(r.per_second(t + Duration::from_secs(12)) < steady / 10.0);
+        assert!(r.per_second(t + Duration::from_secs(60)) < steady * 1e-4);
     }
 }

@@ -65,6 +65,9 @@ pub struct ServeConfig {
     /// Catalog entries naming the devices, for endurance accounting.
     pub fast_device_model: Option<String>,
     pub capacity_device_model: Option<String>,
+    /// History a device needs before its wear-out date is projected and warned about (None:
+    /// at once).
+    pub wear_projection_after: Option<std::time::Duration>,
     /// Extra device catalog files (TOML) beside the built-in catalog.
     pub catalog_files: Vec<PathBuf>,
     /// Benchmarking aids: device models the fast / capacity devices are slowed down to.
@@ -176,6 +179,7 @@ pub struct FileConfig {
     pub http_token_file: Option<PathBuf>,
     pub fast_device_model: Option<String>,
     pub capacity_device_model: Option<String>,
+    pub wear_projection_after: Option<String>,
     #[serde(alias = "catalog")]
     pub catalog_files: Option<Vec<PathBuf>>,
     /// Benchmarking aids (see docs/BENCH.md).
@@ -541,6 +545,12 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
             .capacity_device_model
             .clone()
             .or(file.capacity_device_model),
+        wear_projection_after: duration(
+            args.wear_projection_after,
+            &file.wear_projection_after,
+            "wear_projection_after",
+            Some(crate::wear::PROJECTION_AFTER),
+        )?,
         catalog_files: if args.catalog_files.is_empty() {
             file.catalog_files.unwrap_or_default()
         } else {

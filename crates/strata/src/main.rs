@@ -257,6 +257,10 @@ pub struct ServeArgs {
     /// Device catalog entry of the capacity devices, for wear accounting.
     #[arg(long, value_name = "ID")]
     pub capacity_device_model: Option<String>,
+    /// History a rated device needs before its wear-out date is projected from its average
+    /// write rate and warned about (`1d`, `12h`, `0` for at once) [default: 1d].
+    #[arg(long, value_name = "DURATION", value_parser = config::parse_duration_arg)]
+    pub wear_projection_after: Option<config::DurationValue>,
     /// Extra device catalog file (TOML); repeatable.
     #[arg(long = "catalog", value_name = "FILE")]
     pub catalog_files: Vec<PathBuf>,

@@ -256,8 +256,10 @@ fn render_devices(e: &mut Exposition, devices: &[DeviceJson]) {
 }
 
 fn render_wear(e: &mut Exposition, devices: &[DeviceJson]) {
-    let name = "strata_device_lifetime_written_bytes_total";
-    e.family(name, Type::Counter, "Bytes the device received from this disk group over its life (persisted across restarts).");
+    // A gauge: after a crash the count restarts from what the last checkpoint saved, so it can
+    // go back a little (a counter must not).
+    let name = "strata_device_lifetime_written_bytes";
+    e.family(name, Type::Gauge, "Bytes the device received from this disk group over its life, as of the last checkpoint plus this run (persisted across restarts; after a crash, writes since the last checkpoint are missing).");
     for d in devices {
         e.sample(name, &[("device", &d.stats.name), ("tier", d.tier)], d.wear.bytes_written_total as f64);
     }
@@ -281,12 +283,12 @@ fn render_wear(e: &mut Exposition, devices: &[DeviceJson]) {
 
 fn render_engine(e: &mut Exposition, s: &EngineStats) {
     let gauges: [(&str, &str, f64); 16] = [
-        ("strata_log_fill_ratio", "Share of the fast-tier write log in use.", s.log_fill_ratio),
+        ("strata_log_fill_ratio", "Fill of the write buffer: log space in use besides the read cache's copies, against the log less what the read cache holds; the destage marks apply to it.", s.log_fill_ratio),
         ("strata_log_fill_ratio_low", "Fill below which the destager idles.", s.fill_ratio_low),
         ("strata_log_fill_ratio_high", "Fill above which the destager runs flat out and admission follows it.", s.fill_ratio_high),
         ("strata_log_capacity_bytes", "Size of the write log.", s.log_capacity_bytes as f64),
         ("strata_log_used_bytes", "Bytes of the write log in use.", s.log_used_bytes as f64),
-        ("strata_destage_rate_bytes_per_second", "Capacity-tier bytes written by the destager per second, smoothed.", s.destage_rate_bytes_per_s),
+        ("strata_destage_rate_bytes_per_second", "Capacity-tier bytes written by the destager per second, averaged over the last seconds (exponentially, 5 s); 0 when it rests.", s.destage_rate_bytes_per_s),
         ("strata_destage_bandwidth_bytes_per_second", "Log space the destager frees per busy second, smoothed.", s.destage_bandwidth_bytes_per_s),
         ("strata_destage_backlog_bytes", "Bytes in the log waiting to be destaged.", s.destage_backlog_bytes as f64),
         ("strata_admission_throttled", "1 while host writes are paced to the destage rate.", if s.admission_throttled { 1.0 } else { 0.0 }),

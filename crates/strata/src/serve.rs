@@ -309,6 +309,7 @@ fn device_identities(
             model: model.clone(),
             name,
             tier,
+            projection_after_s: cfg.wear_projection_after.map_or(0, |d| d.as_secs()),
         })
         .collect()
 }

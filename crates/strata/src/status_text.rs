@@ -158,11 +158,12 @@ fn disk_group(g: &Value) -> String {
         "open"
     };
     format!(
-        "\nDISK GROUP {}  {}\n  write log    {} {} of {}  marks {:.0}% / {:.0}%\n  destage      {}, backlog {}, admission {}\n  capacity     {} of {} used ({}), {} of {} segments free\n  reads        {} from the fast tier\n  gc           {} segment(s) cleaned, {} relocated\n",
+        "\nDISK GROUP {}  {}\n  write log    {} {} full ({} of {} in use)  marks {:.0}% / {:.0}%\n  destage      {}, backlog {}, admission {}\n  capacity     {} of {} used ({}), {} of {} segments free\n  reads        {} from the fast tier\n  gc           {} segment(s) cleaned, {} relocated\n",
         text(&g["id"]),
         text(&g["state"]),
         fill_bar(num("log_fill_ratio"), num("fill_ratio_low"), num("fill_ratio_high")),
         percent(g["log_fill_ratio"].as_f64()),
+        bytes(&g["log_used_bytes"]),
         bytes(&g["log_capacity_bytes"]),
         num("fill_ratio_low") * 100.0,
         num("fill_ratio_high") * 100.0,
@@ -225,6 +226,7 @@ fn wear_out(w: &Value) -> String {
             format!("{} (before warranty!)", date(t))
         }
         Some(t) => date(t),
+        None if w["bytes_written_total"].as_u64().unwrap_or(0) > 0 => "after 1 day".into(),
         None => "not written yet".into(),
     }
 }
@@ -342,7 +344,7 @@ mod tests {
             },
             "disk_groups": [{
                 "id": "dg0", "state": "running", "log_fill_ratio": 0.5, "fill_ratio_low": 0.3,
-                "fill_ratio_high": 0.7, "log_capacity_bytes": 268435456u64,
+                "fill_ratio_high": 0.7, "log_capacity_bytes": 268435456u64, "log_used_bytes": 134217728u64,
                 "destage_rate_bytes_per_s": 1048576.0, "destage_backlog_bytes": 83886080u64,
                 "admission_throttled": true, "capacity_total_bytes": 2147483648u64,
                 "capacity_used_bytes": 1073741824u64, "segments_free": 128, "segments_total": 256,
@@ -384,7 +386,7 @@ mod tests {
             "throughput   4.7 MiB/s read, 1.2 MiB/s write",
             "latency      p50 0.21 ms  p99 1.80 ms  p99.9 4.20 ms",
             "<=1ms 92.1%  <=2ms 98.0%",
-            "50.0% of 256 MiB  marks 30% / 70%",
+            "50.0% full (128 MiB of 256 MiB in use)  marks 30% / 70%",
             "admission THROTTLED",
             "1 GiB of 2 GiB used (50.0%), 128 of 256 segments free",
             "87.0% from the fast tier",

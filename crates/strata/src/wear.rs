@@ -12,6 +12,10 @@ use crate::history::History;
 /// Window of the "recent" write rate.
 pub const RECENT_WINDOW: Duration = Duration::from_secs(300);
 const SECONDS_PER_DAY: f64 = 86_400.0;
+/// History a device needs by default before its wear-out is projected (and warned about) from
+/// its average write rate: an initial load, or a group's first seconds, say nothing of the long
+/// run (`--wear-projection-after`).
+pub const PROJECTION_AFTER: Duration = Duration::from_secs(86_400);
 const SECONDS_PER_YEAR: f64 = 365.0 * SECONDS_PER_DAY;
 
 /// A device of the disk group as configured: which tier, which file, which catalog entry.
@@ -21,6 +25,8 @@ pub struct DeviceIdentity {
     pub tier: &'static str,
     pub model: Option<String>,
     pub rating: Option<Rating>,
+    /// History needed before a wear-out date is projected (`PROJECTION_AFTER` by default).
+    pub projection_after_s: u64,
 }
 
 /// Rated endurance from the device catalog.
@@ -96,7 +102,8 @@ pub struct WearJson {
     pub rated_endurance_bytes: Option<f64>,
     pub endurance_used_ratio: Option<f64>,
     pub warranty_end_unix_s: Option<u64>,
-    /// When the rated endurance runs out at the average write rate.
+    /// When the rated endurance runs out at the average write rate; None until the device
+    /// has enough history (`DeviceIdentity::projection_after_s`, a day by default).
     pub projected_wear_out_unix_s: Option<u64>,
     /// The average rate would use up the rated endurance before the warranty ends.
     pub wears_out_before_warranty: bool,
@@ -136,7 +143,7 @@ pub fn wear(
         out.rated_endurance_bytes = Some(r.endurance_bytes);
         out.endurance_used_ratio = Some(w.bytes_written_total as f64 / r.endurance_bytes);
         out.warranty_end_unix_s = Some(warranty_end as u64);
-        if avg > 0.0 {
+        if avg > 0.0 && age_s >= id.projection_after_s as f64 {
             let left = (r.endurance_bytes - w.bytes_written_total as f64).max(0.0);
             let wear_out = now_unix_s as f64 + left / avg;
             out.projected_wear_out_unix_s = Some(wear_out.min(u64::MAX as f64) as u64);
@@ -156,6 +163,7 @@ mod tests {
             tier: "fast",
             model: rating.map(|_| "test-800g".into()),
             rating,
+            projection_after_s: PROJECTION_AFTER.as_secs(),
         }
     }
 
@@ -205,6 +213,28 @@ mod tests {
         assert!((used - 600.0 / (3.0 * 365.0 * 5.0)).abs() < 1e-9);
         let half_life = j.projected_wear_out_unix_s.unwrap() as f64 / SECONDS_PER_YEAR;
         assert!((half_life - 2.5).abs() < 0.01, "{half_life}");
+    }
+
+    #[test]
+    fn no_wear_out_is_projected_from_less_than_a_day() {
+        let h = History::new();
+        let size = 800_000_000_000u64;
+        let rating = Rating {
+            endurance_bytes: 3.0 * 800.0 * GB * 365.0 * 5.0,
+            warranty_years: 5.0,
+        };
+        // A bulk load: 100 GB in the first hour, far above the rated 3 DWPD if it went on.
+        let load = strata_engine::DeviceWear {
+            bytes_written_total: 100_000_000_000,
+            first_use_unix_s: 0,
+        };
+        let j = wear(&id(Some(rating)), size, load, 3600, &h);
+        assert_eq!(j.projected_wear_out_unix_s, None, "{j:?}");
+        assert!(!j.wears_out_before_warranty, "{j:?}");
+        assert!(j.endurance_used_ratio.is_some());
+        // A day on, the average says what it says.
+        let j = wear(&id(Some(rating)), size, load, DAY, &h);
+        assert!(j.projected_wear_out_unix_s.is_some(), "{j:?}");
     }
 
     #[test]

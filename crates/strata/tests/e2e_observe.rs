@@ -200,7 +200,7 @@ fn metrics_under_load_pass_promtool_and_count_what_fio_did() {
     assert!(delta("strata_device_written_bytes_total", &dev) >= write_bytes);
     assert!(delta("strata_device_write_operations_total", &dev) > 0.0);
     assert!(delta("strata_device_write_size_bytes_count", &dev) > 0.0);
-    assert!(delta("strata_device_lifetime_written_bytes_total", &dev) >= write_bytes);
+    assert!(delta("strata_device_lifetime_written_bytes", &dev) >= write_bytes);
     assert!(after.value("strata_log_used_bytes", &[]) > 0.0);
     // Healthy devices: every one has a checksum failure count, and it is zero.
     assert_eq!(after.value("strata_device_checksum_errors_total", &[("tier", "fast")]), 0.0);
@@ -229,7 +229,7 @@ fn metrics_under_load_pass_promtool_and_count_what_fio_did() {
         "strata_device_write_size_bytes",
         "strata_device_errors_total",
         "strata_checksum_errors_total",
-        "strata_device_lifetime_written_bytes_total",
+        "strata_device_lifetime_written_bytes",
         "strata_device_drive_writes_per_day",
         "strata_device_endurance_used_ratio",
         "strata_log_fill_ratio",

@@ -239,6 +239,9 @@ fn a_device_wearing_out_early_is_logged_flagged_and_warned_about() {
             "tiny-test".into(),
             "--capacity-device-model".into(),
             "optane-p5800x-400g".into(),
+            // Seconds of history are enough here (by default a day is needed).
+            "--wear-projection-after".into(),
+            "0".into(),
         ],
         ..DaemonOpts::default()
     });
