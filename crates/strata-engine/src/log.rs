@@ -862,6 +862,13 @@ impl LogWriter {
 
     /// How long host writes must still wait for admission (None: they may go now).
     fn host_wait(&self, f: &mut Front) -> Option<Duration> {
+        // A failed group, or one whose destager has stopped (shutdown), frees no more log
+        // space: waiting host writes go on to `reserve`, which answers them.
+        if self.sh.state.load(Ordering::Acquire) == crate::shared::STATE_FAILED
+            || self.sh.destager_stop.load(Ordering::Relaxed)
+        {
+            return None;
+        }
         let c = &self.sh.counters;
         if !c.capacity_full.load(Ordering::Relaxed) {
             // Host writes wait here, not in `reserve`, while the log has no room for a whole
@@ -1040,7 +1047,8 @@ impl LogWriter {
         match result {
             Ok(()) => {
                 let end = t.meta.first_seq + t.meta.records.len() as u64;
-                self.committed_seq.store(end, Ordering::Release);
+                // After the turn moved on: a later batch may have stored its end already.
+                self.committed_seq.fetch_max(end, Ordering::AcqRel);
                 self.sh.retired_seq.fetch_max(end, Ordering::AcqRel);
                 let bytes: u64 = t
                     .reqs
@@ -1182,6 +1190,11 @@ impl LogWriter {
                     && self.sh.counters.capacity_full.load(Ordering::Relaxed)
                 {
                     return Err(EngineError::NoSpace);
+                }
+                // Shutting down with the destager stopped: nothing will free the log, and a
+                // request not yet placed was not acknowledged, so it is refused.
+                if self.sh.destager_stop.load(Ordering::Relaxed) {
+                    return Err(EngineError::ShuttingDown);
                 }
             }
             self.sh.wake_destager();
