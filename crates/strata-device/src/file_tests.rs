@@ -649,3 +649,25 @@ fn a_locked_file_is_waited_for_a_moment_then_refused() {
         "refused before the wait was over"
     );
 }
+
+/// A read whose completion panics does not end the completion thread: reads after it still
+/// complete.
+#[test]
+fn a_panicking_read_completion_leaves_later_reads_completing() {
+    if !io_uring_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let dev = FileDevice::open(&dir.path().join("dev"), &options(MIB, IoBackend::IoUring)).unwrap();
+    dev.write_at(&pattern(1, 3), BLOCK).unwrap();
+    let panicking: ReadDone = Box::new(|_, _| panic!("a completion panics (on purpose)"));
+    dev.read_async(AlignedBuf::new_zeroed(BLOCK_SIZE), 0, panicking).ok().expect("taken");
+    let (tx, rx) = std::sync::mpsc::channel();
+    for _ in 0..2 {
+        let tx = tx.clone();
+        let done: ReadDone = Box::new(move |buf, result| tx.send((buf, result.is_ok())).unwrap());
+        dev.read_async(AlignedBuf::new_zeroed(BLOCK_SIZE), BLOCK, done).ok().expect("taken");
+        let (buf, ok) = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the read after a panicking one completes");
+        assert!(ok && buf == pattern(1, 3));
+    }
+}

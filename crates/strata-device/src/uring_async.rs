@@ -297,6 +297,14 @@ impl Reaper {
             }
         };
         self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
-        (p.done)(p.buf, outcome);
+        // A callback that panics must not end this thread: it is the only one that completes
+        // the device's reads, and every read taken after it would wait for ever.
+        let done = p.done;
+        let buf = p.buf;
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || done(buf, outcome)))
+            .is_err()
+        {
+            tracing::error!(device = %self.name, "a read's completion panicked");
+        }
     }
 }
