@@ -11,6 +11,7 @@
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -51,6 +52,8 @@ pub(super) struct Budget {
 pub(super) struct Replies {
     tx: mpsc::Sender<Reply>,
     out: Arc<Out>,
+    /// Requests started and not yet completed (see `Conn::unanswered`).
+    unanswered: Arc<AtomicUsize>,
 }
 
 /// What the writer task and the completing threads share.
@@ -83,6 +86,7 @@ impl Replies {
         slots: Arc<Semaphore>,
         max_in_flight: usize,
         limit: Duration,
+        unanswered: Arc<AtomicUsize>,
     ) -> (
         Replies,
         impl std::future::Future<Output = Result<(), ConnError>>,
@@ -99,6 +103,7 @@ impl Replies {
             Replies {
                 tx,
                 out: out.clone(),
+                unanswered,
             },
             write_replies(out, rx, limit),
         )
@@ -109,8 +114,9 @@ impl Replies {
         self.tx.send(reply).await.map_err(|_| ConnError::WriterGone)
     }
 
-    /// Queues a reply from a thread that may block.
+    /// Queues the reply of a started request from a thread that may block.
     pub fn blocking_send(&self, reply: Reply) {
+        self.unanswered.fetch_sub(1, Ordering::AcqRel);
         // Fails only if the writer is gone; dropping the reply then frees its slot.
         let _ = self.tx.blocking_send(reply);
     }
@@ -118,6 +124,7 @@ impl Replies {
     /// Sends the reply of a completed request, from whatever thread completed it (it never
     /// blocks). Written here and now when it is small and the only request in flight.
     pub fn complete(&self, reply: Reply) {
+        self.unanswered.fetch_sub(1, Ordering::AcqRel);
         // The reader holds a slot while it waits for the next header; this reply holds one.
         let alone = self.out.slots.available_permits() + 2 >= self.out.max_in_flight;
         if alone && reply.len() <= DIRECT_MAX_BYTES {

@@ -8,7 +8,7 @@
 
 use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,6 +43,10 @@ struct Conn {
     buffered_bytes_total: Arc<Semaphore>,
     /// The last request dispatched was the only one in flight, with nothing read after it.
     was_alone: AtomicBool,
+    /// Requests started and not yet completed (shared with `Replies`, which counts a
+    /// completion before writing its reply: a client at queue depth one can have the reply
+    /// and send its next request before the completing thread lets go of the reply's slot).
+    unanswered: Arc<AtomicUsize>,
 }
 
 impl Conn {
@@ -57,9 +61,10 @@ impl Conn {
         self.was_alone.swap(now, Ordering::Relaxed) && now
     }
 
-    /// True when no request is in flight (the reader itself holds one slot while waiting).
+    /// True when every request started so far has completed (its reply may still be on its
+    /// way to the socket).
     fn idle(&self) -> bool {
-        self.slots.available_permits() + 1 >= self.max_in_flight
+        self.unanswered.load(Ordering::Acquire) == 0
     }
 
     /// Waits for `bytes` of buffer from this connection's budget, then the server's. The
@@ -105,11 +110,13 @@ pub(super) async fn run(
     let (reader, writer) = stream.into_split();
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
     let slots = Arc::new(Semaphore::new(cfg.max_in_flight_per_connection));
+    let unanswered = Arc::new(AtomicUsize::new(0));
     let (tx, write_replies) = Replies::new(
         writer,
         slots.clone(),
         cfg.max_in_flight_per_connection,
         cfg.stall_timeout,
+        unanswered.clone(),
     );
     let writer = tokio::spawn(write_replies.in_current_span());
     let conn = Conn {
@@ -119,6 +126,7 @@ pub(super) async fn run(
         buffered_bytes: Arc::new(Semaphore::new(cfg.max_buffered_bytes_per_connection)),
         buffered_bytes_total: shared.buffered_bytes_total.clone(),
         was_alone: AtomicBool::new(false),
+        unanswered,
     };
     let ending = read_requests(&mut reader, &conn, &tx, cfg, stop).await;
     conn.drain().await;
@@ -305,6 +313,8 @@ async fn dispatch(
             let budget = conn.reserve(command.buffer_bytes()).await?;
             let payload = read_payload(reader, req.payload_len(), limit).await?;
             let alone = conn.alone_after(reader);
+            // Counted down when it completes (`Replies::complete`, `blocking_send`).
+            conn.unanswered.fetch_add(1, Ordering::AcqRel);
             spawn_request(
                 &conn.session,
                 req.cookie,
