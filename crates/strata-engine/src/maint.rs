@@ -327,24 +327,29 @@ fn clean_index_segments(d: &mut Destager) -> Result<(), EngineError> {
         return Ok(());
     }
     d.maint.last_cleaned = Some((victim, Instant::now()));
-    let in_victim = move |p: crate::ctree::PagePtr| {
-        (p.a >> 32) as u32 == victim || (p.b >> 32) as u32 == victim
-    };
-    meta::with_tree(&sh, |t| t.redirty(&in_victim))?;
-    {
-        let mut segs = sh.segs.lock();
-        let pages: Vec<usize> = segs
-            .page_ptrs
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.is_some_and(in_victim))
-            .map(|(i, _)| i)
-            .collect();
-        segs.dirty_pages.extend(pages);
-    }
+    mark_pages_in(&sh, victim)?;
     tracing::debug!(
         segment = victim,
         "moving live index pages out of a mostly empty segment"
     );
     flush(d)
+}
+
+/// Marks for rewriting every index and segment-table page with a copy in index segment
+/// `victim`: the next flush writes them elsewhere.
+pub(crate) fn mark_pages_in(sh: &Shared, victim: u32) -> Result<(), EngineError> {
+    let in_victim = move |p: crate::ctree::PagePtr| {
+        (p.a >> 32) as u32 == victim || (p.b >> 32) as u32 == victim
+    };
+    meta::with_tree(sh, |t| t.redirty(&in_victim))?;
+    let mut segs = sh.segs.lock();
+    let pages: Vec<usize> = segs
+        .page_ptrs
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.is_some_and(in_victim))
+        .map(|(i, _)| i)
+        .collect();
+    segs.dirty_pages.extend(pages);
+    Ok(())
 }

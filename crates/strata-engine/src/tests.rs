@@ -1745,6 +1745,28 @@ fn async_writes_complete_durably_and_refuse_what_must_wait() {
     check_volume(rig.dg(), v, &model, "after power cut");
 }
 
+/// Writes `n` single blocks one block apart (block `k` at `2k`, in `model` too), moves them to
+/// the capacity tier, then holds the destager (nothing changes the index behind the test).
+fn blocks_apart_on_capacity(
+    rig: &Rig,
+    vol: u32,
+    n: usize,
+    model: &mut [u8],
+) -> Arc<crate::shared::Shared> {
+    for k in 0..n {
+        let at = 2 * k * 4096;
+        model[at..at + 4096].fill(k as u8 | 1);
+        rig.dg()
+            .write(vol, at as u64, &model[at..at + 4096])
+            .unwrap();
+    }
+    assert!(rig.dg().destage_all(Duration::from_secs(30)));
+    let sh = rig.dg().sh.clone();
+    sh.destager_held.store(true, Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(300));
+    sh
+}
+
 /// Sealed segments whose live count differs from the blocks the index points at in them, for
 /// `layer`: (segment, live count, referenced).
 fn live_count_drift(dg: &DiskGroup, layer: u32) -> Vec<(u32, u32, u64)> {
@@ -1785,19 +1807,9 @@ fn a_destage_commit_that_cannot_read_the_index_leaves_no_live_count_behind() {
     );
     let vol = rig.dg().create_volume("v", 4 * MIB).unwrap().id;
     let head = rig.dg().sh.index.read().volumes[&vol].head;
-    let mut model = vec![0u8; 4 * MIB as usize];
     // 400 separate extents: an index of several leaves.
-    for k in 0..400usize {
-        let at = 2 * k * 4096;
-        model[at..at + 4096].fill(k as u8 | 1);
-        rig.dg()
-            .write(vol, at as u64, &model[at..at + 4096])
-            .unwrap();
-    }
-    assert!(rig.dg().destage_all(Duration::from_secs(30)));
-    let sh = rig.dg().sh.clone();
-    sh.destager_held.store(true, Ordering::Relaxed);
-    std::thread::sleep(Duration::from_millis(300));
+    let mut model = vec![0u8; 4 * MIB as usize];
+    let sh = blocks_apart_on_capacity(&rig, vol, 400, &mut model);
     meta::flush_index(&sh).unwrap();
     assert_eq!(live_count_drift(rig.dg(), head), [], "before");
     sh.tree.write().evict(0);
@@ -1832,17 +1844,7 @@ fn cleaning_an_index_segment_with_inner_nodes_paged_out_keeps_the_durable_index_
     let vol = rig.dg().create_volume("v", 1 << 30).unwrap().id;
     let head = rig.dg().sh.index.read().volumes[&vol].head;
     let mut model = vec![0u8; 400 * 4096];
-    for k in 0..200usize {
-        let at = 2 * k * 4096;
-        model[at..at + 4096].fill(k as u8 | 1);
-        rig.dg()
-            .write(vol, at as u64, &model[at..at + 4096])
-            .unwrap();
-    }
-    assert!(rig.dg().destage_all(Duration::from_secs(30)));
-    let sh = rig.dg().sh.clone();
-    sh.destager_held.store(true, Ordering::Relaxed);
-    std::thread::sleep(Duration::from_millis(300));
+    let sh = blocks_apart_on_capacity(&rig, vol, 200, &mut model);
     // Many more extents after the data (zero runs that cannot merge): a tree with two inner
     // levels, the data in its leftmost leaf.
     let zero_at = |k: u64| TreeSet {
@@ -1883,19 +1885,7 @@ fn cleaning_an_index_segment_with_inner_nodes_paged_out_keeps_the_durable_index_
     let (victim, l0) = found.expect("leftmost leaf alone in a segment");
     // Cache pressure pages the inner nodes out; then the cleaning of `victim`.
     sh.tree.write().evict(0);
-    let in_victim = move |p: PagePtr| (p.a >> 32) as u32 == victim || (p.b >> 32) as u32 == victim;
-    meta::with_tree(&sh, |t| t.redirty(&in_victim)).unwrap();
-    {
-        let mut segs = sh.segs.lock();
-        let pages: Vec<usize> = segs
-            .page_ptrs
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.is_some_and(in_victim))
-            .map(|(i, _)| i)
-            .collect();
-        segs.dirty_pages.extend(pages);
-    }
+    crate::maint::mark_pages_in(&sh, victim).unwrap();
     meta::flush_index(&sh).unwrap();
     let tree_after = sh.tree.read().counts();
     let mut stale = Vec::new();
