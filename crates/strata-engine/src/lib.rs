@@ -342,14 +342,29 @@ impl DiskGroup {
     /// Fills `buf` from the view (volume or snapshot) at byte `offset`. A volume's reads wait
     /// for its I/O limits, count in its figures and may promote what they read.
     pub fn read(&self, view: VolumeId, offset: u64, buf: &mut [u8]) -> Result<(), EngineError> {
+        self.read_as(view, offset, buf, None)
+    }
+
+    /// [`DiskGroup::read`]; with `admitted`, the read was already admitted against the
+    /// volume's limits and noted in its stream detector (an asynchronous read done again the
+    /// blocking way), and this is how long a sequential stream it continued.
+    pub(crate) fn read_as(
+        &self,
+        view: VolumeId,
+        offset: u64,
+        buf: &mut [u8],
+        admitted: Option<u64>,
+    ) -> Result<(), EngineError> {
         let (top, _) = self.view_range(view, offset, buf.len() as u64)?;
         if buf.is_empty() {
             return Ok(());
         }
         let rt = self.sh.runtime(view);
         let host = rt.as_ref().map(|rt| {
-            rt.admit(&*self.sh.cfg.clock, buf.len() as u64);
-            let sequential_bytes = rt.reads.lock().note(offset, buf.len() as u64);
+            let sequential_bytes = admitted.unwrap_or_else(|| {
+                rt.admit(&*self.sh.cfg.clock, buf.len() as u64);
+                rt.reads.lock().note(offset, buf.len() as u64)
+            });
             HostRead {
                 rt: rt.as_ref(),
                 head: top,

@@ -67,6 +67,8 @@ struct Finish {
     len: usize,
     /// The first block of the read's block span.
     b0: u64,
+    /// How long a sequential stream the read continued (noted when it started).
+    sequential: u64,
     done: Arc<Mutex<Option<ReadDone>>>,
 }
 
@@ -169,6 +171,7 @@ impl DiskGroup {
             offset,
             len,
             b0,
+            sequential,
             done: slot.clone(),
         };
         let buf = AlignedBuf::new_zeroed((run.len * BLOCK_U64) as usize);
@@ -394,13 +397,17 @@ impl Finish {
     fn read_again(mut self) {
         self.pin = None;
         let slot = self.done.clone();
+        // Admitted and noted when it started: not a second time.
+        let sequential = self.sequential;
         let spawned = std::thread::Builder::new()
             .name("strata-read-retry".into())
             .spawn(move || {
                 let result = match self.group.upgrade() {
                     Some(group) => {
                         let mut out = vec![0u8; self.len];
-                        group.read(self.view, self.offset, &mut out).map(|()| out)
+                        group
+                            .read_as(self.view, self.offset, &mut out, Some(sequential))
+                            .map(|()| out)
                     }
                     None => Err(EngineError::ShuttingDown),
                 };

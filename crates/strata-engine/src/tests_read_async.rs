@@ -223,3 +223,74 @@ fn a_refused_async_read_does_not_break_sequential_detection() {
         "without asynchronous reads the same scan promoted {without} blocks"
     );
 }
+
+/// An asynchronous read that finds its cached copy damaged is done again the blocking way,
+/// without being noted a second time in the volume's stream detector (nor admitted twice).
+#[test]
+fn a_read_done_again_after_a_damaged_cached_copy_is_noted_once() {
+    use crate::ctree::page::key_of;
+    let cfg = EngineConfig {
+        read_cache_ratio: 0.3,
+        ..small_cfg()
+    };
+    let rig = Rig::new(
+        32 * MIB,
+        &[48 * MIB],
+        cfg,
+        seed_for("a_read_done_again_after_a_damaged_cached_copy_is_noted_once"),
+    );
+    let dg = rig.group().clone();
+    let p = Policy {
+        promote_after_reads: 1,
+        ..Policy::default()
+    };
+    let v = dg.create_volume_with_policy("s", 8 * MIB, &p).unwrap().id;
+    for lba in 0..4u64 {
+        dg.write(v, lba * 4096, &block(lba, 1)).unwrap();
+    }
+    assert!(dg.destage_all(std::time::Duration::from_secs(30)));
+    // Block 2 is promoted into the read cache, then its cached copy is damaged.
+    let mut b = vec![0u8; 4096];
+    dg.read(v, 2 * 4096, &mut b).unwrap();
+    let head = dg.sh.index.read().volumes[&v].head;
+    let found = crate::meta::with_tree_read(&dg.sh, |t| {
+        let mut e = Vec::new();
+        t.lookup(key_of(head, 2), key_of(head, 3), &mut e)
+            .map(|()| e)
+    })
+    .unwrap();
+    let Some(Loc::Cap { seg, block: at }) = found.first().map(|e| e.loc) else {
+        panic!("block 2 is not on the capacity tier: {found:?}")
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let copy = loop {
+        if let Some(copy) = dg.sh.cache.lock().lookup(seg, at) {
+            break copy;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "block 2 was never promoted"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    rig.fast
+        .flip_bit(dg.sh.layout.log_byte(copy) + 100, 3)
+        .unwrap();
+    // A sequential run of four reads, the third from the damaged copy.
+    let read_cached_before = dg.stats().read_cached_bytes_total;
+    for lba in 0..4u64 {
+        let got = read_async_wait(&dg, v, lba * 4096, 4096).expect("taken asynchronously");
+        assert_eq!(got.unwrap(), block(lba, 1), "block {lba}");
+    }
+    assert_eq!(
+        dg.stats().read_cached_bytes_total,
+        read_cached_before,
+        "the damaged copy was served"
+    );
+    let rt = dg.sh.runtime(v).unwrap();
+    assert_eq!(
+        rt.reads.lock().peek(4 * 4096),
+        4 * 4096,
+        "the four reads are one sequential run"
+    );
+}
