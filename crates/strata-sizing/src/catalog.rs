@@ -178,6 +178,12 @@ fn device_of(e: Entry, origin: &str) -> Result<Device, String> {
     }
     let at = |r: Result<f64, String>| r.map_err(|m| format!("device {id}: {m}"));
     let capacity_bytes = (at(positive("capacity_gb", e.capacity_gb))? * BYTES_PER_GB) as u64;
+    if capacity_bytes < 1 << 20 {
+        return Err(format!(
+            "device {id}: capacity_gb {} is less than 1 MiB",
+            e.capacity_gb
+        ));
+    }
     if e.preferred_write_bytes == 0 || !e.preferred_write_bytes.is_multiple_of(512) {
         return Err(format!(
             "device {id}: preferred_write_bytes must be a positive multiple of 512, got {}",

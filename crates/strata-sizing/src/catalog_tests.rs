@@ -125,6 +125,11 @@ fn malformed_files_are_clear_errors() {
             USER_ENTRY.replace("4096", "1000"),
             "multiple of 512",
         ),
+        (
+            "tiny.toml",
+            USER_ENTRY.replace("capacity_gb = 1000", "capacity_gb = 1e-10"),
+            "less than 1 MiB",
+        ),
         ("twice.toml", format!("{USER_ENTRY}{USER_ENTRY}"), "twice"),
         ("id.toml", USER_ENTRY.replace("My-Cache", "my cache"), "id"),
     ];

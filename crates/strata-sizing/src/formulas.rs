@@ -49,6 +49,15 @@ pub fn iops_for_write_rate(write_bytes_per_s: f64, read_ratio: f64, block_bytes:
     write_bytes_per_s / write_bytes_per_op
 }
 
+/// Strata reads and writes its devices in whole 4 KiB blocks.
+pub const DEVICE_BLOCK_BYTES: u64 = 4096;
+
+/// What one I/O of `block_bytes` costs a device: whole 4 KiB blocks (a 512-byte write is a
+/// 4 KiB read-modify-write).
+pub fn device_bytes_per_io(block_bytes: u64) -> u64 {
+    block_bytes.div_ceil(DEVICE_BLOCK_BYTES).max(1) * DEVICE_BLOCK_BYTES
+}
+
 /// Bytes per second a device moves doing random operations of `block_bytes`: its rated 4 KiB
 /// IOPS until the block size makes the sequential rate the limit.
 pub fn random_bytes_per_s(iops_4k: f64, seq_bytes_per_s: f64, block_bytes: u64) -> f64 {

@@ -172,7 +172,10 @@ fn endurance_fields(load: &mut DeviceLoad, dev: &Device, tier: Tier, w: &Workloa
     let Some(e) = dev.endurance else { return };
     let sequential = matches!(tier, Tier::Capacity);
     let rate = formulas::sustained_write_bytes_per_s(e.budget_bytes(sequential), e.warranty_years);
-    let vm_rate = rate / amp;
+    // VM bytes: a write smaller than 4 KiB costs the device a whole block.
+    let scale =
+        formulas::device_bytes_per_io(w.block_size_bytes) as f64 / w.block_size_bytes as f64;
+    let vm_rate = rate / amp / scale;
     load.rated_drive_writes_per_day = dev.rated_dwpd(sequential);
     load.endurance_write_bytes_per_s = Some(rate);
     load.endurance_vm_write_bytes_per_s = Some(vm_rate);
@@ -196,9 +199,11 @@ fn device_load(
     amp: f64,
     share: f64,
 ) -> DeviceLoad {
-    let avg = w.vm_write_bytes_per_s_avg * amp * share;
-    let peak = w.vm_write_bytes_per_s_peak() * amp * share;
-    let bs = w.block_size_bytes;
+    // Each VM write costs the devices whole 4 KiB blocks.
+    let bs = formulas::device_bytes_per_io(w.block_size_bytes);
+    let scale = bs as f64 / w.block_size_bytes as f64;
+    let avg = w.vm_write_bytes_per_s_avg * amp * share * scale;
+    let peak = w.vm_write_bytes_per_s_peak() * amp * share * scale;
     let utilization_peak = match tier {
         // Writes land in the buffer at the workload's block size, and are read back once,
         // sequentially, to be destaged.

@@ -205,3 +205,39 @@ fn measured_rates_derive_iops() {
     assert!(near(w.read_iops_peak(), 1500.0 * 0.7 * 2.0));
     assert!(near(w.vm_write_bytes_per_s_peak(), 2.0 * 14_745_600.0));
 }
+
+/// A write smaller than 4 KiB costs the devices a whole 4 KiB block (Strata reads and writes
+/// whole blocks): 512-byte writes wear and load the devices as 4 KiB writes of the same count,
+/// and the endurance supports as many of them.
+#[test]
+fn writes_under_4k_cost_whole_blocks() {
+    let d = design(4, Protection::Mirror { ftt: 1 });
+    let at = |bs: u64| {
+        let w = Workload::estimated(100, 1000.0, 0.7, bs, 100 * GIB, 2.0);
+        evaluate(&w, &d, 4)
+    };
+    let (small, whole) = (at(512), at(4096));
+    assert!(near(
+        small.cache.write_bytes_per_s_avg,
+        whole.cache.write_bytes_per_s_avg
+    ));
+    assert!(near(
+        small.capacity.write_bytes_per_s_avg,
+        whole.capacity.write_bytes_per_s_avg
+    ));
+    assert!(near(
+        small.cache.utilization_peak,
+        whole.cache.utilization_peak
+    ));
+    let (s, w) = (
+        small.cache.endurance_vm_iops.unwrap(),
+        whole.cache.endurance_vm_iops.unwrap(),
+    );
+    assert!(near(s, w), "{s} IOPS of 512 B against {w} of 4 KiB");
+    // 6 KiB writes take two blocks.
+    let six = at(6 * 1024);
+    assert!(near(
+        six.cache.write_bytes_per_s_avg,
+        2.0 * whole.cache.write_bytes_per_s_avg
+    ));
+}

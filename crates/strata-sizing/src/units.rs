@@ -30,10 +30,18 @@ fn parse_number(text: &str, what: &str) -> Result<f64, String> {
     Ok(v)
 }
 
+/// More IOPS than any one VM's disk does (a bound on what the figures must hold).
+const MAX_IOPS_PER_VM: f64 = 1e8;
+
 pub fn parse_iops(text: &str) -> Result<f64, String> {
     let v = parse_number(text, "IOPS")?;
     if v <= 0.0 {
         return Err(format!("IOPS per VM must be more than zero, got {text}"));
+    }
+    if v > MAX_IOPS_PER_VM {
+        return Err(format!(
+            "IOPS per VM {text} is beyond any device (at most {MAX_IOPS_PER_VM:e})"
+        ));
     }
     Ok(v)
 }
@@ -134,5 +142,8 @@ mod tests {
         assert!(parse_fill("150%").is_err());
         assert!(parse_iops("0").is_err());
         assert!(parse_iops("NaN").is_err());
+        // Beyond any device: the figures would be infinities.
+        assert!(parse_iops("1e300").is_err());
+        assert_eq!(parse_iops("2500"), Ok(2500.0));
     }
 }
