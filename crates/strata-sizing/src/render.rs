@@ -18,16 +18,37 @@ fn tib(bytes: f64) -> String {
     format!("{:.2} TiB", bytes / TIB)
 }
 
+/// A load as a percentage, on the same side of 100% as the check that reads it (a ratio
+/// above 1 fails): 100.4% prints as "100.4%", not a failing "100%", and 99.6% as "99.6%".
 fn pct(ratio: f64) -> String {
-    format!("{:.0}%", ratio * 100.0)
+    let percent = ratio * 100.0;
+    let over = ratio > 1.0;
+    for decimals in 0..=3 {
+        let text = format!("{percent:.decimals$}");
+        let same_side =
+            |shown: f64| (shown > 100.0) == over && (shown != 100.0 || percent == 100.0);
+        if text.parse::<f64>().is_ok_and(same_side) {
+            return format!("{text}%");
+        }
+    }
+    if over { "over 100%" } else { "under 100%" }.into()
 }
 
-/// A count with thousands separators: 1,517.
+/// A count with thousands separators, to the nearest: 1,517.
 fn count(v: f64) -> String {
+    separated(v, v.round())
+}
+
+/// A ceiling as a count: rounded down, so the printed figure is still within it.
+fn count_down(v: f64) -> String {
+    separated(v, v.floor())
+}
+
+fn separated(v: f64, whole: f64) -> String {
     if !v.is_finite() {
         return "unlimited".into();
     }
-    let digits = format!("{:.0}", v.round());
+    let digits = format!("{whole:.0}");
     let (sign, digits) = digits
         .strip_prefix('-')
         .map_or(("", digits.as_str()), |d| ("-", d));
@@ -200,7 +221,7 @@ fn loads_section(out: &mut String, r: &Report) {
                 (1.0 - w.read_ratio) * 100.0,
                 size_label(w.block_size_bytes)
             ),
-            |l| opt(l.endurance_vm_iops, count),
+            |l| opt(l.endurance_vm_iops, count_down),
         ),
         ("average writes / endurance rate".into(), |l| {
             opt(l.endurance_load_ratio, pct)
@@ -361,5 +382,19 @@ mod tests {
         assert_eq!(trim_float(0.25), "0.25");
         assert_eq!(size_label(32768), "32 KiB");
         assert_eq!(size_label(4 << 20), "4 MiB");
+        assert_eq!(count_down(1517.9), "1,517");
+        assert_eq!(count_down(f64::INFINITY), "unlimited");
+    }
+
+    #[test]
+    fn a_percentage_stays_on_the_side_of_100_its_check_does() {
+        assert_eq!(pct(0.42), "42%");
+        assert_eq!(pct(1.004), "100.4%");
+        assert_eq!(pct(0.996), "99.6%");
+        assert_eq!(pct(1.0), "100%");
+        assert_eq!(pct(1.000_006), "100.001%");
+        assert_eq!(pct(1.000_000_001), "over 100%");
+        assert_eq!(pct(0.999_999_9), "under 100%");
+        assert_eq!(pct(2.5), "250%");
     }
 }
