@@ -260,6 +260,7 @@ struct StepState {
     in_flight: u32,
     arrivals: Option<PoissonArrivals>,
     counters: StepCounters,
+    /// The last reply, or the last send to an idle connection: the I/O timeout runs from it.
     last_reply_ns: u64,
 }
 
@@ -349,6 +350,11 @@ async fn issue_ready(
         st.free.pop_front();
         let (offset, write) = w.next_op(rng, plan.pacing);
         w.send(offset, write, cookie(slot, write, start_ns)).await?;
+        if st.in_flight == 0 {
+            // An open loop may idle longer than the timeout between arrivals; that is not a
+            // server failing to answer.
+            st.last_reply_ns = now;
+        }
         st.in_flight += 1;
     }
 }

@@ -437,6 +437,34 @@ fn a_baseline_runs_interleaved_and_gives_ratios() {
     );
 }
 
+/// An open loop whose arrivals are further apart than --io-timeout: an idle connection is not a
+/// server that failed to answer (the timeout counted from the step's start or the last reply,
+/// so the first request after a long gap failed the run at once).
+#[test]
+fn a_slow_open_loop_is_not_a_timeout() {
+    let server = Server::start(Arc::new(MemExport::new(16 * MIB, Duration::ZERO)));
+    let r = bench(&[
+        "--target",
+        &server.uri(),
+        "--mode",
+        "max",
+        "--rate-iops",
+        "5",
+        "--duration",
+        "2s",
+        "--warmup",
+        "0s",
+        "--io-timeout",
+        "100ms",
+        "--qd",
+        "1",
+        "--profile",
+        "rr-4k",
+    ]);
+    let s = &r.targets[0].steps[0];
+    assert!(s.ios > 0 && s.errors == 0, "{} I/Os", s.ios);
+}
+
 fn schema() -> (boon::Schemas, boon::SchemaIndex) {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
