@@ -118,10 +118,13 @@ pub async fn connect_side(
                 start_bytes: u64::from(share_index) * region_len,
                 len_bytes: ws_len,
             };
-            let slice_len = ws_len / u64::from(topo.connections_per_vm) / bs * bs;
+            // Whole blocks, the first `extra` slices one longer, so that together they cover
+            // the working set (a prep pass writes all of it).
+            let (c64, conns) = (u64::from(c), u64::from(topo.connections_per_vm));
+            let (base, extra) = (ws_len / bs / conns, ws_len / bs % conns);
             let slice = Region {
-                start_bytes: working_set.start_bytes + u64::from(c) * slice_len,
-                len_bytes: slice_len,
+                start_bytes: working_set.start_bytes + (c64 * base + c64.min(extra)) * bs,
+                len_bytes: (base + u64::from(c64 < extra)) * bs,
             };
             let qd = if plan.mode == Mode::Scale {
                 1
