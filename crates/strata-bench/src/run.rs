@@ -179,12 +179,13 @@ pub async fn run_all(
     let total = steps.len() * sides.len();
     let mut position = 0;
     for (i, kind) in steps.iter().enumerate() {
-        for (s, side) in sides.iter_mut().enumerate() {
+        for side in sides.iter_mut() {
             position += 1;
             if side.done {
                 continue;
             }
-            let seed = plan.seed ^ ((i as u64) << 32) ^ ((s as u64) << 48);
+            // The same seed on both sides: the baseline gets the target's offsets and choices.
+            let seed = plan.seed ^ ((i as u64) << 32);
             let report =
                 run_side_step(side, *kind, plan, clock, progress, seed, (position, total)).await?;
             after_step(side, &report, *kind, plan);

@@ -19,6 +19,8 @@ struct MemExport {
     stall_from: Instant,
     stall_for: Duration,
     requests: AtomicU64,
+    /// Offsets of the reads, in the order they arrived.
+    read_offsets: Mutex<Vec<u64>>,
 }
 
 const BLOCK: usize = 4096;
@@ -32,6 +34,7 @@ impl MemExport {
             stall_from: Instant::now() + Duration::from_secs(3600),
             stall_for: Duration::ZERO,
             requests: AtomicU64::new(0),
+            read_offsets: Mutex::new(Vec::new()),
         }
     }
 
@@ -57,6 +60,7 @@ impl Export for MemExport {
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
         self.serve_time();
+        self.read_offsets.lock().unwrap().push(offset);
         let d = self.data.lock().unwrap();
         buf.copy_from_slice(&d[offset as usize..offset as usize + buf.len()]);
         Ok(())
@@ -463,6 +467,38 @@ fn a_slow_open_loop_is_not_a_timeout() {
     ]);
     let s = &r.targets[0].steps[0];
     assert!(s.ios > 0 && s.errors == 0, "{} I/Os", s.ios);
+}
+
+/// "The same workload ... with the same VM layout and seed" (docs/BENCH.md): the baseline sees
+/// the offsets the target saw, in the same order.
+#[test]
+fn a_baseline_gets_the_targets_offsets() {
+    let a = Arc::new(MemExport::new(64 * MIB, Duration::ZERO));
+    let b = Arc::new(MemExport::new(64 * MIB, Duration::ZERO));
+    let (sa, sb) = (Server::start(a.clone()), Server::start(b.clone()));
+    bench(&[
+        "--target",
+        &sa.uri(),
+        "--baseline",
+        &sb.uri(),
+        "--mode",
+        "max",
+        "--duration",
+        "300ms",
+        "--warmup",
+        "0s",
+        "--qd",
+        "1",
+        "--profile",
+        "rr-4k",
+    ]);
+    let (xs, ys) = (
+        a.read_offsets.lock().unwrap(),
+        b.read_offsets.lock().unwrap(),
+    );
+    let n = xs.len().min(ys.len()).min(100);
+    assert!(n >= 20, "{} and {} reads", xs.len(), ys.len());
+    assert_eq!(xs[..n], ys[..n]);
 }
 
 fn schema() -> (boon::Schemas, boon::SchemaIndex) {
