@@ -144,6 +144,11 @@ pub fn plan_of(
     if mode != Mode::Prep && args.duration.is_zero() {
         return Err(BenchError::Invalid("--duration must be above zero".into()));
     }
+    if args.max_duration.is_some_and(|d| d.is_zero()) {
+        return Err(BenchError::Invalid(
+            "--max-duration must be above zero".into(),
+        ));
+    }
     if let Some(r) = args.rate_iops {
         if mode != Mode::Max || r.is_nan() || r <= 0.0 || r > 1e8 {
             return Err(BenchError::Invalid(
@@ -280,6 +285,7 @@ mod tests {
             &["--target", "nbd://h/a", "--read-pct", "120"],
             &["--target", "nbd://h/a", "--qd", "0"],
             &["--target", "nbd://h/a", "--duration", "0s"],
+            &["--target", "nbd://h/a", "--max-duration", "0s"],
         ] {
             let a = parse(args).unwrap();
             let e = plan_of(&a).unwrap_err().to_string();
