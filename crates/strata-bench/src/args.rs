@@ -141,6 +141,15 @@ pub fn plan_of(
         queue_depth: if scale { 1 } else { args.queue_depth },
     };
     topology.validate()?;
+    // VM i uses export i mod N: with fewer VMs than exports some would get no I/O while the
+    // report lists them as driven.
+    let exports = targets.len().max(baselines.len());
+    if (topology.vms as usize) < exports {
+        return Err(BenchError::Invalid(format!(
+            "--vms {} is fewer than the {exports} exports given: each export needs a VM",
+            topology.vms
+        )));
+    }
     if mode != Mode::Prep && args.duration.is_zero() {
         return Err(BenchError::Invalid("--duration must be above zero".into()));
     }
@@ -286,6 +295,14 @@ mod tests {
             &["--target", "nbd://h/a", "--qd", "0"],
             &["--target", "nbd://h/a", "--duration", "0s"],
             &["--target", "nbd://h/a", "--max-duration", "0s"],
+            &[
+                "--target",
+                "nbd://h/a",
+                "--target",
+                "nbd://h/b",
+                "--vms",
+                "1",
+            ],
         ] {
             let a = parse(args).unwrap();
             let e = plan_of(&a).unwrap_err().to_string();
