@@ -578,6 +578,35 @@ fn the_report_validates_against_the_schema_and_the_html_is_self_contained() {
     );
 }
 
+/// A block size that is not a whole KiB is stated as it is, not rounded down (to "0 KiB").
+#[test]
+fn the_html_states_the_block_size() {
+    let server = Server::start(Arc::new(MemExport::new(16 * MIB, Duration::ZERO)));
+    for (size, text) in [
+        ("512", "512 B blocks"),
+        ("1536", "1536 B blocks"),
+        ("8k", "8 KiB blocks"),
+    ] {
+        let r = bench(&[
+            "--target",
+            &server.uri(),
+            "--block-size",
+            size,
+            "--duration",
+            "100ms",
+            "--warmup",
+            "0s",
+        ]);
+        let dir = tempfile::tempdir().unwrap();
+        strata_bench::write_outputs(&r, dir.path()).unwrap();
+        let html = std::fs::read_to_string(dir.path().join("report.html")).unwrap();
+        assert!(
+            html.contains(text),
+            "--block-size {size}: no {text:?} in the page"
+        );
+    }
+}
+
 #[test]
 fn unreachable_and_unknown_exports_are_clear_errors() {
     let server = Server::start(Arc::new(MemExport::new(MIB, Duration::ZERO)));
