@@ -107,7 +107,9 @@ pub async fn connect_side(
                 sizes.push(conn.size_bytes);
             }
             let region_len = conn.size_bytes / u64::from(sharing) / bs * bs;
-            let ws_len = region_len * u64::from(plan.workload.working_set_pct) / 100 / bs * bs;
+            // In u128: an export of more than 2^64 / 100 bytes wrapped (NBD sizes reach 2^63).
+            let ws_u128 = u128::from(region_len) * u128::from(plan.workload.working_set_pct) / 100;
+            let ws_len = ws_u128 as u64 / bs * bs;
             if ws_len < bs * u64::from(topo.connections_per_vm) {
                 return Err(BenchError::Target(format!(
                     "{}: {} bytes is too small for {} VMs x {} connections of {} byte blocks",

@@ -21,6 +21,8 @@ struct MemExport {
     requests: AtomicU64,
     /// Offsets of the reads, in the order they arrived.
     read_offsets: Mutex<Vec<u64>>,
+    /// The size the export claims, larger than `data`: offsets wrap around `data`.
+    claimed_size_bytes: Option<u64>,
 }
 
 const BLOCK: usize = 4096;
@@ -35,6 +37,7 @@ impl MemExport {
             stall_for: Duration::ZERO,
             requests: AtomicU64::new(0),
             read_offsets: Mutex::new(Vec::new()),
+            claimed_size_bytes: None,
         }
     }
 
@@ -53,7 +56,8 @@ impl MemExport {
 
 impl Export for MemExport {
     fn size_bytes(&self) -> u64 {
-        self.data.lock().unwrap().len() as u64
+        let len = self.data.lock().unwrap().len() as u64;
+        self.claimed_size_bytes.unwrap_or(len)
     }
     fn read_only(&self) -> bool {
         false
@@ -62,11 +66,13 @@ impl Export for MemExport {
         self.serve_time();
         self.read_offsets.lock().unwrap().push(offset);
         let d = self.data.lock().unwrap();
+        let offset = offset % d.len() as u64;
         buf.copy_from_slice(&d[offset as usize..offset as usize + buf.len()]);
         Ok(())
     }
     fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), Errno> {
         self.serve_time();
+        let offset = offset % self.data.lock().unwrap().len() as u64;
         self.data.lock().unwrap()[offset as usize..offset as usize + data.len()]
             .copy_from_slice(data);
         let mut w = self.writes_per_block.lock().unwrap();
@@ -575,6 +581,34 @@ fn the_report_validates_against_the_schema_and_the_html_is_self_contained() {
     assert_eq!(
         back["targets"][1]["steps"].as_array().map(Vec::len),
         Some(3)
+    );
+}
+
+/// An export of 4 EiB (NBD sizes go up to 2^63 - 1): the working set is the whole export, not
+/// a product that wrapped in u64 (region x percent) and left nothing.
+#[test]
+fn a_huge_export_is_driven_whole() {
+    let mut export = MemExport::new(16 * MIB, Duration::ZERO);
+    export.claimed_size_bytes = Some(1 << 62);
+    let export = Arc::new(export);
+    let server = Server::start(export.clone());
+    let r = bench(&[
+        "--target",
+        &server.uri(),
+        "--duration",
+        "200ms",
+        "--warmup",
+        "0s",
+        "--profile",
+        "rr-4k",
+    ]);
+    assert!(r.targets[0].steps[0].ios > 0);
+    let offsets = export.read_offsets.lock().unwrap();
+    let high = offsets.iter().filter(|&&o| o >= 1 << 61).count();
+    assert!(
+        high * 4 > offsets.len(),
+        "{high} of {} reads in the upper half",
+        offsets.len()
     );
 }
 
