@@ -141,8 +141,22 @@ pub fn plan_of(
         queue_depth: if scale { 1 } else { args.queue_depth },
     };
     topology.validate()?;
+    // VM i uses export i mod N: with fewer VMs than exports some would get no I/O while the
+    // report lists them as driven.
+    let exports = targets.len().max(baselines.len());
+    if (topology.vms as usize) < exports {
+        return Err(BenchError::Invalid(format!(
+            "--vms {} is fewer than the {exports} exports given: each export needs a VM",
+            topology.vms
+        )));
+    }
     if mode != Mode::Prep && args.duration.is_zero() {
         return Err(BenchError::Invalid("--duration must be above zero".into()));
+    }
+    if args.max_duration.is_some_and(|d| d.is_zero()) {
+        return Err(BenchError::Invalid(
+            "--max-duration must be above zero".into(),
+        ));
     }
     if let Some(r) = args.rate_iops {
         if mode != Mode::Max || r.is_nan() || r <= 0.0 || r > 1e8 {
@@ -280,6 +294,15 @@ mod tests {
             &["--target", "nbd://h/a", "--read-pct", "120"],
             &["--target", "nbd://h/a", "--qd", "0"],
             &["--target", "nbd://h/a", "--duration", "0s"],
+            &["--target", "nbd://h/a", "--max-duration", "0s"],
+            &[
+                "--target",
+                "nbd://h/a",
+                "--target",
+                "nbd://h/b",
+                "--vms",
+                "1",
+            ],
         ] {
             let a = parse(args).unwrap();
             let e = plan_of(&a).unwrap_err().to_string();

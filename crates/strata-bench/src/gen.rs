@@ -112,17 +112,17 @@ pub struct Worker {
 /// (the timer's resolution is about a millisecond).
 const TIMER_GRACE_NS: u64 = 5_000_000;
 
-// Cookie layout: slot (bits 0..16), write flag (bit 16), start time in ns (bits 17..64).
+// Cookie layout: slot (bits 0..16), write flag (bit 16). The start time stays with the slot
+// (`StepState::started_ns`): in the cookie's other 47 bits it wrapped 39 hours into a run.
 const SLOT_BITS: u32 = 16;
 const WRITE_BIT: u64 = 1 << SLOT_BITS;
-const TIME_SHIFT: u32 = SLOT_BITS + 1;
 
-fn cookie(slot: u16, write: bool, start_ns: u64) -> u64 {
-    (start_ns << TIME_SHIFT) | if write { WRITE_BIT } else { 0 } | u64::from(slot)
+fn cookie(slot: u16, write: bool) -> u64 {
+    u64::from(slot) | if write { WRITE_BIT } else { 0 }
 }
 
-fn decode(cookie: u64) -> (u16, bool, u64) {
-    (cookie as u16, cookie & WRITE_BIT != 0, cookie >> TIME_SHIFT)
+fn decode(cookie: u64) -> (u16, bool) {
+    (cookie as u16, cookie & WRITE_BIT != 0)
 }
 
 /// Where and how a worker loads its connection.
@@ -160,7 +160,7 @@ impl Worker {
             loop {
                 let r = match nbd::read_reply(&mut reader).await {
                     Ok(reply) => {
-                        let (_, write, _) = decode(reply.cookie);
+                        let (_, write) = decode(reply.cookie);
                         let data = if !write && reply.error == 0 {
                             reader.read_exact(&mut sink).await.map(|_| ())
                         } else {
@@ -257,9 +257,12 @@ impl Worker {
 /// Per-step state of the send loop.
 struct StepState {
     free: VecDeque<(u16, u64)>,
+    /// When the request in each slot was meant to start (latency counts from it).
+    started_ns: Vec<u64>,
     in_flight: u32,
     arrivals: Option<PoissonArrivals>,
     counters: StepCounters,
+    /// The last reply, or the last send to an idle connection: the I/O timeout runs from it.
     last_reply_ns: u64,
 }
 
@@ -277,6 +280,7 @@ pub async fn run_step(
     let mut rng = SmallRng::seed_from_u64(plan.seed);
     let mut st = StepState {
         free: (0..w.queue_depth as u16).map(|s| (s, 0)).collect(),
+        started_ns: vec![0; w.queue_depth as usize],
         in_flight: 0,
         arrivals: match plan.pacing {
             Pacing::Open { rate_per_s } => {
@@ -348,7 +352,13 @@ async fn issue_ready(
         };
         st.free.pop_front();
         let (offset, write) = w.next_op(rng, plan.pacing);
-        w.send(offset, write, cookie(slot, write, start_ns)).await?;
+        st.started_ns[usize::from(slot)] = start_ns;
+        w.send(offset, write, cookie(slot, write)).await?;
+        if st.in_flight == 0 {
+            // An open loop may idle longer than the timeout between arrivals; that is not a
+            // server failing to answer.
+            st.last_reply_ns = now;
+        }
         st.in_flight += 1;
     }
 }
@@ -408,13 +418,14 @@ fn complete(
             ))
         }
     };
-    let (slot, write, start_ns) = decode(c.cookie);
+    let (slot, write) = decode(c.cookie);
     if slot >= w.queue_depth as u16 || st.in_flight == 0 {
         return Err(BenchError::Target(format!(
             "reply with an unknown cookie {:#x}",
             c.cookie
         )));
     }
+    let start_ns = st.started_ns[usize::from(slot)];
     st.in_flight -= 1;
     st.free.push_back((slot, c.done_ns));
     st.last_reply_ns = c.done_ns;
@@ -465,12 +476,82 @@ mod tests {
 
     #[test]
     fn cookies_round_trip() {
-        for (slot, write, t) in [
-            (0u16, false, 0u64),
-            (1023, true, 123_456_789_012),
-            (7, true, (1 << 47) - 1),
-        ] {
-            assert_eq!(decode(cookie(slot, write, t)), (slot, write, t));
+        for (slot, write) in [(0u16, false), (1023, true), (7, true)] {
+            assert_eq!(decode(cookie(slot, write)), (slot, write));
         }
+    }
+
+    /// Answers every write with success until the client disconnects (writes only: a read
+    /// would need data).
+    async fn write_sink(mut s: tokio::net::TcpStream) {
+        let mut head = [0u8; nbd::REQUEST_HEADER_LEN];
+        while s.read_exact(&mut head).await.is_ok() {
+            let command = u16::from_be_bytes([head[6], head[7]]);
+            let len = u32::from_be_bytes([head[24], head[25], head[26], head[27]]);
+            if command != CMD_WRITE {
+                return;
+            }
+            let mut data = vec![0u8; len as usize];
+            if s.read_exact(&mut data).await.is_err() {
+                return;
+            }
+            let mut reply = 0x6744_6698u32.to_be_bytes().to_vec();
+            reply.extend_from_slice(&0u32.to_be_bytes());
+            reply.extend_from_slice(&head[8..16]);
+            if s.write_all(&reply).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// A step 40 hours into a run (a long curve) measures its requests like the first step.
+    #[tokio::test]
+    async fn a_step_40_hours_into_a_run_is_measured() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
+        let (client, server) = tokio::join!(client, listener.accept());
+        tokio::spawn(write_sink(server.unwrap().0));
+        let (r, w) = client.unwrap().into_split();
+        let conn = Connection {
+            reader: tokio::io::BufReader::new(r),
+            writer: w,
+            size_bytes: 1 << 20,
+            read_only: false,
+        };
+        let whole = Region {
+            start_bytes: 0,
+            len_bytes: 1 << 20,
+        };
+        let spec = WorkerSpec {
+            working_set: whole,
+            slice: whole,
+            queue_depth: 4,
+            workload: crate::workload::profile("rw-4k").unwrap().workload,
+            payload: Arc::new(vec![0u8; 4096]),
+        };
+        let hours_40 = Duration::from_secs(40 * 3600);
+        let clock = Clock {
+            epoch: Instant::now().checked_sub(hours_40).unwrap(),
+        };
+        let mut worker = Worker::new(conn, spec, clock, Arc::new(AtomicU64::new(0)));
+        let now = clock.now_ns();
+        let plan = StepPlan {
+            pacing: Pacing::Closed,
+            record_from_ns: now,
+            stop_at_ns: now + 100_000_000,
+            seed: 1,
+            io_timeout: Duration::from_secs(5),
+        };
+        let c = run_step(&mut worker, &plan, &clock).await.unwrap();
+        worker.close().await;
+        assert!(c.writes_done > 0);
+        assert!(
+            c.writes.count() >= c.writes_done,
+            "{} writes done, {} latencies recorded",
+            c.writes_done,
+            c.writes.count()
+        );
+        let p99_us = c.writes.summary().unwrap().p99;
+        assert!(p99_us < 1e6, "p99 {p99_us} us");
     }
 }

@@ -226,16 +226,25 @@ fn target_section(t: &TargetReport) -> String {
     o
 }
 
+/// "32 KiB", or "1536 B" for a size that is not a whole KiB (not rounded down to "1 KiB").
+fn block_size_text(bytes: u32) -> String {
+    if bytes.is_multiple_of(1024) {
+        format!("{} KiB", bytes / 1024)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
 /// The whole page.
 pub fn page(report: &Report, charts: &[(&'static str, String)]) -> String {
     let mut o = String::from("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>strata bench report</title><style>body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}.warn{color:#a40}</style></head><body>");
     let w = &report.workload;
     let _ = write!(
         o,
-        "<h1>strata bench: {:?} mode, profile {}</h1><p>{} KiB blocks, {}% reads, {}% random, working set {}%; {} VMs x {} connections, queue depth {}; steps of {} s after {} s warm-up; seed {}.</p><p>Machine: {} cores, {}, {:.0} GiB. Command: <code>{}</code></p>",
+        "<h1>strata bench: {:?} mode, profile {}</h1><p>{} blocks, {}% reads, {}% random, working set {}%; {} VMs x {} connections, queue depth {}; steps of {} s after {} s warm-up; seed {}.</p><p>Machine: {} cores, {}, {:.0} GiB. Command: <code>{}</code></p>",
         report.mode,
         escape(&report.profile),
-        w.block_size_bytes / 1024,
+        block_size_text(w.block_size_bytes),
         w.read_pct,
         w.random_pct,
         w.working_set_pct,

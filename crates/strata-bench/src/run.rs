@@ -107,7 +107,9 @@ pub async fn connect_side(
                 sizes.push(conn.size_bytes);
             }
             let region_len = conn.size_bytes / u64::from(sharing) / bs * bs;
-            let ws_len = region_len * u64::from(plan.workload.working_set_pct) / 100 / bs * bs;
+            // In u128: an export of more than 2^64 / 100 bytes wrapped (NBD sizes reach 2^63).
+            let ws_u128 = u128::from(region_len) * u128::from(plan.workload.working_set_pct) / 100;
+            let ws_len = ws_u128 as u64 / bs * bs;
             if ws_len < bs * u64::from(topo.connections_per_vm) {
                 return Err(BenchError::Target(format!(
                     "{}: {} bytes is too small for {} VMs x {} connections of {} byte blocks",
@@ -118,10 +120,13 @@ pub async fn connect_side(
                 start_bytes: u64::from(share_index) * region_len,
                 len_bytes: ws_len,
             };
-            let slice_len = ws_len / u64::from(topo.connections_per_vm) / bs * bs;
+            // Whole blocks, the first `extra` slices one longer, so that together they cover
+            // the working set (a prep pass writes all of it).
+            let (c64, conns) = (u64::from(c), u64::from(topo.connections_per_vm));
+            let (base, extra) = (ws_len / bs / conns, ws_len / bs % conns);
             let slice = Region {
-                start_bytes: working_set.start_bytes + u64::from(c) * slice_len,
-                len_bytes: slice_len,
+                start_bytes: working_set.start_bytes + (c64 * base + c64.min(extra)) * bs,
+                len_bytes: (base + u64::from(c64 < extra)) * bs,
             };
             let qd = if plan.mode == Mode::Scale {
                 1
@@ -176,12 +181,13 @@ pub async fn run_all(
     let total = steps.len() * sides.len();
     let mut position = 0;
     for (i, kind) in steps.iter().enumerate() {
-        for (s, side) in sides.iter_mut().enumerate() {
+        for side in sides.iter_mut() {
             position += 1;
             if side.done {
                 continue;
             }
-            let seed = plan.seed ^ ((i as u64) << 32) ^ ((s as u64) << 48);
+            // The same seed on both sides: the baseline gets the target's offsets and choices.
+            let seed = plan.seed ^ ((i as u64) << 32);
             let report =
                 run_side_step(side, *kind, plan, clock, progress, seed, (position, total)).await?;
             after_step(side, &report, *kind, plan);

@@ -162,8 +162,9 @@ pub struct Topology {
 }
 
 impl Topology {
-    pub fn connections(&self) -> u32 {
-        self.vms * self.connections_per_vm
+    /// In u64: 1024 VMs x 2^22 connections would wrap a u32 to 0 and pass the bound.
+    pub fn connections(&self) -> u64 {
+        u64::from(self.vms) * u64::from(self.connections_per_vm)
     }
 
     pub fn validate(&self) -> Result<(), BenchError> {
@@ -171,7 +172,7 @@ impl Topology {
         if self.vms == 0 || self.vms > MAX_VMS {
             return bad(format!("--vms must be between 1 and {MAX_VMS}"));
         }
-        if self.connections_per_vm == 0 || self.connections() > MAX_CONNECTIONS_TOTAL {
+        if self.connections_per_vm == 0 || self.connections() > u64::from(MAX_CONNECTIONS_TOTAL) {
             return bad(format!(
                 "--conns must be at least 1 and VMs x connections at most {MAX_CONNECTIONS_TOTAL}"
             ));
@@ -332,6 +333,17 @@ mod tests {
         let t = Topology {
             vms: 2,
             connections_per_vm: 4096,
+            queue_depth: 1,
+        };
+        assert!(t.validate().is_err());
+    }
+
+    /// 1024 VMs x 2^22 connections is 2^32: the product must not wrap to 0 and pass the bound.
+    #[test]
+    fn a_connection_count_past_u32_is_refused() {
+        let t = Topology {
+            vms: 1024,
+            connections_per_vm: 1 << 22,
             queue_depth: 1,
         };
         assert!(t.validate().is_err());
