@@ -257,8 +257,9 @@ impl Worker {
 /// Per-step state of the send loop.
 struct StepState {
     free: VecDeque<(u16, u64)>,
-    /// When the request in each slot was meant to start (latency counts from it).
-    started_ns: Vec<u64>,
+    /// When the request in each slot was meant to start (latency counts from it); `None`
+    /// while the slot has no request in flight, so a stray or repeated reply is caught.
+    started_ns: Vec<Option<u64>>,
     in_flight: u32,
     arrivals: Option<PoissonArrivals>,
     counters: StepCounters,
@@ -280,7 +281,7 @@ pub async fn run_step(
     let mut rng = SmallRng::seed_from_u64(plan.seed);
     let mut st = StepState {
         free: (0..w.queue_depth as u16).map(|s| (s, 0)).collect(),
-        started_ns: vec![0; w.queue_depth as usize],
+        started_ns: vec![None; w.queue_depth as usize],
         in_flight: 0,
         arrivals: match plan.pacing {
             Pacing::Open { rate_per_s } => {
@@ -352,7 +353,7 @@ async fn issue_ready(
         };
         st.free.pop_front();
         let (offset, write) = w.next_op(rng, plan.pacing);
-        st.started_ns[usize::from(slot)] = start_ns;
+        st.started_ns[usize::from(slot)] = Some(start_ns);
         w.send(offset, write, cookie(slot, write)).await?;
         if st.in_flight == 0 {
             // An open loop may idle longer than the timeout between arrivals; that is not a
@@ -419,13 +420,13 @@ fn complete(
         }
     };
     let (slot, write) = decode(c.cookie);
-    if slot >= w.queue_depth as u16 || st.in_flight == 0 {
+    let in_flight = st.started_ns.get_mut(usize::from(slot));
+    let Some(start_ns) = in_flight.and_then(Option::take) else {
         return Err(BenchError::Target(format!(
-            "reply with an unknown cookie {:#x}",
+            "reply with a cookie {:#x} that no request in flight has",
             c.cookie
         )));
-    }
-    let start_ns = st.started_ns[usize::from(slot)];
+    };
     st.in_flight -= 1;
     st.free.push_back((slot, c.done_ns));
     st.last_reply_ns = c.done_ns;
@@ -482,8 +483,8 @@ mod tests {
     }
 
     /// Answers every write with success until the client disconnects (writes only: a read
-    /// would need data).
-    async fn write_sink(mut s: tokio::net::TcpStream) {
+    /// would need data); `replies` times each, more than once for a misbehaving server.
+    async fn write_sink(mut s: tokio::net::TcpStream, replies: usize) {
         let mut head = [0u8; nbd::REQUEST_HEADER_LEN];
         while s.read_exact(&mut head).await.is_ok() {
             let command = u16::from_be_bytes([head[6], head[7]]);
@@ -498,19 +499,18 @@ mod tests {
             let mut reply = 0x6744_6698u32.to_be_bytes().to_vec();
             reply.extend_from_slice(&0u32.to_be_bytes());
             reply.extend_from_slice(&head[8..16]);
-            if s.write_all(&reply).await.is_err() {
+            if s.write_all(&reply.repeat(replies)).await.is_err() {
                 return;
             }
         }
     }
 
-    /// A step 40 hours into a run (a long curve) measures its requests like the first step.
-    #[tokio::test]
-    async fn a_step_40_hours_into_a_run_is_measured() {
+    /// A worker on a connection to `write_sink`, its clock `age` into the run.
+    async fn worker_on_sink(replies: usize, age: Duration) -> (Worker, Clock) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
         let (client, server) = tokio::join!(client, listener.accept());
-        tokio::spawn(write_sink(server.unwrap().0));
+        tokio::spawn(write_sink(server.unwrap().0, replies));
         let (r, w) = client.unwrap().into_split();
         let conn = Connection {
             reader: tokio::io::BufReader::new(r),
@@ -529,19 +529,30 @@ mod tests {
             workload: crate::workload::profile("rw-4k").unwrap().workload,
             payload: Arc::new(vec![0u8; 4096]),
         };
-        let hours_40 = Duration::from_secs(40 * 3600);
         let clock = Clock {
-            epoch: Instant::now().checked_sub(hours_40).unwrap(),
+            epoch: Instant::now().checked_sub(age).unwrap(),
         };
-        let mut worker = Worker::new(conn, spec, clock, Arc::new(AtomicU64::new(0)));
+        let worker = Worker::new(conn, spec, clock, Arc::new(AtomicU64::new(0)));
+        (worker, clock)
+    }
+
+    /// A closed-loop step of 100 ms starting now.
+    fn short_step(clock: &Clock) -> StepPlan {
         let now = clock.now_ns();
-        let plan = StepPlan {
+        StepPlan {
             pacing: Pacing::Closed,
             record_from_ns: now,
             stop_at_ns: now + 100_000_000,
             seed: 1,
             io_timeout: Duration::from_secs(5),
-        };
+        }
+    }
+
+    /// A step 40 hours into a run (a long curve) measures its requests like the first step.
+    #[tokio::test]
+    async fn a_step_40_hours_into_a_run_is_measured() {
+        let (mut worker, clock) = worker_on_sink(1, Duration::from_secs(40 * 3600)).await;
+        let plan = short_step(&clock);
         let c = run_step(&mut worker, &plan, &clock).await.unwrap();
         worker.close().await;
         assert!(c.writes_done > 0);
@@ -553,5 +564,17 @@ mod tests {
         );
         let p99_us = c.writes.summary().unwrap().p99;
         assert!(p99_us < 1e6, "p99 {p99_us} us");
+    }
+
+    /// A server that answers a request twice is caught, not counted as two completions.
+    #[tokio::test]
+    async fn a_reply_repeated_by_the_server_fails_the_step() {
+        let (mut worker, clock) = worker_on_sink(2, Duration::ZERO).await;
+        let plan = short_step(&clock);
+        let Err(e) = run_step(&mut worker, &plan, &clock).await else {
+            panic!("a step whose server answered each request twice passed");
+        };
+        worker.close().await;
+        assert!(e.to_string().contains("no request in flight"), "{e}");
     }
 }
