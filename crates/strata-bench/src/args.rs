@@ -158,6 +158,13 @@ pub fn plan_of(
             "--max-duration must be above zero".into(),
         ));
     }
+    // Only a curve has a max step of its own; elsewhere --duration sets every step's length,
+    // which the report states.
+    if args.max_duration.is_some() && mode != Mode::Curve {
+        return Err(BenchError::Invalid(
+            "--max-duration sets the max step of --mode curve; use --duration".into(),
+        ));
+    }
     if let Some(r) = args.rate_iops {
         if mode != Mode::Max || r.is_nan() || r <= 0.0 || r > 1e8 {
             return Err(BenchError::Invalid(
@@ -231,10 +238,13 @@ mod tests {
             "2s",
             "--block-size",
             "8k",
+            "--max-duration",
+            "5s",
         ])
         .unwrap();
         let (plan, targets, baselines, profile) = plan_of(&a).unwrap();
         assert_eq!(plan.mode, Mode::Curve);
+        assert_eq!(plan.max_duration, Duration::from_secs(5));
         assert_eq!(plan.curve_steps_pct, vec![25, 50, 100]);
         assert_eq!(plan.workload.block_size_bytes, 8192);
         assert_eq!(plan.workload.read_pct, 100);
@@ -295,6 +305,14 @@ mod tests {
             &["--target", "nbd://h/a", "--qd", "0"],
             &["--target", "nbd://h/a", "--duration", "0s"],
             &["--target", "nbd://h/a", "--max-duration", "0s"],
+            &[
+                "--target",
+                "nbd://h/a",
+                "--mode",
+                "max",
+                "--max-duration",
+                "9s",
+            ],
             &[
                 "--target",
                 "nbd://h/a",
