@@ -3,6 +3,7 @@ use std::fmt::Write;
 
 use crate::report::{Report, TargetReport};
 use crate::svg::{escape, Chart, Series, COLORS};
+use crate::workload::Mode;
 
 /// Named SVG charts: `curve`, `service-levels`, and `fill-destage` when a daemon was read.
 pub fn charts(report: &Report) -> Vec<(&'static str, String)> {
@@ -235,13 +236,29 @@ fn block_size_text(bytes: u32) -> String {
     }
 }
 
+/// How long the steps ran, as this mode runs them.
+fn timing_text(report: &Report) -> String {
+    let t = &report.timing;
+    match report.mode {
+        Mode::Prep => "one timed pass writing every VM's region".into(),
+        Mode::Curve => format!(
+            "a max step of {} s, then steps of {} s, each after {} s warm-up",
+            t.max_step_duration_s, t.step_duration_s, t.warmup_s
+        ),
+        Mode::Max | Mode::Scale => format!(
+            "steps of {} s after {} s warm-up",
+            t.step_duration_s, t.warmup_s
+        ),
+    }
+}
+
 /// The whole page.
 pub fn page(report: &Report, charts: &[(&'static str, String)]) -> String {
     let mut o = String::from("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>strata bench report</title><style>body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}.warn{color:#a40}</style></head><body>");
     let w = &report.workload;
     let _ = write!(
         o,
-        "<h1>strata bench: {:?} mode, profile {}</h1><p>{} blocks, {}% reads, {}% random, working set {}%; {} VMs x {} connections, queue depth {}; steps of {} s after {} s warm-up; seed {}.</p><p>Machine: {} cores, {}, {:.0} GiB. Command: <code>{}</code></p>",
+        "<h1>strata bench: {:?} mode, profile {}</h1><p>{} blocks, {}% reads, {}% random, working set {}%; {} VMs x {} connections, queue depth {}; {}; seed {}.</p><p>Machine: {} cores, {}, {:.0} GiB. Command: <code>{}</code></p>",
         report.mode,
         escape(&report.profile),
         block_size_text(w.block_size_bytes),
@@ -251,8 +268,7 @@ pub fn page(report: &Report, charts: &[(&'static str, String)]) -> String {
         report.topology.vms,
         report.topology.connections_per_vm,
         report.topology.queue_depth,
-        report.timing.step_duration_s,
-        report.timing.warmup_s,
+        timing_text(report),
         report.timing.seed,
         report.machine.cores,
         escape(&report.machine.cpu_model),

@@ -361,6 +361,14 @@ fn prep_writes_every_block_exactly_once() {
         "prep leaves no block of the volume unwritten"
     );
     assert!(s.measured_s > 0.0 && s.bytes_per_s > 0.0);
+    let dir = tempfile::tempdir().unwrap();
+    strata_bench::write_outputs(&r, dir.path()).unwrap();
+    let html = std::fs::read_to_string(dir.path().join("report.html")).unwrap();
+    assert!(
+        html.contains("one timed pass"),
+        "the page describes prep's timing"
+    );
+    assert!(!html.contains("warm-up"), "prep has no warm-up to state");
 }
 
 #[test]
