@@ -754,12 +754,10 @@ impl DiskGroup {
         }
         let rt = self.sh.runtime(vol);
         if let Some(rt) = &rt {
-            // Straight to the capacity tier, or over its limits: the write waits, so it goes
-            // on the caller's blocking path (checked before taking a token it would take again).
+            // Straight to the capacity tier: the write waits, so it goes on the caller's
+            // blocking path.
             let stream = rt.writes.lock().peek(offset);
-            if bypass::wanted(&self.sh, &rt.policy(), stream, data.len() as u64)
-                || !rt.try_admit(&*self.sh.cfg.clock, data.len() as u64)
-            {
+            if bypass::wanted(&self.sh, &rt.policy(), stream, data.len() as u64) {
                 return Err(done);
             }
         }
@@ -774,6 +772,17 @@ impl DiskGroup {
         let (b0, n) = (offset / BLOCK_U64, data.len() as u64 / BLOCK_U64);
         let Some(claim) = shared::RangeClaim::try_new(&self.sh, head, b0, b0 + n) else {
             return Err(done);
+        };
+        // Over its limits the write waits, on the blocking path, which admits it again: the
+        // limits are taken last, and given back if the request is refused after all.
+        let limited = rt.as_deref();
+        if limited.is_some_and(|rt| !rt.try_admit(&*self.sh.cfg.clock, data.len() as u64)) {
+            return Err(done);
+        }
+        let give_back = || {
+            if let Some(rt) = limited {
+                rt.give_back(data.len() as u64);
+            }
         };
         let d = AlignedBuf::from_slice(data);
         // The callback stays reachable until the request is queued, so a refusal can hand it back.
@@ -803,6 +812,7 @@ impl DiskGroup {
         let Some(tx) = tx else {
             // Shutting down: dropping the request drops its claim and guard.
             drop(req);
+            give_back();
             let done = slot.lock().take();
             return Err(done.unwrap_or_else(|| Box::new(|_| {})));
         };
@@ -828,6 +838,7 @@ impl DiskGroup {
             if let (Some(rt), Some(before)) = (&rt, stream_before) {
                 *rt.writes.lock() = before;
             }
+            give_back();
             let done = slot.lock().take();
             return Err(done.unwrap_or_else(|| Box::new(|_| {})));
         }

@@ -582,3 +582,33 @@ fn tier_mode_moves_old_data_without_the_young_data_behind_it() {
         assert_eq!(read_block(dg, v, lba), block_of(lba, 1 + (lba >= 64) as u8));
     }
 }
+
+/// An asynchronous write handed back to the caller (its range busy here) is written the
+/// blocking way, which waits for the volume's limits itself: the refused attempt must not
+/// have taken from them too, or the volume gets less than its limit.
+#[test]
+fn a_write_handed_back_is_charged_to_the_limits_once() {
+    let (cfg, _clock) = clocked(small_cfg());
+    let rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 70);
+    let dg = rig.group();
+    let p = Policy {
+        iops_limit: 2,
+        ..Policy::default()
+    };
+    let v = dg.create_volume_with_policy("l", 4 * MIB, &p).unwrap().id;
+    let head = dg.sh.index.read().volumes[&v].head;
+    let data = block_of(0, 8);
+    {
+        let _busy = dg.sh.ranges.lock(head, 0, 1);
+        let never: WriteDone = Box::new(|_| panic!("a refused write must not complete"));
+        let back = dg.write_async(v, 0, &data, never);
+        assert!(back.is_err(), "the write was not handed back");
+    }
+    // The clock stands still: the second of burst holds two requests, the write and one more.
+    dg.write(v, 0, &data).unwrap();
+    let rt = dg.sh.runtime(v).unwrap();
+    assert!(
+        rt.try_admit(&*dg.sh.cfg.clock, 4096),
+        "the refused write took a request from the limits"
+    );
+}
