@@ -230,11 +230,12 @@ impl VolRuntime {
     }
 
     /// Waits until the volume's limits admit a request of `bytes` (limited requests wait;
-    /// they are not failed). Returns at once without limits.
+    /// they are not failed). Returns at once without limits. The policy is read again at
+    /// each look, so a change (a limit lifted) applies to the requests already waiting.
     pub fn admit(&self, clock: &dyn Clock, bytes: u64) {
-        let p = self.policy();
         let started = clock.now_ms();
         loop {
+            let p = self.policy();
             let now = clock.now_ms();
             match self.limiter.lock().try_take(&p, bytes, now) {
                 Ok(()) => break,

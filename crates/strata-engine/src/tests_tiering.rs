@@ -612,3 +612,39 @@ fn a_write_handed_back_is_charged_to_the_limits_once() {
         "the refused write took a request from the limits"
     );
 }
+
+/// Requests waiting for a volume's limits go on at once when `set_policy` lifts them: they
+/// must not keep waiting under the limits they started with.
+#[test]
+fn lifting_a_limit_releases_the_requests_waiting_for_it() {
+    let (cfg, _clock) = clocked(small_cfg());
+    let rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 71);
+    let dg = rig.group().clone();
+    let p = Policy {
+        iops_limit: 1,
+        ..Policy::default()
+    };
+    let v = dg.create_volume_with_policy("l", 4 * MIB, &p).unwrap().id;
+    let done = Arc::new(AtomicU64::new(0));
+    let writers: Vec<_> = (0..3u64)
+        .map(|lba| {
+            let (dg, done) = (dg.clone(), done.clone());
+            std::thread::spawn(move || {
+                dg.write(v, lba * 4096, &block_of(lba, 9)).unwrap();
+                done.fetch_add(1, Ordering::SeqCst);
+            })
+        })
+        .collect();
+    // The clock stands still: one request of burst, the other two wait.
+    assert!(eventually(10, || done.load(Ordering::SeqCst) == 1));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(done.load(Ordering::SeqCst), 1);
+    dg.set_policy("l", &Policy::default()).unwrap();
+    assert!(
+        eventually(10, || done.load(Ordering::SeqCst) == 3),
+        "requests still wait for a limit that was lifted"
+    );
+    for w in writers {
+        w.join().unwrap();
+    }
+}
