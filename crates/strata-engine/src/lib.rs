@@ -362,7 +362,8 @@ impl DiskGroup {
         let rt = self.sh.runtime(view);
         let host = rt.as_ref().map(|rt| {
             let sequential_bytes = admitted.unwrap_or_else(|| {
-                rt.admit(&*self.sh.cfg.clock, buf.len() as u64);
+                let running = || self.sh.check_running().is_ok();
+                rt.admit(&*self.sh.cfg.clock, buf.len() as u64, &running);
                 rt.reads.lock().note(offset, buf.len() as u64)
             });
             HostRead {
@@ -558,7 +559,7 @@ impl DiskGroup {
     /// Writes `data` at byte `offset` of a volume; returns once it is durable on the fast tier.
     pub fn write(&self, vol: VolumeId, offset: u64, data: &[u8]) -> Result<(), EngineError> {
         self.sh.check_running()?;
-        self.admit(vol, data.len() as u64);
+        self.admit(vol, data.len() as u64)?;
         let gate = self.sh.gate(vol);
         let _g = gate.read();
         let head = self.writable_head(vol, offset, data.len() as u64)?;
@@ -671,11 +672,14 @@ impl DiskGroup {
         (self.sh.cfg.max_batch_bytes as u64 / BLOCK_U64 - 1).min(MAX_RECORD_BLOCKS)
     }
 
-    /// Waits until the volume's I/O limits admit a request (no wait without limits).
-    fn admit(&self, vol: VolumeId, bytes: u64) {
+    /// Waits until the volume's I/O limits admit a request (no wait without limits); an
+    /// error when the group stopped running meanwhile.
+    fn admit(&self, vol: VolumeId, bytes: u64) -> Result<(), EngineError> {
         if let Some(rt) = self.sh.runtime(vol) {
-            rt.admit(&*self.sh.cfg.clock, bytes);
+            let running = || self.sh.check_running().is_ok();
+            rt.admit(&*self.sh.cfg.clock, bytes, &running);
         }
+        self.sh.check_running()
     }
 
     fn submit(
@@ -849,7 +853,7 @@ impl DiskGroup {
     pub fn write_zeroes(&self, vol: VolumeId, offset: u64, len: u64) -> Result<(), EngineError> {
         self.sh.check_running()?;
         // A metadata operation: it counts against the volume's IOPS, not its bandwidth.
-        self.admit(vol, 0);
+        self.admit(vol, 0)?;
         let gate = self.sh.gate(vol);
         let _g = gate.read();
         let head = self.writable_head(vol, offset, len)?;

@@ -232,10 +232,12 @@ impl VolRuntime {
 
     /// Waits until the volume's limits admit a request of `bytes` (limited requests wait;
     /// they are not failed). Returns at once without limits. The policy is read again at
-    /// each look, so a change (a limit lifted) applies to the requests already waiting.
-    pub fn admit(&self, clock: &dyn Clock, bytes: u64) {
+    /// each look, so a change (a limit lifted) applies to the requests already waiting. Stops
+    /// waiting once `running` says the group is no longer running (the caller then refuses
+    /// the request), so a slow limit does not hold a shutdown.
+    pub fn admit(&self, clock: &dyn Clock, bytes: u64, running: &dyn Fn() -> bool) {
         let started = clock.now_ms();
-        loop {
+        while running() {
             let p = self.policy();
             let now = clock.now_ms();
             match self.limiter.lock().try_take(&p, bytes, now) {

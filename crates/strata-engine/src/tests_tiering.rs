@@ -648,3 +648,40 @@ fn lifting_a_limit_releases_the_requests_waiting_for_it() {
         w.join().unwrap();
     }
 }
+
+/// A request waiting for its volume's limits stops waiting when the group shuts down (it is
+/// then refused), so a slow limit cannot hold a shutdown for as long as its queue needs.
+#[test]
+fn a_shutdown_ends_the_wait_for_a_limit() {
+    let (cfg, _clock) = clocked(small_cfg());
+    let rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 72);
+    let dg = rig.group().clone();
+    let p = Policy {
+        iops_limit: 1,
+        ..Policy::default()
+    };
+    let v = dg.create_volume_with_policy("l", 4 * MIB, &p).unwrap().id;
+    dg.write(v, 0, &block_of(0, 1)).unwrap();
+    let (tx, rx) = crossbeam_channel::bounded(2);
+    for kind in ["write", "read"] {
+        let (dg, tx) = (dg.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let r = match kind {
+                "write" => dg.write(v, 4096, &block_of(1, 2)),
+                _ => dg.read(v, 0, &mut [0u8; 4096]),
+            };
+            let _ = tx.send((kind, r.is_ok()));
+        });
+    }
+    // The clock stands still: the second of burst is spent, both requests wait.
+    assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
+    dg.shutdown().unwrap();
+    for _ in 0..2 {
+        let (kind, ok) = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a request still waits for its limit after the shutdown");
+        if kind == "write" {
+            assert!(!ok, "a write after the shutdown was accepted");
+        }
+    }
+}
