@@ -457,6 +457,37 @@ impl Destager {
         out
     }
 
+    /// How many of `batches` (oldest first) come before the first one holding live data of a
+    /// tier-mode volume younger than its minimum age.
+    fn before_young_tier(&self, batches: &[BatchMeta]) -> usize {
+        let any_tier = {
+            let vols = self.sh.vols.read();
+            vols.by_volume
+                .values()
+                .any(|rt| rt.policy().mode == Mode::Tier)
+        };
+        if !any_tier {
+            return batches.len();
+        }
+        let now = self.sh.cfg.clock.now_ms();
+        let young = |r: &RecMeta| {
+            self.sh.head_runtime(r.layer).is_some_and(|rt| {
+                let p = rt.policy();
+                p.mode == Mode::Tier
+                    && now.saturating_sub(r.aged_from_ms) < p.tier_min_age_s.saturating_mul(1000)
+            })
+        };
+        let holds_young = |b: &BatchMeta| {
+            live_runs(&self.sh, b)
+                .iter()
+                .any(|&(i, _, _)| young(&b.records[i]))
+        };
+        batches
+            .iter()
+            .position(holds_young)
+            .unwrap_or(batches.len())
+    }
+
     fn gc_needed(&self) -> bool {
         let segs = self.sh.segs.lock();
         segs.free_count() < gc_trigger(&self.sh)
@@ -607,15 +638,16 @@ impl Destager {
 
     /// Plans and builds the next stripe from the durable batches after the first `skip`.
     fn next_stripe(&self, skip: usize) -> Result<Option<NextStripe>, EngineError> {
-        let batches = self.durable_batches(skip);
-        if batches.is_empty() {
-            return Ok(None);
-        }
+        let mut batches = self.durable_batches(skip);
         // The duty cycle saw young tier-mode data at the tail only if the tail's first batch
         // was durable when it looked; it may have become durable since (and with no hot
         // data recorded the plan below takes the whole tail). Young tier data stays unless
-        // the log needs room.
-        if !self.forced() && !self.under_pressure() && self.tier_tail() == TierTail::Young {
+        // the log needs room, and so does everything after it: old data ahead of it moving
+        // must not take it along (a stripe of cold data reaches far past the first batch).
+        if !self.forced() && !self.under_pressure() {
+            batches.truncate(self.before_young_tier(&batches));
+        }
+        if batches.is_empty() {
             return Ok(None);
         }
         // A stripe as wide as the segments destage may still take: when the capacity tier is

@@ -362,7 +362,8 @@ impl DiskGroup {
         let rt = self.sh.runtime(view);
         let host = rt.as_ref().map(|rt| {
             let sequential_bytes = admitted.unwrap_or_else(|| {
-                rt.admit(&*self.sh.cfg.clock, buf.len() as u64);
+                let running = || self.sh.check_running().is_ok();
+                rt.admit(&*self.sh.cfg.clock, buf.len() as u64, &running);
                 rt.reads.lock().note(offset, buf.len() as u64)
             });
             HostRead {
@@ -558,7 +559,7 @@ impl DiskGroup {
     /// Writes `data` at byte `offset` of a volume; returns once it is durable on the fast tier.
     pub fn write(&self, vol: VolumeId, offset: u64, data: &[u8]) -> Result<(), EngineError> {
         self.sh.check_running()?;
-        self.admit(vol, data.len() as u64);
+        self.admit(vol, data.len() as u64)?;
         let gate = self.sh.gate(vol);
         let _g = gate.read();
         let head = self.writable_head(vol, offset, data.len() as u64)?;
@@ -671,11 +672,14 @@ impl DiskGroup {
         (self.sh.cfg.max_batch_bytes as u64 / BLOCK_U64 - 1).min(MAX_RECORD_BLOCKS)
     }
 
-    /// Waits until the volume's I/O limits admit a request (no wait without limits).
-    fn admit(&self, vol: VolumeId, bytes: u64) {
+    /// Waits until the volume's I/O limits admit a request (no wait without limits); an
+    /// error when the group stopped running meanwhile.
+    fn admit(&self, vol: VolumeId, bytes: u64) -> Result<(), EngineError> {
         if let Some(rt) = self.sh.runtime(vol) {
-            rt.admit(&*self.sh.cfg.clock, bytes);
+            let running = || self.sh.check_running().is_ok();
+            rt.admit(&*self.sh.cfg.clock, bytes, &running);
         }
+        self.sh.check_running()
     }
 
     fn submit(
@@ -754,12 +758,10 @@ impl DiskGroup {
         }
         let rt = self.sh.runtime(vol);
         if let Some(rt) = &rt {
-            // Straight to the capacity tier, or over its limits: the write waits, so it goes
-            // on the caller's blocking path (checked before taking a token it would take again).
+            // Straight to the capacity tier: the write waits, so it goes on the caller's
+            // blocking path.
             let stream = rt.writes.lock().peek(offset);
-            if bypass::wanted(&self.sh, &rt.policy(), stream, data.len() as u64)
-                || !rt.try_admit(&*self.sh.cfg.clock, data.len() as u64)
-            {
+            if bypass::wanted(&self.sh, &rt.policy(), stream, data.len() as u64) {
                 return Err(done);
             }
         }
@@ -774,6 +776,17 @@ impl DiskGroup {
         let (b0, n) = (offset / BLOCK_U64, data.len() as u64 / BLOCK_U64);
         let Some(claim) = shared::RangeClaim::try_new(&self.sh, head, b0, b0 + n) else {
             return Err(done);
+        };
+        // Over its limits the write waits, on the blocking path, which admits it again: the
+        // limits are taken last, and given back if the request is refused after all.
+        let limited = rt.as_deref();
+        if limited.is_some_and(|rt| !rt.try_admit(&*self.sh.cfg.clock, data.len() as u64)) {
+            return Err(done);
+        }
+        let give_back = || {
+            if let Some(rt) = limited {
+                rt.give_back(data.len() as u64);
+            }
         };
         let d = AlignedBuf::from_slice(data);
         // The callback stays reachable until the request is queued, so a refusal can hand it back.
@@ -803,6 +816,7 @@ impl DiskGroup {
         let Some(tx) = tx else {
             // Shutting down: dropping the request drops its claim and guard.
             drop(req);
+            give_back();
             let done = slot.lock().take();
             return Err(done.unwrap_or_else(|| Box::new(|_| {})));
         };
@@ -828,6 +842,7 @@ impl DiskGroup {
             if let (Some(rt), Some(before)) = (&rt, stream_before) {
                 *rt.writes.lock() = before;
             }
+            give_back();
             let done = slot.lock().take();
             return Err(done.unwrap_or_else(|| Box::new(|_| {})));
         }
@@ -838,7 +853,7 @@ impl DiskGroup {
     pub fn write_zeroes(&self, vol: VolumeId, offset: u64, len: u64) -> Result<(), EngineError> {
         self.sh.check_running()?;
         // A metadata operation: it counts against the volume's IOPS, not its bandwidth.
-        self.admit(vol, 0);
+        self.admit(vol, 0)?;
         let gate = self.sh.gate(vol);
         let _g = gate.read();
         let head = self.writable_head(vol, offset, len)?;

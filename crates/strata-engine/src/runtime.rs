@@ -166,7 +166,8 @@ impl Limiter {
             self.bytes = refill(self.bytes, p.bandwidth_limit_bytes_per_s);
         }
         let ops_ok = p.iops_limit == 0 || self.ops >= 1.0;
-        // A request larger than a second's worth passes once the bucket is full.
+        // A request larger than a second's worth passes once the bucket is full, and leaves
+        // it in debt for the rest: the requests after it wait that much longer.
         let want = (bytes as f64).min(p.bandwidth_limit_bytes_per_s as f64);
         let bytes_ok = p.bandwidth_limit_bytes_per_s == 0 || self.bytes >= want;
         if ops_ok && bytes_ok {
@@ -174,7 +175,7 @@ impl Limiter {
                 self.ops -= 1.0;
             }
             if p.bandwidth_limit_bytes_per_s > 0 {
-                self.bytes -= want;
+                self.bytes -= bytes as f64;
             }
             return Ok(());
         }
@@ -199,7 +200,7 @@ impl Limiter {
         }
         if p.bandwidth_limit_bytes_per_s > 0 {
             let rate = p.bandwidth_limit_bytes_per_s as f64;
-            self.bytes = (self.bytes + (bytes as f64).min(rate)).min(rate);
+            self.bytes = (self.bytes + bytes as f64).min(rate);
         }
     }
 }
@@ -230,11 +231,14 @@ impl VolRuntime {
     }
 
     /// Waits until the volume's limits admit a request of `bytes` (limited requests wait;
-    /// they are not failed). Returns at once without limits.
-    pub fn admit(&self, clock: &dyn Clock, bytes: u64) {
-        let p = self.policy();
+    /// they are not failed). Returns at once without limits. The policy is read again at
+    /// each look, so a change (a limit lifted) applies to the requests already waiting. Stops
+    /// waiting once `running` says the group is no longer running (the caller then refuses
+    /// the request), so a slow limit does not hold a shutdown.
+    pub fn admit(&self, clock: &dyn Clock, bytes: u64, running: &dyn Fn() -> bool) {
         let started = clock.now_ms();
-        loop {
+        while running() {
+            let p = self.policy();
             let now = clock.now_ms();
             match self.limiter.lock().try_take(&p, bytes, now) {
                 Ok(()) => break,
@@ -299,6 +303,35 @@ mod tests {
         let mut l = Limiter::default();
         assert!(l.try_take(&p, 1 << 20, 1000).is_ok());
         assert_eq!(l.try_take(&p, 512 << 10, 1000), Err(500));
+    }
+
+    /// Requests larger than a second's worth of bandwidth still average the limit: each
+    /// waits for a full bucket, then leaves it in debt for the rest of its size.
+    #[test]
+    fn large_requests_keep_to_the_bandwidth_limit() {
+        let p = Policy {
+            bandwidth_limit_bytes_per_s: 1 << 20,
+            ..Policy::default()
+        };
+        let mut l = Limiter::default();
+        let mut admitted = 0u64;
+        for now_ms in (1000..=11_000).step_by(10) {
+            if l.try_take(&p, 4 << 20, now_ms).is_ok() {
+                admitted += 4 << 20;
+            }
+        }
+        // A second of burst and ten seconds at 1 MiB/s, one request over at most.
+        assert!(
+            admitted <= 15 << 20,
+            "{} MiB admitted in 10 s at 1 MiB/s",
+            admitted >> 20
+        );
+        // A request given back leaves the bucket as it was.
+        let mut l = Limiter::default();
+        assert!(l.try_take(&p, 4 << 20, 1000).is_ok());
+        l.give_back(&p, 4 << 20);
+        assert!(l.try_take(&p, 4 << 20, 1000).is_ok());
+        assert!(l.try_take(&p, 4096, 1000).is_err());
     }
 
     #[test]

@@ -539,3 +539,149 @@ fn a_damaged_log_block_read_before_destage_is_never_served_as_data() {
         );
     }
 }
+
+/// Tier mode's minimum age holds for every block, not only for the log's oldest batch: when
+/// old data at the tail moves, data written since, still younger than the minimum age, stays.
+#[test]
+fn tier_mode_moves_old_data_without_the_young_data_behind_it() {
+    let (cfg, clock) = clocked(EngineConfig {
+        fill_ratio_low: 0.0,
+        ..small_cfg()
+    });
+    let rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 69);
+    let dg = rig.dg();
+    let v = dg
+        .create_volume_with_policy("t", 4 * MIB, &tier(60))
+        .unwrap()
+        .id;
+    for lba in 0..64 {
+        dg.write(v, lba * 4096, &block_of(lba, 1)).unwrap();
+    }
+    clock.advance_ms(61_000);
+    for lba in 64..128 {
+        dg.write(v, lba * 4096, &block_of(lba, 2)).unwrap();
+    }
+    assert!(
+        eventually(10, || dg.stats().destaged_bytes_total >= 64 * 4096),
+        "old, cold data did not move"
+    );
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(
+        dg.stats().destaged_bytes_total,
+        64 * 4096,
+        "data younger than the minimum age moved with the old"
+    );
+    let young_in_log = (64..128).all(|lba| {
+        matches!(
+            crate::resolve::resolve_view(&dg.sh, v, lba, 1).unwrap()[0].loc,
+            Some(Loc::Fast(_))
+        )
+    });
+    assert!(young_in_log, "a young block left the fast tier");
+    for lba in 0..128 {
+        assert_eq!(read_block(dg, v, lba), block_of(lba, 1 + (lba >= 64) as u8));
+    }
+}
+
+/// An asynchronous write handed back to the caller (its range busy here) is written the
+/// blocking way, which waits for the volume's limits itself: the refused attempt must not
+/// have taken from them too, or the volume gets less than its limit.
+#[test]
+fn a_write_handed_back_is_charged_to_the_limits_once() {
+    let (cfg, _clock) = clocked(small_cfg());
+    let rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 70);
+    let dg = rig.group();
+    let p = Policy {
+        iops_limit: 2,
+        ..Policy::default()
+    };
+    let v = dg.create_volume_with_policy("l", 4 * MIB, &p).unwrap().id;
+    let head = dg.sh.index.read().volumes[&v].head;
+    let data = block_of(0, 8);
+    {
+        let _busy = dg.sh.ranges.lock(head, 0, 1);
+        let never: WriteDone = Box::new(|_| panic!("a refused write must not complete"));
+        let back = dg.write_async(v, 0, &data, never);
+        assert!(back.is_err(), "the write was not handed back");
+    }
+    // The clock stands still: the second of burst holds two requests, the write and one more.
+    dg.write(v, 0, &data).unwrap();
+    let rt = dg.sh.runtime(v).unwrap();
+    assert!(
+        rt.try_admit(&*dg.sh.cfg.clock, 4096),
+        "the refused write took a request from the limits"
+    );
+}
+
+/// Requests waiting for a volume's limits go on at once when `set_policy` lifts them: they
+/// must not keep waiting under the limits they started with.
+#[test]
+fn lifting_a_limit_releases_the_requests_waiting_for_it() {
+    let (cfg, _clock) = clocked(small_cfg());
+    let rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 71);
+    let dg = rig.group().clone();
+    let p = Policy {
+        iops_limit: 1,
+        ..Policy::default()
+    };
+    let v = dg.create_volume_with_policy("l", 4 * MIB, &p).unwrap().id;
+    let done = Arc::new(AtomicU64::new(0));
+    let writers: Vec<_> = (0..3u64)
+        .map(|lba| {
+            let (dg, done) = (dg.clone(), done.clone());
+            std::thread::spawn(move || {
+                dg.write(v, lba * 4096, &block_of(lba, 9)).unwrap();
+                done.fetch_add(1, Ordering::SeqCst);
+            })
+        })
+        .collect();
+    // The clock stands still: one request of burst, the other two wait.
+    assert!(eventually(10, || done.load(Ordering::SeqCst) == 1));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(done.load(Ordering::SeqCst), 1);
+    dg.set_policy("l", &Policy::default()).unwrap();
+    assert!(
+        eventually(10, || done.load(Ordering::SeqCst) == 3),
+        "requests still wait for a limit that was lifted"
+    );
+    for w in writers {
+        w.join().unwrap();
+    }
+}
+
+/// A request waiting for its volume's limits stops waiting when the group shuts down (it is
+/// then refused), so a slow limit cannot hold a shutdown for as long as its queue needs.
+#[test]
+fn a_shutdown_ends_the_wait_for_a_limit() {
+    let (cfg, _clock) = clocked(small_cfg());
+    let rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 72);
+    let dg = rig.group().clone();
+    let p = Policy {
+        iops_limit: 1,
+        ..Policy::default()
+    };
+    let v = dg.create_volume_with_policy("l", 4 * MIB, &p).unwrap().id;
+    dg.write(v, 0, &block_of(0, 1)).unwrap();
+    let (tx, rx) = crossbeam_channel::bounded(2);
+    for kind in ["write", "read"] {
+        let (dg, tx) = (dg.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let r = match kind {
+                "write" => dg.write(v, 4096, &block_of(1, 2)),
+                _ => dg.read(v, 0, &mut [0u8; 4096]),
+            };
+            let _ = tx.send((kind, r.is_ok()));
+        });
+    }
+    // The clock stands still: the second of burst is spent, both requests wait.
+    assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
+    dg.shutdown().unwrap();
+    for _ in 0..2 {
+        let (kind, ok) = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a request still waits for its limit after the shutdown");
+        if kind == "write" {
+            assert!(!ok, "a write after the shutdown was accepted");
+        }
+    }
+}
