@@ -442,7 +442,7 @@ impl Destager {
         let mut out = TierTail::None;
         for (i, _, _) in live_runs(&self.sh, &front) {
             let r = &front.records[i];
-            let Some(rt) = self.sh.head_runtime(r.layer) else {
+            let Some(rt) = self.sh.layer_runtime(r.layer) else {
                 continue;
             };
             let p = rt.policy();
@@ -471,7 +471,7 @@ impl Destager {
         }
         let now = self.sh.cfg.clock.now_ms();
         let young = |r: &RecMeta| {
-            self.sh.head_runtime(r.layer).is_some_and(|rt| {
+            self.sh.layer_runtime(r.layer).is_some_and(|rt| {
                 let p = rt.policy();
                 p.mode == Mode::Tier
                     && now.saturating_sub(r.aged_from_ms) < p.tier_min_age_s.saturating_mul(1000)
@@ -920,7 +920,7 @@ impl Destager {
     fn hot_parts(&self, layer: u32, lba: u64, n: u64) -> Vec<(u64, u64)> {
         let cold_mark = self
             .sh
-            .head_runtime(layer)
+            .layer_runtime(layer)
             .map(|rt| rt.policy())
             .filter(|p| p.mode == Mode::Tier)
             .map_or(0, |p| p.tier_max_cold_heat);
@@ -1002,7 +1002,7 @@ impl Destager {
 
     fn is_tier(&self, layer: u32) -> bool {
         self.sh
-            .head_runtime(layer)
+            .layer_runtime(layer)
             .is_some_and(|rt| rt.policy().mode == Mode::Tier)
     }
 
@@ -1110,7 +1110,7 @@ impl Destager {
         }
         let gen = self.sh.cache.lock().gen_of(seg);
         for c in committed {
-            let Some(rt) = self.sh.head_runtime(c.layer) else {
+            let Some(rt) = self.sh.layer_runtime(c.layer) else {
                 continue;
             };
             if rt.policy().promote_after_reads == 0 {
@@ -1680,7 +1680,7 @@ fn residency(sh: &Shared, live: &[LiveRun<'_>]) -> Vec<Moved> {
 /// stripe that could not be placed is planned again, and counted then).
 fn record_residency(sh: &Shared, moved: &[Moved]) {
     for m in moved {
-        if let Some(rt) = sh.head_runtime(m.layer) {
+        if let Some(rt) = sh.layer_runtime(m.layer) {
             rt.stats.record_residency(m.blocks, m.resident_ms);
         }
     }

@@ -435,7 +435,7 @@ impl DiskGroup {
                         h.rt.stats
                             .read_fast_blocks
                             .fetch_add(p.len, Ordering::Relaxed);
-                        sh.note_read_heat(h.rt, h.head, p.lba, p.len);
+                        sh.note_read_heat(h.rt, p.layer, p.lba, p.len);
                         if sh.cfg.read_cache_ratio > 0.0 {
                             sh.fast_read.mark(b, p.len);
                         }
@@ -1184,7 +1184,8 @@ fn wait_all(waits: Vec<log::ReplyRx>) -> Result<(), EngineError> {
 /// A host's read of a volume: whose figures it counts in, and whether it may promote.
 struct HostRead<'a> {
     rt: &'a runtime::VolRuntime,
-    /// The volume's head layer (heat and promotion evidence are kept per layer).
+    /// The volume's head layer (promotion evidence is kept per view; heat is noted under the
+    /// layer that holds the data, which the destager looks up).
     head: u32,
     /// How long the sequential stream this read continues already is.
     sequential_bytes: u64,

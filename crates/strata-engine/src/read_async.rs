@@ -300,7 +300,7 @@ impl Finish {
                     .fetch_add(n * BLOCK_U64, Ordering::Relaxed);
                 if let Some(rt) = &self.rt {
                     rt.stats.read_fast_blocks.fetch_add(n, Ordering::Relaxed);
-                    sh.note_read_heat(rt, self.head, self.run.lba, n);
+                    sh.note_read_heat(rt, self.run.layer, self.run.lba, n);
                     if sh.cfg.read_cache_ratio > 0.0 {
                         sh.fast_read.mark(*first, n);
                     }

@@ -271,11 +271,12 @@ impl VolRuntime {
     }
 }
 
-/// The runtime state of every volume, and which volume's head each layer is.
+/// The runtime state of every volume, and which volume's data each layer holds.
 #[derive(Default)]
 pub struct Runtimes {
     pub by_volume: HashMap<u32, Arc<VolRuntime>>,
-    pub by_head: HashMap<u32, Arc<VolRuntime>>,
+    /// Head layers and the snapshot layers under them (`Shared::layer_runtime`).
+    pub by_layer: HashMap<u32, Arc<VolRuntime>>,
 }
 
 #[cfg(test)]

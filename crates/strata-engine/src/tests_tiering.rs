@@ -685,3 +685,54 @@ fn a_shutdown_ends_the_wait_for_a_limit() {
         }
     }
 }
+
+/// A snapshot does not take a tier-mode volume's data out of its policy: the blocks written
+/// before it now belong to the snapshot's layer, which the volume still reads through. They
+/// stay on the fast tier until they are as old as the policy says (an idle drain, which takes
+/// a cache-mode volume's data, left them alone), and those the volume keeps reading stay
+/// longer.
+#[test]
+fn a_snapshot_keeps_a_tier_mode_volumes_data_under_its_policy() {
+    let (cfg, clock) = clocked(EngineConfig {
+        fill_ratio_low: 0.0,
+        idle_destage_after: Some(Duration::from_millis(50)),
+        ..small_cfg()
+    });
+    let rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 71);
+    let dg = rig.dg();
+    let v = dg
+        .create_volume_with_policy("t", 4 * MIB, &tier(600))
+        .unwrap()
+        .id;
+    for lba in 0..64 {
+        dg.write(v, lba * 4096, &block_of(lba, 1)).unwrap();
+    }
+    dg.create_snapshot("t", "s").unwrap();
+    // Blocks 0..8 are read again and again through the volume: heat.
+    for _ in 0..3 {
+        for lba in 0..8 {
+            assert_eq!(read_block(dg, v, lba), block_of(lba, 1));
+        }
+    }
+    clock.advance_ms(61_000);
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(
+        dg.stats().destaged_bytes_total,
+        0,
+        "young data moved once a snapshot held it"
+    );
+    clock.advance_ms(540_000);
+    assert!(
+        eventually(10, || dg.stats().destaged_bytes_total >= 56 * 4096),
+        "the snapshot's old, cold data did not move"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        dg.stats().destaged_bytes_total,
+        56 * 4096,
+        "the blocks read through the volume moved although hot"
+    );
+    for lba in 0..64 {
+        assert_eq!(read_block(dg, v, lba), block_of(lba, 1));
+    }
+}

@@ -33,8 +33,23 @@ impl Shared {
                 }
                 None => Arc::new(VolRuntime::new(v.id, policy)),
             };
-            next.by_head.insert(v.head, rt.clone());
+            next.by_layer.insert(v.head, rt.clone());
             next.by_volume.insert(v.id, rt);
+        }
+        // A snapshot's layer holds what its volume wrote before it, and the volume still reads
+        // through it: that data keeps the volume's policy (a tier-mode volume's young data
+        // stays on the fast tier after a snapshot). A layer under several volumes (clones of
+        // one snapshot) follows the volume of lowest id, the origin unless it was deleted.
+        for v in idx.volumes.values() {
+            let rt = next.by_volume[&v.id].clone();
+            let mut layer = idx.layers.get(&v.head).map_or(0, |l| l.rec.parent);
+            for _ in 0..crate::shared::MAX_CHAIN {
+                let Some(state) = idx.layers.get(&layer) else {
+                    break;
+                };
+                next.by_layer.entry(layer).or_insert_with(|| rt.clone());
+                layer = state.rec.parent;
+            }
         }
         *vols = next;
     }
@@ -43,9 +58,10 @@ impl Shared {
         self.vols.read().by_volume.get(&vol).cloned()
     }
 
-    /// The runtime of the volume whose head layer this is (None for snapshot layers).
-    pub fn head_runtime(&self, layer: u32) -> Option<Arc<VolRuntime>> {
-        self.vols.read().by_head.get(&layer).cloned()
+    /// The runtime of the volume whose data this layer holds: its head layer, or a snapshot
+    /// layer the volume reads through (None for a layer no volume reads).
+    pub fn layer_runtime(&self, layer: u32) -> Option<Arc<VolRuntime>> {
+        self.vols.read().by_layer.get(&layer).cloned()
     }
 
     /// Heat from reads of a tier-mode volume's data on the fast tier.
