@@ -28,6 +28,9 @@ pub const PRESET_OPTANE_B: (&str, u64, u64) = ("optane-b", 1_984_000_000, 1_984_
 const MAX_SCALE: f64 = 1000.0;
 const MAX_LATENCY_US: u64 = 10_000_000;
 const MAX_SPEC_LEN: usize = 256;
+/// The least bandwidth a spec may set: one 4 KiB block a second. Below it a device does not
+/// even get through opening (`bw=40`, a unit left out, never let the daemon start).
+const MIN_BANDWIDTH_BYTES_PER_S: u64 = 4096;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid emulation spec {spec:?}: {reason}")]
@@ -96,6 +99,17 @@ pub fn parse_emulation(spec: &str) -> Result<EmulationSpec, EmulationError> {
 }
 
 fn validate(c: &ThrottleConfig) -> Result<(), String> {
+    for (key, bw) in [
+        ("bw", c.bandwidth_bytes_per_s),
+        ("mixed_bw", c.mixed_bandwidth_bytes_per_s),
+    ] {
+        if bw > 0 && bw < MIN_BANDWIDTH_BYTES_PER_S {
+            return Err(format!(
+                "{key} of {bw} bytes/s is below {MIN_BANDWIDTH_BYTES_PER_S} (one 4 KiB block a \
+                 second); is a unit missing? (40MB is 40,000,000)"
+            ));
+        }
+    }
     if c.mixed_bandwidth_bytes_per_s > 0 {
         if c.bandwidth_bytes_per_s == 0 {
             return Err("mixed_bw needs bw".into());
@@ -167,6 +181,10 @@ fn parse_rate(text: &str) -> Result<u64, String> {
     if !value.is_finite() || !(0.0..=1e13).contains(&value) {
         return Err(format!("rate {text:?} is out of range"));
     }
+    // 0 means no limit: a small rate must not become one by rounding.
+    if value > 0.0 && value.round() == 0.0 {
+        return Err(format!("rate {text:?} rounds to 0, which means no limit"));
+    }
     Ok(value.round() as u64)
 }
 
@@ -231,6 +249,11 @@ mod tests {
             ("bw=10M,mixed_bw=20M", "must not exceed"),
             ("mix_window_ms=50", "sets no limit"),
             ("latency_us=99999999999", "whole number"),
+            ("bw=40", "is a unit missing"),
+            ("bw=10M,mixed_bw=400", "mixed_bw of 400 bytes/s"),
+            ("bw=4096,scale=0.5", "below 4096"),
+            ("iops=0.4", "rounds to 0"),
+            ("bw=0.4,iops=100", "rounds to 0"),
         ] {
             let e = parse_emulation(spec).unwrap_err().to_string();
             assert!(e.contains(needle), "{spec:?}: {e}");

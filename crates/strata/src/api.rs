@@ -5,6 +5,7 @@
 //! busy, a volume that still has snapshots, or a scrub already running), 507 (no space), 503
 //! (shutting down) or 500.
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -268,13 +269,43 @@ async fn require_token(
     }
 }
 
+/// Engine calls of admin requests running now. Shutdown waits for these, not for connections:
+/// a client that sent half a request holds a connection open but has started nothing.
+static ENGINE_CALLS_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// One engine call counted in [`ENGINE_CALLS_IN_FLIGHT`] until dropped.
+struct EngineCall;
+
+impl EngineCall {
+    fn start() -> EngineCall {
+        ENGINE_CALLS_IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
+        EngineCall
+    }
+}
+
+impl Drop for EngineCall {
+    fn drop(&mut self) {
+        ENGINE_CALLS_IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Engine calls of admin requests still running (they go on when their client goes away).
+pub fn engine_calls_in_flight() -> usize {
+    ENGINE_CALLS_IN_FLIGHT.load(Ordering::Acquire)
+}
+
 /// Runs a blocking engine call off the async runtime.
 pub(crate) async fn blocking<T, E>(f: impl FnOnce() -> Result<T, E> + Send + 'static) -> Result<T, ApiError>
 where
     T: Send + 'static,
     E: Into<ApiError> + Send + 'static,
 {
-    match tokio::task::spawn_blocking(f).await {
+    let call = EngineCall::start();
+    let counted = move || {
+        let _call = call;
+        f()
+    };
+    match tokio::task::spawn_blocking(counted).await {
         Ok(r) => r.map_err(Into::into),
         Err(e) => {
             tracing::error!(error = %e, "admin API task failed");

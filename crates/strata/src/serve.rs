@@ -29,6 +29,9 @@ use crate::ServeArgs;
 
 /// How long in-flight requests may take to finish once shutdown has begun.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long admin connections may take to finish their requests once shutdown has begun; past
+/// it they are closed (a client that sent half a request) and only engine calls are waited for.
+const HTTP_DRAIN_GRACE: Duration = Duration::from_secs(2);
 /// How long the runtime waits for stray blocking tasks when the process ends.
 const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Exit code of a second signal during shutdown (128 + SIGINT, as shells report it).
@@ -239,7 +242,7 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
             results.push(task_result(nbd_task.await, "NBD server"));
         }
         if !http_done {
-            results.push(task_result(http_task.await, "HTTP server"));
+            results.push(drain_http(http_task).await);
         }
         results
     };
@@ -349,6 +352,24 @@ fn spawn_wear_check(state: Arc<AppState>, stop: watch::Receiver<bool>) -> JoinHa
             }
         }
     })
+}
+
+/// Lets the admin server finish its requests, but not wait on a client that sent half a
+/// request: after [`HTTP_DRAIN_GRACE`] its connections are closed, and only the engine calls
+/// still running (which go on without their client) are waited for.
+async fn drain_http(mut task: JoinHandle<Result<()>>) -> Result<()> {
+    if let Ok(r) = tokio::time::timeout(HTTP_DRAIN_GRACE, &mut task).await {
+        return task_result(r, "HTTP server");
+    }
+    task.abort();
+    tracing::info!(
+        grace_s = HTTP_DRAIN_GRACE.as_secs(),
+        "closed admin connections still open after the grace period"
+    );
+    while api::engine_calls_in_flight() > 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
 }
 
 fn task_result(r: Result<Result<()>, tokio::task::JoinError>, what: &str) -> Result<()> {

@@ -279,6 +279,34 @@ fn sigterm_exits_zero_and_data_survives_restart() {
     );
 }
 
+/// An admin client that sent half a request (and then nothing) is not work in flight: it must
+/// not hold SIGTERM's shutdown until the drain timeout.
+#[test]
+fn sigterm_is_not_held_by_a_half_sent_admin_request() {
+    use std::io::Write;
+    let mut daemon = Daemon::start_default();
+    let mut header = std::net::TcpStream::connect(daemon.http_addr).expect("connect");
+    header
+        .write_all(b"GET /api/v1/volumes HTTP/1.1\r\nHost: strata\r\n")
+        .expect("half a header");
+    let mut body = std::net::TcpStream::connect(daemon.http_addr).expect("connect");
+    body.write_all(
+        b"POST /api/v1/volumes HTTP/1.1\r\nHost: strata\r\nContent-Type: application/json\r\n\
+          Content-Length: 100\r\n\r\n{\"name\":",
+    )
+    .expect("half a body");
+    std::thread::sleep(Duration::from_millis(300));
+    let started = std::time::Instant::now();
+    daemon.terminate(); // asserts exit status 0
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(10), "SIGTERM took {took:?}");
+    assert!(
+        daemon.stderr_log().contains("shut down cleanly"),
+        "{}",
+        daemon.stderr_log()
+    );
+}
+
 #[test]
 fn serve_with_bad_flags_fails_with_one_line() {
     let dir = tempfile::tempdir().expect("tempdir");
