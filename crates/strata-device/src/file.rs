@@ -289,50 +289,91 @@ fn block_rounded_size(path: &Path, raw: u64) -> Result<u64, DeviceError> {
 
 /// Creates a file whose every block is allocated and written with zeros. It is built under a
 /// temporary name and renamed into place once durable, so a start interrupted half way leaves
-/// no half-written device behind (the next start builds it again).
+/// no half-written device behind (the next start builds it again). The temporary file is
+/// locked while it is built, so a second start at the same moment refuses instead of
+/// truncating the first one's file, and the rename never replaces a file already there.
 fn create_written(path: &Path, size_bytes: u64) -> Result<(), DeviceError> {
-    const CHUNK: u64 = 8 << 20;
     let size_bytes = block_rounded_size(path, size_bytes)?;
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".creating");
     let tmp = Path::new(&tmp);
-    let build = || -> io::Result<()> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
-            .open(tmp)?;
-        file.set_len(size_bytes)?;
-        if let Err(err) = os::preallocate(file.as_raw_fd(), size_bytes) {
-            if !os::is_unsupported(&err) {
-                return Err(err);
-            }
-        }
-        let zeros = AlignedBuf::new_zeroed(CHUNK.min(size_bytes) as usize);
-        let mut at = 0;
-        while at < size_bytes {
-            let n = (size_bytes - at).min(CHUNK) as usize;
-            std::os::unix::fs::FileExt::write_all_at(&file, &zeros[..n], at)?;
-            at += n as u64;
-        }
-        file.sync_all()?;
-        std::fs::rename(tmp, path)?;
-        // The new name is durable once the directory is.
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-        File::open(dir.unwrap_or(Path::new(".")))?.sync_all()
-    };
-    build().map_err(|e| {
-        let _ = std::fs::remove_file(tmp);
-        match e.raw_os_error() {
-            Some(libc::EINVAL) => open_error(
-                path,
-                "the file system does not support O_DIRECT, which Strata requires",
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
+        .open(tmp)
+        .map_err(|e| creating_error(path, &e))?;
+    let another = || {
+        open_error(
+            path,
+            format_args!(
+                "is being created by another start of Strata ({} is locked)",
+                tmp.display()
             ),
-            _ => open_error(path, format_args!("cannot create: {e}")),
-        }
+        )
+    };
+    if os::lock_exclusive(file.as_raw_fd()).is_err() {
+        return Err(another());
+    }
+    // The lock is ours, but the file may be one another start finished and renamed into place
+    // between our open and our lock: build only under the temporary name.
+    if !same_file(&file, tmp) {
+        return Err(another());
+    }
+    build_written(&file, tmp, path, size_bytes).map_err(|e| {
+        let _ = std::fs::remove_file(tmp);
+        creating_error(path, &e)
     })
+}
+
+fn creating_error(path: &Path, e: &io::Error) -> DeviceError {
+    match e.raw_os_error() {
+        Some(libc::EINVAL) => open_error(
+            path,
+            "the file system does not support O_DIRECT, which Strata requires",
+        ),
+        Some(libc::EEXIST) => open_error(
+            path,
+            "cannot create: it exists now (another program created it meanwhile)",
+        ),
+        _ => open_error(path, format_args!("cannot create: {e}")),
+    }
+}
+
+/// Whether `path` names the open `file` (same device and inode).
+fn same_file(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// Writes zeros over the whole locked temporary file, makes it durable and renames it to
+/// `path`, refusing to replace a file there.
+fn build_written(file: &File, tmp: &Path, path: &Path, size_bytes: u64) -> io::Result<()> {
+    const CHUNK: u64 = 8 << 20;
+    // A leftover of an interrupted start is built over from scratch.
+    file.set_len(0)?;
+    file.set_len(size_bytes)?;
+    if let Err(err) = os::preallocate(file.as_raw_fd(), size_bytes) {
+        if !os::is_unsupported(&err) {
+            return Err(err);
+        }
+    }
+    let zeros = AlignedBuf::new_zeroed(CHUNK.min(size_bytes) as usize);
+    let mut at = 0;
+    while at < size_bytes {
+        let n = (size_bytes - at).min(CHUNK) as usize;
+        std::os::unix::fs::FileExt::write_all_at(file, &zeros[..n], at)?;
+        at += n as u64;
+    }
+    file.sync_all()?;
+    os::rename_no_replace(tmp, path)?;
+    // The new name is durable once the directory is.
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    File::open(dir.unwrap_or(Path::new(".")))?.sync_all()
 }
 
 fn kind_of(path: &Path, metadata: &Metadata) -> Result<Kind, DeviceError> {

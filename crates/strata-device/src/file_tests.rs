@@ -308,6 +308,56 @@ fn preallocated_file_created_here_is_written_not_just_allocated() {
     assert_eq!(first, pattern(1, 9));
 }
 
+/// Two starts creating the same fast-tier file at once: the second finds the first's
+/// temporary file locked and refuses, without truncating or writing it, and without
+/// creating a device of its own.
+#[test]
+fn a_file_being_created_by_another_start_is_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log");
+    let tmp = dir.path().join("log.creating");
+    std::fs::write(&tmp, vec![7u8; 8192]).unwrap();
+    let other = File::open(&tmp).unwrap();
+    os::lock_exclusive(other.as_raw_fd()).unwrap();
+    let opts = OpenOptions {
+        preallocate: true,
+        ..options(8 * MIB, IoBackend::Auto)
+    };
+    let text = open_error_text(FileDevice::open(&path, &opts));
+    assert!(text.contains("being created by another"), "{text}");
+    assert_eq!(
+        std::fs::read(&tmp).unwrap(),
+        vec![7u8; 8192],
+        "the other start's file was touched"
+    );
+    assert!(
+        !path.exists(),
+        "a device was created beside the other start's"
+    );
+    // Once the other start is gone (its lock with it), a leftover is built over.
+    drop(other);
+    let dev = FileDevice::open(&path, &opts).unwrap();
+    assert_eq!(dev.size_bytes(), 8 * MIB);
+    assert!(!tmp.exists());
+}
+
+/// A device file that appears while this start builds its own is not replaced: the rename
+/// refuses to overwrite it.
+#[test]
+fn a_device_file_created_meanwhile_is_not_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log");
+    std::fs::write(&path, vec![9u8; 8192]).unwrap();
+    let e = create_written(&path, 8 * MIB).unwrap_err().to_string();
+    assert!(e.contains("exists"), "{e}");
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        vec![9u8; 8192],
+        "the file was replaced"
+    );
+    assert!(!dir.path().join("log.creating").exists());
+}
+
 #[test]
 fn large_io_and_histogram() {
     for backend in backends() {

@@ -110,6 +110,36 @@ pub(crate) fn lock_exclusive(fd: RawFd) -> io::Result<()> {
     }
 }
 
+/// Renames `from` to `to`, failing with EEXIST instead of replacing a file at `to`. Where the
+/// file system cannot rename that way, a hard link and an unlink do the same.
+pub(crate) fn rename_no_replace(from: &std::path::Path, to: &std::path::Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &std::path::Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+    };
+    let (from_c, to_c) = (c(from)?, c(to)?);
+    // SAFETY: two NUL-terminated paths that live across the call.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from_c.as_ptr(),
+            libc::AT_FDCWD,
+            to_c.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    if !matches!(err.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) {
+        return Err(err);
+    }
+    std::fs::hard_link(from, to)?;
+    std::fs::remove_file(from)
+}
+
 /// Frees the blocks of a byte range in a regular file, keeping its size.
 pub(crate) fn punch_hole(fd: RawFd, offset: u64, len: u64) -> io::Result<()> {
     let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
