@@ -53,22 +53,33 @@ fn tier(min_age_s: u64) -> Policy {
     }
 }
 
-#[test]
-fn tier_mode_keeps_data_until_it_is_old_and_cold() {
-    // With a low mark of 0, a cache-mode volume's data would move at once.
+/// A 4 MiB tier-mode volume "t" on a clocked group whose low mark is 0 (a cache-mode
+/// volume's data would move at once), with blocks 0..64 written (`block_of(lba, 1)`).
+fn written_tier_volume(
+    cfg: EngineConfig,
+    seed: u64,
+    min_age_s: u64,
+) -> (Rig, Arc<ManualClock>, VolumeId) {
     let (cfg, clock) = clocked(EngineConfig {
         fill_ratio_low: 0.0,
-        ..small_cfg()
+        ..cfg
     });
-    let rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 61);
+    let rig = Rig::new(32 * MIB, &[24 * MIB], cfg, seed);
     let dg = rig.dg();
     let v = dg
-        .create_volume_with_policy("t", 4 * MIB, &tier(60))
+        .create_volume_with_policy("t", 4 * MIB, &tier(min_age_s))
         .unwrap()
         .id;
     for lba in 0..64 {
         dg.write(v, lba * 4096, &block_of(lba, 1)).unwrap();
     }
+    (rig, clock, v)
+}
+
+#[test]
+fn tier_mode_keeps_data_until_it_is_old_and_cold() {
+    let (rig, clock, v) = written_tier_volume(small_cfg(), 61, 60);
+    let dg = rig.dg();
     // Blocks 0..8 are read again and again: heat.
     for _ in 0..3 {
         for lba in 0..8 {
@@ -544,19 +555,8 @@ fn a_damaged_log_block_read_before_destage_is_never_served_as_data() {
 /// old data at the tail moves, data written since, still younger than the minimum age, stays.
 #[test]
 fn tier_mode_moves_old_data_without_the_young_data_behind_it() {
-    let (cfg, clock) = clocked(EngineConfig {
-        fill_ratio_low: 0.0,
-        ..small_cfg()
-    });
-    let rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 69);
+    let (rig, clock, v) = written_tier_volume(small_cfg(), 69, 60);
     let dg = rig.dg();
-    let v = dg
-        .create_volume_with_policy("t", 4 * MIB, &tier(60))
-        .unwrap()
-        .id;
-    for lba in 0..64 {
-        dg.write(v, lba * 4096, &block_of(lba, 1)).unwrap();
-    }
     clock.advance_ms(61_000);
     for lba in 64..128 {
         dg.write(v, lba * 4096, &block_of(lba, 2)).unwrap();
@@ -693,20 +693,12 @@ fn a_shutdown_ends_the_wait_for_a_limit() {
 /// longer.
 #[test]
 fn a_snapshot_keeps_a_tier_mode_volumes_data_under_its_policy() {
-    let (cfg, clock) = clocked(EngineConfig {
-        fill_ratio_low: 0.0,
+    let cfg = EngineConfig {
         idle_destage_after: Some(Duration::from_millis(50)),
         ..small_cfg()
-    });
-    let rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 71);
+    };
+    let (rig, clock, v) = written_tier_volume(cfg, 73, 600);
     let dg = rig.dg();
-    let v = dg
-        .create_volume_with_policy("t", 4 * MIB, &tier(600))
-        .unwrap()
-        .id;
-    for lba in 0..64 {
-        dg.write(v, lba * 4096, &block_of(lba, 1)).unwrap();
-    }
     dg.create_snapshot("t", "s").unwrap();
     // Blocks 0..8 are read again and again through the volume: heat.
     for _ in 0..3 {
