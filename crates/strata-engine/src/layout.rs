@@ -330,15 +330,16 @@ pub fn read_checkpoint(fast: &dyn Device, layout: &Layout) -> Result<Checkpoint,
             problems.join("; ")
         )));
     };
-    if copies
+    let stale = copies
         .iter()
-        .any(|c| c.as_ref().map(|c| c.generation) != Some(best.generation))
-    {
+        .position(|c| c.as_ref().map(|c| c.generation) != Some(best.generation));
+    if let Some(stale) = stale {
         tracing::warn!(
             device = fast.name(),
             "a metadata copy was damaged or stale; rewriting both copies"
         );
-        write_checkpoint(fast, layout, &best)?;
+        // The stale copy first: the whole one is not overwritten while it is the only one.
+        write_checkpoint_from(fast, layout, &best, stale).map_err(|(e, _)| e)?;
     }
     Ok(best)
 }

@@ -539,6 +539,14 @@ impl<'a> Scrubber<'a> {
         if gens[0].is_some() && gens[0] == gens[1] {
             return Ok(());
         }
+        // The copy to lose is written first: the damaged one, or the older. Overwriting the
+        // only whole copy first would leave none if the power failed during that write.
+        d.first_copy = match (gens[0], gens[1]) {
+            (None, Some(_)) => 0,
+            (Some(_), None) => 1,
+            (Some(a), Some(b)) => usize::from(b < a),
+            (None, None) => d.first_copy,
+        };
         let tail = self.sh.log.lock().tail();
         self.sh.write_checkpoint_locked(&mut d, tail)?;
         drop(d);
