@@ -909,6 +909,10 @@ fn verify(daemon: &Daemon, model: &mut Model, regions: &Regions, what: &str) {
         }
     }
     model.main_sizes_bytes = vec![main_size];
+    eprintln!(
+        "{what}: {MAIN} holds {} bytes on the fast tier, {} on the capacity tier",
+        main_json["fast_tier_bytes"], main_json["capacity_tier_bytes"]
+    );
     check_policy(
         &format!("{what}: {MAIN}"),
         &mut model.main_policy,
