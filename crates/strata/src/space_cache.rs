@@ -76,7 +76,16 @@ impl SpaceCache {
             began,
             took: thread_cpu_time().saturating_sub(cpu),
         };
-        self.entries.lock().insert(view, entry);
+        let mut entries = self.entries.lock();
+        // Only a report that will be reused is kept, and keeping one drops those that never
+        // will be again: the volume list never calls `retain`, so without this the entries of
+        // deleted views would pile up while only the list (the dashboard) is read.
+        if entry.took < REUSE_FROM {
+            entries.remove(&view);
+        } else {
+            entries.retain(|_, e| e.fresh_enough(now));
+            entries.insert(view, entry);
+        }
         report
     }
 
@@ -205,12 +214,39 @@ mod tests {
         let cache = SpaceCache::default();
         let walks = Cell::new(0);
         let t = Instant::now();
+        let took = REUSE_FROM + Duration::from_millis(1);
         for view in [1, 2, 3] {
-            cache.get_with(view, t, walk(&walks, 1, Duration::ZERO));
+            cache.get_with(view, t, walk(&walks, 1, took));
         }
         cache.retain(&[2]);
         let mut left: Vec<VolumeId> = cache.entries.lock().keys().copied().collect();
         left.sort_unstable();
+        assert_eq!(left, vec![2]);
+    }
+
+    #[test]
+    fn views_no_longer_asked_for_are_not_kept() {
+        // The volume list (what the dashboard reads) walks every volume and never calls
+        // `retain`: volumes created, listed and deleted must leave nothing behind.
+        let cache = SpaceCache::default();
+        let walks = Cell::new(0);
+        let t = Instant::now();
+        for view in 0..1000 {
+            cache.get_with(view, t, walk(&walks, 1, Duration::ZERO));
+        }
+        assert_eq!(
+            cache.entries.lock().len(),
+            0,
+            "quick walks are never reused"
+        );
+        // A long walk's report is kept while it may be reused, and no longer once another
+        // view is walked after its allowance.
+        let took = REUSE_FROM + Duration::from_millis(1);
+        cache.get_with(1, t, walk(&walks, 1, took));
+        let measured = cache.entries.lock()[&1].took;
+        let later = Instant::now() + measured * REUSE_FACTOR;
+        cache.get_with(2, later, walk(&walks, 2, took));
+        let left: Vec<VolumeId> = cache.entries.lock().keys().copied().collect();
         assert_eq!(left, vec![2]);
     }
 }
