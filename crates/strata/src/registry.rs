@@ -74,9 +74,11 @@ impl Registry {
         &self.node_io
     }
 
-    /// Request figures of a volume or snapshot (zeros until its first request).
+    /// Request figures of a volume or snapshot (zeros until it is first opened). Only
+    /// `open_view` adds a view's figures, under the gates' lock: a caller that read the id
+    /// before the view was deleted must not bring them back for good.
     pub fn volume_io(&self, id: VolumeId) -> Arc<IoMetrics> {
-        self.volume_io.lock().entry(id).or_default().clone()
+        self.volume_io.lock().get(&id).cloned().unwrap_or_default()
     }
 
     pub fn group(&self) -> &Arc<DiskGroup> {
@@ -98,6 +100,7 @@ impl Registry {
             })
             .clone();
         gate.open_handles.fetch_add(1, Ordering::Relaxed);
+        self.volume_io.lock().entry(view.id).or_default();
         Some((view, gate))
     }
 
@@ -287,5 +290,30 @@ impl Registry {
                 Err(e.into())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::test_group;
+
+    #[test]
+    fn figures_read_after_a_delete_are_not_kept() {
+        let reg = Registry::new(test_group());
+        let info = reg.group().create_volume("db", 1 << 20).unwrap();
+        let (_, gate) = reg.open_view("db").unwrap();
+        gate.open_handles.fetch_sub(1, Ordering::Relaxed);
+        reg.volume_io(info.id)
+            .write_ops
+            .fetch_add(1, Ordering::Relaxed);
+        assert_eq!(reg.volume_io(info.id).snapshot().write_ops, 1);
+        reg.delete("db", false, false).unwrap();
+        // A page that listed the volume before the delete reads its figures after it.
+        assert_eq!(reg.volume_io(info.id).snapshot().write_ops, 0);
+        assert!(
+            reg.volume_io.lock().is_empty(),
+            "a deleted volume's figures were kept"
+        );
     }
 }
