@@ -47,7 +47,7 @@ pub(super) fn transmission_flags(read_only: bool, structured: bool) -> u16 {
     flags
 }
 
-/// An export opened during haggling, with the facts INFO and GO report.
+/// An export opened by INFO or GO, with the facts they report.
 struct Opened {
     name: String,
     export: Arc<dyn Export>,
@@ -87,7 +87,6 @@ pub(super) async fn negotiate(
         no_zeroes: flags & client_flags::NO_ZEROES != 0,
         structured: false,
         meta: None,
-        opened: None,
     };
     loop {
         let mut replies = Vec::new();
@@ -158,7 +157,6 @@ struct Haggle {
     no_zeroes: bool,
     structured: bool,
     meta: Option<MetaSelection>,
-    opened: Option<Opened>,
 }
 
 fn reply_error(out: &mut Vec<u8>, option: u32, kind: u32, message: &str) {
@@ -274,7 +272,9 @@ impl Haggle {
         if option == opt::GO {
             return Ok(Step::Go(self.session(opened)));
         }
-        self.opened = Some(opened);
+        // INFO's handle is not kept for a GO that may never come: held, it counted as a
+        // client of the export (a plain delete refused meanwhile), and one deleted and
+        // created again under the same name left GO a handle to the old, dead one.
         Ok(Step::Continue)
     }
 
@@ -358,13 +358,8 @@ impl Haggle {
         Step::Continue
     }
 
-    /// Opens `name`, reusing the handle a previous NBD_OPT_INFO opened for the same name.
-    async fn open(&mut self, name: &str) -> Result<Option<Opened>, ConnError> {
-        if let Some(opened) = self.opened.take() {
-            if opened.name == name {
-                return Ok(Some(opened));
-            }
-        }
+    /// Opens `name` (None: no such export).
+    async fn open(&self, name: &str) -> Result<Option<Opened>, ConnError> {
         let backend = self.backend.clone();
         let owned = name.to_string();
         blocking("opening an export", move || {
