@@ -226,7 +226,8 @@ fn wear_out(w: &Value) -> String {
             format!("{} (before warranty!)", date(t))
         }
         Some(t) => date(t),
-        None if w["bytes_written_total"].as_u64().unwrap_or(0) > 0 => "after 1 day".into(),
+        // Projected only after --wear-projection-after of history (a day by default).
+        None if w["bytes_written_total"].as_u64().unwrap_or(0) > 0 => "too early".into(),
         None => "not written yet".into(),
     }
 }
@@ -403,6 +404,17 @@ mod tests {
         assert!(dev.contains("2.0 MiB/s") && dev.contains("0.42") && dev.contains("0.1%"), "{dev}");
         let cells: Vec<&str> = dev.split_whitespace().collect();
         assert_eq!(cells[cells.len() - 2..], ["0", "3"], "errors, then checksum failures: {dev}");
+    }
+
+    #[test]
+    fn a_wear_out_not_yet_projected_names_no_wait() {
+        // The wait is --wear-projection-after, which the status does not carry.
+        let written = json!({"rated_endurance_bytes": 1.0e15, "bytes_written_total": 4096,
+                             "projected_wear_out_unix_s": null});
+        assert_eq!(wear_out(&written), "too early");
+        let fresh = json!({"rated_endurance_bytes": 1.0e15, "bytes_written_total": 0});
+        assert_eq!(wear_out(&fresh), "not written yet");
+        assert_eq!(wear_out(&json!({"rated_endurance_bytes": null})), "no rating");
     }
 
     #[test]
