@@ -323,8 +323,10 @@ fn policy_from(json: &Value) -> Policy {
         .collect()
 }
 
-/// `strata volume set-policy` options and the fields they set.
-const POLICY_CHANGES: &[(&[&str], &[(&str, i64)])] = &[
+/// `strata volume set-policy` options, and the policy fields they set with their values.
+type PolicyChange = (&'static [&'static str], &'static [(&'static str, i64)]);
+
+const POLICY_CHANGES: &[PolicyChange] = &[
     (
         &["--policy", "tier", "--tier-min-age", "1s"],
         &[("tier_min_age_s", 1)],
@@ -823,7 +825,7 @@ fn verify_snaps(
         let actual = read_export(daemon, &export);
         check_image(
             &format!("{what}: snapshot {export}"),
-            &[snap.image.clone()],
+            std::slice::from_ref(&snap.image),
             &actual,
         );
         snap.image = Image::exact(actual);
