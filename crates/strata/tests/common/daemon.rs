@@ -16,6 +16,8 @@ use super::STRATA_BIN;
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const TERMINATE_TIMEOUT: Duration = Duration::from_secs(30);
 const CLI_TIMEOUT: Duration = Duration::from_secs(30);
+/// A SIGKILLed daemon that takes longer than this to exit is reported (see `kill9`).
+const SLOW_EXIT: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 pub struct DaemonOpts {
@@ -277,10 +279,21 @@ impl Daemon {
     }
 
     /// SIGKILL, as a power cut would: nothing gets a chance to flush.
+    ///
+    /// The process is gone only once its threads have left the kernel: a thread in the middle
+    /// of a device write or flush (or with io_uring requests in flight) finishes that first,
+    /// and until then the daemon's sockets stay open, its clients connected and its listener
+    /// accepting into the backlog. A slow exit is reported, since clients wait through it.
     pub fn kill9(&mut self) {
         let mut child = self.child.take().expect("daemon not running");
-        send_signal(child.id(), SIGKILL);
+        let pid = child.id();
+        let killed = Instant::now();
+        send_signal(pid, SIGKILL);
         let _ = child.wait();
+        let took = killed.elapsed();
+        if took > SLOW_EXIT {
+            eprintln!("daemon pid {pid} took {took:?} to exit after SIGKILL");
+        }
     }
 
     /// SIGTERM and wait: the daemon must finish in-flight work and exit 0.
