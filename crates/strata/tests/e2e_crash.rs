@@ -41,29 +41,14 @@ struct Region {
 
 /// One qemu-io process rewriting `region` with `pattern`, as concurrent chunks.
 fn region_write(uri: &str, region: &Region, pattern: u8, rng: &mut SmallRng) -> (Command, usize) {
-    let mut commands = Vec::new();
-    let mut done = 0;
-    while done < REGION_BYTES {
-        let len =
-            CHUNK_SIZES_BYTES[rng.gen_range(0..CHUNK_SIZES_BYTES.len())].min(REGION_BYTES - done);
-        commands.push(format!(
-            "aio_write -P {pattern} {} {len}",
-            region.offset + done as u64
-        ));
-        done += len;
-    }
-    let chunks = commands.len();
-    commands.push("aio_flush".into());
-    commands.push("flush".into());
-    let commands: Vec<&str> = commands.iter().map(String::as_str).collect();
-    (qemu_io_cmd(uri, &commands), chunks)
-}
-
-/// qemu-io exits 0 even when an aio_write failed, so count the completions it printed.
-fn acknowledged(out: &std::process::Output, chunks: usize) -> bool {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let wrote = stdout.lines().filter(|l| l.starts_with("wrote ")).count();
-    out.status.success() && wrote == chunks && !stdout.contains("failed")
+    chunked_write(
+        uri,
+        region.offset,
+        REGION_BYTES,
+        &CHUNK_SIZES_BYTES,
+        pattern,
+        rng,
+    )
 }
 
 struct Load {

@@ -75,6 +75,42 @@ pub fn qemu_io_cmd(uri: &str, commands: &[&str]) -> Command {
     c
 }
 
+/// One qemu-io process writing `len_bytes` at `offset` with `pattern`, as concurrent chunks
+/// of sizes drawn from `chunk_sizes`, then flushing; with the number of chunks, which
+/// [`acknowledged`] counts.
+pub fn chunked_write(
+    uri: &str,
+    offset: u64,
+    len_bytes: usize,
+    chunk_sizes: &[usize],
+    pattern: u8,
+    rng: &mut impl rand::Rng,
+) -> (Command, usize) {
+    let mut commands = Vec::new();
+    let mut done = 0;
+    while done < len_bytes {
+        let len = chunk_sizes[rng.gen_range(0..chunk_sizes.len())].min(len_bytes - done);
+        commands.push(format!(
+            "aio_write -P {pattern} {} {len}",
+            offset + done as u64
+        ));
+        done += len;
+    }
+    let chunks = commands.len();
+    commands.push("aio_flush".into());
+    commands.push("flush".into());
+    let commands: Vec<&str> = commands.iter().map(String::as_str).collect();
+    (qemu_io_cmd(uri, &commands), chunks)
+}
+
+/// Whether qemu-io completed all `chunks` writes: it exits 0 even when an aio_write failed,
+/// so the completions it printed are counted.
+pub fn acknowledged(out: &Output, chunks: usize) -> bool {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let wrote = stdout.lines().filter(|l| l.starts_with("wrote ")).count();
+    out.status.success() && wrote == chunks && !stdout.contains("failed")
+}
+
 pub fn qemu_io(uri: &str, commands: &[&str]) -> Output {
     run_timeout(&mut qemu_io_cmd(uri, commands), CMD_TIMEOUT)
 }
