@@ -390,13 +390,25 @@ impl Admin {
             .args(["--server", &self.http_url, "--json"])
             .args(args);
         let out = run_timeout(&mut command, ADMIN_TIMEOUT);
-        if out.status.success() {
+        self.outcome(out.status.success(), "an admin call", &command, &out)
+    }
+
+    /// Done, or Lost when it failed once the daemon was being killed (a failure before that
+    /// fails the test).
+    fn outcome(
+        &self,
+        ok: bool,
+        what: &str,
+        command: &std::process::Command,
+        out: &std::process::Output,
+    ) -> Outcome {
+        if ok {
             return Outcome::Done;
         }
         assert!(
             self.stop.load(Ordering::SeqCst),
-            "an admin call failed while the daemon was up\n{}",
-            output_report(&describe(&command), &out)
+            "{what} failed while the daemon was up\n{}",
+            output_report(&describe(command), out)
         );
         Outcome::Lost
     }
@@ -406,15 +418,8 @@ impl Admin {
         let write = format!("write -P {pattern} {offset} {len}");
         let mut command = qemu_io_cmd(&uri, &[&write, "flush"]);
         let out = run_timeout(&mut command, CMD_TIMEOUT);
-        if acknowledged(&out, 1) {
-            return Outcome::Done;
-        }
-        assert!(
-            self.stop.load(Ordering::SeqCst),
-            "a write to {volume} failed while the daemon was up\n{}",
-            output_report(&describe(&command), &out)
-        );
-        Outcome::Lost
+        let what = format!("a write to {volume}");
+        self.outcome(acknowledged(&out, 1), &what, &command, &out)
     }
 
     fn pick<T: Clone>(&mut self, items: &[T]) -> T {
