@@ -499,13 +499,7 @@ impl Admin {
             Op::Write => self.write(),
             Op::Snapshot => self.snapshot(),
             Op::SnapshotDelete => {
-                let vols: Vec<String> = self
-                    .model
-                    .others
-                    .iter()
-                    .filter(|(_, o)| !o.snaps.is_empty())
-                    .map(|(n, _)| n.clone())
-                    .collect();
+                let vols = self.others_with_snapshots();
                 let vol = self.pick(&vols);
                 self.snapshot_delete(vol)
             }
@@ -643,14 +637,17 @@ impl Admin {
         (what, outcome)
     }
 
-    fn rollback(&mut self) -> (String, Outcome) {
-        let vols: Vec<String> = self
-            .model
-            .others
-            .iter()
+    /// The volumes other than `main` that have snapshots.
+    fn others_with_snapshots(&self) -> Vec<String> {
+        let others = self.model.others.iter();
+        others
             .filter(|(_, o)| !o.snaps.is_empty())
             .map(|(n, _)| n.clone())
-            .collect();
+            .collect()
+    }
+
+    fn rollback(&mut self) -> (String, Outcome) {
+        let vols = self.others_with_snapshots();
         let vol = self.pick(&vols);
         let snaps: Vec<String> = self.model.others[&vol].snaps.keys().cloned().collect();
         let snap = self.pick(&snaps);
