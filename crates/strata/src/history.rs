@@ -73,8 +73,17 @@ impl History {
         })
     }
 
-    pub fn push(&self, s: Sample) {
+    /// Keeps the samples' times increasing: a client asks for the samples after the last one
+    /// it has (the dashboard does, every second), so after the wall clock steps back it would
+    /// get none until the clock caught up. Until then a sample is dated half its interval
+    /// after the one before, so that the dates rejoin the clock (in twice the step) rather
+    /// than stay ahead of it for good.
+    pub fn push(&self, mut s: Sample) {
         let mut q = self.samples.lock();
+        if let Some(last) = q.back().filter(|last| s.t_unix_ms <= last.t_unix_ms) {
+            let half_interval_ms = (s.interval_s * 500.0).round().max(1.0) as u64;
+            s.t_unix_ms = last.t_unix_ms + half_interval_ms;
+        }
         if q.len() == HISTORY_LEN {
             q.pop_front();
         }
@@ -260,6 +269,41 @@ mod tests {
         assert_eq!(shares[4], 1.0, "all within 30 ms");
         assert_eq!(s.devices.len(), 2, "fast + one capacity device");
         assert_eq!(s.devices[0].tier, "fast");
+    }
+
+    #[test]
+    fn sample_times_keep_increasing_when_the_wall_clock_steps_back() {
+        let registry = Registry::new(test_group());
+        let r = read_now(&registry);
+        let h = History::new();
+        let mut s = sample(&r, &r);
+        s.interval_s = 1.0;
+        s.t_unix_ms = 10_000_000;
+        h.push(s.clone());
+        // The clock steps back an hour; the client has the first sample and asks for the rest.
+        s.t_unix_ms = 10_000_000 - 3_600_000;
+        h.push(s.clone());
+        let after = h.since(10_000_000);
+        assert_eq!(
+            after.len(),
+            1,
+            "the sample taken after the step never reaches the client"
+        );
+        assert_eq!(
+            after[0].t_unix_ms, 10_000_500,
+            "dated half an interval after the one before"
+        );
+        // Two hours on, the dates are the clock's again.
+        for i in 1..=7_201 {
+            s.t_unix_ms = 10_000_000 - 3_600_000 + i * 1_000;
+            h.push(s.clone());
+        }
+        let last = h.latest().unwrap();
+        assert_eq!(
+            last.t_unix_ms,
+            10_000_000 + 3_601_000,
+            "the dates stayed ahead of the clock"
+        );
     }
 
     #[test]
