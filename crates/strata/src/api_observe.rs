@@ -393,3 +393,7 @@ async fn status(
     .await?;
     Ok(Json(status))
 }
+
+#[cfg(test)]
+#[path = "dashboard_tests.rs"]
+mod dashboard_tests;

@@ -1,0 +1,109 @@
+//! The dashboard's rendering code run under node against a stub DOM: what a device's row says,
+//! without a browser (the browser test, `tests/e2e_dashboard.rs`, only sees an unrated device).
+use std::process::Command;
+
+use serde_json::{json, Value};
+
+const DASHBOARD_HTML: &str = include_str!("dashboard.html");
+
+/// The page's definitions (formatting, charts, rendering): side-effect free, unlike polling.
+fn rendering_code() -> &'static str {
+    let from = DASHBOARD_HTML
+        .find("// ---------- formatting")
+        .expect("formatting section");
+    let to = DASHBOARD_HTML
+        .find("// ---------- polling")
+        .expect("polling section");
+    &DASHBOARD_HTML[from..to]
+}
+
+/// Whether node is there; a missing node fails the test where tools are mandatory.
+fn have_node() -> bool {
+    if Command::new("node").arg("--version").output().is_ok() {
+        return true;
+    }
+    let mandatory =
+        std::env::var_os("CI").is_some() || std::env::var_os("STRATA_REQUIRE_TOOLS").is_some();
+    assert!(!mandatory, "node is not installed (Debian package nodejs)");
+    eprintln!("!!!!!!!! SKIPPING TEST: node is not installed !!!!!!!!");
+    false
+}
+
+/// The text of each cell of the devices table that `renderDevices` draws for `devices` (as
+/// `/api/v1/devices` lists them); None without node.
+fn device_rows(devices: Value) -> Option<Vec<Vec<String>>> {
+    if !have_node() {
+        return None;
+    }
+    let program = format!(
+        "\"use strict\";\n\
+         const nodes = {{}};\n\
+         const document = {{ getElementById: id => nodes[id] || (nodes[id] = {{ tBodies: [{{}}], style: {{}} }}) }};\n\
+         const st = {{ samples: [], devices: {devices} }};\n\
+         {}\n\
+         renderDevices();\n\
+         console.log(document.getElementById(\"devices\").tBodies[0].innerHTML);\n",
+        rendering_code()
+    );
+    let out = Command::new("node")
+        .args(["-e", &program])
+        .output()
+        .expect("run node");
+    assert!(
+        out.status.success(),
+        "the dashboard failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let html = String::from_utf8(out.stdout).expect("utf-8");
+    let rows = html.split("</tr>").filter(|r| r.contains("<td"));
+    Some(
+        rows.map(|r| r.split("</td>").map(strip_tags).collect())
+            .collect(),
+    )
+}
+
+fn strip_tags(html: &str) -> String {
+    let mut text = String::new();
+    let mut in_tag = false;
+    for c in html.chars() {
+        match c {
+            '<' => in_tag = true,
+            '>' => in_tag = false,
+            c if !in_tag => text.push(c),
+            _ => {}
+        }
+    }
+    text.trim().to_string()
+}
+
+/// A rated fast device as `/api/v1/devices` lists it, with `wear` over the defaults.
+fn rated_device(wear: Value) -> Value {
+    let mut w = json!({
+        "bytes_written_total": 8192, "first_use_unix_s": 1_700_000_000u64,
+        "write_bytes_per_s_avg": 0.1, "write_bytes_per_s_recent": null, "drive_writes_per_day": 0.0,
+        "model": "sas-800g-mu-3dwpd", "rated_endurance_bytes": 4.38e15, "endurance_used_ratio": 1.9e-12,
+        "warranty_end_unix_s": 1_857_680_000u64, "projected_wear_out_unix_s": null,
+        "wears_out_before_warranty": false
+    });
+    for (k, v) in wear.as_object().expect("an object") {
+        w[k] = v.clone();
+    }
+    json!({"name": "/dev/fast", "tier": "fast", "disk_group": "dg0", "size_bytes": 800_000_000_000u64,
+           "errors": 0, "checksum_errors_total": 0, "wear": w})
+}
+
+/// Column of the projected wear-out.
+const WEAR_OUT: usize = 8;
+
+#[test]
+fn a_wear_out_past_the_year_9999_is_shown_not_thrown() {
+    // 8 KiB written in a day on a device rated for 4.38 PB: wear-out in some 4.6e16 s, past
+    // what a JavaScript Date holds; the daemon sends at most 2^64 - 1.
+    let far = rated_device(json!({"projected_wear_out_unix_s": u64::MAX}));
+    let near = rated_device(json!({"projected_wear_out_unix_s": 1_941_926_400u64}));
+    let Some(rows) = device_rows(json!([far, near])) else {
+        return;
+    };
+    assert!(rows[0][WEAR_OUT].starts_with("after 9999"), "{rows:?}");
+    assert!(rows[1][WEAR_OUT].starts_with("2031-07-16"), "{rows:?}");
+}
