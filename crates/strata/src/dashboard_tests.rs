@@ -107,3 +107,15 @@ fn a_wear_out_past_the_year_9999_is_shown_not_thrown() {
     assert!(rows[0][WEAR_OUT].starts_with("after 9999"), "{rows:?}");
     assert!(rows[1][WEAR_OUT].starts_with("2031-07-16"), "{rows:?}");
 }
+
+#[test]
+fn a_written_device_not_yet_projected_is_too_early_as_in_strata_status() {
+    // A day's bulk load in its first hour: written, not projected before a day of history.
+    let loaded = rated_device(json!({"bytes_written_total": 100_000_000_000u64}));
+    let fresh = rated_device(json!({"bytes_written_total": 0}));
+    let Some(rows) = device_rows(json!([loaded, fresh])) else {
+        return;
+    };
+    assert_eq!(rows[0][WEAR_OUT], "too early", "{rows:?}");
+    assert_eq!(rows[1][WEAR_OUT], "not written yet", "{rows:?}");
+}
