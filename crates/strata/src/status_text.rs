@@ -74,8 +74,15 @@ pub fn duration(secs: u64) -> String {
     }
 }
 
-/// A Unix time as a UTC calendar date, "2031-07-14".
+/// Last second of the year 9999, the last date written with four digits.
+const LAST_DATE_UNIX_S: u64 = 253_402_300_799;
+
+/// A Unix time as a UTC calendar date, "2031-07-14"; "after 9999" beyond, as the dashboard says
+/// it (a device written little projects its wear-out that far).
 pub fn date(unix_s: u64) -> String {
+    if unix_s > LAST_DATE_UNIX_S {
+        return "after 9999".into();
+    }
     // Days to civil date (Howard Hinnant's algorithm), valid for any day after 1970.
     let z = (unix_s / 86_400) as i64 + 719_468;
     let era = z.div_euclid(146_097);
@@ -457,5 +464,15 @@ mod tests {
         assert_eq!(date(0), "1970-01-01");
         assert_eq!(date(951_782_400), "2000-02-29");
         assert_eq!(date(1_700_000_000), "2023-11-14");
+        assert_eq!(date(LAST_DATE_UNIX_S), "9999-12-31");
+    }
+
+    #[test]
+    fn a_wear_out_past_the_year_9999_reads_as_the_dashboard_has_it() {
+        // 8 KiB written in a day on a device rated for 4.38 PB; the daemon caps the date at
+        // 2^64 - 1 s.
+        let far = json!({"rated_endurance_bytes": 4.38e15, "bytes_written_total": 8192,
+                         "projected_wear_out_unix_s": u64::MAX});
+        assert_eq!(wear_out(&far), "after 9999");
     }
 }
