@@ -269,7 +269,7 @@ fn render_wear(e: &mut Exposition, devices: &[DeviceJson]) {
         ("strata_device_endurance_used_ratio", "Share of the rated endurance used (catalog devices only).", |w| w.endurance_used_ratio),
         ("strata_device_warranty_end_timestamp_seconds", "End of the warranty (catalog devices only).", |w| w.warranty_end_unix_s.map(|t| t as f64)),
         ("strata_device_projected_wear_out_timestamp_seconds", "When the rated endurance runs out at the average rate.", |w| w.projected_wear_out_unix_s.map(|t| t as f64)),
-        ("strata_device_wear_out_before_warranty", "1 when the average rate wears the device out before its warranty ends.", |w| Some(if w.wears_out_before_warranty { 1.0 } else { 0.0 })),
+        ("strata_device_wear_out_before_warranty", "1 when the average rate wears the device out before its warranty ends.", |w| w.rated_endurance_bytes.map(|_| if w.wears_out_before_warranty { 1.0 } else { 0.0 })),
     ];
     for (name, help, get) in gauges {
         e.family(name, Type::Gauge, help);
@@ -367,5 +367,67 @@ fn render_scrub(e: &mut Exposition, s: &ScrubStatusJson) {
         if let Some(r) = &s.last {
             e.sample(name, &[], get(r));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(name: &str, rated_endurance_bytes: Option<f64>) -> DeviceJson {
+        DeviceJson {
+            tier: "capacity",
+            disk_group: "dg0",
+            stats: DeviceStats {
+                name: name.into(),
+                size_bytes: 1 << 30,
+                ..Default::default()
+            },
+            wear: WearJson {
+                bytes_written_total: 1 << 20,
+                first_use_unix_s: 1_700_000_000,
+                write_bytes_per_s_avg: 12.0,
+                write_bytes_per_s_recent: None,
+                drive_writes_per_day: 0.001,
+                model: rated_endurance_bytes.map(|_| "sas-800g-mu-3dwpd".into()),
+                rated_endurance_bytes,
+                endurance_used_ratio: rated_endurance_bytes.map(|e| (1u64 << 20) as f64 / e),
+                warranty_end_unix_s: rated_endurance_bytes.map(|_| 1_857_680_000),
+                projected_wear_out_unix_s: None,
+                wears_out_before_warranty: false,
+            },
+            checksum_errors_total: 0,
+        }
+    }
+
+    #[test]
+    fn endurance_families_have_rated_devices_only() {
+        let mut e = Exposition::default();
+        render_wear(
+            &mut e,
+            &[device("rated", Some(4.38e15)), device("disk", None)],
+        );
+        let text = e.finish();
+        for family in [
+            "strata_device_endurance_used_ratio",
+            "strata_device_warranty_end_timestamp_seconds",
+            "strata_device_wear_out_before_warranty",
+        ] {
+            let samples: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with(&format!("{family}{{")))
+                .collect();
+            assert_eq!(samples.len(), 1, "{family}: {samples:?}");
+            assert!(
+                samples[0].contains("device=\"rated\""),
+                "{family}: {samples:?}"
+            );
+        }
+        // The rates are there for every device.
+        let dwpd = text
+            .lines()
+            .filter(|l| l.starts_with("strata_device_drive_writes_per_day{"))
+            .count();
+        assert_eq!(dwpd, 2, "{text}");
     }
 }
