@@ -270,6 +270,10 @@ pub fn parse_size_arg(text: &str) -> std::result::Result<u64, String> {
     parse_size(text)
 }
 
+/// Longest duration taken, ten years: a longer one is a typo (or a way of saying `off`), and
+/// added to the clock by whatever waits for it, it would overflow (the scrub thread panicked).
+const MAX_DURATION_SECS: u64 = 3650 * 86_400;
+
 /// Parses a duration: a number with a unit (`90s`, `15m`, `24h`, `7d`), or `0`/`off` for none.
 pub fn parse_duration(text: &str) -> std::result::Result<Option<std::time::Duration>, String> {
     let t = text.trim();
@@ -294,6 +298,11 @@ pub fn parse_duration(text: &str) -> std::result::Result<Option<std::time::Durat
     };
     if n == 0 {
         return Ok(None);
+    }
+    if secs > MAX_DURATION_SECS {
+        return Err(format!(
+            "duration {text:?} is too long: at most 3650d (ten years)"
+        ));
     }
     Ok(Some(std::time::Duration::from_secs(secs)))
 }

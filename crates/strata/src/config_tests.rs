@@ -370,3 +370,19 @@ fn the_token_file_wins_and_its_errors_do_not_echo_the_token() {
     let e = merge(&missing, FileConfig::default()).unwrap_err().to_string();
     assert!(e.contains("cannot read the HTTP token file"), "{e}");
 }
+
+#[test]
+fn durations_longer_than_ten_years_are_refused() {
+    use std::time::Duration;
+    assert_eq!(
+        parse_duration("3650d"),
+        Ok(Some(Duration::from_secs(3650 * 86_400)))
+    );
+    for absurd in ["3651d", "99999999999999999d", "18446744073709551615s"] {
+        let e = parse_duration(absurd).unwrap_err();
+        assert!(e.contains("too long"), "{absurd}: {e}");
+    }
+    let file = parse_file("scrub_interval = \"99999999999999999d\"").unwrap();
+    let e = merge(&ServeArgs::default(), file).unwrap_err().to_string();
+    assert!(e.starts_with("scrub_interval in the config file"), "{e}");
+}
