@@ -655,6 +655,15 @@ fn validate(c: &ServeConfig) -> Result<()> {
             bail!("{key} must not be zero");
         }
     }
+    // Checked here, not only by the engine when it creates the volume: by then a first start
+    // has formatted the devices, and fails leaving them behind.
+    if c.default_volume_size_bytes > strata_engine::MAX_VOLUME_BYTES {
+        bail!(
+            "default-volume-size ({}) is larger than a volume may be ({})",
+            format_size(c.default_volume_size_bytes),
+            format_size(strata_engine::MAX_VOLUME_BYTES)
+        );
+    }
     if c.max_connections == 0 || c.max_connections > MAX_CONNECTIONS_LIMIT {
         bail!("max-connections must be between 1 and {MAX_CONNECTIONS_LIMIT}");
     }

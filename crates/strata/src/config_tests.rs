@@ -386,3 +386,19 @@ fn durations_longer_than_ten_years_are_refused() {
     let e = merge(&ServeArgs::default(), file).unwrap_err().to_string();
     assert!(e.starts_with("scrub_interval in the config file"), "{e}");
 }
+
+#[test]
+fn a_default_volume_larger_than_a_volume_may_be_is_refused() {
+    let args = |bytes| ServeArgs {
+        default_volume_size: Some(bytes),
+        ..Default::default()
+    };
+    let max = strata_engine::MAX_VOLUME_BYTES;
+    assert!(merge(&args(max), FileConfig::default()).is_ok());
+    let e = merge(&args(max + 4096), FileConfig::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("default-volume-size"), "{e}");
+    let file = parse_file("default_volume_size = \"300T\"").unwrap();
+    assert!(merge(&ServeArgs::default(), file).is_err());
+}
