@@ -670,6 +670,17 @@ fn validate(c: &ServeConfig) -> Result<()> {
     if c.capacity_devices.is_empty() {
         bail!("at least one capacity device is needed");
     }
+    // An empty path (a template's unset variable) would put the devices in the working
+    // directory, or name no file at all.
+    let named = [("data_dir", &c.data_dir), ("fast_device", &c.fast_device)];
+    let capacity = c.capacity_devices.iter().map(|p| ("capacity_devices", p));
+    if let Some((key, _)) = named
+        .into_iter()
+        .chain(capacity)
+        .find(|(_, p)| p.as_os_str().is_empty())
+    {
+        bail!("{key} is empty: give a path");
+    }
     if !c.http_listen.ip().is_loopback() && c.http_token.is_none() {
         bail!(
             "the admin API may listen on {} (not loopback) only with an access token: pass --http-token-file FILE, or set http_token or http_token_file in the config file",

@@ -402,3 +402,16 @@ fn a_default_volume_larger_than_a_volume_may_be_is_refused() {
     let file = parse_file("default_volume_size = \"300T\"").unwrap();
     assert!(merge(&ServeArgs::default(), file).is_err());
 }
+
+#[test]
+fn empty_paths_are_refused() {
+    for text in [
+        "data_dir = \"\"",
+        "fast_device = \"\"",
+        "capacity_devices = [\"/a\", \"\"]",
+    ] {
+        let file = parse_file(text).unwrap();
+        let e = merge(&ServeArgs::default(), file).unwrap_err().to_string();
+        assert!(e.contains("is empty"), "{text}: {e}");
+    }
+}
