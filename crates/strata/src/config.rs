@@ -270,6 +270,10 @@ pub fn parse_size_arg(text: &str) -> std::result::Result<u64, String> {
     parse_size(text)
 }
 
+/// Longest duration taken, ten years: a longer one is a typo (or a way of saying `off`), and
+/// added to the clock by whatever waits for it, it would overflow (the scrub thread panicked).
+const MAX_DURATION_SECS: u64 = 3650 * 86_400;
+
 /// Parses a duration: a number with a unit (`90s`, `15m`, `24h`, `7d`), or `0`/`off` for none.
 pub fn parse_duration(text: &str) -> std::result::Result<Option<std::time::Duration>, String> {
     let t = text.trim();
@@ -294,6 +298,11 @@ pub fn parse_duration(text: &str) -> std::result::Result<Option<std::time::Durat
     };
     if n == 0 {
         return Ok(None);
+    }
+    if secs > MAX_DURATION_SECS {
+        return Err(format!(
+            "duration {text:?} is too long: at most 3650d (ten years)"
+        ));
     }
     Ok(Some(std::time::Duration::from_secs(secs)))
 }
@@ -646,11 +655,31 @@ fn validate(c: &ServeConfig) -> Result<()> {
             bail!("{key} must not be zero");
         }
     }
+    // Checked here, not only by the engine when it creates the volume: by then a first start
+    // has formatted the devices, and fails leaving them behind.
+    if c.default_volume_size_bytes > strata_engine::MAX_VOLUME_BYTES {
+        bail!(
+            "default-volume-size ({}) is larger than a volume may be ({})",
+            format_size(c.default_volume_size_bytes),
+            format_size(strata_engine::MAX_VOLUME_BYTES)
+        );
+    }
     if c.max_connections == 0 || c.max_connections > MAX_CONNECTIONS_LIMIT {
         bail!("max-connections must be between 1 and {MAX_CONNECTIONS_LIMIT}");
     }
     if c.capacity_devices.is_empty() {
         bail!("at least one capacity device is needed");
+    }
+    // An empty path (a template's unset variable) would put the devices in the working
+    // directory, or name no file at all.
+    let named = [("data_dir", &c.data_dir), ("fast_device", &c.fast_device)];
+    let capacity = c.capacity_devices.iter().map(|p| ("capacity_devices", p));
+    if let Some((key, _)) = named
+        .into_iter()
+        .chain(capacity)
+        .find(|(_, p)| p.as_os_str().is_empty())
+    {
+        bail!("{key} is empty: give a path");
     }
     if !c.http_listen.ip().is_loopback() && c.http_token.is_none() {
         bail!(

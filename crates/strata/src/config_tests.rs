@@ -370,3 +370,48 @@ fn the_token_file_wins_and_its_errors_do_not_echo_the_token() {
     let e = merge(&missing, FileConfig::default()).unwrap_err().to_string();
     assert!(e.contains("cannot read the HTTP token file"), "{e}");
 }
+
+#[test]
+fn durations_longer_than_ten_years_are_refused() {
+    use std::time::Duration;
+    assert_eq!(
+        parse_duration("3650d"),
+        Ok(Some(Duration::from_secs(3650 * 86_400)))
+    );
+    for absurd in ["3651d", "99999999999999999d", "18446744073709551615s"] {
+        let e = parse_duration(absurd).unwrap_err();
+        assert!(e.contains("too long"), "{absurd}: {e}");
+    }
+    let file = parse_file("scrub_interval = \"99999999999999999d\"").unwrap();
+    let e = merge(&ServeArgs::default(), file).unwrap_err().to_string();
+    assert!(e.starts_with("scrub_interval in the config file"), "{e}");
+}
+
+#[test]
+fn a_default_volume_larger_than_a_volume_may_be_is_refused() {
+    let args = |bytes| ServeArgs {
+        default_volume_size: Some(bytes),
+        ..Default::default()
+    };
+    let max = strata_engine::MAX_VOLUME_BYTES;
+    assert!(merge(&args(max), FileConfig::default()).is_ok());
+    let e = merge(&args(max + 4096), FileConfig::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("default-volume-size"), "{e}");
+    let file = parse_file("default_volume_size = \"300T\"").unwrap();
+    assert!(merge(&ServeArgs::default(), file).is_err());
+}
+
+#[test]
+fn empty_paths_are_refused() {
+    for text in [
+        "data_dir = \"\"",
+        "fast_device = \"\"",
+        "capacity_devices = [\"/a\", \"\"]",
+    ] {
+        let file = parse_file(text).unwrap();
+        let e = merge(&ServeArgs::default(), file).unwrap_err().to_string();
+        assert!(e.contains("is empty"), "{text}: {e}");
+    }
+}

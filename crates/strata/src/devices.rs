@@ -126,6 +126,15 @@ fn open_one(
             path.display()
         ));
     }
+    // A link to nothing (a disk named by a link that is not attached) is not a file to create.
+    if fresh && path.symlink_metadata().is_ok() {
+        let target = std::fs::read_link(path).unwrap_or_default();
+        return Err(anyhow!(
+            "device {} is a symbolic link to {}, which does not exist",
+            path.display(),
+            target.display()
+        ));
+    }
     if fresh {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             let missing: Vec<PathBuf> = parent
@@ -354,6 +363,21 @@ mod tests {
                 "{what}: the file changed"
             );
         }
+    }
+
+    #[test]
+    fn a_link_to_nothing_is_refused_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("disk-not-attached");
+        std::os::unix::fs::symlink(&missing, dir.path().join("fast.img")).unwrap();
+        let cfg = merge(&args_in(dir.path()), Default::default()).unwrap();
+        let e = open_devices(&cfg).err().unwrap().to_string();
+        assert!(
+            e.contains("is a symbolic link to") && e.contains("which does not exist"),
+            "{e}"
+        );
+        assert!(!missing.exists());
+        assert!(!dir.path().join("capacity-0.img").exists());
     }
 
     #[test]
