@@ -131,6 +131,14 @@ pub struct EngineConfig {
     pub clock: Arc<dyn Clock>,
 }
 
+impl EngineConfig {
+    /// Checks the settings that do not depend on the devices, so that a caller can refuse
+    /// them before it creates or formats any (opening checks them again).
+    pub fn validate(&self) -> Result<(), EngineError> {
+        open::validate_config(self)
+    }
+}
+
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {

@@ -204,7 +204,7 @@ fn batch_fits(cfg: &EngineConfig, layout: &Layout) -> Result<(), EngineError> {
     Ok(())
 }
 
-fn validate_config(cfg: &EngineConfig) -> Result<(), EngineError> {
+pub(crate) fn validate_config(cfg: &EngineConfig) -> Result<(), EngineError> {
     let ok_marks = 0.0 <= cfg.fill_ratio_low
         && cfg.fill_ratio_low < cfg.fill_ratio_high
         && cfg.fill_ratio_high <= 1.0;

@@ -664,6 +664,9 @@ fn validate(c: &ServeConfig) -> Result<()> {
             format_size(strata_engine::MAX_VOLUME_BYTES)
         );
     }
+    // The engine's own limits (segment size, batch size), checked before a first start
+    // writes a new fast-tier file full of zeros only to be refused when the group opens.
+    c.engine.validate().map_err(|e| anyhow!("{e}"))?;
     if c.max_connections == 0 || c.max_connections > MAX_CONNECTIONS_LIMIT {
         bail!("max-connections must be between 1 and {MAX_CONNECTIONS_LIMIT}");
     }

@@ -415,3 +415,16 @@ fn empty_paths_are_refused() {
         assert!(e.contains("is empty"), "{text}: {e}");
     }
 }
+
+#[test]
+fn engine_limits_are_refused_before_any_device_is_made() {
+    for (text, wanted) in [
+        ("segment_size = \"512K\"", "segment size"),
+        ("segment_size = \"2G\"", "segment size"),
+        ("max_batch_size = \"32K\"", "max batch size"),
+    ] {
+        let file = parse_file(text).unwrap();
+        let e = merge(&ServeArgs::default(), file).unwrap_err().to_string();
+        assert!(e.contains(wanted), "{text}: {e}");
+    }
+}
