@@ -1064,6 +1064,13 @@ impl LogWriter {
         match result {
             Ok(()) => {
                 let end = t.meta.first_seq + t.meta.records.len() as u64;
+                #[cfg(test)]
+                {
+                    let hook = self.sh.after_turn_moved.lock().clone();
+                    if let Some(hook) = hook {
+                        hook(end);
+                    }
+                }
                 // After the turn moved on: a later batch may have stored its end already.
                 self.committed_seq.fetch_max(end, Ordering::AcqRel);
                 self.sh.retired_seq.fetch_max(end, Ordering::AcqRel);
