@@ -89,26 +89,44 @@ impl ReadCache {
     }
 
     /// Records copies now durable at `fast..` of blocks `block..` of `seg` read under `gen`.
-    /// Returns how many were inserted (none when the segment was reused meanwhile).
-    pub fn insert(&mut self, seg: u32, block: u32, n: u32, fast: u64, gen: u32) -> u64 {
+    /// Returns how many became new entries, and how many of those took the place of a stale
+    /// entry (a copy of the segment before it was reused); none when the segment was reused
+    /// meanwhile. A copy written again at the head (`again`) only moves the entry it was
+    /// written for: it keeps its history, and an entry forgotten meanwhile stays forgotten.
+    pub fn insert(
+        &mut self,
+        seg: u32,
+        block: u32,
+        n: u32,
+        fast: u64,
+        gen: u32,
+        again: bool,
+    ) -> (u64, u64) {
         if self.gen_of(seg) != gen {
-            return 0;
+            return (0, 0);
         }
+        let (mut fresh, mut replaced) = (0, 0);
         for i in 0..n {
-            // A copy written again at the head keeps its history.
-            let fresh = CacheEntry {
-                fast,
+            let copy = CacheEntry {
+                fast: fast + u64::from(i),
                 gen,
                 hits: 0,
                 idle_passes: 0,
             };
-            let e = self.entries.entry((seg, block + i)).or_insert(fresh);
-            if e.gen != gen {
-                (e.hits, e.idle_passes) = (0, 0);
+            match self.entries.get_mut(&(seg, block + i)) {
+                Some(e) if e.gen == gen => e.fast = copy.fast,
+                Some(_) | None if again => {}
+                Some(e) => {
+                    *e = copy;
+                    (fresh, replaced) = (fresh + 1, replaced + 1);
+                }
+                None => {
+                    self.entries.insert((seg, block + i), copy);
+                    fresh += 1;
+                }
             }
-            (e.fast, e.gen) = (fast + u64::from(i), gen);
         }
-        u64::from(n)
+        (fresh, replaced)
     }
 
     /// The log blocks `fast..fast+n` holding copies of (seg, block..) are being reused:
@@ -297,20 +315,25 @@ mod tests {
     #[test]
     fn copies_of_reused_segments_are_never_served() {
         let mut c = cache();
-        assert_eq!(c.insert(1, 10, 2, 500, 0), 2);
+        assert_eq!(c.insert(1, 10, 2, 500, 0, false), (2, 0));
         assert_eq!(c.lookup(1, 11), Some(501));
         c.seg_gen[1].fetch_add(1, Ordering::AcqRel);
         assert_eq!(c.lookup(1, 11), None);
         // A copy read before the reuse is refused on insertion too.
-        assert_eq!(c.insert(1, 20, 1, 600, 0), 0);
+        assert_eq!(c.insert(1, 20, 1, 600, 0, false), (0, 0));
+        // A copy read since takes the stale entry's place: one new entry, one stale one gone.
+        assert_eq!(c.insert(1, 11, 1, 700, 1, false), (1, 1));
+        assert_eq!(c.lookup(1, 11), Some(700));
+        assert_eq!(c.entries(), 2);
     }
 
     #[test]
     fn the_tail_forgets_only_the_copy_it_passes() {
         let mut c = cache();
-        c.insert(2, 0, 1, 100, 0);
-        // Written again at the head (second chance) before the tail passed the old copy.
-        c.insert(2, 0, 1, 900, 0);
+        assert_eq!(c.insert(2, 0, 1, 100, 0, false), (1, 0));
+        // Written again at the head (second chance) before the tail passed the old copy: the
+        // same entry, not a new one.
+        assert_eq!(c.insert(2, 0, 1, 900, 0, true), (0, 0));
         assert_eq!(c.forget(2, 0, 1, 100), 0);
         assert_eq!(c.lookup(2, 0), Some(900));
         c.adapt(1.0);
@@ -340,7 +363,7 @@ mod tests {
             c.adapt(0.5);
         }
         c.lookup(2, 0);
-        c.insert(2, 0, 1, 950, 0);
+        c.insert(2, 0, 1, 950, 0, true);
         assert!(
             c.take_second_chance(2, 0, 950, true),
             "the read before the rewrite was lost"
@@ -350,7 +373,7 @@ mod tests {
             .count();
         assert_eq!(kept, MAX_IDLE_PASSES as usize);
         // With the write buffer under pressure an unread copy gets no pass; a read one still does.
-        c.insert(2, 0, 1, 950, 0);
+        c.insert(2, 0, 1, 950, 0, true);
         assert!(
             !c.take_second_chance(2, 0, 950, false),
             "unread, under pressure"
@@ -363,6 +386,10 @@ mod tests {
         assert_eq!(c.forget(2, 0, 1, 900), 0, "moved on since");
         assert_eq!(c.forget(2, 0, 1, 950), 1);
         assert_eq!(c.lookup(2, 0), None);
+        // A copy written again for an entry forgotten meanwhile (a damaged read) does not
+        // bring it back.
+        assert_eq!(c.insert(2, 0, 1, 990, 0, true), (0, 0));
+        assert_eq!(c.entries(), 0);
     }
 
     #[test]

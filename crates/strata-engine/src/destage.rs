@@ -993,6 +993,7 @@ impl Destager {
             born_ms: Some(born_ms),
             cache_gen: 0,
             vol: 0,
+            cache_copy: crate::log::CacheCopy::Again,
         };
         // Never block on a full queue: the log writer may be waiting for space only this
         // thread can free.
@@ -1138,11 +1139,9 @@ impl Destager {
                 let n = end - k;
                 let at = block as usize * BLOCK;
                 let data = &b.data[at..at + (n * BLOCK_U64) as usize];
-                if self.sh.log.lock().cache_has_room(n)
-                    && crate::tiering::send_cache_copy(&self.tx, rt.id, seg, block, gen, data)
-                {
-                    self.sh.counters.kept_blocks.fetch_add(n, Ordering::Relaxed);
-                    rt.stats.kept_blocks.fetch_add(n, Ordering::Relaxed);
+                if self.sh.log.lock().cache_has_room(n) {
+                    let kept = crate::log::CacheCopy::Kept;
+                    crate::tiering::send_cache_copy(&self.tx, kept, rt.id, seg, block, gen, data);
                 }
                 k = end;
             }
@@ -1244,6 +1243,7 @@ impl Destager {
             born_ms: Some(r.born_ms),
             cache_gen: r.cache_gen,
             vol: r.vol,
+            cache_copy: crate::log::CacheCopy::Again,
         };
         let mut req = req;
         loop {

@@ -217,13 +217,15 @@ pub struct EngineStats {
     pub read_fast_bytes_total: u64,
     pub read_capacity_bytes_total: u64,
     pub read_unwritten_bytes_total: u64,
-    /// The read cache: host reads its copies served, what it holds and may hold, blocks
-    /// promoted into it and copies dropped from it, and promotions refused for want of room.
+    /// The read cache: host reads its copies served, what it holds and may hold, copies it
+    /// took (promoted, or kept when data read in the write log was destaged) and copies dropped
+    /// from it (promoted + kept - evicted = held), and promotions refused for want of room.
     pub read_cached_bytes_total: u64,
     pub read_cache_bytes: u64,
     pub read_cache_log_bytes: u64,
     pub read_cache_budget_bytes: u64,
     pub promoted_bytes_total: u64,
+    pub kept_bytes_total: u64,
     pub evicted_bytes_total: u64,
     pub promotions_refused_total: u64,
     /// Entries of the fast-tier maps.
@@ -712,6 +714,7 @@ impl DiskGroup {
             born_ms: None,
             cache_gen: 0,
             vol: 0,
+            cache_copy: crate::log::CacheCopy::Again,
         })
         .map_err(|_| EngineError::ShuttingDown)?;
         Ok(wait)
@@ -820,6 +823,7 @@ impl DiskGroup {
             born_ms: None,
             cache_gen: 0,
             vol: 0,
+            cache_copy: crate::log::CacheCopy::Again,
         };
         let Some(tx) = tx else {
             // Shutting down: dropping the request drops its claim and guard.
@@ -1054,6 +1058,7 @@ impl DiskGroup {
             read_cache_log_bytes: cache_log,
             read_cache_budget_bytes: cache_budget,
             promoted_bytes_total: c.promoted_blocks.load(Ordering::Relaxed) * BLOCK_U64,
+            kept_bytes_total: c.kept_blocks.load(Ordering::Relaxed) * BLOCK_U64,
             evicted_bytes_total: c.evicted_blocks.load(Ordering::Relaxed) * BLOCK_U64,
             promotions_refused_total: c.promotions_refused.load(Ordering::Relaxed),
             index_runs: runs,
@@ -1211,7 +1216,8 @@ fn unusable_copy(sh: &Shared, seg: u32, block: u32, n: u32, fast: u64, checksum_
         block,
         "a cached copy on the fast tier cannot be used: reading the capacity tier instead"
     );
-    sh.cache.lock().forget(seg, block, n, fast);
+    let gone = sh.cache.lock().forget(seg, block, n, fast);
+    sh.counters.evicted_blocks.fetch_add(gone, Ordering::Relaxed);
 }
 
 /// Counts a checksum mismatch found by a host read and makes the error it returns.

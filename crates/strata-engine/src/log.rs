@@ -44,6 +44,21 @@ pub struct RecMeta {
     pub cache_gen: u32,
     /// Cache records: the volume that promoted the copy (its figures count the eviction).
     pub vol: u32,
+    /// Cache records: which figure counts the copy once the read cache holds it.
+    pub cache_copy: CacheCopy,
+}
+
+/// Where a cache record's copy comes from. Its volume's figures count a new copy when the
+/// read cache takes it (when its batch is applied), not when it is queued: a copy the log
+/// refuses, or whose segment is reused before the log has written it, never becomes an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheCopy {
+    /// Not a cache record, or a copy written again at the head (counted when first taken).
+    Again,
+    /// Promoted by reads served by the capacity tier (`promoted_bytes`).
+    Promoted,
+    /// Read while in the write log and kept when destaged (`kept_bytes`).
+    Kept,
 }
 
 #[derive(Debug, Clone)]
@@ -269,6 +284,7 @@ pub struct WriteReq {
     pub cache_gen: u32,
     /// Cache records: the volume that promoted the copy (its figures count the eviction).
     pub vol: u32,
+    pub cache_copy: CacheCopy,
 }
 
 /// How a request is answered: a slot a thread waits on, or a callback run by the engine
@@ -688,6 +704,7 @@ impl LogWriter {
                         aged_from_ms: now_ms,
                         cache_gen: 0,
                         vol: req.vol,
+                        cache_copy: CacheCopy::Again,
                     }
                 });
         let Some((run, before)) = placed else {
@@ -1047,6 +1064,13 @@ impl LogWriter {
         match result {
             Ok(()) => {
                 let end = t.meta.first_seq + t.meta.records.len() as u64;
+                #[cfg(test)]
+                {
+                    let hook = self.sh.after_turn_moved.lock().clone();
+                    if let Some(hook) = hook {
+                        hook(end);
+                    }
+                }
                 // After the turn moved on: a later batch may have stored its end already.
                 self.committed_seq.fetch_max(end, Ordering::AcqRel);
                 self.sh.retired_seq.fetch_max(end, Ordering::AcqRel);
@@ -1229,15 +1253,24 @@ impl LogWriter {
             .filter(|r| r.kind == RecordKind::Cache)
             .collect();
         if !cached.is_empty() {
-            let mut cache = self.sh.cache.lock();
-            for r in cached {
-                cache.insert(
-                    r.layer,
-                    r.lba as u32,
-                    r.nblocks as u32,
-                    r.data_start,
-                    r.cache_gen,
-                );
+            let mut taken = Vec::with_capacity(cached.len());
+            {
+                let mut cache = self.sh.cache.lock();
+                for r in cached {
+                    let again = r.cache_copy == CacheCopy::Again;
+                    let (fresh, replaced) = cache.insert(
+                        r.layer,
+                        r.lba as u32,
+                        r.nblocks as u32,
+                        r.data_start,
+                        r.cache_gen,
+                        again,
+                    );
+                    taken.push((r.vol, r.cache_copy, fresh, replaced));
+                }
+            }
+            for (vol, copy, fresh, replaced) in taken {
+                crate::tiering::count_cache_copies(&self.sh, vol, copy, fresh, replaced);
             }
         }
         let key = run.as_ref().map_or(meta.first_seq, |r| r.first_seq);
@@ -1348,6 +1381,7 @@ fn describe(
                 aged_from_ms: now_ms,
                 cache_gen: r.cache_gen,
                 vol: r.vol,
+                cache_copy: r.cache_copy,
             };
             data_at += r.data_blocks();
             m

@@ -83,6 +83,13 @@ pub fn read_copy(sh: &Shared, addr: u64) -> Result<Option<PageBody>, EngineError
 
 /// Reads the page a lookup missed and installs it in the tree.
 pub fn load(sh: &Shared, miss: Miss) -> Result<(), EngineError> {
+    #[cfg(test)]
+    {
+        let hook = sh.before_page_load.lock().clone();
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
     let body = read_page(sh, miss.ptr)?;
     sh.counters.index_page_reads.fetch_add(1, Ordering::Relaxed);
     sh.tree.write().install(miss, body);

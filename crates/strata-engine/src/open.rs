@@ -398,6 +398,10 @@ fn new_shared(
         destager_held: AtomicBool::new(false),
         #[cfg(test)]
         after_tail_checkpoint: Mutex::new(None),
+        #[cfg(test)]
+        after_turn_moved: Mutex::new(None),
+        #[cfg(test)]
+        before_page_load: Mutex::new(None),
         heat: Mutex::new(crate::heat::Heat::new(layout_log_blocks)),
         cache: Mutex::new(crate::cache::ReadCache::new(seg_gen, layout_log_blocks)),
         fast_read: crate::cache::ReadMarks::new(layout_log_blocks),

@@ -170,6 +170,7 @@ mod tests {
             born_ms: None,
             cache_gen: 0,
             vol: 0,
+            cache_copy: crate::log::CacheCopy::Again,
         }
     }
 

@@ -371,6 +371,7 @@ fn describe(f: &Found, now_ms: u64) -> BatchMeta {
             aged_from_ms: now_ms,
             cache_gen: 0,
             vol: 0,
+            cache_copy: crate::log::CacheCopy::Again,
         });
     }
     BatchMeta {

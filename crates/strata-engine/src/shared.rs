@@ -307,6 +307,15 @@ pub struct Shared {
     #[cfg(test)]
     #[allow(clippy::type_complexity)]
     pub after_tail_checkpoint: Mutex<Option<Box<dyn Fn((u64, u64)) + Send + Sync>>>,
+    /// Tests only: called by a committer with the end (sequence) of the batch it retires,
+    /// after the turn has moved on and before it records the batch as acknowledged.
+    #[cfg(test)]
+    #[allow(clippy::type_complexity)]
+    pub after_turn_moved: Mutex<Option<Arc<dyn Fn(u64) + Send + Sync>>>,
+    /// Tests only: called before an index page missing from memory is read from its device.
+    #[cfg(test)]
+    #[allow(clippy::type_complexity)]
+    pub before_page_load: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
     /// Set by `destage_all`: destage regardless of fill.
     pub drain: AtomicBool,
     /// Blocks being rewritten (see heat.rs): the evidence that data is hot. Bounded by the

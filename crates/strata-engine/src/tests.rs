@@ -293,6 +293,30 @@ pub(crate) fn read_either(
     dg.read(view, offset, &mut buf).map(|()| buf)
 }
 
+/// Waits until the log has retired (applied, or refused) every promotion queued before the
+/// call: a request that may not wait, queued behind them, is answered after their batches.
+/// It names no layer, so applying it changes nothing.
+pub(crate) fn promotions_retired(dg: &DiskGroup) {
+    let (done, wait) = crate::log::reply_pair();
+    let req = crate::log::WriteReq {
+        kind: crate::format::RecordKind::Zero,
+        layer: u32::MAX,
+        lba: 0,
+        nblocks: 1,
+        data: None,
+        done: crate::log::Done::Chan(done),
+        no_wait: true,
+        relocation: true,
+        born_ms: None,
+        cache_gen: 0,
+        vol: 0,
+        cache_copy: crate::log::CacheCopy::Again,
+    };
+    let tx = dg.tx.lock().clone().expect("the log is running");
+    assert!(tx.send(req).is_ok(), "the log is running");
+    wait.wait().expect("the barrier was written");
+}
+
 pub(crate) fn check_volume(dg: &DiskGroup, vol: u32, model: &[u8], what: &str) {
     let mut buf = vec![0u8; model.len()];
     dg.read(vol, 0, &mut buf)

@@ -202,6 +202,7 @@ fn promoted_by_a_sequential_scan(async_reads: bool) -> u64 {
         assert_eq!(b, block(lba, 1), "block {lba}");
     }
     assert_eq!(taken_async > 0, async_reads, "reads taken asynchronously");
+    crate::tests::promotions_retired(&dg);
     let promoted = dg.volume_figures("s").unwrap().promoted_bytes / 4096;
     dg.shutdown().unwrap();
     promoted

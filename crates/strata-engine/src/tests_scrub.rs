@@ -2,6 +2,8 @@
 //! metadata. Every bad block must be reported by volume and offset, reads of it must fail,
 //! and every damaged metadata copy must be repaired from the good one.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use strata_device::{AlignedBuf, Device, FaultConfig, MemDevice};
@@ -219,6 +221,60 @@ fn damaged_log_data_of_an_acknowledged_batch_is_an_error_not_the_end_of_the_log(
     );
 }
 
+/// A committer held up after moving the turn on records its batch as acknowledged after the
+/// next batch's committer has recorded that one: `committed_seq` must not go back. Gone back,
+/// the header of the batch written next says the batch before it was never acknowledged, and
+/// replay takes damage in that batch for a torn write and drops it and everything after it.
+#[test]
+fn a_late_committer_does_not_take_back_a_later_batchs_acknowledgement() {
+    let cfg = EngineConfig {
+        fill_ratio_low: 0.9,
+        fill_ratio_high: 0.95,
+        log_runs: false,
+        ..small_cfg()
+    };
+    let mut rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 45);
+    let v = rig.dg().create_volume("v", MIB).unwrap().id;
+    one_batch_per_block(rig.dg(), v, 4);
+    let (entered, entered_rx) = crossbeam_channel::bounded(1);
+    let (release, release_rx) = crossbeam_channel::bounded::<()>(1);
+    let first = AtomicBool::new(true);
+    *rig.dg().sh.after_turn_moved.lock() = Some(Arc::new(move |_end| {
+        if first.swap(false, Ordering::SeqCst) {
+            let _ = entered.send(());
+            let _ = release_rx.recv_timeout(Duration::from_secs(30));
+        }
+    }));
+    // Batch A's committer stops after the turn moved on; batch B is written and acknowledged
+    // meanwhile; then A's committer goes on.
+    let dg = rig.group().clone();
+    let a = std::thread::spawn(move || dg.write(v, 10 * 4096, &block_of(10, 0x44)));
+    entered_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("batch A retired");
+    rig.dg().write(v, 11 * 4096, &block_of(11, 0x44)).unwrap();
+    release.send(()).unwrap();
+    a.join().unwrap().unwrap();
+    *rig.dg().sh.after_turn_moved.lock() = None;
+    // Batch C's header names the batches acknowledged before it: B among them.
+    rig.dg().write(v, 12 * 4096, &block_of(12, 0x44)).unwrap();
+    rig.fast
+        .flip_bit(find_block(&rig.fast, &block_of(11, 0x44)) + 5, 0)
+        .unwrap();
+    rig.power_cut_and_restart();
+    let dg = rig.dg();
+    assert_eq!(dg.open_report().damaged_log_records, 1, "B kept as damaged");
+    assert!(
+        read_fails(dg, v, 11 * 4096),
+        "B's damaged block read as data"
+    );
+    for lba in [10, 12] {
+        let mut b = vec![0u8; 4096];
+        dg.read(v, lba * 4096, &mut b).unwrap();
+        assert_eq!(b, block_of(lba, 0x44), "acknowledged block {lba} was lost");
+    }
+}
+
 #[test]
 fn a_damaged_batch_header_mid_log_refuses_to_open_instead_of_losing_later_writes() {
     let cfg = EngineConfig {
@@ -373,4 +429,71 @@ fn repair_cut_at_write(damaged: usize, seed: u64, by_scrub: bool, n: i64) -> boo
     rig.dg().read(v, 0, &mut b).unwrap();
     assert_eq!(b, block_of(0, 0x5a), "{what}");
     true
+}
+
+/// The scrub's walk of a layer's index loads the pages it names under the reclaim guard, as
+/// reads do: an index flush that would free those pages (and discard their segment, so the
+/// scrub would read garbage, count checksum errors and stop) cannot commit while one is being
+/// loaded. Here a flush is started just as the walk is about to load a page.
+#[test]
+fn an_index_flush_waits_for_a_scrub_loading_an_index_page() {
+    let cfg = EngineConfig {
+        fill_ratio_low: 0.9,
+        fill_ratio_high: 0.95,
+        ..small_cfg()
+    };
+    let rig = Rig::new(32 * MIB, &[48 * MIB], cfg, 46);
+    let dg = rig.dg();
+    // Blocks far enough apart to be one index entry each: several leaves.
+    let v = dg.create_volume("v", 16 * MIB).unwrap().id;
+    for i in 0..1500u64 {
+        dg.write(v, 2 * i * 4096, &block_of(2 * i, 0x66)).unwrap();
+    }
+    assert!(dg.destage_all(Duration::from_secs(30)));
+    crate::meta::flush_index(&dg.sh).unwrap();
+    // Something for a flush to write: another volume's entries.
+    let w = dg.create_volume("w", MIB).unwrap().id;
+    dg.write(w, 0, &block_of(0, 0x67)).unwrap();
+    assert!(dg.destage_all(Duration::from_secs(30)));
+    dg.sh.destager_held.store(true, Ordering::SeqCst);
+    assert!(
+        dg.sh.tree.read().counts().dirty_nodes > 0,
+        "nothing to flush"
+    );
+    dg.sh.tree.write().evict(0);
+    let scrubber = std::thread::current().id();
+    let (sh, first) = (dg.sh.clone(), AtomicBool::new(true));
+    let committed_meanwhile = Arc::new(AtomicBool::new(false));
+    let (flushed_tx, flushed) = crossbeam_channel::bounded(1);
+    let meanwhile = committed_meanwhile.clone();
+    *dg.sh.before_page_load.lock() = Some(Arc::new(move || {
+        if std::thread::current().id() != scrubber || !first.swap(false, Ordering::SeqCst) {
+            return;
+        }
+        let (sh, done) = (sh.clone(), flushed_tx.clone());
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        std::thread::spawn(move || {
+            let r = crate::meta::flush_index(&sh);
+            let _ = tx.send(());
+            let _ = done.send(r);
+        });
+        if rx.recv_timeout(Duration::from_secs(3)).is_ok() {
+            meanwhile.store(true, Ordering::SeqCst);
+        }
+    }));
+    let report = dg.scrub(&ScrubOptions {
+        volume: Some("v".into()),
+        ..ScrubOptions::default()
+    });
+    *dg.sh.before_page_load.lock() = None;
+    let flush = flushed.recv_timeout(Duration::from_secs(30));
+    dg.sh.destager_held.store(false, Ordering::SeqCst);
+    let report = report.unwrap();
+    assert!(report.clean(), "{report:?}");
+    flush.expect("the flush was started").unwrap();
+    assert!(
+        !committed_meanwhile.load(Ordering::SeqCst),
+        "an index flush committed while the scrub was loading a page it had named"
+    );
+    assert_eq!(report.data_bytes_verified, 1500 * 4096);
 }

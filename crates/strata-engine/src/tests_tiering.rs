@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::map::Loc;
-use crate::tests::{read_either, small_cfg, Rig, MIB};
+use crate::tests::{promotions_retired, read_either, small_cfg, Rig, MIB};
 use crate::*;
 
 fn block_of(lba: u64, tag: u8) -> Vec<u8> {
@@ -253,6 +253,7 @@ fn promotion_needs_n_reads_within_the_window() {
         "promoted on two reads"
     );
     assert_eq!(read_block(dg, v, 100), block_of(100, 4));
+    promotions_retired(dg);
     assert_eq!(
         dg.volume_figures("c").unwrap().promoted_bytes,
         4096,
@@ -267,7 +268,60 @@ fn promotion_needs_n_reads_within_the_window() {
         assert_eq!(read_block(dg, v, 500), block_of(500, 4));
         clock.advance_ms(11_000);
     }
+    promotions_retired(dg);
     assert_eq!(dg.volume_figures("c").unwrap().promoted_bytes, 4096);
+}
+
+/// The read cache's figures count a copy when the cache takes it, not when it is queued: a
+/// promotion whose segment is reused before the log writes the copy (or that the log refuses)
+/// never becomes an entry, so promoted + kept - evicted is what the cache holds.
+#[test]
+fn promoted_bytes_count_only_copies_the_cache_took() {
+    let p = Policy {
+        promote_after_reads: 1,
+        ..Policy::default()
+    };
+    let (rig, v, _clock) = cached_rig(67, &p, 0.5);
+    let dg = rig.dg();
+    let held = |what: &str| {
+        let f = dg.volume_figures("c").unwrap();
+        let s = dg.stats();
+        assert_eq!(
+            (f.promoted_bytes, f.kept_bytes, f.evicted_bytes),
+            (s.promoted_bytes_total, 0, s.evicted_bytes_total),
+            "{what}: one volume, nothing kept"
+        );
+        assert_eq!(
+            f.promoted_bytes + f.kept_bytes - f.evicted_bytes,
+            s.read_cache_bytes,
+            "{what}: the figures against what the cache holds"
+        );
+        s.read_cache_bytes
+    };
+    let piece = crate::resolve::resolve_view(&dg.sh, v, 300, 1).unwrap()[0];
+    let Some(Loc::Cap { seg, block }) = piece.loc else {
+        panic!("block 300 is on the capacity tier: {piece:?}");
+    };
+    let gen = dg.sh.cache.lock().gen_of(seg);
+    let rt = dg.sh.runtime(v).unwrap();
+    // A copy read under the segment's previous generation: the segment was reused after the
+    // read and before the log wrote the copy. The log writes it; the cache refuses it.
+    dg.promote(
+        Some(&rt),
+        seg,
+        block,
+        gen.wrapping_sub(1),
+        &block_of(300, 4),
+    );
+    promotions_retired(dg);
+    assert_eq!(held("a copy of a reused segment"), 0);
+    assert_eq!(dg.volume_figures("c").unwrap().promoted_bytes, 0);
+    // A read promotes for real: counted once the cache holds the copy.
+    assert_eq!(read_block(dg, v, 300), block_of(300, 4));
+    promotions_retired(dg);
+    assert_eq!(held("a promoted copy"), 4096);
+    assert_eq!(read_block(dg, v, 300), block_of(300, 4));
+    assert_eq!(cached_bytes(dg), 4096, "the copy was not served");
 }
 
 #[test]

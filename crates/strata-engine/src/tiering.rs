@@ -8,7 +8,7 @@ use strata_device::AlignedBuf;
 
 use crate::error::EngineError;
 use crate::format::{RecordKind, BLOCK_U64};
-use crate::log::WriteReq;
+use crate::log::{CacheCopy, WriteReq};
 use crate::policy::{Mode, Policy};
 use crate::runtime::{Runtimes, VolRuntime, VolumeFigures};
 use crate::shared::Shared;
@@ -167,18 +167,16 @@ pub(crate) fn promote_with(
     let Some(tx) = tx else {
         return;
     };
-    if send_cache_copy(tx, rt.map_or(0, |rt| rt.id), seg, block, gen, data) {
-        sh.counters.promoted_blocks.fetch_add(n, Ordering::Relaxed);
-        if let Some(rt) = rt {
-            rt.stats.promoted_blocks.fetch_add(n, Ordering::Relaxed);
-        }
-    }
+    let vol = rt.map_or(0, |rt| rt.id);
+    send_cache_copy(tx, CacheCopy::Promoted, vol, seg, block, gen, data);
 }
 
 /// Queues a clean copy of capacity blocks `block..` of `seg` (as of generation `gen`) for the
-/// log, never waiting for the queue or for log space; false when it was not queued.
+/// log, never waiting for the queue or for log space; false when it was not queued. The
+/// copy is counted (as `copy` says) when the read cache takes it (`count_cache_copies`).
 pub(crate) fn send_cache_copy(
     tx: &crate::queue::LogQueue,
+    copy: CacheCopy,
     vol: u32,
     seg: u32,
     block: u32,
@@ -199,6 +197,43 @@ pub(crate) fn send_cache_copy(
         born_ms: None,
         cache_gen: gen,
         vol,
+        cache_copy: copy,
     };
     tx.try_send(req).is_ok()
+}
+
+/// Counts `fresh` copies of a cache record the read cache has just taken under the figure its
+/// origin names, and `replaced` stale copies (of a segment since reused) they took the place
+/// of as evicted.
+pub(crate) fn count_cache_copies(
+    sh: &Shared,
+    vol: u32,
+    copy: CacheCopy,
+    fresh: u64,
+    replaced: u64,
+) {
+    let rt = sh.runtime(vol);
+    let (group, own) = match copy {
+        CacheCopy::Promoted => (
+            &sh.counters.promoted_blocks,
+            rt.as_ref().map(|rt| &rt.stats.promoted_blocks),
+        ),
+        CacheCopy::Kept => (
+            &sh.counters.kept_blocks,
+            rt.as_ref().map(|rt| &rt.stats.kept_blocks),
+        ),
+        CacheCopy::Again => return,
+    };
+    group.fetch_add(fresh, Ordering::Relaxed);
+    if let Some(own) = own {
+        own.fetch_add(fresh, Ordering::Relaxed);
+    }
+    sh.counters
+        .evicted_blocks
+        .fetch_add(replaced, Ordering::Relaxed);
+    if let Some(rt) = &rt {
+        rt.stats
+            .evicted_blocks
+            .fetch_add(replaced, Ordering::Relaxed);
+    }
 }

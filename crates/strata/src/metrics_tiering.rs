@@ -103,8 +103,9 @@ pub fn render_group(e: &mut Exposition, s: &EngineStats) {
     for (name, help, v) in gauges {
         e.single(name, Type::Gauge, help, v as f64);
     }
-    let counters: [(&str, &str, u64); 3] = [
+    let counters: [(&str, &str, u64); 4] = [
         ("strata_promoted_bytes_total", "Bytes copied from the capacity tier into the read cache.", s.promoted_bytes_total),
+        ("strata_kept_bytes_total", "Bytes read while in the write log whose clean copy stayed in the read cache when they were destaged.", s.kept_bytes_total),
         ("strata_evicted_bytes_total", "Bytes of cached copies dropped from the read cache.", s.evicted_bytes_total),
         ("strata_promotions_refused_total", "Promotions skipped because the read cache had no room at the time.", s.promotions_refused_total),
     ];
