@@ -39,7 +39,7 @@ use clap::{Args, Parser, Subcommand};
     about = "Strata: a tiered block store served over NBD"
 )]
 pub struct Cli {
-    /// Admin API of the daemon the volume commands talk to.
+    /// Admin API of the daemon that volume, snapshot, status and scrub talk to.
     #[arg(
         long,
         global = true,
@@ -47,7 +47,8 @@ pub struct Cli {
         default_value = "http://127.0.0.1:9090"
     )]
     pub server: String,
-    /// Machine output: print the API's JSON.
+    /// Machine output of volume, snapshot, status, scrub and size: print JSON (serve and bench
+    /// ignore it; bench writes report.json).
     #[arg(long, global = true)]
     pub json: bool,
     /// File whose first line is the daemon's admin token, sent with every request (mutating
@@ -418,6 +419,20 @@ pub fn io_reason(e: &std::io::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn global_flags_say_which_commands_use_them() {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        let help = |id: &str| {
+            let arg = cli.get_arguments().find(|a| a.get_id() == id).unwrap();
+            arg.get_help().unwrap().to_string()
+        };
+        // `strata bench --help` and `strata serve --help` list them too: they must not read
+        // as if they applied there.
+        assert!(help("json").contains("bench ignore"), "{}", help("json"));
+        assert!(help("server").contains("scrub"), "{}", help("server"));
+    }
 
     #[test]
     fn a_usage_error_sees_json_anywhere_before_a_double_dash() {
