@@ -3,9 +3,10 @@ use strata_device::DeviceError;
 /// Everything the engine can refuse or fail with. Each variant maps onto one NBD/HTTP error.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    #[error("volume {0:?} not found")]
+    /// A volume's name, or `VOLUME@SNAPSHOT` for a snapshot.
+    #[error("{} {:?} not found", kind_of(.0), .0)]
     NotFound(String),
-    #[error("volume {0:?} already exists")]
+    #[error("{} {:?} already exists", kind_of(.0), .0)]
     AlreadyExists(String),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -31,4 +32,13 @@ pub enum EngineError {
     Failed(String),
     #[error("{0}")]
     Format(String),
+}
+
+/// What a name in an error is: volume names never hold `@`, snapshots are `VOLUME@SNAPSHOT`.
+fn kind_of(name: &str) -> &'static str {
+    if name.contains('@') {
+        "snapshot"
+    } else {
+        "volume"
+    }
 }

@@ -209,26 +209,32 @@ impl<'a> Scrubber<'a> {
 
     /// Sleeps as needed to keep to the rate limit after reading `bytes`; stops the scrub when
     /// the disk group stops.
+    /// The sleep is taken in slices of at most 200 ms, so a stop is noticed soon even when
+    /// one chunk is worth seconds at a low rate.
     fn pace(&mut self, bytes: u64) -> Result<(), EngineError> {
-        if self.sh.destager_stop.load(Ordering::Relaxed) || self.sh.abandon.load(Ordering::Relaxed)
-        {
-            return Err(EngineError::ShuttingDown);
-        }
         self.read_bytes += bytes;
         self.sh
             .scrub
             .progress_bytes
             .fetch_add(bytes, Ordering::Relaxed);
         let rate = self.opts.rate_bytes_per_s;
-        if rate == 0 {
-            return Ok(());
-        }
-        let due = Duration::from_secs_f64(self.read_bytes as f64 / rate as f64);
-        let spent = self.started.elapsed();
-        if due > spent {
+        let due = if rate == 0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(self.read_bytes as f64 / rate as f64)
+        };
+        loop {
+            if self.sh.destager_stop.load(Ordering::Relaxed)
+                || self.sh.abandon.load(Ordering::Relaxed)
+            {
+                return Err(EngineError::ShuttingDown);
+            }
+            let spent = self.started.elapsed();
+            if due <= spent {
+                return Ok(());
+            }
             std::thread::sleep((due - spent).min(Duration::from_millis(200)));
         }
-        Ok(())
     }
 
     /// The live layers to check, each with the name its bad blocks are reported under.

@@ -178,6 +178,35 @@ fn scrub_of_one_volume_checks_only_its_blocks_and_keeps_to_its_rate() {
     assert!(!status.running && status.last.is_some_and(|l| l.scope == "b"));
 }
 
+#[test]
+fn scrub_keeps_to_a_rate_below_one_chunk_per_200_ms() {
+    // Batches large enough that the data is read in 1 MiB chunks.
+    let cfg = EngineConfig {
+        segment_size_bytes: 8 * MIB,
+        max_batch_bytes: 2 << 20,
+        ..small_cfg()
+    };
+    let rig = Rig::new(32 * MIB, &[48 * MIB], cfg, 43);
+    let dg = rig.dg();
+    let b = dg.create_volume("b", 4 * MIB).unwrap().id;
+    dg.write(b, 0, &vec![2u8; 4 * MIB as usize]).unwrap();
+    let started = std::time::Instant::now();
+    let r = dg
+        .scrub(&ScrubOptions {
+            volume: Some("b".into()),
+            rate_bytes_per_s: 2 * MIB,
+        })
+        .unwrap();
+    assert_eq!(r.data_bytes_verified, 4 * MIB, "{r:?}");
+    // Read 1 MiB at a time, each chunk half a second's worth: 4 MiB at 2 MiB/s takes two
+    // seconds, not one 200 ms nap a chunk.
+    assert!(
+        started.elapsed() >= Duration::from_millis(1990),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 /// Writes `n` single-block records, each in its own batch (one writer, one at a time).
 fn one_batch_per_block(dg: &DiskGroup, v: u32, n: u64) {
     for lba in 0..n {

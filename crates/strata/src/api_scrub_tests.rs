@@ -64,13 +64,13 @@ async fn a_second_scrub_is_refused_while_one_runs() {
     let (app, state) = app();
     create(&app, "v", 64 << 20).await;
     let vol = NbdBackend(state.registry.clone()).open("v").unwrap();
-    // Separate runs: each is paced on its own, so a slow scrub lasts a few seconds.
+    // 64 KiB of data and some metadata at 64 KiB/s: a scrub of a second or two.
     for i in 0..16u64 {
         vol.write(i * (1 << 20), &[1u8; 4096], false).unwrap();
     }
     let slow = {
         let app = app.clone();
-        tokio::spawn(async move { call(&app, "POST", "/api/v1/scrub", Some(json!({"rate_bytes_per_s": 1}))).await })
+        tokio::spawn(async move { call(&app, "POST", "/api/v1/scrub", Some(json!({"rate_bytes_per_s": 65536}))).await })
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

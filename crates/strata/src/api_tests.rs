@@ -407,6 +407,16 @@ async fn snapshot_errors_have_proper_statuses() {
     }
     let (_, v) = call(&app, "DELETE", "/api/v1/volumes/v", None).await;
     assert!(v["error"].as_str().unwrap().contains("snapshot"), "{v}");
+    // A missing or duplicate snapshot is called a snapshot, not a volume.
+    for (method, uri, body, want) in [
+        ("GET", "/api/v1/volumes/v/snapshots/nope", None, "snapshot \"v@nope\" not found"),
+        ("POST", "/api/v1/volumes/v/rollback", Some(json!({"snapshot": "nope"})), "snapshot \"v@nope\" not found"),
+        ("POST", "/api/v1/volumes/v/snapshots", Some(json!({"name": "s"})), "snapshot \"v@s\" already exists"),
+        ("GET", "/api/v1/volumes/nope", None, "volume \"nope\" not found"),
+    ] {
+        let (_, v) = call(&app, method, uri, body).await;
+        assert_eq!(v["error"], want, "{method} {uri}");
+    }
     // Nothing changed: one volume with its one snapshot.
     let (_, v) = call(&app, "GET", "/api/v1/snapshots", None).await;
     assert_eq!(v["snapshots"].as_array().unwrap().len(), 1, "{v}");

@@ -39,7 +39,7 @@ use clap::{Args, Parser, Subcommand};
     about = "Strata: a tiered block store served over NBD"
 )]
 pub struct Cli {
-    /// Admin API of the daemon the volume commands talk to.
+    /// Admin API of the daemon that volume, snapshot, status and scrub talk to.
     #[arg(
         long,
         global = true,
@@ -47,7 +47,8 @@ pub struct Cli {
         default_value = "http://127.0.0.1:9090"
     )]
     pub server: String,
-    /// Machine output: print the API's JSON.
+    /// Machine output of volume, snapshot, status, scrub and size: print JSON (serve and bench
+    /// ignore it; bench writes report.json).
     #[arg(long, global = true)]
     pub json: bool,
     /// File whose first line is the daemon's admin token, sent with every request (mutating
@@ -281,7 +282,7 @@ pub struct ServeArgs {
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => return clap_failure(e),
+        Err(e) => return clap_failure(e, json_asked(std::env::args_os())),
     };
     let result = match cli.command {
         Command::Serve(args) => serve::run(&args),
@@ -333,17 +334,31 @@ fn api_client(
 }
 
 /// Help and version go out as clap writes them; a usage error becomes one line.
-fn clap_failure(e: clap::Error) -> ExitCode {
+fn clap_failure(e: clap::Error, json: bool) -> ExitCode {
     use clap::error::ErrorKind;
     match e.kind() {
         ErrorKind::DisplayHelp
         | ErrorKind::DisplayVersion
         | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
         _ => {
-            eprintln!("strata: {} (see --help)", usage_error_line(&e.to_string()));
+            let reason = format!("{} (see --help)", usage_error_line(&e.to_string()));
+            if json {
+                // As for any other failure: the reason, and no HTTP status (nothing was sent).
+                println!("{}", serde_json::json!({ "error": reason, "status": null }));
+            }
+            eprintln!("strata: {reason}");
             ExitCode::from(2)
         }
     }
+}
+
+/// Whether the command line asks for `--json`, for a usage error clap could not parse: any
+/// `--json` before a `--`.
+fn json_asked(args: impl IntoIterator<Item = std::ffi::OsString>) -> bool {
+    args.into_iter()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .any(|a| a == "--json")
 }
 
 /// clap's usage error as one line: the error and its details (which argument is missing, a
@@ -404,6 +419,30 @@ pub fn io_reason(e: &std::io::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn global_flags_say_which_commands_use_them() {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        let help = |id: &str| {
+            let arg = cli.get_arguments().find(|a| a.get_id() == id).unwrap();
+            arg.get_help().unwrap().to_string()
+        };
+        // `strata bench --help` and `strata serve --help` list them too: they must not read
+        // as if they applied there.
+        assert!(help("json").contains("bench ignore"), "{}", help("json"));
+        assert!(help("server").contains("scrub"), "{}", help("server"));
+    }
+
+    #[test]
+    fn a_usage_error_sees_json_anywhere_before_a_double_dash() {
+        let asked = |args: &[&str]| json_asked(args.iter().map(std::ffi::OsString::from));
+        assert!(asked(&["strata", "--json", "volume", "create", "x", "--size", "12Q"]));
+        assert!(asked(&["strata", "volume", "create", "x", "--size", "12Q", "--json"]));
+        assert!(!asked(&["strata", "volume", "create", "x", "--size", "12Q"]));
+        assert!(!asked(&["strata", "volume", "create", "--", "--json"]));
+        assert!(!asked(&["--json"]), "the program name is not an argument");
+    }
 
     #[test]
     fn cli_parses_volume_commands() {

@@ -150,6 +150,18 @@ fn cli_failures_give_one_line_reasons() {
         assert_eq!(v["status"], status, "{args:?}: {v}");
         assert!(v["error"].as_str().is_some_and(|r| !r.is_empty()), "{v}");
     }
+    // A usage error too, with no status: the daemon was not asked.
+    let out = daemon.cli(&["--json", "volume", "create", "x", "--size", "12Q"]);
+    assert_eq!(out.status.code(), Some(2), "usage error with --json");
+    assert_one_line_reason("usage error with --json", &out);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "usage error with --json: stdout is not JSON ({e}): {:?}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    assert!(v["status"].is_null(), "{v}");
+    assert!(v["error"].as_str().is_some_and(|r| r.contains("12Q")), "{v}");
     // The one line names what is missing.
     let missing = daemon.cli(&["volume", "create", "x"]);
     let reason = String::from_utf8_lossy(&missing.stderr);

@@ -252,7 +252,8 @@ fn scrub_refuses_an_unknown_volume_and_a_second_scrub() {
     let out = daemon.cli(&["scrub", "--rate", "fast"]);
     assert_one_line_reason("scrub with a bad rate", &out);
 
-    let mut slow = daemon.cli_cmd(&["--json", "scrub", "web", "--rate", "1"]);
+    // 64 KiB of data and the metadata at 128 KiB/s: a scrub of a second or so.
+    let mut slow = daemon.cli_cmd(&["--json", "scrub", "web", "--rate", "128K"]);
     let slow = std::thread::spawn(move || run_timeout(&mut slow, Duration::from_secs(120)));
     let status_url = format!("{}/api/v1/scrub", daemon.http_url());
     let running = wait_until(Duration::from_secs(20), || get_json(&status_url)["running"] == true);
