@@ -26,11 +26,17 @@ machine() {
     echo "devices: files in $1 on $(df -T "$1" | awk 'NR==2{print $1" ("$2")"}'), O_DIRECT"
 }
 
-# wait_line FILE PATTERN: waits up to 60 s for a line matching PATTERN in FILE.
+# wait_line FILE PATTERN [PID]: waits up to 60 s for a line matching PATTERN in FILE; with PID,
+# fails at once when that process has exited, showing the end of its stderr (FILE's directory).
 wait_line() {
     local i
     for i in $(seq 600); do
         grep -q "$2" "$1" 2>/dev/null && return 0
+        if [[ -n "${3:-}" ]] && ! kill -0 "$3" 2>/dev/null; then
+            tail -5 "$(dirname "$1")/stderr" >&2
+            echo "exited before '$2' appeared in $1" >&2
+            return 1
+        fi
         sleep 0.1
     done
     echo "timed out waiting for '$2' in $1" >&2
@@ -47,7 +53,7 @@ start_strata() {
         >"$dir/stdout" 2>"$dir/stderr" &
     STARTED_PIDS+=($!)
     STRATA_PID=$!
-    wait_line "$dir/stdout" "strata: ready"
+    wait_line "$dir/stdout" "strata: ready" "$STRATA_PID"
     NBD=nbd://$(sed -n 's/^strata: NBD listening on //p' "$dir/stdout")
     API=$(sed -n 's/^strata: HTTP API listening on //p' "$dir/stdout")
 }
@@ -61,7 +67,7 @@ start_raw() {
         >"$dir/stdout" 2>"$dir/stderr" &
     STARTED_PIDS+=($!)
     RAW_PID=$!
-    wait_line "$dir/stdout" "raw_nbd: ready"
+    wait_line "$dir/stdout" "raw_nbd: ready" "$RAW_PID"
     RAW_URI=$(sed -n 's/^raw_nbd: ready //p' "$dir/stdout")
 }
 
