@@ -43,6 +43,7 @@ else
     STRATA=target/release/strata
 fi
 mkdir -p "$DIR"
+SCRATCH+=("$DIR/qemu.raw")
 machine "$DIR"
 echo "strata:   $STRATA serve ${STRATA_ARGS:-(defaults)}"
 echo "qemu-nbd: --cache=$QEMU_CACHE --aio=io_uring on a preallocated raw file; $(qemu-nbd --version | head -1)"

@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 STARTED_PIDS=()
+SCRATCH=() # the daemons' directories (and other device files), removed on exit
 cleanup() {
     local pid
     for pid in "${STARTED_PIDS[@]}"; do
@@ -11,6 +12,7 @@ cleanup() {
     for pid in "${STARTED_PIDS[@]}"; do
         wait "$pid" 2>/dev/null || true
     done
+    rm -rf "${SCRATCH[@]}"
 }
 trap cleanup EXIT
 
@@ -49,6 +51,7 @@ start_strata() {
     shift
     rm -rf "$dir"
     mkdir -p "$dir"
+    SCRATCH+=("$dir")
     "$STRATA" serve --data-dir "$dir/data" --nbd-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 "$@" \
         >"$dir/stdout" 2>"$dir/stderr" &
     STARTED_PIDS+=($!)
@@ -63,6 +66,7 @@ start_raw() {
     local dir=$1
     rm -rf "$dir"
     mkdir -p "$dir"
+    SCRATCH+=("$dir")
     "$RAW_NBD" --device "$dir/capacity.img" --size "$2" --listen 127.0.0.1:0 --emulate "$3" \
         >"$dir/stdout" 2>"$dir/stderr" &
     STARTED_PIDS+=($!)
