@@ -13,6 +13,8 @@ cargo build --release --example engine_bench >&2
 bin=target/release/examples/engine_bench
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/{print $2}') GiB"
 mkdir -p "$DIR"
+# The device files go on any exit (a failure or Ctrl-C too).
+trap 'rm -f "$DIR"/fast.img "$DIR"/capacity.img' EXIT
 echo "devices: files in $DIR on $(df -T "$DIR" | awk 'NR==2{print $1" ("$2")"}'), O_DIRECT"
 run() { echo "== $1"; "$bin" "$@"; }
 case $what in
@@ -28,4 +30,3 @@ case $what in
         ;;
     *) echo "usage: bench/engine.sh [qd32|saturate|hotset|index-ram|all]" >&2; exit 2 ;;
 esac
-rm -f "$DIR"/fast.img "$DIR"/capacity.img
