@@ -10,7 +10,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 what=${1:-all}
 DIR=${DIR:-target/bench-engine}
 cargo build --release --example engine_bench >&2
-bin=target/release/examples/engine_bench
+bin=$(cargo metadata --format-version 1 --no-deps |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/examples/engine_bench
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/{print $2}') GiB"
 mkdir -p "$DIR"
 # The device files go on any exit (a failure or Ctrl-C too).

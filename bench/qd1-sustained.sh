@@ -40,7 +40,7 @@ if [[ -n "${STRATA_BIN:-}" ]]; then
     STRATA=$STRATA_BIN
 else
     cargo build --release -p strata --bin strata >&2
-    STRATA=target/release/strata
+    STRATA=$(target_dir)/release/strata
 fi
 mkdir -p "$DIR"
 SCRATCH+=("$DIR/qemu.raw")

@@ -16,11 +16,17 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# target_dir: where cargo puts its builds (target/, or CARGO_TARGET_DIR when that is set).
+target_dir() {
+    cargo metadata --format-version 1 --no-deps |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])'
+}
+
 build() {
     cargo build --release -p strata --bin strata >&2
     cargo build --release -p strata-bench --example raw_nbd >&2
-    STRATA=target/release/strata
-    RAW_NBD=target/release/examples/raw_nbd
+    STRATA=$(target_dir)/release/strata
+    RAW_NBD=$(target_dir)/release/examples/raw_nbd
 }
 
 machine() {
