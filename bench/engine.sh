@@ -10,9 +10,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 what=${1:-all}
 DIR=${DIR:-target/bench-engine}
 cargo build --release --example engine_bench >&2
-bin=target/release/examples/engine_bench
+bin=$(cargo metadata --format-version 1 --no-deps |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/examples/engine_bench
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/{print $2}') GiB"
 mkdir -p "$DIR"
+# The device files go on any exit (a failure or Ctrl-C too).
+trap 'rm -f "$DIR"/fast.img "$DIR"/capacity.img' EXIT
 echo "devices: files in $DIR on $(df -T "$DIR" | awk 'NR==2{print $1" ("$2")"}'), O_DIRECT"
 run() { echo "== $1"; "$bin" "$@"; }
 case $what in
@@ -28,4 +31,3 @@ case $what in
         ;;
     *) echo "usage: bench/engine.sh [qd32|saturate|hotset|index-ram|all]" >&2; exit 2 ;;
 esac
-rm -f "$DIR"/fast.img "$DIR"/capacity.img

@@ -54,8 +54,8 @@ WORK=$(mktemp -d "$BENCH_DIR/strata-bench.XXXXXX")
 STRATA_PID=""
 QEMU_PID=""
 cleanup() {
-    [[ -n "$STRATA_PID" ]] && kill "$STRATA_PID" 2>/dev/null && wait "$STRATA_PID" 2>/dev/null
-    [[ -n "$QEMU_PID" ]] && kill "$QEMU_PID" 2>/dev/null && wait "$QEMU_PID" 2>/dev/null
+    [[ -n "$STRATA_PID" ]] && kill "$STRATA_PID" 2>/dev/null && wait "$STRATA_PID" 2>/dev/null || true
+    [[ -n "$QEMU_PID" ]] && kill "$QEMU_PID" 2>/dev/null && wait "$QEMU_PID" 2>/dev/null || true
     if [[ -n "$KEEP" ]]; then
         echo "bench: kept $WORK"
     else

@@ -40,9 +40,10 @@ if [[ -n "${STRATA_BIN:-}" ]]; then
     STRATA=$STRATA_BIN
 else
     cargo build --release -p strata --bin strata >&2
-    STRATA=target/release/strata
+    STRATA=$(target_dir)/release/strata
 fi
 mkdir -p "$DIR"
+SCRATCH+=("$DIR/qemu.raw")
 machine "$DIR"
 echo "strata:   $STRATA serve ${STRATA_ARGS:-(defaults)}"
 echo "qemu-nbd: --cache=$QEMU_CACHE --aio=io_uring on a preallocated raw file; $(qemu-nbd --version | head -1)"

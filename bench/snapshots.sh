@@ -58,8 +58,8 @@ WORK=$(mktemp -d "$BENCH_DIR/strata-bench-snap.XXXXXX")
 STRATA_PID=""
 LOAD_PID=""
 cleanup() {
-    [[ -n "$LOAD_PID" ]] && kill "$LOAD_PID" 2>/dev/null && wait "$LOAD_PID" 2>/dev/null
-    [[ -n "$STRATA_PID" ]] && kill "$STRATA_PID" 2>/dev/null && wait "$STRATA_PID" 2>/dev/null
+    [[ -n "$LOAD_PID" ]] && kill "$LOAD_PID" 2>/dev/null && wait "$LOAD_PID" 2>/dev/null || true
+    [[ -n "$STRATA_PID" ]] && kill "$STRATA_PID" 2>/dev/null && wait "$STRATA_PID" 2>/dev/null || true
     if [[ -n "$KEEP" ]]; then
         echo "bench: kept $WORK"
     else

@@ -33,7 +33,7 @@ QD=${QD:-16}
 CACHE_RATIO=${CACHE_RATIO:-0.7}
 command -v fio >/dev/null || { echo "tiering.sh needs fio (apt-get install fio)" >&2; exit 1; }
 cargo build --release -p strata --bin strata >&2
-STRATA=target/release/strata
+STRATA=$(target_dir)/release/strata
 mkdir -p "$DIR" "$OUT"
 machine "$DIR"
 fast_bytes=$(python3 -c "import sys; u={'K':10,'M':20,'G':30}; s=sys.argv[1]; print(int(s[:-1]) << u[s[-1]])" "$FAST")

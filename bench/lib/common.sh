@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 STARTED_PIDS=()
+SCRATCH=() # the daemons' directories (and other device files), removed on exit
 cleanup() {
     local pid
     for pid in "${STARTED_PIDS[@]}"; do
@@ -11,14 +12,21 @@ cleanup() {
     for pid in "${STARTED_PIDS[@]}"; do
         wait "$pid" 2>/dev/null || true
     done
+    rm -rf "${SCRATCH[@]}"
 }
 trap cleanup EXIT
+
+# target_dir: where cargo puts its builds (target/, or CARGO_TARGET_DIR when that is set).
+target_dir() {
+    cargo metadata --format-version 1 --no-deps |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])'
+}
 
 build() {
     cargo build --release -p strata --bin strata >&2
     cargo build --release -p strata-bench --example raw_nbd >&2
-    STRATA=target/release/strata
-    RAW_NBD=target/release/examples/raw_nbd
+    STRATA=$(target_dir)/release/strata
+    RAW_NBD=$(target_dir)/release/examples/raw_nbd
 }
 
 machine() {
@@ -26,11 +34,17 @@ machine() {
     echo "devices: files in $1 on $(df -T "$1" | awk 'NR==2{print $1" ("$2")"}'), O_DIRECT"
 }
 
-# wait_line FILE PATTERN: waits up to 60 s for a line matching PATTERN in FILE.
+# wait_line FILE PATTERN [PID]: waits up to 60 s for a line matching PATTERN in FILE; with PID,
+# fails at once when that process has exited, showing the end of its stderr (FILE's directory).
 wait_line() {
     local i
     for i in $(seq 600); do
         grep -q "$2" "$1" 2>/dev/null && return 0
+        if [[ -n "${3:-}" ]] && ! kill -0 "$3" 2>/dev/null; then
+            tail -5 "$(dirname "$1")/stderr" >&2
+            echo "exited before '$2' appeared in $1" >&2
+            return 1
+        fi
         sleep 0.1
     done
     echo "timed out waiting for '$2' in $1" >&2
@@ -43,11 +57,12 @@ start_strata() {
     shift
     rm -rf "$dir"
     mkdir -p "$dir"
+    SCRATCH+=("$dir")
     "$STRATA" serve --data-dir "$dir/data" --nbd-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 "$@" \
         >"$dir/stdout" 2>"$dir/stderr" &
     STARTED_PIDS+=($!)
     STRATA_PID=$!
-    wait_line "$dir/stdout" "strata: ready"
+    wait_line "$dir/stdout" "strata: ready" "$STRATA_PID"
     NBD=nbd://$(sed -n 's/^strata: NBD listening on //p' "$dir/stdout")
     API=$(sed -n 's/^strata: HTTP API listening on //p' "$dir/stdout")
 }
@@ -57,11 +72,12 @@ start_raw() {
     local dir=$1
     rm -rf "$dir"
     mkdir -p "$dir"
+    SCRATCH+=("$dir")
     "$RAW_NBD" --device "$dir/capacity.img" --size "$2" --listen 127.0.0.1:0 --emulate "$3" \
         >"$dir/stdout" 2>"$dir/stderr" &
     STARTED_PIDS+=($!)
     RAW_PID=$!
-    wait_line "$dir/stdout" "raw_nbd: ready"
+    wait_line "$dir/stdout" "raw_nbd: ready" "$RAW_PID"
     RAW_URI=$(sed -n 's/^raw_nbd: ready //p' "$dir/stdout")
 }
 
