@@ -41,7 +41,10 @@ fio_run() {
         --ramp_time="$RAMP" --output-format=json --output="$DIR/$1.json" >/dev/null
     python3 - "$DIR/$1.json" <<'EOF'
 import json, sys
-w = json.load(open(sys.argv[1]))["jobs"][0]["write"]
+job = json.load(open(sys.argv[1]))["jobs"][0]
+if job["error"]:
+    sys.exit(f"fio error {job['error']} in {sys.argv[1]}")
+w = job["write"]
 print("%.0f %.0f" % (w["iops"], w["clat_ns"]["percentile"]["99.000000"] / 1000))
 EOF
 }
@@ -58,8 +61,11 @@ for pair in $(seq "$PAIRS"); do
             --iodepth=8 --output-format=terse >/dev/null
         line="$side run $pair:"
         for round in $(seq "$ROUNDS"); do
-            read -r iops32 _ < <(fio_run qd32 32)
-            read -r _ p99 < <(fio_run qd1 1)
+            # Substitutions, not `< <(...)`: under set -e a failed fio or parse stops the run.
+            qd32=$(fio_run qd32 32)
+            qd1=$(fio_run qd1 1)
+            read -r iops32 _ <<<"$qd32"
+            read -r _ p99 <<<"$qd1"
             echo "$side $round $iops32 $p99" >>"$RESULTS"
             line="$line  $iops32 / ${p99} us"
         done
