@@ -28,6 +28,9 @@ pub enum EngineError {
     InUse(String),
     #[error("the disk group is shutting down")]
     ShuttingDown,
+    /// A long task (a scrub) stopped because its caller asked it to.
+    #[error("{0} was cancelled")]
+    Cancelled(&'static str),
     #[error("the disk group is offline after a fast-device failure: {0}")]
     Failed(String),
     #[error("{0}")]

@@ -34,6 +34,9 @@ pub struct ScrubOptions {
     pub volume: Option<String>,
     /// Bytes read per second at most (data and metadata); 0: unlimited.
     pub rate_bytes_per_s: u64,
+    /// Set by the caller to stop the scrub (whoever asked for it went away); it then ends
+    /// with [`EngineError::Cancelled`] and leaves the last result as it was.
+    pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// A data block whose checksum does not match (or could not be read).
@@ -107,6 +110,7 @@ pub fn background(sh: std::sync::Arc<Shared>, every: Duration) {
     let opts = ScrubOptions {
         volume: None,
         rate_bytes_per_s: sh.cfg.scrub_rate_bytes_per_s,
+        cancel: None,
     };
     let mut next = Instant::now() + every;
     loop {
@@ -150,7 +154,10 @@ fn run(sh: &Shared, opts: &ScrubOptions) -> Result<ScrubReport, EngineError> {
         let ends = |e: &EngineError| {
             matches!(
                 e,
-                EngineError::ShuttingDown | EngineError::InUse(_) | EngineError::Failed(_)
+                EngineError::ShuttingDown
+                    | EngineError::InUse(_)
+                    | EngineError::Failed(_)
+                    | EngineError::Cancelled(_)
             )
         };
         if let Err(e) = s.check_metadata() {
@@ -228,6 +235,11 @@ impl<'a> Scrubber<'a> {
                 || self.sh.abandon.load(Ordering::Relaxed)
             {
                 return Err(EngineError::ShuttingDown);
+            }
+            if let Some(cancel) = &self.opts.cancel {
+                if cancel.load(Ordering::Relaxed) {
+                    return Err(EngineError::Cancelled("the scrub"));
+                }
             }
             let spent = self.started.elapsed();
             if due <= spent {

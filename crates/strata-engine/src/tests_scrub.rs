@@ -136,6 +136,7 @@ fn scrub_reports_every_bad_block_and_repairs_every_metadata_copy() {
         .scrub(&ScrubOptions {
             volume: Some("v".into()),
             rate_bytes_per_s: 0,
+            cancel: None,
         })
         .unwrap();
     assert_eq!(after.bad_blocks_total, 4, "{after:#?}");
@@ -158,6 +159,7 @@ fn scrub_of_one_volume_checks_only_its_blocks_and_keeps_to_its_rate() {
         .scrub(&ScrubOptions {
             volume: Some("b".into()),
             rate_bytes_per_s: 4 * MIB,
+            cancel: None,
         })
         .unwrap();
     assert_eq!(r.data_bytes_verified, MIB, "{r:?}");
@@ -170,7 +172,8 @@ fn scrub_of_one_volume_checks_only_its_blocks_and_keeps_to_its_rate() {
     assert!(matches!(
         dg.scrub(&ScrubOptions {
             volume: Some("nope".into()),
-            rate_bytes_per_s: 0
+            rate_bytes_per_s: 0,
+            cancel: None,
         }),
         Err(EngineError::NotFound(_))
     ));
@@ -195,6 +198,7 @@ fn scrub_keeps_to_a_rate_below_one_chunk_per_200_ms() {
         .scrub(&ScrubOptions {
             volume: Some("b".into()),
             rate_bytes_per_s: 2 * MIB,
+            cancel: None,
         })
         .unwrap();
     assert_eq!(r.data_bytes_verified, 4 * MIB, "{r:?}");
@@ -205,6 +209,37 @@ fn scrub_keeps_to_a_rate_below_one_chunk_per_200_ms() {
         "{:?}",
         started.elapsed()
     );
+}
+
+#[test]
+fn a_cancelled_scrub_stops_and_leaves_the_last_result_alone() {
+    let rig = Rig::new(32 * MIB, &[48 * MIB], small_cfg(), 44);
+    let dg = rig.dg();
+    let b = dg.create_volume("b", 4 * MIB).unwrap().id;
+    dg.write(b, 0, &vec![2u8; 4 * MIB as usize]).unwrap();
+    let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let slow = ScrubOptions {
+        volume: Some("b".into()),
+        // About 64 s for this volume: only a cancel ends it within the test.
+        rate_bytes_per_s: 64 << 10,
+        cancel: Some(cancel.clone()),
+    };
+    let started = std::time::Instant::now();
+    let scrub = std::thread::scope(|s| {
+        let run = s.spawn(|| dg.scrub(&slow));
+        while !dg.scrub_status().running {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+        run.join().unwrap()
+    });
+    assert!(matches!(scrub, Err(EngineError::Cancelled(_))), "{scrub:?}");
+    assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
+    let status = dg.scrub_status();
+    assert!(!status.running && status.last.is_none(), "{status:?}");
+    // The slot is free again.
+    let again = ScrubOptions { volume: Some("b".into()), ..ScrubOptions::default() };
+    assert!(dg.scrub(&again).unwrap().clean());
 }
 
 /// Writes `n` single-block records, each in its own batch (one writer, one at a time).

@@ -92,7 +92,7 @@ pub fn errno_for(op: Op, e: &EngineError) -> Errno {
         EngineError::NoSpace => Errno::NoSpc,
         EngineError::InvalidArgument(_) | EngineError::InUse(_) => Errno::Inval,
         EngineError::ReadOnly(_) => Errno::Perm,
-        EngineError::ShuttingDown => Errno::Shutdown,
+        EngineError::ShuttingDown | EngineError::Cancelled(_) => Errno::Shutdown,
         // The volume went away under the client (deleted).
         EngineError::NotFound(_) => Errno::Shutdown,
         EngineError::Corrupt(_)

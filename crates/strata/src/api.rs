@@ -174,7 +174,9 @@ impl From<EngineError> for ApiError {
                 StatusCode::BAD_REQUEST
             }
             EngineError::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
-            EngineError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            EngineError::ShuttingDown | EngineError::Cancelled(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             EngineError::Corrupt(_)
             | EngineError::Failed(_)
             | EngineError::Device(_)

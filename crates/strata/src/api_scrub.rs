@@ -9,6 +9,7 @@
 //! stays open until it ends (the CLI waits without a deadline for this one request). A client that
 //! goes away does not stop it; its report is still `last`. Shutdown of the daemon answers 503 at
 //! once and the scrub stops with the disk group.
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -214,13 +215,24 @@ async fn run(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<ScrubReportJson>, ApiError> {
     let req = parse_request(body)?;
+    // A client that goes away (Ctrl-C on `strata scrub`) drops this future: the guard then
+    // stops the scrub, which would otherwise hold the scrub slot to its end with nobody to
+    // read its report.
+    let cancel = CancelOnDrop(Arc::new(AtomicBool::new(false)));
     let opts = ScrubOptions {
         volume: req.volume,
         rate_bytes_per_s: req.rate_bytes_per_s.unwrap_or(state.scrub.rate_bytes_per_s),
+        cancel: Some(cancel.0.clone()),
     };
     tracing::info!(scope = opts.volume.as_deref().unwrap_or("all"), rate_bytes_per_s = opts.rate_bytes_per_s, "scrub requested");
     let group = state.registry.group().clone();
-    let task = tokio::task::spawn_blocking(move || group.scrub(&opts));
+    let task = tokio::task::spawn_blocking(move || {
+        let report = group.scrub(&opts);
+        if let Err(strata_engine::EngineError::Cancelled(_)) = &report {
+            tracing::info!("scrub stopped: the client that asked for it went away");
+        }
+        report
+    });
     let mut stopping = state.stopping.clone();
     tokio::select! {
         joined = task => match joined {
@@ -235,6 +247,15 @@ async fn run(
             StatusCode::SERVICE_UNAVAILABLE,
             "the daemon is shutting down; the scrub stops with it",
         )),
+    }
+}
+
+/// Sets its flag when dropped: a scrub request's handler ended, answered or not.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 

@@ -88,3 +88,39 @@ async fn a_second_scrub_is_refused_while_one_runs() {
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["clean"], true, "{v}");
 }
+
+#[tokio::test]
+async fn a_scrub_whose_client_went_away_stops() {
+    let (app, state) = app();
+    create(&app, "v", 64 << 20).await;
+    let vol = NbdBackend(state.registry.clone()).open("v").unwrap();
+    for i in 0..16u64 {
+        vol.write(i * (1 << 20), &[1u8; 4096], false).unwrap();
+    }
+    // At 1 KiB/s this scrub would take over a minute; the client leaves once it runs.
+    let slow = {
+        let app = app.clone();
+        tokio::spawn(async move { call(&app, "POST", "/api/v1/scrub", Some(json!({"rate_bytes_per_s": 1024}))).await })
+    };
+    let running = |v: &serde_json::Value| v["running"] == true;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, v) = call(&app, "GET", "/api/v1/scrub", None).await;
+        if running(&v) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the scrub never showed as running: {v}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    slow.abort();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, v) = call(&app, "GET", "/api/v1/scrub", None).await;
+        if !running(&v) {
+            assert!(v["last"].is_null(), "a cancelled scrub is no result: {v}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the scrub ran on after its client left: {v}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
