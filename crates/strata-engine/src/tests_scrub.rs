@@ -234,11 +234,18 @@ fn a_cancelled_scrub_stops_and_leaves_the_last_result_alone() {
         run.join().unwrap()
     });
     assert!(matches!(scrub, Err(EngineError::Cancelled(_))), "{scrub:?}");
-    assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
     let status = dg.scrub_status();
     assert!(!status.running && status.last.is_none(), "{status:?}");
     // The slot is free again.
-    let again = ScrubOptions { volume: Some("b".into()), ..ScrubOptions::default() };
+    let again = ScrubOptions {
+        volume: Some("b".into()),
+        ..ScrubOptions::default()
+    };
     assert!(dg.scrub(&again).unwrap().clean());
 }
 
