@@ -59,28 +59,39 @@ async fn bad_scrub_requests_are_refused_with_reasons() {
     assert!(v["last"].is_null(), "{v}");
 }
 
-#[tokio::test]
-async fn a_second_scrub_is_refused_while_one_runs() {
-    let (app, state) = app();
-    create(&app, "v", 64 << 20).await;
+/// Writes 64 KiB over a new volume `v`, starts a scrub of everything at `rate_bytes_per_s`
+/// and returns its request once the scrub shows as running.
+async fn scrub_running(
+    app: &axum::Router,
+    state: &crate::api::AppState,
+    rate_bytes_per_s: u64,
+) -> tokio::task::JoinHandle<(StatusCode, serde_json::Value)> {
+    create(app, "v", 64 << 20).await;
     let vol = NbdBackend(state.registry.clone()).open("v").unwrap();
-    // 64 KiB of data and some metadata at 64 KiB/s: a scrub of a second or two.
     for i in 0..16u64 {
         vol.write(i * (1 << 20), &[1u8; 4096], false).unwrap();
     }
     let slow = {
         let app = app.clone();
-        tokio::spawn(async move { call(&app, "POST", "/api/v1/scrub", Some(json!({"rate_bytes_per_s": 65536}))).await })
+        let body = json!({ "rate_bytes_per_s": rate_bytes_per_s });
+        tokio::spawn(async move { call(&app, "POST", "/api/v1/scrub", Some(body)).await })
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let (_, v) = call(&app, "GET", "/api/v1/scrub", None).await;
+        let (_, v) = call(app, "GET", "/api/v1/scrub", None).await;
         if v["running"] == true {
-            break;
+            return slow;
         }
         assert!(Instant::now() < deadline, "the scrub never showed as running: {v}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+#[tokio::test]
+async fn a_second_scrub_is_refused_while_one_runs() {
+    let (app, state) = app();
+    // 64 KiB of data and some metadata at 64 KiB/s: a scrub of a second or two.
+    let slow = scrub_running(&app, &state, 65536).await;
     let (s, v) = call(&app, "POST", "/api/v1/scrub", None).await;
     assert_eq!(s, StatusCode::CONFLICT, "{v}");
     assert!(v["error"].as_str().unwrap().contains("already running"), "{v}");
@@ -92,31 +103,13 @@ async fn a_second_scrub_is_refused_while_one_runs() {
 #[tokio::test]
 async fn a_scrub_whose_client_went_away_stops() {
     let (app, state) = app();
-    create(&app, "v", 64 << 20).await;
-    let vol = NbdBackend(state.registry.clone()).open("v").unwrap();
-    for i in 0..16u64 {
-        vol.write(i * (1 << 20), &[1u8; 4096], false).unwrap();
-    }
     // At 1 KiB/s this scrub would take over a minute; the client leaves once it runs.
-    let slow = {
-        let app = app.clone();
-        tokio::spawn(async move { call(&app, "POST", "/api/v1/scrub", Some(json!({"rate_bytes_per_s": 1024}))).await })
-    };
-    let running = |v: &serde_json::Value| v["running"] == true;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, v) = call(&app, "GET", "/api/v1/scrub", None).await;
-        if running(&v) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the scrub never showed as running: {v}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let slow = scrub_running(&app, &state, 1024).await;
     slow.abort();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (_, v) = call(&app, "GET", "/api/v1/scrub", None).await;
-        if !running(&v) {
+        if v["running"] == false {
             assert!(v["last"].is_null(), "a cancelled scrub is no result: {v}");
             break;
         }
