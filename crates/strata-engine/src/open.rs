@@ -35,6 +35,9 @@ pub struct OpenReport {
     /// Runs of lone writes whose last write was torn in flight (never acknowledged), so
     /// replayed without it.
     pub torn_run_writes: usize,
+    /// The group's segment size, as formatted: a group keeps the size it was made with,
+    /// whatever `EngineConfig::segment_size_bytes` asks at later opens.
+    pub segment_size_bytes: u64,
 }
 
 pub fn open_shared(
@@ -86,6 +89,7 @@ pub fn open_shared(
             (layout, cp, stamps)
         }
     };
+    report.segment_size_bytes = layout.segment_size_bytes;
     let sh = Arc::new(new_shared(fast, caps, cfg, layout, &checkpoint));
     load_segment_table(&sh, &checkpoint)?;
     recount_index_pages(&sh, &checkpoint)?;

@@ -47,6 +47,8 @@ pub struct ServeConfig {
     /// of another size is then worth a warning, as it is never resized.
     pub fast_size_given: bool,
     pub capacity_size_given: bool,
+    /// Likewise for the segment size, which only a group's first start applies.
+    pub segment_size_given: bool,
     pub nbd_listen: SocketAddr,
     pub http_listen: SocketAddr,
     pub engine: EngineConfig,
@@ -512,6 +514,7 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
         capacity_size_bytes,
         fast_size_given: args.fast_size.is_some() || file.fast_size.is_some(),
         capacity_size_given: args.capacity_size.is_some() || file.capacity_size.is_some(),
+        segment_size_given: args.segment_size.is_some() || file.segment_size.is_some(),
         nbd_listen: parse_listen(&nbd_text, "NBD")?,
         http_listen: parse_listen(&http_text, "HTTP")?,
         engine,
@@ -577,7 +580,11 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
 }
 
 /// The token from `--http-token-file`, else the file's `http_token_file`, else `http_token`.
+/// A file that sets both keys is refused: which one it meant cannot be told.
 fn resolve_token(args: &ServeArgs, file: &FileConfig) -> Result<Option<Token>> {
+    if file.http_token.is_some() && file.http_token_file.is_some() {
+        bail!("the config file sets both http_token and http_token_file: keep one of them");
+    }
     let path = args
         .http_token_file
         .clone()

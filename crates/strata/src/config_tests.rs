@@ -372,6 +372,16 @@ fn the_token_file_wins_and_its_errors_do_not_echo_the_token() {
 }
 
 #[test]
+fn a_config_file_with_both_token_keys_is_refused() {
+    let both = "http_token = \"config-token-abcdefghij\"\nhttp_token_file = \"/etc/strata/token\"\n";
+    let e = merge(&ServeArgs::default(), parse_file(both).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("both http_token and http_token_file"), "{e}");
+    assert!(!e.contains("config-token-abcdefghij"), "{e}");
+}
+
+#[test]
 fn durations_longer_than_ten_years_are_refused() {
     use std::time::Duration;
     assert_eq!(

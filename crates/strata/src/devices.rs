@@ -101,6 +101,19 @@ fn warn_unused_size(device: &Arc<dyn Device>, asked: u64, given: bool, key: &str
     }
 }
 
+/// What to tell a user whose `segment-size` differs from the size the disk group was formatted
+/// with: only a group's first start applies it, and a group's segments never change size.
+pub fn unused_segment_size(cfg: &ServeConfig, formatted_bytes: u64) -> Option<String> {
+    let asked = cfg.engine.segment_size_bytes;
+    (cfg.segment_size_given && asked != formatted_bytes).then(|| {
+        format!(
+            "segment-size {} is not applied: the disk group was formatted with {} segments, and a group keeps the size it was made with",
+            crate::config::format_size(asked),
+            crate::config::format_size(formatted_bytes)
+        )
+    })
+}
+
 /// Wraps a device in its emulated model, if one was asked for.
 fn emulate(device: Arc<dyn Device>, spec: Option<&EmulationSpec>) -> Arc<dyn Device> {
     let Some(spec) = spec else { return device };
@@ -388,5 +401,42 @@ mod tests {
         let e = merge(&args, Default::default()).unwrap_err().to_string();
         assert!(e.starts_with("fast-emulate: invalid emulation spec"), "{e}");
         assert!(!dir.path().join("never").exists());
+    }
+
+    /// Opens the group the configuration names, as serve does, and closes it again.
+    fn formatted_segment_size(cfg: &ServeConfig) -> u64 {
+        let devs = open_devices(cfg).unwrap();
+        let group =
+            strata_engine::DiskGroup::open(devs.fast, devs.capacity, cfg.engine.clone(), true)
+                .unwrap();
+        let formatted = group.open_report().segment_size_bytes;
+        group.shutdown().unwrap();
+        formatted
+    }
+
+    #[test]
+    fn a_segment_size_the_group_was_not_made_with_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut args = args_in(dir.path());
+        args.fast_size = Some(64 << 20);
+        args.capacity_size = Some(64 << 20);
+        args.segment_size = Some(8 << 20);
+        let first = merge(&args, Default::default()).unwrap();
+        assert_eq!(formatted_segment_size(&first), 8 << 20);
+        assert_eq!(unused_segment_size(&first, 8 << 20), None);
+
+        args.segment_size = Some(16 << 20);
+        let later = merge(&args, Default::default()).unwrap();
+        let formatted = formatted_segment_size(&later);
+        assert_eq!(formatted, 8 << 20, "a group keeps its segment size");
+        let note = unused_segment_size(&later, formatted).expect("a note for 16 MiB against 8 MiB");
+        assert!(note.contains("16 MiB") && note.contains("8 MiB"), "{note}");
+
+        args.segment_size = None;
+        let unasked = merge(&args, Default::default()).unwrap();
+        assert_eq!(
+            unused_segment_size(&unasked, formatted_segment_size(&unasked)),
+            None
+        );
     }
 }

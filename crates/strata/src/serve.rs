@@ -94,6 +94,10 @@ async fn open_group(cfg: &ServeConfig) -> Result<(Arc<DiskGroup>, String, ReadCa
             created.remove();
             anyhow!("cannot open the disk group on {fast_name}: {e}")
         })?;
+        let formatted = group.open_report().segment_size_bytes;
+        if let Some(note) = crate::devices::unused_segment_size(&cfg, formatted) {
+            tracing::warn!(asked_bytes = cfg.engine.segment_size_bytes, segment_size_bytes = formatted, "{note}");
+        }
         // Only into a group that never had a volume: one whose volumes were all deleted
         // stays empty, so a client of `vol0` does not find a new blank disk under that name.
         if cfg.default_volume_size_bytes > 0 && group.volume_table_is_new() {
