@@ -428,10 +428,35 @@ pub fn parse_file(text: &str) -> Result<FileConfig> {
 /// Merges flags over the file over the defaults, then validates the result.
 pub fn resolve(args: &ServeArgs) -> Result<ServeConfig> {
     let file = match &args.config {
-        Some(path) => load_file(path)?,
+        Some(path) => {
+            let dir = path.parent().unwrap_or(Path::new(""));
+            load_file(path)?.with_paths_from(dir)
+        }
         None => FileConfig::default(),
     };
     merge(args, file)
+}
+
+impl FileConfig {
+    /// A relative path in a config file names a place beside the file, not in whatever
+    /// directory the daemon was started from (a service manager's is `/`). Flags keep theirs.
+    pub fn with_paths_from(mut self, dir: &Path) -> FileConfig {
+        let rebase = |p: &mut PathBuf| {
+            // An empty path stays empty, so that validation refuses it.
+            if p.is_relative() && !p.as_os_str().is_empty() {
+                *p = dir.join(&*p);
+            }
+        };
+        let singles = [
+            &mut self.data_dir,
+            &mut self.fast_device,
+            &mut self.http_token_file,
+        ];
+        singles.into_iter().flatten().for_each(rebase);
+        let lists = [&mut self.capacity_devices, &mut self.catalog_files];
+        lists.into_iter().flatten().flatten().for_each(rebase);
+        self
+    }
 }
 
 pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {

@@ -414,6 +414,38 @@ fn a_default_volume_larger_than_a_volume_may_be_is_refused() {
 }
 
 #[test]
+fn relative_paths_in_a_config_file_are_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let etc = dir.path().join("etc");
+    std::fs::create_dir(&etc).unwrap();
+    std::fs::write(etc.join("token"), "file-token-abcdefghijkl\n").unwrap();
+    let config = etc.join("strata.toml");
+    let text = "data_dir = \"data\"\nfast_device = \"/dev/nvme0n1\"\n\
+        capacity_devices = [\"disks/c0.img\", \"/dev/sdb\"]\n\
+        http_token_file = \"token\"\ncatalog_files = [\"catalog.toml\"]\n";
+    std::fs::write(&config, text).unwrap();
+    let args = ServeArgs {
+        config: Some(config),
+        ..Default::default()
+    };
+    let c = resolve(&args).unwrap();
+    assert_eq!(c.data_dir, etc.join("data"));
+    assert_eq!(c.fast_device, PathBuf::from("/dev/nvme0n1"));
+    assert_eq!(
+        c.capacity_devices,
+        vec![etc.join("disks/c0.img"), PathBuf::from("/dev/sdb")]
+    );
+    assert_eq!(c.catalog_files, vec![etc.join("catalog.toml")]);
+    assert!(c.http_token.unwrap().matches("file-token-abcdefghijkl"));
+    // A flag's relative path stays relative to the working directory.
+    let flagged = ServeArgs {
+        data_dir: Some(PathBuf::from("here")),
+        ..args
+    };
+    assert_eq!(resolve(&flagged).unwrap().data_dir, PathBuf::from("here"));
+}
+
+#[test]
 fn empty_paths_are_refused() {
     for text in [
         "data_dir = \"\"",
