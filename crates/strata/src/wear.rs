@@ -117,9 +117,15 @@ pub fn wear(
     now_unix_s: u64,
     history: &History,
 ) -> WearJson {
-    let age_s = now_unix_s.saturating_sub(w.first_use_unix_s).max(1) as f64;
-    let avg = w.bytes_written_total as f64 / age_s;
     let recent = history.recent_device_write_bytes_per_s(&id.name, RECENT_WINDOW);
+    // With the clock behind the device's first use (stepped back, or wrong when the group was
+    // made), the device's age is unknown: an age of a second would make the average a
+    // device's lifetime writes per second. The recent rate stands in, and nothing is projected.
+    let age_s = now_unix_s.checked_sub(w.first_use_unix_s);
+    let avg = match age_s {
+        Some(age_s) => w.bytes_written_total as f64 / age_s.max(1) as f64,
+        None => recent.unwrap_or(0.0),
+    };
     let drive_writes_per_day = if size_bytes == 0 {
         0.0
     } else {
@@ -143,7 +149,8 @@ pub fn wear(
         out.rated_endurance_bytes = Some(r.endurance_bytes);
         out.endurance_used_ratio = Some(w.bytes_written_total as f64 / r.endurance_bytes);
         out.warranty_end_unix_s = Some(warranty_end as u64);
-        if avg > 0.0 && age_s >= id.projection_after_s as f64 {
+        let old_enough = age_s.is_some_and(|age_s| age_s >= id.projection_after_s);
+        if avg > 0.0 && old_enough {
             let left = (r.endurance_bytes - w.bytes_written_total as f64).max(0.0);
             let wear_out = now_unix_s as f64 + left / avg;
             out.projected_wear_out_unix_s = Some(wear_out.min(u64::MAX as f64) as u64);
@@ -235,6 +242,29 @@ mod tests {
         // A day on, the average says what it says.
         let j = wear(&id(Some(rating)), size, load, DAY, &h);
         assert!(j.projected_wear_out_unix_s.is_some(), "{j:?}");
+    }
+
+    #[test]
+    fn a_clock_behind_the_first_use_gives_no_lifetime_average() {
+        let h = History::new();
+        let size = 800_000_000_000u64;
+        let rating = Rating {
+            endurance_bytes: 3.0 * 800.0 * GB * 365.0 * 5.0,
+            warranty_years: 5.0,
+        };
+        // Made a year ahead of the clock that now reads: a day's writes at 3 DWPD.
+        let w = strata_engine::DeviceWear {
+            bytes_written_total: 3 * size,
+            first_use_unix_s: 400 * DAY,
+        };
+        let j = wear(&id(Some(rating)), size, w, 35 * DAY, &h);
+        assert_eq!(j.write_bytes_per_s_avg, 0.0, "{j:?}");
+        assert_eq!(j.drive_writes_per_day, 0.0, "{j:?}");
+        assert_eq!(j.projected_wear_out_unix_s, None, "{j:?}");
+        assert!(!j.wears_out_before_warranty, "{j:?}");
+        // The lifetime count is still what the device received.
+        let used = j.endurance_used_ratio.unwrap();
+        assert!((used - 1.0 / (365.0 * 5.0)).abs() < 1e-12, "{used}");
     }
 
     #[test]
