@@ -106,32 +106,33 @@ impl History {
 
     /// Mean rate of host writes over the last `window`, from the samples (None when empty).
     pub fn recent_write_bytes_per_s(&self, window: Duration) -> Option<f64> {
-        self.recent_mean(window, |s| s.write_bytes_per_s)
+        self.recent_mean(window, |s| Some(s.write_bytes_per_s))
     }
 
     /// Mean write rate a device saw over the last `window` (None when no sample has it).
     pub fn recent_device_write_bytes_per_s(&self, device: &str, window: Duration) -> Option<f64> {
-        let q = self.samples.lock();
-        let take = samples_in(window);
-        let rates: Vec<f64> = q
-            .iter()
-            .rev()
-            .take(take)
-            .filter_map(|s| s.devices.iter().find(|d| d.name == device))
-            .map(|d| d.write_bytes_per_s)
-            .collect();
-        (!rates.is_empty()).then(|| rates.iter().sum::<f64>() / rates.len() as f64)
+        self.recent_mean(window, |s| {
+            let d = s.devices.iter().find(|d| d.name == device)?;
+            Some(d.write_bytes_per_s)
+        })
     }
 
-    fn recent_mean(&self, window: Duration, f: impl Fn(&Sample) -> f64) -> Option<f64> {
+    /// The rate over the newest samples that cover `window`, each weighted by its interval:
+    /// a sampler that fell behind leaves one long sample, which stands for all of its time.
+    fn recent_mean(&self, window: Duration, rate: impl Fn(&Sample) -> Option<f64>) -> Option<f64> {
         let q = self.samples.lock();
-        let take = samples_in(window).min(q.len());
-        (take > 0).then(|| q.iter().rev().take(take).map(&f).sum::<f64>() / take as f64)
+        let (mut bytes, mut secs) = (0.0, 0.0);
+        for s in q.iter().rev() {
+            if secs >= window.as_secs_f64() {
+                break;
+            }
+            if let Some(r) = rate(s) {
+                bytes += r * s.interval_s;
+                secs += s.interval_s;
+            }
+        }
+        (secs > 0.0).then(|| bytes / secs)
     }
-}
-
-fn samples_in(window: Duration) -> usize {
-    (window.as_secs_f64() / SAMPLE_INTERVAL.as_secs_f64()).ceil() as usize
 }
 
 fn unix_ms() -> u64 {
@@ -314,6 +315,7 @@ mod tests {
         for i in 0..HISTORY_LEN + 10 {
             let mut s = sample(&r, &r);
             s.t_unix_ms = i as u64 + 1;
+            s.interval_s = 1.0;
             s.write_bytes_per_s = i as f64;
             h.push(s);
         }
@@ -322,5 +324,29 @@ mod tests {
         assert_eq!(h.since(HISTORY_LEN as u64 + 8).len(), 2);
         let last = (HISTORY_LEN + 9) as f64;
         assert_eq!(h.recent_write_bytes_per_s(Duration::from_secs(2)), Some(last - 0.5));
+    }
+
+    #[test]
+    fn recent_rates_weigh_each_sample_by_its_interval() {
+        let registry = Registry::new(test_group());
+        let r = read_now(&registry);
+        let h = History::new();
+        let mut s = sample(&r, &r);
+        let fast = s.devices[0].name.clone();
+        // Nine seconds at 100 B/s in one late sample, then one second at 1,000 B/s.
+        for (interval_s, rate) in [(9.0, 100.0), (1.0, 1_000.0)] {
+            s.interval_s = interval_s;
+            s.write_bytes_per_s = rate;
+            s.devices[0].write_bytes_per_s = rate;
+            s.t_unix_ms += 1_000;
+            h.push(s.clone());
+        }
+        let ten_s = Duration::from_secs(10);
+        assert_eq!(h.recent_write_bytes_per_s(ten_s), Some(190.0));
+        assert_eq!(h.recent_device_write_bytes_per_s(&fast, ten_s), Some(190.0));
+        // The newest second alone is the newest sample alone.
+        let one_s = Duration::from_secs(1);
+        assert_eq!(h.recent_write_bytes_per_s(one_s), Some(1_000.0));
+        assert_eq!(h.recent_device_write_bytes_per_s("no-such-device", ten_s), None);
     }
 }
