@@ -6,7 +6,9 @@
 //! acknowledged when that process reports every chunk written and the flush succeeded. At a
 //! seeded random moment the daemon is killed. After the restart each region must read back as
 //! what was last acknowledged; a region whose write was in flight may hold, byte by byte,
-//! either that or the in-flight pattern, and nothing else. Bytes outside regions stay zero.
+//! either that or the in-flight pattern, and nothing else, except that every chunk of it the
+//! daemon replied to (qemu-io printed `wrote`) must hold the new pattern: a reply means
+//! durable, flush or not. Bytes outside regions stay zero.
 mod common;
 
 use std::process::Command;
@@ -37,6 +39,31 @@ struct Region {
     known: Vec<u8>,
     /// Pattern of a write that was in flight when the daemon died: it may have landed in part.
     in_flight: Option<u8>,
+    /// Chunks of that write the daemon replied to (offset in the region, length): they must
+    /// have landed, since a reply means durable.
+    in_flight_acked: Vec<(usize, usize)>,
+}
+
+impl Region {
+    /// The bytes of the in-flight write that a reply made durable.
+    fn acked_in_flight(&self) -> Vec<bool> {
+        let mut acked = vec![false; REGION_BYTES];
+        for &(start, len) in &self.in_flight_acked {
+            acked[start..start + len].fill(true);
+        }
+        acked
+    }
+
+    /// The first byte that is neither acknowledged content nor, where no reply said it
+    /// landed, the in-flight pattern.
+    fn first_bad_byte(&self, actual: &[u8]) -> Option<usize> {
+        let acked = self.acked_in_flight();
+        (0..REGION_BYTES).find(|&i| match self.in_flight {
+            Some(p) if acked[i] => actual[i] != p,
+            Some(p) => actual[i] != self.known[i] && actual[i] != p,
+            None => actual[i] != self.known[i],
+        })
+    }
 }
 
 /// One qemu-io process rewriting `region` with `pattern`, as concurrent chunks.
@@ -70,9 +97,15 @@ fn worker(uri: String, mut regions: Vec<Region>, seed: u64, load: Load) -> Vec<R
         let (mut command, chunks) = region_write(&uri, &regions[i], pattern, &mut rng);
         regions[i].in_flight = Some(pattern);
         let out = run_timeout(&mut command, CMD_TIMEOUT);
+        let region_offset = regions[i].offset;
+        regions[i].in_flight_acked = wrote_ranges(&out)
+            .into_iter()
+            .map(|(offset, len)| ((offset - region_offset) as usize, len))
+            .collect();
         if acknowledged(&out, chunks) {
             regions[i].known = vec![pattern; REGION_BYTES];
             regions[i].in_flight = None;
+            regions[i].in_flight_acked.clear();
             load.acks.fetch_add(1, Ordering::SeqCst);
             continue;
         }
@@ -155,20 +188,17 @@ fn verify(daemon: &Daemon, regions: &mut [Region], round: u64) {
         let start = region.offset as usize;
         let actual = &data[start..start + REGION_BYTES];
         expected_zero[start..start + REGION_BYTES].fill(false);
-        let bad = actual
-            .iter()
-            .zip(&region.known)
-            .position(|(&a, &k)| a != k && Some(a) != region.in_flight);
-        if let Some(i) = bad {
+        if let Some(i) = region.first_bad_byte(actual) {
             let sector = i / 512;
             panic!(
                 "round {round}: region {r} (offset {}) byte {i} (sector {sector}) reads {:#04x}; acknowledged content \
-                 there is {:#04x}, write in flight at the kill: {:?}",
-                region.offset, actual[i], region.known[i], region.in_flight
+                 there is {:#04x}, write in flight at the kill: {:?}, its chunk there replied: {}",
+                region.offset, actual[i], region.known[i], region.in_flight, region.acked_in_flight()[i]
             );
         }
         region.known.copy_from_slice(actual);
         region.in_flight = None;
+        region.in_flight_acked.clear();
     }
     if let Some(i) = data
         .iter()
@@ -197,6 +227,7 @@ fn acknowledged_writes_survive_sigkill_under_load() {
             offset: r as u64 * REGION_STRIDE_BYTES,
             known: vec![0; REGION_BYTES],
             in_flight: None,
+            in_flight_acked: Vec::new(),
         })
         .collect();
 

@@ -111,6 +111,21 @@ pub fn acknowledged(out: &Output, chunks: usize) -> bool {
     out.status.success() && wrote == chunks && !stdout.contains("failed")
 }
 
+/// The (offset, length) of every write qemu-io reported done (`wrote 4096/4096 bytes at
+/// offset 8192`): each one the daemon replied to, so durable even when a later one failed.
+pub fn wrote_ranges(out: &Output) -> Vec<(u64, usize)> {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("wrote ")?;
+            let (counts, offset) = rest.split_once(" bytes at offset ")?;
+            let (done, _asked) = counts.split_once('/')?;
+            Some((offset.trim().parse().ok()?, done.parse().ok()?))
+        })
+        .collect()
+}
+
 pub fn qemu_io(uri: &str, commands: &[&str]) -> Output {
     run_timeout(&mut qemu_io_cmd(uri, commands), CMD_TIMEOUT)
 }
