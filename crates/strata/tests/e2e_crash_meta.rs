@@ -7,7 +7,8 @@
 //! What is expected is derived only from acknowledged operations:
 //! - `main` is written as in e2e_crash: workers rewrite regions, one qemu-io process per
 //!   region write; a region reads back as its last acknowledged write, or, where a write was in
-//!   flight at the kill, byte by byte as either that or the in-flight pattern.
+//!   flight at the kill, byte by byte as either that or the in-flight pattern, except that
+//!   every chunk of it the daemon replied to (qemu-io printed `wrote`) must hold the pattern.
 //! - A snapshot of `main` holds a region's content as known when the create call started,
 //!   but only for regions on which no write was in flight then and none started before the
 //!   call returned (their content is certain); other regions are not checked the first time.
@@ -148,6 +149,9 @@ struct Region {
     known: Vec<u8>,
     /// Pattern of the write in flight, if any.
     in_flight: Option<u8>,
+    /// Chunks of that write the daemon replied to (offset in the region, length): a reply
+    /// means durable, so they must read as the pattern whatever became of the rest.
+    in_flight_acked: Vec<(usize, usize)>,
     /// Writes started on the region so far.
     starts: u64,
 }
@@ -166,6 +170,9 @@ fn main_image(regions: &[Region], size_bytes: u64) -> Image {
         img.bytes[at..at + REGION_BYTES].copy_from_slice(&r.known);
         if let Some(p) = r.in_flight {
             img.write_in_flight(at, REGION_BYTES, p);
+            for &(start, len) in &r.in_flight_acked {
+                img.bytes[at + start..at + start + len].fill(p);
+            }
         }
     }
     img
@@ -228,10 +235,16 @@ fn worker(uri: String, regions: Regions, mine: std::ops::Range<usize>, seed: u64
             g[i].starts += 1;
         }
         let out = run_timeout(&mut command, CMD_TIMEOUT);
+        let acked = wrote_ranges(&out)
+            .into_iter()
+            .map(|(at, len)| ((at - offset) as usize, len))
+            .collect();
+        lock(&regions)[i].in_flight_acked = acked;
         if acknowledged(&out, chunks) {
             let mut g = lock(&regions);
             g[i].known = vec![pattern; REGION_BYTES];
             g[i].in_flight = None;
+            g[i].in_flight_acked.clear();
             load.acks.fetch_add(1, Ordering::SeqCst);
             continue;
         }
@@ -888,6 +901,7 @@ fn verify(daemon: &Daemon, model: &mut Model, regions: &Regions, what: &str) {
             let at = r.offset as usize;
             r.known.copy_from_slice(&actual[at..at + REGION_BYTES]);
             r.in_flight = None;
+            r.in_flight_acked.clear();
         }
     }
     model.main_sizes_bytes = vec![main_size];
@@ -1032,6 +1046,7 @@ fn acknowledged_metadata_operations_survive_sigkill_under_load() {
                 offset: r as u64 * REGION_STRIDE_BYTES,
                 known: vec![0; REGION_BYTES],
                 in_flight: None,
+                in_flight_acked: Vec::new(),
                 starts: 0,
             })
             .collect(),
