@@ -69,7 +69,7 @@ fn bad_flags_are_refused_by_the_parser() {
 
 #[test]
 fn json_report_has_the_figures_scripts_need() {
-    let text = run(&args(DESIGN).unwrap(), true).unwrap();
+    let text = run(&args(DESIGN).unwrap(), true).unwrap().text;
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     // 32 x 1500 x 0.3 x 32 KiB = 450 MiB/s.
     let vm = v["evaluation"]["vm_write_bytes_per_s_avg"]
@@ -102,7 +102,7 @@ fn json_report_has_the_figures_scripts_need() {
 
 #[test]
 fn table_names_every_check_and_the_binding_constraint() {
-    let text = run(&args(DESIGN).unwrap(), false).unwrap();
+    let text = run(&args(DESIGN).unwrap(), false).unwrap().text;
     for needle in [
         "VM writes, average            450.00 MiB/s",
         "drive writes per day",
@@ -154,12 +154,12 @@ fn unknown_devices_and_unreachable_daemons_are_errors() {
 #[test]
 fn device_list_shows_every_entry() {
     let a = args(&["--list-devices"]).unwrap();
-    let text = run(&a, false).unwrap();
+    let text = run(&a, false).unwrap().text;
     for d in Catalog::builtin().devices() {
         assert!(text.contains(&d.id), "{} missing", d.id);
     }
     assert!(text.contains("0.2 DWPD (0.9 seq) x 5 years"), "{text}");
-    let json: serde_json::Value = serde_json::from_str(&run(&a, true).unwrap()).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&run(&a, true).unwrap().text).unwrap();
     let devices = json["devices"].as_array().unwrap();
     assert_eq!(devices.len(), Catalog::builtin().devices().count());
     assert!(devices
