@@ -166,3 +166,18 @@ fn device_list_shows_every_entry() {
         .iter()
         .all(|d| d["capacity_bytes"].as_u64().unwrap() > 0));
 }
+
+#[test]
+fn a_read_only_mix_has_no_iops_ceiling_and_json_still_says_a_number() {
+    let mut v: Vec<&str> = DESIGN.to_vec();
+    v.extend(["--read-pct", "100"]);
+    let text = run(&args(&v).unwrap(), true).unwrap().text;
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for tier in ["cache", "capacity"] {
+        // Null means "not rated"; both devices are rated.
+        let iops = &json["evaluation"][tier]["endurance_vm_iops"];
+        assert_eq!(iops.as_f64(), Some(f64::MAX), "{tier}: {iops}");
+    }
+    let table = run(&args(&v).unwrap(), false).unwrap().text;
+    assert!(table.contains("unlimited"), "{table}");
+}
