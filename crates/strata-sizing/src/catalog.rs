@@ -2,6 +2,7 @@
 //! add entries or replace built-in ones by id. Entries are in the makers' units; a [`Device`]
 //! holds them converted to bytes.
 use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -120,18 +121,36 @@ impl Device {
     }
 }
 
-fn positive(what: &str, v: f64) -> Result<f64, String> {
-    if v.is_finite() && v > 0.0 {
+/// The ranges of a catalog's figures: far wider than any device's, yet narrow enough that
+/// every figure derived from them (endurance, rates, loads, drive writes per day) is a finite
+/// number above zero. `tbw = 1e300` made the endurance infinite, which JSON prints as null,
+/// the value that means "no rating".
+const CAPACITY_GB_RANGE: RangeInclusive<f64> = 0.0..=1e6;
+const DWPD_RANGE: RangeInclusive<f64> = 1e-3..=1e3;
+/// Decimal TB.
+const TBW_RANGE: RangeInclusive<f64> = 1e-3..=1e8;
+const WARRANTY_YEARS_RANGE: RangeInclusive<f64> = 0.1..=100.0;
+const MB_PER_S_RANGE: RangeInclusive<f64> = 1e-3..=1e7;
+const IOPS_RANGE: RangeInclusive<f64> = 1e-3..=1e9;
+const LATENCY_US_RANGE: RangeInclusive<f64> = 1e-3..=1e9;
+
+/// `v` if it lies in `range` (NaN and infinities never do).
+fn within(what: &str, v: f64, range: RangeInclusive<f64>) -> Result<f64, String> {
+    if range.contains(&v) {
         Ok(v)
     } else {
-        Err(format!("{what} must be a positive number, got {v}"))
+        Err(format!(
+            "{what} must be from {} to {}, got {v}",
+            range.start(),
+            range.end()
+        ))
     }
 }
 
 fn endurance_of(e: &Entry, capacity_bytes: u64) -> Result<Option<Endurance>, String> {
     let years = e
         .warranty_years
-        .map(|y| positive("warranty_years", y))
+        .map(|y| within("warranty_years", y, WARRANTY_YEARS_RANGE))
         .transpose()?;
     let endurance_bytes = match (e.dwpd, e.tbw, years) {
         (None, None, _) => {
@@ -143,16 +162,17 @@ fn endurance_of(e: &Entry, capacity_bytes: u64) -> Result<Option<Endurance>, Str
         (Some(_), Some(_), _) => return Err("give dwpd or tbw, not both".into()),
         (_, _, None) => return Err("an endurance rating needs warranty_years".into()),
         (Some(dwpd), None, Some(y)) => {
-            formulas::endurance_bytes_from_dwpd(capacity_bytes, positive("dwpd", dwpd)?, y)
+            let dwpd = within("dwpd", dwpd, DWPD_RANGE)?;
+            formulas::endurance_bytes_from_dwpd(capacity_bytes, dwpd, y)
         }
-        (None, Some(tbw), Some(_)) => positive("tbw", tbw)? * BYTES_PER_TB,
+        (None, Some(tbw), Some(_)) => within("tbw", tbw, TBW_RANGE)? * BYTES_PER_TB,
     };
     let sequential_endurance_bytes = match (e.dwpd_sequential, years) {
         (None, _) => None,
         (Some(_), _) if e.dwpd.is_none() => return Err("dwpd_sequential needs dwpd as well".into()),
         (Some(d), Some(y)) => Some(formulas::endurance_bytes_from_dwpd(
             capacity_bytes,
-            positive("dwpd_sequential", d)?,
+            within("dwpd_sequential", d, DWPD_RANGE)?,
             y,
         )),
         (Some(_), None) => return Err("an endurance rating needs warranty_years".into()),
@@ -177,7 +197,8 @@ fn device_of(e: Entry, origin: &str) -> Result<Device, String> {
         ));
     }
     let at = |r: Result<f64, String>| r.map_err(|m| format!("device {id}: {m}"));
-    let capacity_bytes = (at(positive("capacity_gb", e.capacity_gb))? * BYTES_PER_GB) as u64;
+    let capacity_gb = at(within("capacity_gb", e.capacity_gb, CAPACITY_GB_RANGE))?;
+    let capacity_bytes = (capacity_gb * BYTES_PER_GB) as u64;
     if capacity_bytes < 1 << 20 {
         return Err(format!(
             "device {id}: capacity_gb {} is less than 1 MiB",
@@ -191,18 +212,19 @@ fn device_of(e: Entry, origin: &str) -> Result<Device, String> {
         ));
     }
     let endurance = endurance_of(&e, capacity_bytes).map_err(|m| format!("device {id}: {m}"))?;
-    let latency = |what: &str, v: Option<f64>| v.map(|v| at(positive(what, v))).transpose();
+    let latency =
+        |what: &str, v: Option<f64>| v.map(|v| at(within(what, v, LATENCY_US_RANGE))).transpose();
+    let rate = |what: &str, v: f64| at(within(what, v, MB_PER_S_RANGE)).map(|v| v * BYTES_PER_MB);
+    let iops = |what: &str, v: f64| at(within(what, v, IOPS_RANGE));
     Ok(Device {
         name: e.name,
         media: e.media,
         capacity_bytes,
         endurance,
-        seq_read_bytes_per_s: at(positive("seq_read_mb_per_s", e.seq_read_mb_per_s))?
-            * BYTES_PER_MB,
-        seq_write_bytes_per_s: at(positive("seq_write_mb_per_s", e.seq_write_mb_per_s))?
-            * BYTES_PER_MB,
-        random_read_iops: at(positive("random_read_iops", e.random_read_iops))?,
-        random_write_iops: at(positive("random_write_iops", e.random_write_iops))?,
+        seq_read_bytes_per_s: rate("seq_read_mb_per_s", e.seq_read_mb_per_s)?,
+        seq_write_bytes_per_s: rate("seq_write_mb_per_s", e.seq_write_mb_per_s)?,
+        random_read_iops: iops("random_read_iops", e.random_read_iops)?,
+        random_write_iops: iops("random_write_iops", e.random_write_iops)?,
         read_latency_us: latency("read_latency_us", e.read_latency_us)?,
         write_latency_us: latency("write_latency_us", e.write_latency_us)?,
         preferred_write_bytes: e.preferred_write_bytes,

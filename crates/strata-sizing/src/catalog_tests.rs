@@ -164,3 +164,110 @@ fn unknown_ids_list_close_matches() {
         "{e}"
     );
 }
+
+#[test]
+fn figures_beyond_any_device_are_refused() {
+    let latency = "preferred_write_bytes = 4096\nread_latency_us = 1e300";
+    let cases = [
+        // An infinite endurance printed as null in JSON, which means "no rating".
+        ("tbw = 1825", "tbw = 1e300", "tbw"),
+        // Endurance rate so small that the load over it is infinite.
+        ("tbw = 1825", "dwpd = 1e-320", "dwpd"),
+        ("capacity_gb = 1000", "capacity_gb = 1e300", "capacity_gb"),
+        (
+            "warranty_years = 5",
+            "warranty_years = 1e-300",
+            "warranty_years",
+        ),
+        (
+            "seq_read_mb_per_s = 3000",
+            "seq_read_mb_per_s = 1e-320",
+            "seq_read_mb_per_s",
+        ),
+        (
+            "random_write_iops = 100000",
+            "random_write_iops = 1e308",
+            "random_write_iops",
+        ),
+        (
+            "random_read_iops = 400000",
+            "random_read_iops = nan",
+            "random_read_iops",
+        ),
+        ("preferred_write_bytes = 4096", latency, "read_latency_us"),
+    ];
+    for (from, to, field) in cases {
+        let text = USER_ENTRY.replace(from, to);
+        let e = parse(&text, "t.toml").unwrap_err();
+        assert!(e.contains(field) && e.contains("must be from"), "{to}: {e}");
+    }
+}
+
+/// Every JSON null in `v`, by path.
+fn nulls(v: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Null => out.push(path.to_string()),
+        serde_json::Value::Object(m) => m
+            .iter()
+            .for_each(|(k, v)| nulls(v, &format!("{path}.{k}"), out)),
+        serde_json::Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .for_each(|(i, v)| nulls(v, &format!("{path}[{i}]"), out)),
+        _ => {}
+    }
+}
+
+/// A device with every figure at one end of its range.
+fn corner_entry(id: &str, high: bool) -> String {
+    let pick = |range: RangeInclusive<f64>| if high { *range.end() } else { *range.start() };
+    format!(
+        "[[device]]\nid = \"{id}\"\nname = \"corner\"\nmedia = \"tlc\"\n\
+         capacity_gb = {:e}\ndwpd = {:e}\ndwpd_sequential = {:e}\nwarranty_years = {:e}\n\
+         seq_read_mb_per_s = {:e}\nseq_write_mb_per_s = {:e}\n\
+         random_read_iops = {:e}\nrandom_write_iops = {:e}\npreferred_write_bytes = 512\n",
+        if high {
+            *CAPACITY_GB_RANGE.end()
+        } else {
+            0.0011
+        },
+        pick(DWPD_RANGE),
+        pick(DWPD_RANGE),
+        pick(WARRANTY_YEARS_RANGE),
+        pick(MB_PER_S_RANGE),
+        pick(MB_PER_S_RANGE),
+        pick(IOPS_RANGE),
+        pick(IOPS_RANGE),
+    )
+}
+
+#[test]
+fn figures_at_the_ends_of_their_ranges_give_finite_reports() {
+    use crate::plan::{Design, Workload};
+    let text = format!(
+        "{}{}",
+        corner_entry("low", false),
+        corner_entry("high", true)
+    );
+    let devices = parse(&text, "corners").unwrap();
+    let tiny = Workload::estimated(1, 1e-300, 0.0, 512, 1, 1.0);
+    let huge = Workload::estimated(u32::MAX, 1e8, 0.7, 16 << 20, u64::MAX, 1000.0);
+    for w in [tiny, huge] {
+        for (cache, capacity) in [(0, 1), (1, 0), (0, 0), (1, 1)] {
+            let design = Design {
+                hosts: 3,
+                protection: crate::Protection::Mirror { ftt: 8 },
+                cache_device: devices[cache].clone(),
+                cache_per_host: 64,
+                capacity_device: devices[capacity].clone(),
+                capacity_per_host: 1024,
+                capacity_fill_max: 1.0,
+            };
+            let report = crate::Report::new(w.clone(), design);
+            let json = serde_json::to_value(&report.evaluation).unwrap();
+            let mut found = Vec::new();
+            nulls(&json, "evaluation", &mut found);
+            assert!(found.is_empty(), "{cache}/{capacity}: null at {found:?}");
+        }
+    }
+}

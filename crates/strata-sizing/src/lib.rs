@@ -173,19 +173,40 @@ fn design(args: &SizeArgs, catalog: &Catalog) -> Result<Design, SizingError> {
     })
 }
 
-/// Runs `strata size`; returns the text to print (a table, or JSON when `json`).
-pub fn run(args: &SizeArgs, json: bool) -> Result<String, SizingError> {
+/// The exit status of `strata size` when the design fails a check: the report is printed, as
+/// for a design that passes, and a script tells the two apart without parsing it (as
+/// `strata scrub` exits 3 when it found damage). 1 is an error, 2 a usage error.
+pub const EXIT_CHECK_FAILED: u8 = 3;
+
+/// What `strata size` prints, and whether the design passed every check.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// A table, or JSON.
+    pub text: String,
+    /// Every check passed at `--hosts` (always true for `--list-devices`).
+    pub checks_passed: bool,
+}
+
+/// Runs `strata size`: the text to print (a table, or JSON when `json`) and the verdict.
+pub fn run(args: &SizeArgs, json: bool) -> Result<Outcome, SizingError> {
     let catalog = Catalog::load(&args.catalog_files)?;
     if args.list_devices {
-        return Ok(render::device_list(&catalog, json));
+        return Ok(Outcome {
+            text: render::device_list(&catalog, json),
+            checks_passed: true,
+        });
     }
     // Devices first: a typo in an id is reported before the daemon is asked anything.
     let design = design(args, &catalog)?;
     let report = Report::new(workload(args)?, design);
-    Ok(if json {
+    let text = if json {
         render::json(&report)
     } else {
         render::table(&report)
+    };
+    Ok(Outcome {
+        text,
+        checks_passed: report.evaluation.checks.all_ok(),
     })
 }
 

@@ -69,7 +69,7 @@ fn bad_flags_are_refused_by_the_parser() {
 
 #[test]
 fn json_report_has_the_figures_scripts_need() {
-    let text = run(&args(DESIGN).unwrap(), true).unwrap();
+    let text = run(&args(DESIGN).unwrap(), true).unwrap().text;
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     // 32 x 1500 x 0.3 x 32 KiB = 450 MiB/s.
     let vm = v["evaluation"]["vm_write_bytes_per_s_avg"]
@@ -102,7 +102,7 @@ fn json_report_has_the_figures_scripts_need() {
 
 #[test]
 fn table_names_every_check_and_the_binding_constraint() {
-    let text = run(&args(DESIGN).unwrap(), false).unwrap();
+    let text = run(&args(DESIGN).unwrap(), false).unwrap().text;
     for needle in [
         "VM writes, average            450.00 MiB/s",
         "drive writes per day",
@@ -154,15 +154,30 @@ fn unknown_devices_and_unreachable_daemons_are_errors() {
 #[test]
 fn device_list_shows_every_entry() {
     let a = args(&["--list-devices"]).unwrap();
-    let text = run(&a, false).unwrap();
+    let text = run(&a, false).unwrap().text;
     for d in Catalog::builtin().devices() {
         assert!(text.contains(&d.id), "{} missing", d.id);
     }
     assert!(text.contains("0.2 DWPD (0.9 seq) x 5 years"), "{text}");
-    let json: serde_json::Value = serde_json::from_str(&run(&a, true).unwrap()).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&run(&a, true).unwrap().text).unwrap();
     let devices = json["devices"].as_array().unwrap();
     assert_eq!(devices.len(), Catalog::builtin().devices().count());
     assert!(devices
         .iter()
         .all(|d| d["capacity_bytes"].as_u64().unwrap() > 0));
+}
+
+#[test]
+fn a_read_only_mix_has_no_iops_ceiling_and_json_still_says_a_number() {
+    let mut v: Vec<&str> = DESIGN.to_vec();
+    v.extend(["--read-pct", "100"]);
+    let text = run(&args(&v).unwrap(), true).unwrap().text;
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for tier in ["cache", "capacity"] {
+        // Null means "not rated"; both devices are rated.
+        let iops = &json["evaluation"][tier]["endurance_vm_iops"];
+        assert_eq!(iops.as_f64(), Some(f64::MAX), "{tier}: {iops}");
+    }
+    let table = run(&args(&v).unwrap(), false).unwrap().text;
+    assert!(table.contains("unlimited"), "{table}");
 }

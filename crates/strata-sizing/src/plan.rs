@@ -124,7 +124,10 @@ pub struct DeviceLoad {
     pub endurance_write_bytes_per_s: Option<f64>,
     /// The VM write rate (before protection) that rate corresponds to.
     pub endurance_vm_write_bytes_per_s: Option<f64>,
-    /// The IOPS, in the workload's read/write mix and block size, of that VM write rate.
+    /// The IOPS, in the workload's read/write mix and block size, of that VM write rate. A mix
+    /// that writes nothing has no such ceiling: JSON has no infinity, and null means "not
+    /// rated", so it prints the largest number (1.7976931348623157e308).
+    #[serde(serialize_with = "unlimited_as_largest")]
     pub endurance_vm_iops: Option<f64>,
     /// Average writes over the endurance rate: above 1 wears out before the warranty ends.
     pub endurance_load_ratio: Option<f64>,
@@ -158,6 +161,10 @@ pub struct Evaluation {
     pub capacity_needed_bytes: f64,
     pub capacity_usable_bytes: f64,
     pub checks: Checks,
+}
+
+fn unlimited_as_largest<S: serde::Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    v.map(|v| v.min(f64::MAX)).serialize(s)
 }
 
 /// Which tier a load is for: the capacity tier is written in large sequential segments, so a

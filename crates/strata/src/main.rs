@@ -296,9 +296,17 @@ fn main() -> ExitCode {
             api_client(&cli.server, cli.json, cli.token_file.as_deref())
                 .and_then(|c| c.scrub(volume.as_deref(), rate))
         }
-        Command::Size(args) => strata_sizing::run(&args, cli.json)
-            .map(|text| print!("{text}"))
-            .map_err(anyhow::Error::from),
+        Command::Size(args) => match strata_sizing::run(&args, cli.json) {
+            Ok(outcome) => {
+                print!("{}", outcome.text);
+                // The report is printed either way; a failing check is the exit status.
+                if !outcome.checks_passed {
+                    return ExitCode::from(strata_sizing::EXIT_CHECK_FAILED);
+                }
+                Ok(())
+            }
+            Err(e) => Err(anyhow::Error::from(e)),
+        },
         Command::Bench(args) => strata_bench::run(&args).map_err(anyhow::Error::from),
     };
     match result {

@@ -54,9 +54,31 @@ const DESIGN: &[&str] = &[
     "2",
 ];
 
+/// The exit status of a report whose design fails a check (docs/SIZING.md).
+const EXIT_CHECK_FAILED: i32 = 3;
+
+/// Runs `strata size` on DESIGN, which fails its endurance check: the report is printed all
+/// the same, nothing on stderr, and the exit status says the design failed.
+fn run_failing_design(args: &[&str]) -> std::process::Output {
+    let out = run_timeout(&mut size_cmd(args), CMD_TIMEOUT);
+    assert_eq!(
+        out.status.code(),
+        Some(EXIT_CHECK_FAILED),
+        "stdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 #[test]
 fn size_prints_a_table_and_json() {
-    let out = run_ok(&mut size_cmd(DESIGN), CMD_TIMEOUT);
+    let out = run_failing_design(DESIGN);
     let table = String::from_utf8_lossy(&out.stdout);
     for needle in [
         "VM writes, average",
@@ -68,7 +90,7 @@ fn size_prints_a_table_and_json() {
     }
     let mut json_args = vec!["--json"];
     json_args.extend_from_slice(DESIGN);
-    let out = run_ok(&mut size_cmd(&json_args), CMD_TIMEOUT);
+    let out = run_failing_design(&json_args);
     let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     // 32 x 1500 x 30% x 32 KiB = 450 MiB/s of VM writes, 900 at peak, twice that with RAID-1.
     let avg = v["evaluation"]["vm_write_bytes_per_s_avg"]
@@ -151,6 +173,8 @@ fn size_rejects_bad_input_with_one_line() {
             CMD_TIMEOUT,
         );
         assert_one_line_reason(what, &out);
+        // An error is not a verdict on the design: scripts must tell the two apart.
+        assert_ne!(out.status.code(), Some(EXIT_CHECK_FAILED), "{what}");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(needle), "{what}: {stderr}");
         assert!(
@@ -159,6 +183,33 @@ fn size_rejects_bad_input_with_one_line() {
             String::from_utf8_lossy(&out.stdout)
         );
     }
+}
+
+#[test]
+fn size_exits_3_when_a_check_fails_and_0_when_all_pass() {
+    // DESIGN's SAS cache devices wear out: endurance FAILs, the table says so, exit 3.
+    let out = run_failing_design(DESIGN);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("endurance (average)   FAIL"), "{table}");
+    let mut json_args = vec!["--json"];
+    json_args.extend_from_slice(DESIGN);
+    let out = run_failing_design(&json_args);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["evaluation"]["checks"]["endurance_ok"], false, "{v:#}");
+    // With Optane cache devices and four QLC drives per host every check passes: exit 0.
+    let mut passing: Vec<&str> = DESIGN.to_vec();
+    let set = |args: &mut Vec<&str>, flag: &str, value: &'static str| {
+        let i = args
+            .iter()
+            .position(|a| *a == flag)
+            .expect("flag in DESIGN");
+        args[i + 1] = value;
+    };
+    set(&mut passing, "--cache-device", "optane-p5800x-400g");
+    set(&mut passing, "--capacity-per-host", "4");
+    let out = run_ok(&mut size_cmd(&passing), CMD_TIMEOUT);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(!table.contains("FAIL"), "{table}");
 }
 
 /// Serves one HTTP request with `body` on a kernel-chosen port; returns the base URL.
