@@ -118,6 +118,17 @@ fn table_names_every_check_and_the_binding_constraint() {
 }
 
 #[test]
+fn a_mix_with_decimals_is_printed_with_them() {
+    let mut extra = DESIGN.to_vec();
+    extra.extend(["--read-pct", "99.5"]);
+    let text = run(&args(&extra).unwrap(), false).unwrap().text;
+    assert!(text.contains("99.5/0.5 read/write"), "{text}");
+    assert!(text.contains("IOPS at 99.5/0.5,"), "{text}");
+    let text = run(&args(DESIGN).unwrap(), false).unwrap().text;
+    assert!(text.contains("70/30 read/write"), "{text}");
+}
+
+#[test]
 fn unknown_devices_and_unreachable_daemons_are_errors() {
     let mut v: Vec<&str> = DESIGN.to_vec();
     let i = v.iter().position(|a| *a == "sas-800g-mu-3dwpd").unwrap();

@@ -109,6 +109,16 @@ fn trim_float(v: f64) -> String {
     s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
+/// "70/30": the read and write shares in percent, with the decimals a share has (99.5/0.5),
+/// as whole numbers would print 99.5% reads as "100/1".
+fn mix_label(read_ratio: f64) -> String {
+    format!(
+        "{}/{}",
+        trim_float(read_ratio * 100.0),
+        trim_float((1.0 - read_ratio) * 100.0)
+    )
+}
+
 fn device_line(d: &Device, per_host: u32, sequential: bool) -> String {
     format!(
         "{per_host} x {} per host ({} GB {}, {})",
@@ -121,11 +131,7 @@ fn device_line(d: &Device, per_host: u32, sequential: bool) -> String {
 
 fn workload_section(out: &mut String, r: &Report) {
     let w = &r.workload;
-    let mix = format!(
-        "{:.0}/{:.0}",
-        w.read_ratio * 100.0,
-        (1.0 - w.read_ratio) * 100.0
-    );
+    let mix = mix_label(w.read_ratio);
     match &w.source {
         RateSource::Estimate { iops_per_vm } => {
             let _ = writeln!(
@@ -216,9 +222,8 @@ fn loads_section(out: &mut String, r: &Report) {
         }),
         (
             format!(
-                "  = IOPS at {:.0}/{:.0}, {}",
-                w.read_ratio * 100.0,
-                (1.0 - w.read_ratio) * 100.0,
+                "  = IOPS at {}, {}",
+                mix_label(w.read_ratio),
                 size_label(w.block_size_bytes)
             ),
             |l| opt(l.endurance_vm_iops, count_down),
