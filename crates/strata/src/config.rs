@@ -261,10 +261,14 @@ pub fn format_size(bytes: u64) -> String {
     }
     let scale = 1u64 << (10 * unit);
     if bytes.is_multiple_of(scale) {
-        format!("{} {}", bytes / scale, UNITS[unit])
-    } else {
-        format!("{:.1} {}", bytes as f64 / scale as f64, UNITS[unit])
+        return format!("{} {}", bytes / scale, UNITS[unit]);
     }
+    let tenths = (bytes as f64 / scale as f64 * 10.0).round();
+    // Rounding may reach the next unit: a byte short of 1 MiB is "1.0 MiB", not "1024.0 KiB".
+    if tenths >= 10_240.0 && unit + 1 < UNITS.len() {
+        return format!("1.0 {}", UNITS[unit + 1]);
+    }
+    format!("{:.1} {}", tenths / 10.0, UNITS[unit])
 }
 
 /// Clap value parser for sizes.

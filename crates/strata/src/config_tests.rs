@@ -25,6 +25,11 @@ fn sizes_format_for_people() {
     assert_eq!(format_size(3 << 29), "1.5 GiB");
     assert_eq!(format_size(16 << 40), "16 TiB");
     assert_eq!(parse_size(&format_size(16 << 40)), Ok(16 << 40));
+    // Rounded to a tenth, a size just short of a unit reads as that unit, never as 1024.0.
+    assert_eq!(format_size((1 << 20) - 1), "1.0 MiB");
+    assert_eq!(format_size((1 << 30) - 4096), "1.0 GiB");
+    assert_eq!(format_size((1 << 20) - 60 * 1024 - 1), "964.0 KiB");
+    assert_eq!(format_size(u64::MAX), "16384.0 PiB");
 }
 
 #[test]
