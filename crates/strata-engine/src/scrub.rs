@@ -6,7 +6,7 @@
 //! guard a host read uses, so space cannot be reused under it; index flushes wait while the
 //! index pages are checked, so the pages it reads are the ones the durable index names.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -83,6 +83,8 @@ pub struct ScrubStatus {
 #[derive(Default)]
 pub struct ScrubState {
     pub running: Mutex<()>,
+    /// Set by [`DiskGroup::cancel_scrub`]: the running scrub, whoever started it, stops.
+    pub cancel_requested: AtomicBool,
     pub progress_bytes: AtomicU64,
     pub total_bytes: AtomicU64,
     pub last: Mutex<Option<ScrubReport>>,
@@ -92,6 +94,19 @@ impl DiskGroup {
     /// Runs a scrub to the end (one at a time).
     pub fn scrub(&self, opts: &ScrubOptions) -> Result<ScrubReport, EngineError> {
         run(&self.sh, opts)
+    }
+
+    /// Asks the running scrub, the background one included, to stop; it ends with
+    /// [`EngineError::Cancelled`] within a chunk's read and leaves the last result as it was.
+    /// False when no scrub is running.
+    pub fn cancel_scrub(&self) -> bool {
+        let sc = &self.sh.scrub;
+        if !sc.running.is_locked() {
+            return false;
+        }
+        sc.cancel_requested.store(true, Ordering::Relaxed);
+        tracing::info!("scrub cancel requested");
+        true
     }
 
     pub fn scrub_status(&self) -> ScrubStatus {
@@ -127,6 +142,7 @@ pub fn background(sh: std::sync::Arc<Shared>, every: Duration) {
                 damaged_metadata = r.metadata_damaged.len(),
                 "background scrub found damage"
             ),
+            Err(EngineError::Cancelled(_)) => tracing::info!("background scrub cancelled"),
             Ok(_) | Err(EngineError::InUse(_)) | Err(EngineError::ShuttingDown) => {}
             Err(e) => tracing::error!("background scrub: {e}"),
         }
@@ -141,6 +157,8 @@ fn run(sh: &Shared, opts: &ScrubOptions) -> Result<ScrubReport, EngineError> {
             .running
             .try_lock()
             .ok_or_else(|| EngineError::InUse("a scrub is already running".into()))?;
+        // A cancel asked for before this scrub began was for an earlier one.
+        sh.scrub.cancel_requested.store(false, Ordering::Relaxed);
         let mut s = Scrubber::new(sh, opts);
         s.report.started_unix_s = unix_now_s();
         let layers = s.layers_in_scope()?;
@@ -236,10 +254,13 @@ impl<'a> Scrubber<'a> {
             {
                 return Err(EngineError::ShuttingDown);
             }
-            if let Some(cancel) = &self.opts.cancel {
-                if cancel.load(Ordering::Relaxed) {
-                    return Err(EngineError::Cancelled("the scrub"));
-                }
+            let asked = self
+                .opts
+                .cancel
+                .as_ref()
+                .is_some_and(|c| c.load(Ordering::Relaxed));
+            if asked || self.sh.scrub.cancel_requested.load(Ordering::Relaxed) {
+                return Err(EngineError::Cancelled("the scrub"));
             }
             let spent = self.started.elapsed();
             if due <= spent {

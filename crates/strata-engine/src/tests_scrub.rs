@@ -249,6 +249,39 @@ fn a_cancelled_scrub_stops_and_leaves_the_last_result_alone() {
     assert!(dg.scrub(&again).unwrap().clean());
 }
 
+#[test]
+fn a_scrub_anyone_started_stops_when_the_group_is_asked_to_cancel_it() {
+    let rig = Rig::new(32 * MIB, &[48 * MIB], small_cfg(), 45);
+    let dg = rig.dg();
+    let b = dg.create_volume("b", 4 * MIB).unwrap().id;
+    dg.write(b, 0, &vec![2u8; 4 * MIB as usize]).unwrap();
+    assert!(!dg.cancel_scrub(), "no scrub runs yet");
+    // No cancel flag of its own, as the background scrub has none.
+    let slow = ScrubOptions {
+        volume: Some("b".into()),
+        rate_bytes_per_s: 64 << 10,
+        cancel: None,
+    };
+    let scrub = std::thread::scope(|s| {
+        let run = s.spawn(|| dg.scrub(&slow));
+        while !dg.scrub_status().running {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(dg.cancel_scrub());
+        run.join().unwrap()
+    });
+    assert!(matches!(scrub, Err(EngineError::Cancelled(_))), "{scrub:?}");
+    let status = dg.scrub_status();
+    assert!(!status.running && status.last.is_none(), "{status:?}");
+    assert!(!dg.cancel_scrub(), "nothing left to cancel");
+    // The request was for that scrub: the next one runs to its end.
+    let again = ScrubOptions {
+        volume: Some("b".into()),
+        ..ScrubOptions::default()
+    };
+    assert!(dg.scrub(&again).unwrap().clean());
+}
+
 /// Writes `n` single-block records, each in its own batch (one writer, one at a time).
 fn one_batch_per_block(dg: &DiskGroup, v: u32, n: u64) {
     for lba in 0..n {

@@ -7,8 +7,9 @@
 //!
 //! A scrub can take hours on a large disk group: it runs on the blocking pool and the request
 //! stays open until it ends (the CLI waits without a deadline for this one request). A client that
-//! goes away does not stop it; its report is still `last`. Shutdown of the daemon answers 503 at
-//! once and the scrub stops with the disk group.
+//! goes away stops it, as nobody is left to read its report; `last` stays the previous one.
+//! `DELETE /api/v1/scrub` stops the running scrub, whoever started it (the background one
+//! included). Shutdown of the daemon answers 503 at once and the scrub stops with the disk group.
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +29,11 @@ pub fn routes() -> Routes<Arc<AppState>> {
     Routes::new()
         .get("/api/v1/scrub", status)
         .post("/api/v1/scrub", run)
+        .delete("/api/v1/scrub", cancel)
 }
+
+/// How long `DELETE /api/v1/scrub` waits for the scrub to stop before it answers anyway.
+const CANCEL_WAIT: Duration = Duration::from_secs(10);
 
 /// How the daemon scrubs by itself (`--scrub-interval`, `--scrub-rate`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,7 +234,16 @@ async fn run(
     let task = tokio::task::spawn_blocking(move || {
         let report = group.scrub(&opts);
         if let Err(strata_engine::EngineError::Cancelled(_)) = &report {
-            tracing::info!("scrub stopped: the client that asked for it went away");
+            let left = opts
+                .cancel
+                .as_ref()
+                .is_some_and(|c| c.load(Ordering::Relaxed));
+            let why = if left {
+                "the client that asked for it went away"
+            } else {
+                "cancelled"
+            };
+            tracing::info!("scrub stopped: {why}");
         }
         report
     });
@@ -248,6 +262,20 @@ async fn run(
             "the daemon is shutting down; the scrub stops with it",
         )),
     }
+}
+
+/// `DELETE /api/v1/scrub`: stops the running scrub and answers the status once it stopped
+/// (or after [`CANCEL_WAIT`], `running` still true); 409 when no scrub runs.
+async fn cancel(State(state): State<Arc<AppState>>) -> Result<Json<ScrubStatusJson>, ApiError> {
+    let group = state.registry.group().clone();
+    if !group.cancel_scrub() {
+        return Err(ApiError::new(StatusCode::CONFLICT, "no scrub is running"));
+    }
+    let deadline = tokio::time::Instant::now() + CANCEL_WAIT;
+    while group.scrub_status().running && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(Json(status_json(group.scrub_status(), &state.scrub)))
 }
 
 /// Sets its flag when dropped: a scrub request's handler ended, answered or not.

@@ -117,3 +117,20 @@ async fn a_scrub_whose_client_went_away_stops() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test]
+async fn delete_stops_the_running_scrub_and_its_requester_hears_why() {
+    let (app, state) = app();
+    let (s, v) = call(&app, "DELETE", "/api/v1/scrub", None).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert_eq!(v["error"], "no scrub is running", "{v}");
+    // At 1 KiB/s this scrub would take over a minute.
+    let slow = scrub_running(&app, &state, 1024).await;
+    let (s, v) = call(&app, "DELETE", "/api/v1/scrub", None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["running"], false, "answered once the scrub stopped: {v}");
+    assert!(v["last"].is_null(), "a cancelled scrub is no result: {v}");
+    let (s, v) = slow.await.unwrap();
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("cancelled"), "{v}");
+}

@@ -48,6 +48,21 @@ impl Client {
         Err(DamageFound(damage_line(&report)).into())
     }
 
+    /// `strata scrub --cancel`: stops the running scrub (an error when none runs).
+    pub fn cancel_scrub(&self) -> Result<()> {
+        let answer = self.call("DELETE", "/api/v1/scrub", None)?;
+        let status: ScrubStatusJson = serde_json::from_value(answer.clone())
+            .map_err(|e| anyhow!("unexpected answer from the daemon: {e}"))?;
+        self.print(&answer, |_| {
+            if status.progress.running {
+                println!("asked the scrub to stop; it is still running (see `strata status`)");
+            } else {
+                println!("the scrub stopped; the last result is still the previous scrub's");
+            }
+            Ok(())
+        })
+    }
+
     /// Runs `work` while a second thread shows the scrub's progress on stderr (a terminal only).
     fn showing_progress<T>(&self, work: impl FnOnce() -> Result<T>) -> Result<T> {
         let stderr = std::io::stderr();

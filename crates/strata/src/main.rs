@@ -78,7 +78,7 @@ pub enum Command {
     /// can take long on a large disk group: this waits until the scrub ends, showing progress
     /// when stderr is a terminal. One scrub runs at a time, the background one included.
     #[command(
-        after_help = "Exit status: 0 when nothing was wrong; 3 when the scrub found damage (bad data blocks, or metadata copies it repaired or could not repair); 1 when it could not run."
+        after_help = "Exit status: 0 when nothing was wrong; 3 when the scrub found damage (bad data blocks, or metadata copies it repaired or could not repair); 1 when it could not run.\nWith --cancel: 0 once the running scrub stopped, 1 when none was running."
     )]
     Scrub {
         /// Only this volume and its snapshots [default: everything].
@@ -86,6 +86,9 @@ pub enum Command {
         /// Read rate limit, bytes per second (e.g. 200M; 0 for no limit) [default: the daemon's --scrub-rate].
         #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
         rate: Option<u64>,
+        /// Stop the running scrub instead, whoever started it (the background one included).
+        #[arg(long, conflicts_with_all = ["volume", "rate"])]
+        cancel: bool,
     },
     /// Size a cluster for a workload: performance, endurance and capacity (no daemon needed).
     Size(Box<strata_sizing::SizeArgs>),
@@ -292,9 +295,14 @@ fn main() -> ExitCode {
             .and_then(|c| c.snapshot(cmd)),
         Command::Status => api_client(&cli.server, cli.json, cli.token_file.as_deref())
             .and_then(|c| c.status()),
-        Command::Scrub { volume, rate } => {
-            api_client(&cli.server, cli.json, cli.token_file.as_deref())
-                .and_then(|c| c.scrub(volume.as_deref(), rate))
+        Command::Scrub { volume, rate, cancel } => {
+            api_client(&cli.server, cli.json, cli.token_file.as_deref()).and_then(|c| {
+                if cancel {
+                    c.cancel_scrub()
+                } else {
+                    c.scrub(volume.as_deref(), rate)
+                }
+            })
         }
         Command::Size(args) => match strata_sizing::run(&args, cli.json) {
             Ok(outcome) => {
@@ -511,17 +519,25 @@ mod tests {
     #[test]
     fn cli_parses_scrub() {
         let cli = Cli::try_parse_from(["strata", "scrub"]).unwrap();
-        assert!(matches!(cli.command, Command::Scrub { volume: None, rate: None }));
+        assert!(matches!(cli.command, Command::Scrub { volume: None, rate: None, cancel: false }));
         let cli = Cli::try_parse_from(["strata", "--json", "scrub", "db", "--rate", "200M"]).unwrap();
         assert!(cli.json);
         assert!(matches!(
             cli.command,
-            Command::Scrub { volume: Some(ref v), rate: Some(r) } if v == "db" && r == 200 << 20
+            Command::Scrub { volume: Some(ref v), rate: Some(r), cancel: false } if v == "db" && r == 200 << 20
         ));
         let cli = Cli::try_parse_from(["strata", "scrub", "--rate", "0"]).unwrap();
         assert!(matches!(cli.command, Command::Scrub { rate: Some(0), .. }));
         assert!(Cli::try_parse_from(["strata", "scrub", "--rate", "fast"]).is_err());
         assert!(Cli::try_parse_from(["strata", "scrub", "a", "b"]).is_err());
+        let cli = Cli::try_parse_from(["strata", "scrub", "--cancel"]).unwrap();
+        assert!(matches!(cli.command, Command::Scrub { cancel: true, .. }));
+        for other in [["db", "--cancel"], ["--rate", "1M"]] {
+            let mut args = vec!["strata", "scrub", "--cancel"];
+            args.extend(other.iter().filter(|a| **a != "--cancel"));
+            let e = Cli::try_parse_from(args).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict, "{e}");
+        }
     }
 
     #[test]
