@@ -218,9 +218,10 @@ pub fn plan_of(
             ));
         }
     }
-    if args.stop_p99_ms.is_nan() || args.stop_p99_ms <= 0.0 {
+    // Finite: the report states it, and JSON has no infinity (it would be written as null).
+    if !args.stop_p99_ms.is_finite() || args.stop_p99_ms <= 0.0 {
         return Err(BenchError::Invalid(
-            "--stop-p99-ms must be above zero".into(),
+            "--stop-p99-ms must be a number of ms above zero".into(),
         ));
     }
     if args.io_timeout < Duration::from_millis(100) {
@@ -353,6 +354,8 @@ mod tests {
             &["--target", "nbd://h/a", "--qd", "0"],
             &["--target", "nbd://h/a", "--duration", "0s"],
             &["--target", "nbd://h/a", "--max-duration", "0s"],
+            &["--target", "nbd://h/a", "--stop-p99-ms", "inf"],
+            &["--target", "nbd://h/a", "--stop-p99-ms", "NaN"],
             &[
                 "--target",
                 "nbd://h/a",
