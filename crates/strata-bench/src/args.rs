@@ -1,17 +1,63 @@
-//! The flags of `strata bench` and their check: everything is validated here, before anything
-//! connects, so a refused run touches nothing.
+//! The flags of `strata bench` and their check: everything is validated here, while the
+//! command line is parsed and before anything connects, so a refused run touches nothing and
+//! exits as clap's other usage errors do (status 2).
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Args;
+use clap::error::ErrorKind;
+use clap::{ArgMatches, Args, FromArgMatches};
 
 use crate::run::Plan;
 use crate::workload::{self, parse_duration, parse_size, parse_steps, Mode, TargetUri, Topology};
 use crate::BenchError;
 
-/// Flags of `strata bench`.
-#[derive(Debug, Clone, Args)]
+/// Flags of `strata bench` that passed `plan_of`: parsing them checks every combination, so
+/// a refused combination is a usage error like an unknown flag.
+#[derive(Debug, Clone)]
 pub struct BenchArgs {
+    pub flags: BenchFlags,
+}
+
+impl BenchArgs {
+    /// The flags, checked.
+    pub fn new(flags: BenchFlags) -> Result<BenchArgs, BenchError> {
+        plan_of(&flags)?;
+        Ok(BenchArgs { flags })
+    }
+}
+
+fn usage_error(e: BenchError) -> clap::Error {
+    clap::Error::raw(ErrorKind::ValueValidation, e.to_string())
+}
+
+impl FromArgMatches for BenchArgs {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        BenchArgs::new(BenchFlags::from_arg_matches(matches)?).map_err(usage_error)
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        let mut flags = self.flags.clone();
+        flags.update_from_arg_matches(matches)?;
+        *self = BenchArgs::new(flags).map_err(usage_error)?;
+        Ok(())
+    }
+}
+
+impl Args for BenchArgs {
+    fn group_id() -> Option<clap::Id> {
+        BenchFlags::group_id()
+    }
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        BenchFlags::augment_args(cmd)
+    }
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        BenchFlags::augment_args_for_update(cmd)
+    }
+}
+
+/// The flags of `strata bench` as typed, before their combinations are checked.
+#[derive(Debug, Clone, Args)]
+pub struct BenchFlags {
     /// NBD export to drive, nbd://HOST[:PORT]/EXPORT; repeat for several exports (VM i uses export i mod N).
     #[arg(long = "target", value_name = "URI", required = true)]
     pub targets: Vec<String>,
@@ -105,7 +151,7 @@ fn parse_curve_steps(text: &str) -> Result<CurveSteps, String> {
 
 /// Checks the flags and turns them into a plan and the parsed targets.
 pub fn plan_of(
-    args: &BenchArgs,
+    args: &BenchFlags,
 ) -> Result<(Plan, Vec<TargetUri>, Vec<TargetUri>, String), BenchError> {
     let profile = workload::profile(&args.profile)?;
     let mut w = profile.workload;
@@ -172,9 +218,10 @@ pub fn plan_of(
             ));
         }
     }
-    if args.stop_p99_ms.is_nan() || args.stop_p99_ms <= 0.0 {
+    // Finite: the report states it, and JSON has no infinity (it would be written as null).
+    if !args.stop_p99_ms.is_finite() || args.stop_p99_ms <= 0.0 {
         return Err(BenchError::Invalid(
-            "--stop-p99-ms must be above zero".into(),
+            "--stop-p99-ms must be a number of ms above zero".into(),
         ));
     }
     if args.io_timeout < Duration::from_millis(100) {
@@ -210,11 +257,13 @@ mod tests {
     }
 
     fn parse(args: &[&str]) -> Result<BenchArgs, String> {
+        parse_err(args).map_err(|e| e.to_string())
+    }
+
+    fn parse_err(args: &[&str]) -> Result<BenchArgs, clap::Error> {
         let mut all = vec!["bench"];
         all.extend_from_slice(args);
-        Cli::try_parse_from(all)
-            .map(|c| c.bench)
-            .map_err(|e| e.to_string())
+        Cli::try_parse_from(all).map(|c| c.bench)
     }
 
     #[test]
@@ -242,7 +291,7 @@ mod tests {
             "5s",
         ])
         .unwrap();
-        let (plan, targets, baselines, profile) = plan_of(&a).unwrap();
+        let (plan, targets, baselines, profile) = plan_of(&a.flags).unwrap();
         assert_eq!(plan.mode, Mode::Curve);
         assert_eq!(plan.max_duration, Duration::from_secs(5));
         assert_eq!(plan.curve_steps_pct, vec![25, 50, 100]);
@@ -265,7 +314,7 @@ mod tests {
     #[test]
     fn prep_and_scale_fix_what_they_must() {
         let a = parse(&["--target", "nbd://h/a", "--profile", "prep", "--qd", "4"]).unwrap();
-        let (plan, ..) = plan_of(&a).unwrap();
+        let (plan, ..) = plan_of(&a.flags).unwrap();
         assert_eq!(plan.mode, Mode::Prep);
         assert_eq!((plan.workload.read_pct, plan.workload.random_pct), (0, 0));
         let a = parse(&[
@@ -281,7 +330,7 @@ mod tests {
             "3",
         ])
         .unwrap();
-        let (plan, ..) = plan_of(&a).unwrap();
+        let (plan, ..) = plan_of(&a.flags).unwrap();
         assert_eq!(
             plan.topology,
             Topology {
@@ -305,6 +354,8 @@ mod tests {
             &["--target", "nbd://h/a", "--qd", "0"],
             &["--target", "nbd://h/a", "--duration", "0s"],
             &["--target", "nbd://h/a", "--max-duration", "0s"],
+            &["--target", "nbd://h/a", "--stop-p99-ms", "inf"],
+            &["--target", "nbd://h/a", "--stop-p99-ms", "NaN"],
             &[
                 "--target",
                 "nbd://h/a",
@@ -322,9 +373,14 @@ mod tests {
                 "1",
             ],
         ] {
-            let a = parse(args).unwrap();
-            let e = plan_of(&a).unwrap_err().to_string();
-            assert!(!e.is_empty() && !e.contains('\n'), "{args:?}: {e}");
+            let Err(e) = parse_err(args) else {
+                panic!("{args:?} was accepted");
+            };
+            // Like an unknown flag: a usage error (exit status 2), its reason on the first line.
+            assert_eq!(e.exit_code(), 2, "{args:?}: {e}");
+            let text = e.to_string();
+            let reason = text.lines().next().and_then(|l| l.strip_prefix("error: "));
+            assert!(reason.is_some_and(|r| r.len() > 10), "{args:?}: {text}");
         }
     }
 }

@@ -265,6 +265,18 @@ struct StepState {
     counters: StepCounters,
     /// The last reply, or the last send to an idle connection: the I/O timeout runs from it.
     last_reply_ns: u64,
+    /// When the open loop's grace after the step's end ran out (nothing is sent after it), and
+    /// whether a slot freed before the end was idle then: whose the arrivals left unsent are.
+    send_stop: Option<SendStop>,
+}
+
+/// The moment an open loop stopped sending.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct SendStop {
+    at_ns: u64,
+    /// A slot had been free since before the step's end: the server had room for the arrivals
+    /// left unsent, so they are the generator's misses (it woke too late), not late arrivals.
+    slot_free_before_end: bool,
 }
 
 /// Runs one step on one connection; returns what it measured (only requests intended at or
@@ -291,6 +303,7 @@ pub async fn run_step(
         },
         counters: StepCounters::default(),
         last_reply_ns: now,
+        send_stop: None,
     };
     loop {
         let sending = issue_ready(w, plan, clock, &mut rng, &mut st).await?;
@@ -300,7 +313,7 @@ pub async fn run_step(
         wait_for_event(w, plan, clock, sending, &mut st).await?;
     }
     if let Some(arrivals) = st.arrivals.as_mut() {
-        count_late_arrivals(arrivals, plan, &mut st.counters);
+        count_unsent_arrivals(arrivals, plan, st.send_stop, &mut st.counters);
     }
     Ok(st.counters)
 }
@@ -318,16 +331,9 @@ async fn issue_ready(
         if plan.pacing == Pacing::OnePass && w.pass_done() {
             return Ok(false);
         }
-        // An open loop still sends the arrivals due before the end if a slot is free when the
-        // generator wakes (its timer may wake just after the end); nothing is sent later than
-        // TIMER_GRACE_NS after the end, and what is left counts as late.
         let stopped = match st.arrivals.as_ref() {
             None => now >= plan.stop_at_ns,
-            Some(a) => {
-                a.peek_ns() >= plan.stop_at_ns
-                    || now >= plan.stop_at_ns.saturating_add(TIMER_GRACE_NS)
-                    || (now >= plan.stop_at_ns && st.free.is_empty())
-            }
+            Some(a) => open_loop_stopped(a.peek_ns(), plan, now, st),
         };
         if stopped {
             return Ok(false);
@@ -362,6 +368,27 @@ async fn issue_ready(
         }
         st.in_flight += 1;
     }
+}
+
+/// Whether an open loop sends nothing more for now. It still sends the arrivals due before the
+/// end if a slot is free when the generator wakes (its timer may wake just after the end);
+/// nothing is sent later than TIMER_GRACE_NS after the end, and that moment is recorded in
+/// `send_stop` for `count_unsent_arrivals`.
+fn open_loop_stopped(next_arrival_ns: u64, plan: &StepPlan, now: u64, st: &mut StepState) -> bool {
+    if next_arrival_ns >= plan.stop_at_ns {
+        return true;
+    }
+    if now >= plan.stop_at_ns.saturating_add(TIMER_GRACE_NS) {
+        // A free slot was free ever since it was freed: one freed before the end means the
+        // server had room while the generator slept.
+        let slot_free_before_end = st.free.iter().any(|&(_, f)| f < plan.stop_at_ns);
+        st.send_stop.get_or_insert(SendStop {
+            at_ns: now,
+            slot_free_before_end,
+        });
+        return true;
+    }
+    now >= plan.stop_at_ns && st.free.is_empty()
 }
 
 /// Waits for a completion, the next arrival, or the end of sending.
@@ -459,12 +486,26 @@ fn complete(
     Ok(())
 }
 
-/// Arrivals the schedule wanted before the step ended but that never got a slot: each counts
-/// with the wait it had so far (a lower bound of its latency), so a stall is not hidden.
-fn count_late_arrivals(a: &mut PoissonArrivals, plan: &StepPlan, counters: &mut StepCounters) {
+/// Arrivals the schedule wanted before the step ended but that were never sent. When every slot
+/// was busy until the end, the server held them up: each is a late arrival and counts with the
+/// wait it had so far (a lower bound of its latency), so a stall is not hidden. When a slot sat
+/// free, the generator woke too late to send them: that is its own error (`schedule_lag`, with
+/// how late it stopped), not the server's.
+fn count_unsent_arrivals(
+    a: &mut PoissonArrivals,
+    plan: &StepPlan,
+    stop: Option<SendStop>,
+    counters: &mut StepCounters,
+) {
     while a.peek_ns() < plan.stop_at_ns {
         let intended = a.take_ns();
-        if intended >= plan.record_from_ns {
+        if intended < plan.record_from_ns {
+            continue;
+        }
+        if let Some(stop) = stop.filter(|s| s.slot_free_before_end) {
+            let lag_ns = stop.at_ns.saturating_sub(intended);
+            counters.schedule_lag.record_us(lag_ns / 1000);
+        } else {
             counters.late_arrivals += 1;
             counters.late.record_us((plan.stop_at_ns - intended) / 1000);
         }
@@ -505,13 +546,17 @@ mod tests {
         }
     }
 
-    /// A worker on a connection to `write_sink`, its clock `age` into the run.
-    async fn worker_on_sink(replies: usize, age: Duration) -> (Worker, Clock) {
+    /// A worker at `queue_depth` on a connection to `write_sink`, its clock `age` into the run.
+    async fn worker_on_sink(replies: usize, age: Duration, queue_depth: u32) -> (Worker, Clock) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
         let (client, server) = tokio::join!(client, listener.accept());
-        tokio::spawn(write_sink(server.unwrap().0, replies));
-        let (r, w) = client.unwrap().into_split();
+        let (client, server) = (client.unwrap(), server.unwrap().0);
+        // As `nbd::connect` does: small replies must not wait for a delayed ACK (40 ms).
+        client.set_nodelay(true).unwrap();
+        server.set_nodelay(true).unwrap();
+        tokio::spawn(write_sink(server, replies));
+        let (r, w) = client.into_split();
         let conn = Connection {
             reader: tokio::io::BufReader::new(r),
             writer: w,
@@ -525,7 +570,7 @@ mod tests {
         let spec = WorkerSpec {
             working_set: whole,
             slice: whole,
-            queue_depth: 4,
+            queue_depth,
             workload: crate::workload::profile("rw-4k").unwrap().workload,
             payload: Arc::new(vec![0u8; 4096]),
         };
@@ -548,10 +593,46 @@ mod tests {
         }
     }
 
+    /// An open-loop step whose generator cannot run from 50 ms before its end to 50 ms after
+    /// (its thread blocked, as on a busy machine) while its server has idle slots: the arrivals
+    /// it never sent are its own lateness, not late arrivals blamed on the server.
+    #[tokio::test]
+    async fn a_generator_that_wakes_late_is_not_blamed_on_the_server() {
+        // 64 slots at 1,000 arrivals a second: only a stall of the whole process for 64 ms
+        // could fill them all, so the sink has idle slots when the generator's thread blocks.
+        let (mut worker, clock) = worker_on_sink(1, Duration::ZERO, 64).await;
+        let now = clock.now_ns();
+        let plan = StepPlan {
+            pacing: Pacing::Open { rate_per_s: 1000.0 },
+            record_from_ns: now,
+            stop_at_ns: now + 300_000_000,
+            seed: 1,
+            io_timeout: Duration::from_secs(5),
+        };
+        // The test runtime has one thread: this task blocking it stalls the generator too.
+        let stall_from = clock.at(plan.stop_at_ns - 50_000_000);
+        let staller = tokio::spawn(async move {
+            tokio::time::sleep_until(stall_from).await;
+            std::thread::sleep(Duration::from_millis(100));
+        });
+        let c = run_step(&mut worker, &plan, &clock).await.unwrap();
+        staller.await.unwrap();
+        worker.close().await;
+        assert_eq!(
+            c.late_arrivals, 0,
+            "arrivals the generator slept through were blamed on the server"
+        );
+        let lag_us_max = c.schedule_lag.summary().map_or(0.0, |s| s.max);
+        assert!(
+            lag_us_max >= (TIMER_GRACE_NS / 1000) as f64,
+            "the generator's lateness is not reported: max lag {lag_us_max} us"
+        );
+    }
+
     /// A step 40 hours into a run (a long curve) measures its requests like the first step.
     #[tokio::test]
     async fn a_step_40_hours_into_a_run_is_measured() {
-        let (mut worker, clock) = worker_on_sink(1, Duration::from_secs(40 * 3600)).await;
+        let (mut worker, clock) = worker_on_sink(1, Duration::from_secs(40 * 3600), 4).await;
         let plan = short_step(&clock);
         let c = run_step(&mut worker, &plan, &clock).await.unwrap();
         worker.close().await;
@@ -569,7 +650,7 @@ mod tests {
     /// A server that answers a request twice is caught, not counted as two completions.
     #[tokio::test]
     async fn a_reply_repeated_by_the_server_fails_the_step() {
-        let (mut worker, clock) = worker_on_sink(2, Duration::ZERO).await;
+        let (mut worker, clock) = worker_on_sink(2, Duration::ZERO, 4).await;
         let plan = short_step(&clock);
         let Err(e) = run_step(&mut worker, &plan, &clock).await else {
             panic!("a step whose server answered each request twice passed");

@@ -25,7 +25,7 @@ mod strata_api;
 mod svg;
 pub mod workload;
 
-pub use args::{plan_of, BenchArgs, CurveSteps};
+pub use args::{plan_of, BenchArgs, BenchFlags, CurveSteps};
 pub use arrivals::PoissonArrivals;
 pub use report::{Report, SCHEMA_ID};
 
@@ -59,8 +59,8 @@ pub(crate) fn one_line(text: &str) -> String {
 /// Runs `strata bench` to completion; writes its report files and prints its summary.
 pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
     let report = run_report(args)?;
-    let paths = write_outputs(&report, &args.output)?;
-    if !args.quiet {
+    let paths = write_outputs(&report, &args.flags.output)?;
+    if !args.flags.quiet {
         print!("{}", report::summary_text(&report));
         println!("report: {}", paths.join(", "));
     }
@@ -69,6 +69,7 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
 
 /// Runs the benchmark and returns the report without writing anything.
 pub fn run_report(args: &BenchArgs) -> Result<Report, BenchError> {
+    let args = &args.flags;
     let (plan, targets, baselines, profile) = plan_of(args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -91,7 +92,7 @@ fn find_api(
 }
 
 async fn run_async(
-    args: &BenchArgs,
+    args: &BenchFlags,
     plan: run::Plan,
     targets: Vec<workload::TargetUri>,
     baselines: Vec<workload::TargetUri>,

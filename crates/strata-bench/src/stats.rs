@@ -106,11 +106,12 @@ pub struct StepCounters {
     pub read_bytes: u64,
     pub write_bytes: u64,
     pub errors: u64,
-    /// Arrivals of the schedule that could not be sent before the step ended.
+    /// Arrivals of the schedule that could not be sent before the step ended, every slot busy.
     pub late_arrivals: u64,
     /// Their waits until the step ended (lower bounds of their latencies).
     pub late: LatencyRecorder,
-    /// How late the generator itself sent requests that had a free slot (its own timer error).
+    /// How late the generator itself sent requests that had a free slot (its own timer error),
+    /// and how late it stopped for those it never sent.
     pub schedule_lag: LatencyRecorder,
 }
 

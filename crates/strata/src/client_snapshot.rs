@@ -1,5 +1,5 @@
 //! `strata snapshot ...`: snapshots over the admin API, as a table or `--json`.
-use anyhow::Result;
+use anyhow::{bail, Result};
 use serde_json::json;
 
 use super::{path_segment, space_lines, Client};
@@ -39,7 +39,7 @@ impl Client {
                 })
             }
             SnapshotCommand::Info { volume, name } => {
-                let v = self.call("GET", &one_path(&volume, &name), None)?;
+                let v = self.call("GET", &one_path(&volume, &name)?, None)?;
                 self.print(&v, |v| {
                     let s: SnapshotJson = serde_json::from_value(v.clone())?;
                     print!("{}", snapshot_info(&s));
@@ -51,7 +51,7 @@ impl Client {
                 name,
                 force,
             } => {
-                let path = format!("{}?force={force}", one_path(&volume, &name));
+                let path = format!("{}?force={force}", one_path(&volume, &name)?);
                 let v = self.call("DELETE", &path, None)?;
                 self.print(&v, |_| {
                     println!("deleted snapshot {volume}@{name}");
@@ -62,12 +62,17 @@ impl Client {
     }
 }
 
-fn one_path(volume: &str, name: &str) -> String {
-    format!(
+/// The API path of one snapshot. An empty name would make the path the volume's list (with a
+/// trailing slash), which the daemon answers as an unknown endpoint: refused here by name.
+fn one_path(volume: &str, name: &str) -> Result<String> {
+    if name.is_empty() {
+        bail!("empty snapshot name: `strata snapshot list {volume}` shows the names");
+    }
+    Ok(format!(
         "/api/v1/volumes/{}/snapshots/{}",
         path_segment(volume),
         path_segment(name)
-    )
+    ))
 }
 
 pub fn snapshot_table(snapshots: &[SnapshotJson]) -> String {

@@ -153,43 +153,35 @@ fn bench_refuses_bad_input_with_one_line() {
     let dir = daemon.scratch_dir().join("never");
     let dir_s = dir.to_str().expect("utf-8 path");
     let unknown = daemon.nbd_uri("missing");
-    for args in [
-        vec![
+    // Targets that fail to answer: the run fails (status 1).
+    for target in [unknown.as_str(), "nbd://127.0.0.1:1/x"] {
+        let args = [
             "bench",
             "--target",
-            &unknown,
+            target,
             "--no-strata-api",
             "--output",
             dir_s,
-        ],
-        vec![
-            "bench",
-            "--target",
-            "nbd://127.0.0.1:1/x",
-            "--output",
-            dir_s,
-        ],
-        vec![
-            "bench",
-            "--target",
-            "nbd://h/x",
-            "--profile",
-            "nope",
-            "--output",
-            dir_s,
-        ],
-        vec![
-            "bench",
-            "--target",
-            "nbd://h/x",
-            "--curve-steps",
-            "90,10",
-            "--output",
-            dir_s,
-        ],
-    ] {
+        ];
         let out = run_fails(&mut daemon.cli_cmd(&args), BENCH_TIMEOUT);
         assert_one_line_reason(&format!("{args:?}"), &out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+    }
+    // Flags clap takes one by one but that do not fit together, or a value checked later (a
+    // profile): usage errors, status 2, as for any other command's bad flags.
+    let usage: [&[&str]; 5] = [
+        &["--profile", "nope"],
+        &["--curve-steps", "90,10"],
+        &["--mode", "max", "--max-duration", "9s"],
+        &["--mode", "curve", "--rate-iops", "100"],
+        &["--target", "nbd://h/y", "--vms", "1"],
+    ];
+    for extra in usage {
+        let mut args = vec!["bench", "--target", "nbd://h/x", "--output", dir_s];
+        args.extend_from_slice(extra);
+        let out = run_fails(&mut daemon.cli_cmd(&args), BENCH_TIMEOUT);
+        assert_one_line_reason(&format!("{args:?}"), &out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: a usage error");
     }
     assert!(!dir.exists(), "a refused run writes nothing");
 }

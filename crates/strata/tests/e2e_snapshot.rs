@@ -158,6 +158,16 @@ fn snapshot_cli_failures_are_one_line_and_change_nothing() {
     for (what, args) in cases {
         assert_one_line_reason(what, &daemon.cli(args));
     }
+    // An empty snapshot name is named as such, not as an endpoint the CLI happened to call.
+    for command in ["info", "delete"] {
+        let out = daemon.cli(&["snapshot", command, "db", ""]);
+        assert_one_line_reason(command, &out);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("empty snapshot name"),
+            "snapshot {command} db '': {stderr}"
+        );
+    }
     assert_eq!(export_names(&snapshots(&daemon, None)), ["db@s"]);
     let volumes = daemon.cli_json(&["volume", "list"]);
     let names: Vec<&str> = volumes["volumes"]
