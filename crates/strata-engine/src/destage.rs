@@ -1273,20 +1273,11 @@ impl Destager {
         {
             let mut cache = self.sh.cache.lock();
             for r in records {
-                let gone = cache.forget(r.layer, r.lba as u32, r.nblocks as u32, r.data_start);
-                if gone > 0 {
-                    evicted.push((r.vol, gone));
-                }
+                evicted.push(cache.forget(r.layer, r.lba as u32, r.nblocks as u32, r.data_start));
             }
         }
-        for (vol, n) in evicted {
-            self.sh
-                .counters
-                .evicted_blocks
-                .fetch_add(n, Ordering::Relaxed);
-            if let Some(rt) = self.sh.runtime(vol) {
-                rt.stats.evicted_blocks.fetch_add(n, Ordering::Relaxed);
-            }
+        for gone in &evicted {
+            crate::tiering::count_evicted(&self.sh, gone);
         }
     }
 

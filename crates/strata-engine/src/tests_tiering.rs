@@ -782,3 +782,70 @@ fn a_snapshot_keeps_a_tier_mode_volumes_data_under_its_policy() {
         assert_eq!(read_block(dg, v, lba), block_of(lba, 1));
     }
 }
+
+/// Where volume `v`'s block `lba` lives on the capacity tier: (segment, block, generation).
+fn capacity_place(dg: &DiskGroup, v: VolumeId, lba: u64) -> (u32, u32, u32) {
+    let piece = crate::resolve::resolve_view(&dg.sh, v, lba, 1).unwrap()[0];
+    let Some(Loc::Cap { seg, block }) = piece.loc else {
+        panic!("block {lba} is on the capacity tier: {piece:?}");
+    };
+    (seg, block, dg.sh.cache.lock().gen_of(seg))
+}
+
+/// A volume's copies in the read cache by its own figures: promoted + kept - evicted.
+fn held_by(dg: &DiskGroup, volume: &str) -> i128 {
+    let f = dg.volume_figures(volume).unwrap();
+    i128::from(f.promoted_bytes) + i128::from(f.kept_bytes) - i128::from(f.evicted_bytes)
+}
+
+/// A clone and its origin read the same capacity blocks. A block both promote is one copy,
+/// counted for the volume whose copy the cache took first, and its eviction counts for that
+/// volume too, whichever volume's copy the log tail passes or reads as damaged: each
+/// volume's promoted + kept - evicted is what it holds in the cache.
+#[test]
+fn a_block_a_clone_and_its_origin_both_promote_is_counted_once() {
+    let p = Policy {
+        promote_after_reads: 1,
+        ..Policy::default()
+    };
+    let (rig, v, _clock) = cached_rig(76, &p, 0.5);
+    let dg = rig.dg();
+    dg.create_snapshot("c", "s").unwrap();
+    let k = dg.clone_snapshot("c", "s", "k").unwrap().id;
+    let (rt_c, rt_k) = (dg.sh.runtime(v).unwrap(), dg.sh.runtime(k).unwrap());
+    // Both promote block 300 before the log has written either copy.
+    let (seg, block, gen) = capacity_place(dg, v, 300);
+    dg.promote(Some(&rt_c), seg, block, gen, &block_of(300, 4));
+    dg.promote(Some(&rt_k), seg, block, gen, &block_of(300, 4));
+    // The origin promotes block 400, whose copy the clone then reads damaged.
+    let (seg4, block4, gen4) = capacity_place(dg, v, 400);
+    dg.promote(Some(&rt_c), seg4, block4, gen4, &block_of(400, 4));
+    promotions_retired(dg);
+    assert_eq!(dg.stats().read_cache_bytes, 2 * 4096);
+    assert_eq!(held_by(dg, "c") + held_by(dg, "k"), 2 * 4096);
+    let fast = dg
+        .sh
+        .cache
+        .lock()
+        .lookup(seg4, block4)
+        .expect("block 400 is cached");
+    rig.fast
+        .flip_bit(dg.sh.layout.log_byte(fast) + 100, 3)
+        .unwrap();
+    assert_eq!(read_block(dg, k, 400), block_of(400, 4));
+    promotions_retired(dg);
+    // The log tail passes every copy.
+    assert!(dg.destage_all(Duration::from_secs(20)));
+    assert_eq!(dg.stats().read_cache_bytes, 0, "copies left after a drain");
+    for volume in ["c", "k"] {
+        let f = dg.volume_figures(volume).unwrap();
+        assert_eq!(
+            held_by(dg, volume),
+            0,
+            "volume {volume}: promoted {} kept {} evicted {} with nothing cached",
+            f.promoted_bytes,
+            f.kept_bytes,
+            f.evicted_bytes
+        );
+    }
+}

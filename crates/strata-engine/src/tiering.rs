@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use strata_device::AlignedBuf;
 
+use crate::cache::Owners;
 use crate::error::EngineError;
 use crate::format::{RecordKind, BLOCK_U64};
 use crate::log::{CacheCopy, WriteReq};
@@ -203,14 +204,14 @@ pub(crate) fn send_cache_copy(
 }
 
 /// Counts `fresh` copies of a cache record the read cache has just taken under the figure its
-/// origin names, and `replaced` stale copies (of a segment since reused) they took the place
-/// of as evicted.
+/// origin names, and the stale copies (of a segment since reused) they took the place of as
+/// evicted, for the volumes that counted those in.
 pub(crate) fn count_cache_copies(
     sh: &Shared,
     vol: u32,
     copy: CacheCopy,
     fresh: u64,
-    replaced: u64,
+    replaced: &Owners,
 ) {
     let rt = sh.runtime(vol);
     let (group, own) = match copy {
@@ -228,12 +229,18 @@ pub(crate) fn count_cache_copies(
     if let Some(own) = own {
         own.fetch_add(fresh, Ordering::Relaxed);
     }
+    count_evicted(sh, replaced);
+}
+
+/// Counts cached copies that left the read cache, for the group and for the volumes that
+/// counted them in (a volume deleted since counts only for the group).
+pub(crate) fn count_evicted(sh: &Shared, gone: &Owners) {
     sh.counters
         .evicted_blocks
-        .fetch_add(replaced, Ordering::Relaxed);
-    if let Some(rt) = &rt {
-        rt.stats
-            .evicted_blocks
-            .fetch_add(replaced, Ordering::Relaxed);
+        .fetch_add(gone.total(), Ordering::Relaxed);
+    for &(vol, n) in &gone.0 {
+        if let Some(rt) = sh.runtime(vol) {
+            rt.stats.evicted_blocks.fetch_add(n, Ordering::Relaxed);
+        }
     }
 }
