@@ -1141,7 +1141,10 @@ impl Destager {
                 let data = &b.data[at..at + (n * BLOCK_U64) as usize];
                 if self.sh.log.lock().cache_has_room(n) {
                     let kept = crate::log::CacheCopy::Kept;
-                    crate::tiering::send_cache_copy(&self.tx, kept, rt.id, seg, block, gen, data);
+                    let done = crate::log::Done::Call(Box::new(|_| {}));
+                    crate::tiering::send_cache_copy(
+                        &self.tx, kept, rt.id, seg, block, gen, data, done,
+                    );
                 }
                 k = end;
             }

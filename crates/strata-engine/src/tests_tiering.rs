@@ -849,3 +849,87 @@ fn a_block_a_clone_and_its_origin_both_promote_is_counted_once() {
         );
     }
 }
+
+/// Like `promotions_retired`, for a log that may have no room: the barrier may be refused
+/// (and then answered before the batches ahead of it are applied).
+fn log_barrier(dg: &DiskGroup) {
+    let (done, wait) = crate::log::reply_pair();
+    let req = crate::log::WriteReq {
+        kind: crate::format::RecordKind::Zero,
+        layer: u32::MAX,
+        lba: 0,
+        nblocks: 1,
+        data: None,
+        done: crate::log::Done::Chan(done),
+        no_wait: true,
+        relocation: true,
+        born_ms: None,
+        cache_gen: 0,
+        vol: 0,
+        cache_copy: crate::log::CacheCopy::Again,
+    };
+    let tx = dg.tx.lock().clone().expect("the log is running");
+    assert!(tx.send(req).is_ok(), "the log is running");
+    let _ = wait.wait();
+}
+
+/// A promotion the read cache's share has room for but the log does not (the capacity tier
+/// takes nothing, so the log is not freed) is refused by the log: it is counted as refused
+/// like one the cache's share had no room for, so every promotion is taken or counted.
+#[test]
+fn promotions_the_log_has_no_room_for_are_counted_as_refused() {
+    let (cfg, _clock) = clocked(EngineConfig {
+        read_cache_ratio: 0.9,
+        ..small_cfg()
+    });
+    let rig = Rig::new(32 * MIB, &[48 * MIB], cfg, 77);
+    let dg = rig.dg();
+    dg.sh.destager_held.store(true, Ordering::Relaxed);
+    // A quarter of the log holds host writes that stay: the copies below fill the rest of
+    // the log before the read cache's share (90% of it).
+    let v = dg.create_volume("v", 16 * MIB).unwrap().id;
+    let log_blocks = dg.sh.layout.log_blocks;
+    for at in (0..log_blocks / 4).step_by(256) {
+        dg.write(v, at * 4096, &vec![3u8; 256 * 4096]).unwrap();
+    }
+    // As when the capacity tier is full: nothing frees the log, and the log writer answers
+    // what it has no room for instead of waiting for room.
+    dg.sh.counters.capacity_full.store(true, Ordering::Relaxed);
+    let segs = dg.sh.cache.lock().seg_gen.len() as u32;
+    let data = vec![9u8; 16 * 4096];
+    // Each promotion takes a batch of its own: 16 blocks and a header.
+    let mut sent = 0u64;
+    'fill: for seg in 0..segs {
+        let gen = dg.sh.cache.lock().gen_of(seg);
+        for block in (0..2048u32).step_by(16) {
+            dg.promote(None, seg, block, gen, &data);
+            sent += 1;
+            if sent.is_multiple_of(32) {
+                log_barrier(dg);
+            }
+            if sent * 17 > log_blocks {
+                break 'fill;
+            }
+        }
+    }
+    assert!(sent * 17 > log_blocks, "only {sent} promotions sent");
+    let counted = || {
+        let s = dg.stats();
+        (
+            s.promoted_bytes_total / (16 * 4096),
+            s.promotions_refused_total,
+        )
+    };
+    let all_counted = eventually(20, || {
+        let (taken, refused) = counted();
+        taken + refused == sent
+    });
+    let (taken, refused) = counted();
+    dg.sh.counters.capacity_full.store(false, Ordering::Relaxed);
+    dg.sh.destager_held.store(false, Ordering::Relaxed);
+    assert!(
+        all_counted,
+        "{sent} promotions: {taken} taken, {refused} refused, the rest not counted"
+    );
+    assert!(refused > 0 && taken > 0, "{taken} taken, {refused} refused");
+}

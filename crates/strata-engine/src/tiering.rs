@@ -9,7 +9,7 @@ use strata_device::AlignedBuf;
 use crate::cache::Owners;
 use crate::error::EngineError;
 use crate::format::{RecordKind, BLOCK_U64};
-use crate::log::{CacheCopy, WriteReq};
+use crate::log::{CacheCopy, Done, WriteReq};
 use crate::policy::{Mode, Policy};
 use crate::runtime::{Runtimes, VolRuntime, VolumeFigures};
 use crate::shared::Shared;
@@ -147,9 +147,11 @@ impl DiskGroup {
 }
 
 /// Queues a clean copy of capacity blocks just read (`data`, blocks `block..` of `seg` as of
-/// generation `gen`) for the write log, if the read cache has room; never waits.
+/// generation `gen`) for the write log, if the read cache has room; never waits. A copy the
+/// read cache or the log has no room for is counted as refused (`promotions_refused_total`),
+/// and the destager told: it makes room for the cache when promotions are refused.
 pub(crate) fn promote_with(
-    sh: &Shared,
+    sh: &Arc<Shared>,
     tx: Option<&crate::queue::LogQueue>,
     rt: Option<&VolRuntime>,
     seg: u32,
@@ -159,22 +161,33 @@ pub(crate) fn promote_with(
 ) {
     let n = data.len() as u64 / BLOCK_U64;
     if !sh.log.lock().cache_has_room(n) {
-        sh.counters
-            .promotions_refused
-            .fetch_add(1, Ordering::Relaxed);
-        sh.wake_destager();
-        return;
+        return promotion_refused(sh);
     }
     let Some(tx) = tx else {
         return;
     };
     let vol = rt.map_or(0, |rt| rt.id);
-    send_cache_copy(tx, CacheCopy::Promoted, vol, seg, block, gen, data);
+    let sh = sh.clone();
+    let done = Done::Call(Box::new(move |r| {
+        if matches!(r, Err(EngineError::NoSpace)) {
+            promotion_refused(&sh);
+        }
+    }));
+    send_cache_copy(tx, CacheCopy::Promoted, vol, seg, block, gen, data, done);
+}
+
+fn promotion_refused(sh: &Shared) {
+    sh.counters
+        .promotions_refused
+        .fetch_add(1, Ordering::Relaxed);
+    sh.wake_destager();
 }
 
 /// Queues a clean copy of capacity blocks `block..` of `seg` (as of generation `gen`) for the
 /// log, never waiting for the queue or for log space; false when it was not queued. The
-/// copy is counted (as `copy` says) when the read cache takes it (`count_cache_copies`).
+/// copy is counted (as `copy` says) when the read cache takes it (`count_cache_copies`);
+/// `done` hears whether the log wrote it (`NoSpace`: the log had no room for it).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn send_cache_copy(
     tx: &crate::queue::LogQueue,
     copy: CacheCopy,
@@ -183,6 +196,7 @@ pub(crate) fn send_cache_copy(
     block: u32,
     gen: u32,
     data: &[u8],
+    done: Done,
 ) -> bool {
     let mut d = AlignedBuf::new_zeroed(data.len());
     d.copy_from_slice(data);
@@ -192,7 +206,7 @@ pub(crate) fn send_cache_copy(
         lba: u64::from(block),
         nblocks: data.len() as u64 / BLOCK_U64,
         data: Some(d),
-        done: crate::log::Done::Call(Box::new(|_| {})),
+        done,
         no_wait: true,
         relocation: true,
         born_ms: None,
