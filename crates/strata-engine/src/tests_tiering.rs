@@ -524,9 +524,11 @@ fn concurrent_policy_changes_to_different_fields_are_both_kept() {
         s.spawn(|| {
             for i in 1..=rounds {
                 rig.dg()
-                    .update_policy("p", |p| Policy {
-                        iops_limit: i,
-                        ..*p
+                    .update_policy("p", |p| {
+                        Ok(Policy {
+                            iops_limit: i,
+                            ..*p
+                        })
                     })
                     .unwrap();
             }
@@ -535,9 +537,11 @@ fn concurrent_policy_changes_to_different_fields_are_both_kept() {
             for i in 1..=rounds {
                 let bandwidth_limit_bytes_per_s = i << 20;
                 rig.dg()
-                    .update_policy("p", |p| Policy {
-                        bandwidth_limit_bytes_per_s,
-                        ..*p
+                    .update_policy("p", |p| {
+                        Ok(Policy {
+                            bandwidth_limit_bytes_per_s,
+                            ..*p
+                        })
                     })
                     .unwrap();
             }

@@ -93,20 +93,20 @@ impl DiskGroup {
     /// Changes a volume's policy; it takes effect at once (the destager and the read path
     /// read it on every decision) and is durable when this returns.
     pub fn set_policy(&self, volume: &str, policy: &Policy) -> Result<(), EngineError> {
-        self.update_policy(volume, |_| *policy).map(drop)
+        self.update_policy(volume, |_| Ok(*policy)).map(drop)
     }
 
     /// Changes a volume's policy from the one it has: `f` is given the policy as it stands
     /// under the volume table's lock, so two changes made at once (each naming a few fields)
-    /// both take effect. Returns the policy set.
+    /// both take effect; an error from `f` changes nothing. Returns the policy set.
     pub fn update_policy(
         &self,
         volume: &str,
-        f: impl FnOnce(&Policy) -> Policy,
+        f: impl FnOnce(&Policy) -> Result<Policy, EngineError>,
     ) -> Result<Policy, EngineError> {
         let mut set = None;
         self.change_volume(volume, |v| {
-            let policy = f(&Policy::decode(&v.policy)?);
+            let policy = f(&Policy::decode(&v.policy)?)?;
             policy.validate()?;
             v.policy = policy.encode();
             set = Some(policy);

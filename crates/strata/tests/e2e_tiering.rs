@@ -79,10 +79,37 @@ fn policies_are_set_changed_checked_and_kept_across_a_restart() {
     refused(&daemon, "tiered", &["volume", "set-policy", "tiered", "--promote-window", "0"], "promote_window_s");
     refused(&daemon, "tiered", &["volume", "set-policy", "tiered", "--promote-after-reads", "5000"], "at most 1000");
     refused(&daemon, "tiered", &["volume", "set-policy", "tiered"], "nothing to change");
+    // A sequential write cutoff works only in cache mode: asked for with tier mode, refused.
+    refused(
+        &daemon,
+        "tiered",
+        &[
+            "volume",
+            "set-policy",
+            "tiered",
+            "--policy",
+            "tier",
+            "--sequential-write-cutoff",
+            "8M",
+        ],
+        "only in cache mode",
+    );
     let out = daemon.cli(&["volume", "set-policy", "nosuch", "--iops-limit", "5"]);
     assert_one_line_reason("unknown volume", &out);
     let out = daemon.cli(&["volume", "create", "bad", "--size", "64M", "--tier-min-age", "1y"]);
     assert_one_line_reason("create with a bad duration", &out);
+    let out = daemon.cli(&[
+        "volume",
+        "create",
+        "badcutoff",
+        "--size",
+        "64M",
+        "--policy",
+        "tier",
+        "--sequential-write-cutoff",
+        "8M",
+    ]);
+    assert_one_line_reason("create with a write cutoff in tier mode", &out);
     assert!(!daemon.cli_ok(&["volume", "list"]).contains("bad"), "a refused create made a volume");
 
     // The API: partial PUT, 400 for bad values, 404 for an unknown volume.
