@@ -112,6 +112,42 @@ fn policies_are_set_changed_checked_and_kept_across_a_restart() {
     assert_one_line_reason("create with a write cutoff in tier mode", &out);
     assert!(!daemon.cli_ok(&["volume", "list"]).contains("bad"), "a refused create made a volume");
 
+    // set-policy echoes the settings it changed, as text and as JSON.
+    let out = daemon.cli_ok(&[
+        "volume",
+        "set-policy",
+        "tiered",
+        "--promote-after-reads",
+        "4",
+        "--promote-window",
+        "2m",
+        "--sequential-write-cutoff",
+        "16M",
+    ]);
+    assert!(
+        out.contains("after 4 read(s) within 2m") && out.contains("past 16 MiB sequential"),
+        "{out}"
+    );
+    let out = daemon.cli_ok(&[
+        "--json",
+        "volume",
+        "set-policy",
+        "tiered",
+        "--promote-sequential-cutoff",
+        "2M",
+    ]);
+    let v: Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(
+        v["policy"]["promote_sequential_cutoff_bytes"],
+        2 << 20,
+        "{out}"
+    );
+    assert_eq!(
+        v["policy"]["sequential_write_cutoff_bytes"],
+        16 << 20,
+        "{out}"
+    );
+
     // The API: partial PUT, 400 for bad values, 404 for an unknown volume.
     let base = daemon.http_url();
     let url = format!("{base}/api/v1/volumes/tiered/policy");
