@@ -36,6 +36,37 @@ pub struct CacheEntry {
     pub hits: u8,
     /// Passes of the log tail since its last read.
     pub idle_passes: u8,
+    /// The volume whose figures counted the copy when the cache took it: its eviction is
+    /// counted there too, whichever volume's copy holds the entry by then (a clone and its
+    /// origin read the same capacity blocks).
+    pub vol: u32,
+}
+
+/// Where a copy the log has made durable lies, and what it is: `fast..` holds blocks read
+/// under segment generation `gen`, counted for volume `vol`; `again`: written again at the head.
+#[derive(Debug, Clone, Copy)]
+pub struct NewCopy {
+    pub fast: u64,
+    pub gen: u32,
+    pub vol: u32,
+    pub again: bool,
+}
+
+/// Cached blocks that left the cache, by the volume that counted them in: (volume, blocks).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Owners(pub Vec<(u32, u64)>);
+
+impl Owners {
+    fn add(&mut self, vol: u32) {
+        match self.0.last_mut() {
+            Some((v, n)) if *v == vol => *n += 1,
+            _ => self.0.push((vol, 1)),
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.0.iter().map(|&(_, n)| n).sum()
+    }
 }
 
 /// The most passes of the log tail an unread copy survives (when the cache has room). More
@@ -88,37 +119,40 @@ impl ReadCache {
         Some(e.fast)
     }
 
-    /// Records copies now durable at `fast..` of blocks `block..` of `seg` read under `gen`.
-    /// Returns how many became new entries, and how many of those took the place of a stale
-    /// entry (a copy of the segment before it was reused); none when the segment was reused
-    /// meanwhile. A copy written again at the head (`again`) only moves the entry it was
-    /// written for: it keeps its history, and an entry forgotten meanwhile stays forgotten.
-    pub fn insert(
-        &mut self,
-        seg: u32,
-        block: u32,
-        n: u32,
-        fast: u64,
-        gen: u32,
-        again: bool,
-    ) -> (u64, u64) {
+    /// Records copies now durable at `at.fast..` of blocks `block..` of `seg` read under
+    /// `at.gen`, new entries counted for volume `at.vol`. Returns how many became new entries, and the
+    /// stale entries (copies of the segment before it was reused) some of them replaced, by
+    /// the volume that counted them; nothing when the segment was reused meanwhile. A copy of
+    /// a block already cached (another volume read it too, or the copy was written again at
+    /// the head) only moves that entry: it keeps its history and its volume. A copy written
+    /// again (`at.again`) never brings back an entry forgotten meanwhile.
+    pub fn insert(&mut self, seg: u32, block: u32, n: u32, at: NewCopy) -> (u64, Owners) {
+        let NewCopy {
+            fast,
+            gen,
+            vol,
+            again,
+        } = at;
+        let mut replaced = Owners::default();
         if self.gen_of(seg) != gen {
-            return (0, 0);
+            return (0, replaced);
         }
-        let (mut fresh, mut replaced) = (0, 0);
+        let mut fresh = 0;
         for i in 0..n {
             let copy = CacheEntry {
                 fast: fast + u64::from(i),
                 gen,
                 hits: 0,
                 idle_passes: 0,
+                vol,
             };
             match self.entries.get_mut(&(seg, block + i)) {
                 Some(e) if e.gen == gen => e.fast = copy.fast,
                 Some(_) | None if again => {}
                 Some(e) => {
+                    replaced.add(e.vol);
                     *e = copy;
-                    (fresh, replaced) = (fresh + 1, replaced + 1);
+                    fresh += 1;
                 }
                 None => {
                     self.entries.insert((seg, block + i), copy);
@@ -130,18 +164,16 @@ impl ReadCache {
     }
 
     /// The log blocks `fast..fast+n` holding copies of (seg, block..) are being reused:
-    /// forgets the copies that still live there. Returns how many were forgotten.
-    pub fn forget(&mut self, seg: u32, block: u32, n: u32, fast: u64) -> u64 {
-        let mut gone = 0;
+    /// forgets the copies that still live there. Returns them by the volume that counted them.
+    pub fn forget(&mut self, seg: u32, block: u32, n: u32, fast: u64) -> Owners {
+        let mut gone = Owners::default();
         for i in 0..n {
             let key = (seg, block + i);
-            if self
-                .entries
-                .get(&key)
-                .is_some_and(|e| e.fast == fast + u64::from(i))
-            {
-                self.entries.remove(&key);
-                gone += 1;
+            if let Some(e) = self.entries.get(&key).copied() {
+                if e.fast == fast + u64::from(i) {
+                    self.entries.remove(&key);
+                    gone.add(e.vol);
+                }
             }
         }
         gone
@@ -294,6 +326,26 @@ impl ReadMarks {
 mod tests {
     use super::*;
 
+    /// An insertion for volume 7: (new entries, stale entries replaced).
+    fn ins(
+        c: &mut ReadCache,
+        seg: u32,
+        block: u32,
+        n: u32,
+        fast: u64,
+        gen: u32,
+        again: bool,
+    ) -> (u64, u64) {
+        let at = NewCopy {
+            fast,
+            gen,
+            vol: 7,
+            again,
+        };
+        let (fresh, replaced) = c.insert(seg, block, n, at);
+        (fresh, replaced.total())
+    }
+
     fn cache() -> ReadCache {
         ReadCache::new(
             Arc::new((0..4).map(|_| AtomicU32::new(0)).collect()),
@@ -315,26 +367,52 @@ mod tests {
     #[test]
     fn copies_of_reused_segments_are_never_served() {
         let mut c = cache();
-        assert_eq!(c.insert(1, 10, 2, 500, 0, false), (2, 0));
+        assert_eq!(ins(&mut c, 1, 10, 2, 500, 0, false), (2, 0));
         assert_eq!(c.lookup(1, 11), Some(501));
         c.seg_gen[1].fetch_add(1, Ordering::AcqRel);
         assert_eq!(c.lookup(1, 11), None);
         // A copy read before the reuse is refused on insertion too.
-        assert_eq!(c.insert(1, 20, 1, 600, 0, false), (0, 0));
+        assert_eq!(ins(&mut c, 1, 20, 1, 600, 0, false), (0, 0));
         // A copy read since takes the stale entry's place: one new entry, one stale one gone.
-        assert_eq!(c.insert(1, 11, 1, 700, 1, false), (1, 1));
+        assert_eq!(ins(&mut c, 1, 11, 1, 700, 1, false), (1, 1));
         assert_eq!(c.lookup(1, 11), Some(700));
         assert_eq!(c.entries(), 2);
+    }
+
+    /// A block two volumes (a clone and its origin) promoted is one entry, and its eviction
+    /// counts for the volume that counted it in, whichever copy the tail passes.
+    #[test]
+    fn a_copy_leaves_under_the_volume_it_came_in_under() {
+        let mut c = cache();
+        let at = |fast, gen, vol| NewCopy {
+            fast,
+            gen,
+            vol,
+            again: false,
+        };
+        assert_eq!(c.insert(1, 4, 2, at(100, 0, 3)).0, 2);
+        assert_eq!(c.insert(1, 4, 1, at(200, 0, 5)).0, 0, "already cached");
+        assert_eq!(c.forget(1, 4, 2, 100), Owners(vec![(3, 1)]));
+        assert_eq!(c.forget(1, 4, 1, 200), Owners(vec![(3, 1)]));
+        assert_eq!(c.insert(2, 0, 1, at(300, 0, 3)).0, 1);
+        c.seg_gen[2].fetch_add(1, Ordering::AcqRel);
+        let (fresh, replaced) = c.insert(2, 0, 1, at(400, 1, 5));
+        assert_eq!(
+            (fresh, replaced),
+            (1, Owners(vec![(3, 1)])),
+            "a stale entry replaced"
+        );
+        assert_eq!(c.forget(2, 0, 1, 400), Owners(vec![(5, 1)]));
     }
 
     #[test]
     fn the_tail_forgets_only_the_copy_it_passes() {
         let mut c = cache();
-        assert_eq!(c.insert(2, 0, 1, 100, 0, false), (1, 0));
+        assert_eq!(ins(&mut c, 2, 0, 1, 100, 0, false), (1, 0));
         // Written again at the head (second chance) before the tail passed the old copy: the
         // same entry, not a new one.
-        assert_eq!(c.insert(2, 0, 1, 900, 0, true), (0, 0));
-        assert_eq!(c.forget(2, 0, 1, 100), 0);
+        assert_eq!(ins(&mut c, 2, 0, 1, 900, 0, true), (0, 0));
+        assert_eq!(c.forget(2, 0, 1, 100).total(), 0);
         assert_eq!(c.lookup(2, 0), Some(900));
         c.adapt(1.0);
         c.adapt(1.0);
@@ -363,7 +441,7 @@ mod tests {
             c.adapt(0.5);
         }
         c.lookup(2, 0);
-        c.insert(2, 0, 1, 950, 0, true);
+        ins(&mut c, 2, 0, 1, 950, 0, true);
         assert!(
             c.take_second_chance(2, 0, 950, true),
             "the read before the rewrite was lost"
@@ -373,7 +451,7 @@ mod tests {
             .count();
         assert_eq!(kept, MAX_IDLE_PASSES as usize);
         // With the write buffer under pressure an unread copy gets no pass; a read one still does.
-        c.insert(2, 0, 1, 950, 0, true);
+        ins(&mut c, 2, 0, 1, 950, 0, true);
         assert!(
             !c.take_second_chance(2, 0, 950, false),
             "unread, under pressure"
@@ -383,12 +461,12 @@ mod tests {
             c.take_second_chance(2, 0, 950, false),
             "read since, under pressure"
         );
-        assert_eq!(c.forget(2, 0, 1, 900), 0, "moved on since");
-        assert_eq!(c.forget(2, 0, 1, 950), 1);
+        assert_eq!(c.forget(2, 0, 1, 900).total(), 0, "moved on since");
+        assert_eq!(c.forget(2, 0, 1, 950).total(), 1);
         assert_eq!(c.lookup(2, 0), None);
         // A copy written again for an entry forgotten meanwhile (a damaged read) does not
         // bring it back.
-        assert_eq!(c.insert(2, 0, 1, 990, 0, true), (0, 0));
+        assert_eq!(ins(&mut c, 2, 0, 1, 990, 0, true), (0, 0));
         assert_eq!(c.entries(), 0);
     }
 

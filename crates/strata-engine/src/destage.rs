@@ -1141,7 +1141,10 @@ impl Destager {
                 let data = &b.data[at..at + (n * BLOCK_U64) as usize];
                 if self.sh.log.lock().cache_has_room(n) {
                     let kept = crate::log::CacheCopy::Kept;
-                    crate::tiering::send_cache_copy(&self.tx, kept, rt.id, seg, block, gen, data);
+                    let done = crate::log::Done::Call(Box::new(|_| {}));
+                    crate::tiering::send_cache_copy(
+                        &self.tx, kept, rt.id, seg, block, gen, data, done,
+                    );
                 }
                 k = end;
             }
@@ -1273,20 +1276,11 @@ impl Destager {
         {
             let mut cache = self.sh.cache.lock();
             for r in records {
-                let gone = cache.forget(r.layer, r.lba as u32, r.nblocks as u32, r.data_start);
-                if gone > 0 {
-                    evicted.push((r.vol, gone));
-                }
+                evicted.push(cache.forget(r.layer, r.lba as u32, r.nblocks as u32, r.data_start));
             }
         }
-        for (vol, n) in evicted {
-            self.sh
-                .counters
-                .evicted_blocks
-                .fetch_add(n, Ordering::Relaxed);
-            if let Some(rt) = self.sh.runtime(vol) {
-                rt.stats.evicted_blocks.fetch_add(n, Ordering::Relaxed);
-            }
+        for gone in &evicted {
+            crate::tiering::count_evicted(&self.sh, gone);
         }
     }
 

@@ -1217,7 +1217,7 @@ fn unusable_copy(sh: &Shared, seg: u32, block: u32, n: u32, fast: u64, checksum_
         "a cached copy on the fast tier cannot be used: reading the capacity tier instead"
     );
     let gone = sh.cache.lock().forget(seg, block, n, fast);
-    sh.counters.evicted_blocks.fetch_add(gone, Ordering::Relaxed);
+    tiering::count_evicted(sh, &gone);
 }
 
 /// Counts a checksum mismatch found by a host read and makes the error it returns.

@@ -1258,19 +1258,19 @@ impl LogWriter {
                 let mut cache = self.sh.cache.lock();
                 for r in cached {
                     let again = r.cache_copy == CacheCopy::Again;
-                    let (fresh, replaced) = cache.insert(
-                        r.layer,
-                        r.lba as u32,
-                        r.nblocks as u32,
-                        r.data_start,
-                        r.cache_gen,
+                    let at = crate::cache::NewCopy {
+                        fast: r.data_start,
+                        gen: r.cache_gen,
+                        vol: r.vol,
                         again,
-                    );
+                    };
+                    let (fresh, replaced) =
+                        cache.insert(r.layer, r.lba as u32, r.nblocks as u32, at);
                     taken.push((r.vol, r.cache_copy, fresh, replaced));
                 }
             }
             for (vol, copy, fresh, replaced) in taken {
-                crate::tiering::count_cache_copies(&self.sh, vol, copy, fresh, replaced);
+                crate::tiering::count_cache_copies(&self.sh, vol, copy, fresh, &replaced);
             }
         }
         let key = run.as_ref().map_or(meta.first_seq, |r| r.first_seq);

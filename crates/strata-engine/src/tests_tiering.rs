@@ -524,9 +524,11 @@ fn concurrent_policy_changes_to_different_fields_are_both_kept() {
         s.spawn(|| {
             for i in 1..=rounds {
                 rig.dg()
-                    .update_policy("p", |p| Policy {
-                        iops_limit: i,
-                        ..*p
+                    .update_policy("p", |p| {
+                        Ok(Policy {
+                            iops_limit: i,
+                            ..*p
+                        })
                     })
                     .unwrap();
             }
@@ -535,9 +537,11 @@ fn concurrent_policy_changes_to_different_fields_are_both_kept() {
             for i in 1..=rounds {
                 let bandwidth_limit_bytes_per_s = i << 20;
                 rig.dg()
-                    .update_policy("p", |p| Policy {
-                        bandwidth_limit_bytes_per_s,
-                        ..*p
+                    .update_policy("p", |p| {
+                        Ok(Policy {
+                            bandwidth_limit_bytes_per_s,
+                            ..*p
+                        })
                     })
                     .unwrap();
             }
@@ -781,4 +785,155 @@ fn a_snapshot_keeps_a_tier_mode_volumes_data_under_its_policy() {
     for lba in 0..64 {
         assert_eq!(read_block(dg, v, lba), block_of(lba, 1));
     }
+}
+
+/// Where volume `v`'s block `lba` lives on the capacity tier: (segment, block, generation).
+fn capacity_place(dg: &DiskGroup, v: VolumeId, lba: u64) -> (u32, u32, u32) {
+    let piece = crate::resolve::resolve_view(&dg.sh, v, lba, 1).unwrap()[0];
+    let Some(Loc::Cap { seg, block }) = piece.loc else {
+        panic!("block {lba} is on the capacity tier: {piece:?}");
+    };
+    (seg, block, dg.sh.cache.lock().gen_of(seg))
+}
+
+/// A volume's copies in the read cache by its own figures: promoted + kept - evicted.
+fn held_by(dg: &DiskGroup, volume: &str) -> i128 {
+    let f = dg.volume_figures(volume).unwrap();
+    i128::from(f.promoted_bytes) + i128::from(f.kept_bytes) - i128::from(f.evicted_bytes)
+}
+
+/// A clone and its origin read the same capacity blocks. A block both promote is one copy,
+/// counted for the volume whose copy the cache took first, and its eviction counts for that
+/// volume too, whichever volume's copy the log tail passes or reads as damaged: each
+/// volume's promoted + kept - evicted is what it holds in the cache.
+#[test]
+fn a_block_a_clone_and_its_origin_both_promote_is_counted_once() {
+    let p = Policy {
+        promote_after_reads: 1,
+        ..Policy::default()
+    };
+    let (rig, v, _clock) = cached_rig(76, &p, 0.5);
+    let dg = rig.dg();
+    dg.create_snapshot("c", "s").unwrap();
+    let k = dg.clone_snapshot("c", "s", "k").unwrap().id;
+    let (rt_c, rt_k) = (dg.sh.runtime(v).unwrap(), dg.sh.runtime(k).unwrap());
+    // Both promote block 300 before the log has written either copy.
+    let (seg, block, gen) = capacity_place(dg, v, 300);
+    dg.promote(Some(&rt_c), seg, block, gen, &block_of(300, 4));
+    dg.promote(Some(&rt_k), seg, block, gen, &block_of(300, 4));
+    // The origin promotes block 400, whose copy the clone then reads damaged.
+    let (seg4, block4, gen4) = capacity_place(dg, v, 400);
+    dg.promote(Some(&rt_c), seg4, block4, gen4, &block_of(400, 4));
+    promotions_retired(dg);
+    assert_eq!(dg.stats().read_cache_bytes, 2 * 4096);
+    assert_eq!(held_by(dg, "c") + held_by(dg, "k"), 2 * 4096);
+    let fast = dg
+        .sh
+        .cache
+        .lock()
+        .lookup(seg4, block4)
+        .expect("block 400 is cached");
+    rig.fast
+        .flip_bit(dg.sh.layout.log_byte(fast) + 100, 3)
+        .unwrap();
+    assert_eq!(read_block(dg, k, 400), block_of(400, 4));
+    promotions_retired(dg);
+    // The log tail passes every copy.
+    assert!(dg.destage_all(Duration::from_secs(20)));
+    assert_eq!(dg.stats().read_cache_bytes, 0, "copies left after a drain");
+    for volume in ["c", "k"] {
+        let f = dg.volume_figures(volume).unwrap();
+        assert_eq!(
+            held_by(dg, volume),
+            0,
+            "volume {volume}: promoted {} kept {} evicted {} with nothing cached",
+            f.promoted_bytes,
+            f.kept_bytes,
+            f.evicted_bytes
+        );
+    }
+}
+
+/// Like `promotions_retired`, for a log that may have no room: the barrier may be refused
+/// (and then answered before the batches ahead of it are applied).
+fn log_barrier(dg: &DiskGroup) {
+    let (done, wait) = crate::log::reply_pair();
+    let req = crate::log::WriteReq {
+        kind: crate::format::RecordKind::Zero,
+        layer: u32::MAX,
+        lba: 0,
+        nblocks: 1,
+        data: None,
+        done: crate::log::Done::Chan(done),
+        no_wait: true,
+        relocation: true,
+        born_ms: None,
+        cache_gen: 0,
+        vol: 0,
+        cache_copy: crate::log::CacheCopy::Again,
+    };
+    let tx = dg.tx.lock().clone().expect("the log is running");
+    assert!(tx.send(req).is_ok(), "the log is running");
+    let _ = wait.wait();
+}
+
+/// A promotion the read cache's share has room for but the log does not (the capacity tier
+/// takes nothing, so the log is not freed) is refused by the log: it is counted as refused
+/// like one the cache's share had no room for, so every promotion is taken or counted.
+#[test]
+fn promotions_the_log_has_no_room_for_are_counted_as_refused() {
+    let (cfg, _clock) = clocked(EngineConfig {
+        read_cache_ratio: 0.9,
+        ..small_cfg()
+    });
+    let rig = Rig::new(32 * MIB, &[48 * MIB], cfg, 77);
+    let dg = rig.dg();
+    dg.sh.destager_held.store(true, Ordering::Relaxed);
+    // A quarter of the log holds host writes that stay: the copies below fill the rest of
+    // the log before the read cache's share (90% of it).
+    let v = dg.create_volume("v", 16 * MIB).unwrap().id;
+    let log_blocks = dg.sh.layout.log_blocks;
+    for at in (0..log_blocks / 4).step_by(256) {
+        dg.write(v, at * 4096, &vec![3u8; 256 * 4096]).unwrap();
+    }
+    // As when the capacity tier is full: nothing frees the log, and the log writer answers
+    // what it has no room for instead of waiting for room.
+    dg.sh.counters.capacity_full.store(true, Ordering::Relaxed);
+    let segs = dg.sh.cache.lock().seg_gen.len() as u32;
+    let data = vec![9u8; 16 * 4096];
+    // Each promotion takes a batch of its own: 16 blocks and a header.
+    let mut sent = 0u64;
+    'fill: for seg in 0..segs {
+        let gen = dg.sh.cache.lock().gen_of(seg);
+        for block in (0..2048u32).step_by(16) {
+            dg.promote(None, seg, block, gen, &data);
+            sent += 1;
+            if sent.is_multiple_of(32) {
+                log_barrier(dg);
+            }
+            if sent * 17 > log_blocks {
+                break 'fill;
+            }
+        }
+    }
+    assert!(sent * 17 > log_blocks, "only {sent} promotions sent");
+    let counted = || {
+        let s = dg.stats();
+        (
+            s.promoted_bytes_total / (16 * 4096),
+            s.promotions_refused_total,
+        )
+    };
+    let all_counted = eventually(20, || {
+        let (taken, refused) = counted();
+        taken + refused == sent
+    });
+    let (taken, refused) = counted();
+    dg.sh.counters.capacity_full.store(false, Ordering::Relaxed);
+    dg.sh.destager_held.store(false, Ordering::Relaxed);
+    assert!(
+        all_counted,
+        "{sent} promotions: {taken} taken, {refused} refused, the rest not counted"
+    );
+    assert!(refused > 0 && taken > 0, "{taken} taken, {refused} refused");
 }

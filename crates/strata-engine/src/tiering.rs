@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use strata_device::AlignedBuf;
 
+use crate::cache::Owners;
 use crate::error::EngineError;
 use crate::format::{RecordKind, BLOCK_U64};
-use crate::log::{CacheCopy, WriteReq};
+use crate::log::{CacheCopy, Done, WriteReq};
 use crate::policy::{Mode, Policy};
 use crate::runtime::{Runtimes, VolRuntime, VolumeFigures};
 use crate::shared::Shared;
@@ -92,20 +93,20 @@ impl DiskGroup {
     /// Changes a volume's policy; it takes effect at once (the destager and the read path
     /// read it on every decision) and is durable when this returns.
     pub fn set_policy(&self, volume: &str, policy: &Policy) -> Result<(), EngineError> {
-        self.update_policy(volume, |_| *policy).map(drop)
+        self.update_policy(volume, |_| Ok(*policy)).map(drop)
     }
 
     /// Changes a volume's policy from the one it has: `f` is given the policy as it stands
     /// under the volume table's lock, so two changes made at once (each naming a few fields)
-    /// both take effect. Returns the policy set.
+    /// both take effect; an error from `f` changes nothing. Returns the policy set.
     pub fn update_policy(
         &self,
         volume: &str,
-        f: impl FnOnce(&Policy) -> Policy,
+        f: impl FnOnce(&Policy) -> Result<Policy, EngineError>,
     ) -> Result<Policy, EngineError> {
         let mut set = None;
         self.change_volume(volume, |v| {
-            let policy = f(&Policy::decode(&v.policy)?);
+            let policy = f(&Policy::decode(&v.policy)?)?;
             policy.validate()?;
             v.policy = policy.encode();
             set = Some(policy);
@@ -146,9 +147,11 @@ impl DiskGroup {
 }
 
 /// Queues a clean copy of capacity blocks just read (`data`, blocks `block..` of `seg` as of
-/// generation `gen`) for the write log, if the read cache has room; never waits.
+/// generation `gen`) for the write log, if the read cache has room; never waits. A copy the
+/// read cache or the log has no room for is counted as refused (`promotions_refused_total`),
+/// and the destager told: it makes room for the cache when promotions are refused.
 pub(crate) fn promote_with(
-    sh: &Shared,
+    sh: &Arc<Shared>,
     tx: Option<&crate::queue::LogQueue>,
     rt: Option<&VolRuntime>,
     seg: u32,
@@ -158,22 +161,33 @@ pub(crate) fn promote_with(
 ) {
     let n = data.len() as u64 / BLOCK_U64;
     if !sh.log.lock().cache_has_room(n) {
-        sh.counters
-            .promotions_refused
-            .fetch_add(1, Ordering::Relaxed);
-        sh.wake_destager();
-        return;
+        return promotion_refused(sh);
     }
     let Some(tx) = tx else {
         return;
     };
     let vol = rt.map_or(0, |rt| rt.id);
-    send_cache_copy(tx, CacheCopy::Promoted, vol, seg, block, gen, data);
+    let sh = sh.clone();
+    let done = Done::Call(Box::new(move |r| {
+        if matches!(r, Err(EngineError::NoSpace)) {
+            promotion_refused(&sh);
+        }
+    }));
+    send_cache_copy(tx, CacheCopy::Promoted, vol, seg, block, gen, data, done);
+}
+
+fn promotion_refused(sh: &Shared) {
+    sh.counters
+        .promotions_refused
+        .fetch_add(1, Ordering::Relaxed);
+    sh.wake_destager();
 }
 
 /// Queues a clean copy of capacity blocks `block..` of `seg` (as of generation `gen`) for the
 /// log, never waiting for the queue or for log space; false when it was not queued. The
-/// copy is counted (as `copy` says) when the read cache takes it (`count_cache_copies`).
+/// copy is counted (as `copy` says) when the read cache takes it (`count_cache_copies`);
+/// `done` hears whether the log wrote it (`NoSpace`: the log had no room for it).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn send_cache_copy(
     tx: &crate::queue::LogQueue,
     copy: CacheCopy,
@@ -182,6 +196,7 @@ pub(crate) fn send_cache_copy(
     block: u32,
     gen: u32,
     data: &[u8],
+    done: Done,
 ) -> bool {
     let mut d = AlignedBuf::new_zeroed(data.len());
     d.copy_from_slice(data);
@@ -191,7 +206,7 @@ pub(crate) fn send_cache_copy(
         lba: u64::from(block),
         nblocks: data.len() as u64 / BLOCK_U64,
         data: Some(d),
-        done: crate::log::Done::Call(Box::new(|_| {})),
+        done,
         no_wait: true,
         relocation: true,
         born_ms: None,
@@ -203,14 +218,14 @@ pub(crate) fn send_cache_copy(
 }
 
 /// Counts `fresh` copies of a cache record the read cache has just taken under the figure its
-/// origin names, and `replaced` stale copies (of a segment since reused) they took the place
-/// of as evicted.
+/// origin names, and the stale copies (of a segment since reused) they took the place of as
+/// evicted, for the volumes that counted those in.
 pub(crate) fn count_cache_copies(
     sh: &Shared,
     vol: u32,
     copy: CacheCopy,
     fresh: u64,
-    replaced: u64,
+    replaced: &Owners,
 ) {
     let rt = sh.runtime(vol);
     let (group, own) = match copy {
@@ -228,12 +243,18 @@ pub(crate) fn count_cache_copies(
     if let Some(own) = own {
         own.fetch_add(fresh, Ordering::Relaxed);
     }
+    count_evicted(sh, replaced);
+}
+
+/// Counts cached copies that left the read cache, for the group and for the volumes that
+/// counted them in (a volume deleted since counts only for the group).
+pub(crate) fn count_evicted(sh: &Shared, gone: &Owners) {
     sh.counters
         .evicted_blocks
-        .fetch_add(replaced, Ordering::Relaxed);
-    if let Some(rt) = &rt {
-        rt.stats
-            .evicted_blocks
-            .fetch_add(replaced, Ordering::Relaxed);
+        .fetch_add(gone.total(), Ordering::Relaxed);
+    for &(vol, n) in &gone.0 {
+        if let Some(rt) = sh.runtime(vol) {
+            rt.stats.evicted_blocks.fetch_add(n, Ordering::Relaxed);
+        }
     }
 }

@@ -70,11 +70,32 @@ impl PolicyPatch {
     pub fn is_empty(&self) -> bool {
         *self == PolicyPatch::default()
     }
+
+    /// `apply`, refusing a patch that sets a sequential write cutoff for a volume that would
+    /// be in tier mode, where it has no effect: an admin who asks for it should not believe
+    /// it works. A cutoff already stored stays when a volume changes to tier mode (it applies
+    /// again if the volume goes back to cache mode).
+    pub fn apply_checked(&self, base: &Policy) -> Result<Policy, EngineError> {
+        let policy = self.apply(base);
+        let cutoff_set = self.sequential_write_cutoff_bytes.is_some_and(|b| b > 0);
+        if cutoff_set && policy.mode == Mode::Tier {
+            return Err(EngineError::InvalidArgument(
+                "policy: the sequential write cutoff (sequential_write_cutoff_bytes, \
+                 --sequential-write-cutoff) applies only in cache mode, and the volume would be \
+                 in tier mode: leave it out, set it to 0, or set the mode to cache"
+                    .into(),
+            ));
+        }
+        Ok(policy)
+    }
 }
 
 /// The policy applied to `base`, validated: a bad value is a 400 and changes nothing.
 pub fn resolve_policy(patch: Option<&PolicyPatch>, base: &Policy) -> Result<Policy, ApiError> {
-    let policy = patch.map_or(*base, |p| p.apply(base));
+    let policy = match patch {
+        Some(p) => p.apply_checked(base)?,
+        None => *base,
+    };
     policy.validate().map_err(ApiError::from)?;
     Ok(policy)
 }
@@ -98,7 +119,7 @@ async fn put_policy(
             .ok_or_else(|| EngineError::NotFound(name.clone()))?;
         // The patch applies to the policy as it stands when the change is made, so two
         // patches at once both take effect.
-        let policy = group.update_policy(&name, |current| patch.apply(current))?;
+        let policy = group.update_policy(&name, |current| patch.apply_checked(current))?;
         tracing::info!(volume = %name, policy = ?policy, "volume policy changed");
         Ok::<_, ApiError>(volume_json(&s, &base, info))
     })
@@ -138,5 +159,46 @@ mod tests {
         let e = resolve_policy(Some(&zero_window), &Policy::default()).unwrap_err();
         assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
         assert!(e.message.contains("promote_window_s"), "{}", e.message);
+    }
+
+    /// The write cutoff only works in cache mode: asking for one on a volume that is or
+    /// becomes a tier-mode volume is refused; turning it off, or a mode change that leaves a
+    /// stored cutoff dormant, is not.
+    #[test]
+    fn a_write_cutoff_for_a_tier_mode_volume_is_refused() {
+        let cutoff = |mode: Option<Mode>, bytes: u64| PolicyPatch {
+            mode,
+            sequential_write_cutoff_bytes: Some(bytes),
+            ..PolicyPatch::default()
+        };
+        let tier = Policy {
+            mode: Mode::Tier,
+            ..Policy::default()
+        };
+        let e = resolve_policy(Some(&cutoff(Some(Mode::Tier), 8 << 20)), &Policy::default())
+            .unwrap_err();
+        assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
+        assert!(e.message.contains("only in cache mode"), "{}", e.message);
+        assert!(
+            cutoff(None, 8 << 20).apply_checked(&tier).is_err(),
+            "a tier-mode volume"
+        );
+        assert!(cutoff(None, 0).apply_checked(&tier).is_ok(), "turned off");
+        let back = cutoff(Some(Mode::Cache), 8 << 20)
+            .apply_checked(&tier)
+            .unwrap();
+        assert_eq!(
+            (back.mode, back.sequential_write_cutoff_bytes),
+            (Mode::Cache, 8 << 20)
+        );
+        let dormant = PolicyPatch {
+            mode: Some(Mode::Tier),
+            ..PolicyPatch::default()
+        };
+        let p = dormant.apply_checked(&back).unwrap();
+        assert_eq!(
+            (p.mode, p.sequential_write_cutoff_bytes),
+            (Mode::Tier, 8 << 20)
+        );
     }
 }

@@ -19,10 +19,20 @@ impl super::Client {
         let v = self.call("PUT", &path, Some(serde_json::to_value(&patch)?))?;
         self.print(&v, |v| {
             let v: VolumeJson = serde_json::from_value(v.clone())?;
-            println!("volume {:?} policy: {}", v.name, policy_summary(&v.policy));
+            print!("{}", set_policy_text(&v.name, &v.policy));
             Ok(())
         })
     }
+}
+
+/// What `set-policy` prints: the policy in one line, then every setting as `volume info`
+/// shows it, so whatever option was changed is echoed with its new value.
+pub fn set_policy_text(name: &str, p: &Policy) -> String {
+    format!(
+        "volume {name:?} policy: {}\n{}",
+        policy_summary(p),
+        policy_lines(p)
+    )
 }
 
 fn mode_name(mode: Mode) -> &'static str {
@@ -54,23 +64,31 @@ fn limit(value: u64, unit: impl Fn(u64) -> String) -> String {
 
 /// The policy lines of `volume info`.
 pub fn policy_lines(p: &Policy) -> String {
-    let promote = if p.promote_after_reads == 0 {
-        "never".to_string()
+    // A promote cutoff of 0 means none: reads of any stream count.
+    let streams = if p.promote_sequential_cutoff_bytes == 0 {
+        "sequential streams too".to_string()
     } else {
         format!(
-            "after {} read(s) within {}, not past {} sequential",
-            p.promote_after_reads,
-            format_seconds(p.promote_window_s),
+            "not past {} sequential",
             format_size(p.promote_sequential_cutoff_bytes)
         )
     };
-    let bypass = if p.sequential_write_cutoff_bytes == 0 {
-        "never".to_string()
+    let window = format_seconds(p.promote_window_s);
+    let promote = if p.promote_after_reads == 0 {
+        format!("never (0 reads; window {window}, {streams} when on)")
     } else {
         format!(
-            "writes of 128K+ past {} sequential (cache mode)",
-            format_size(p.sequential_write_cutoff_bytes)
+            "after {} read(s) within {window}, {streams}",
+            p.promote_after_reads
         )
+    };
+    let bypass = match (p.sequential_write_cutoff_bytes, p.mode) {
+        (0, _) => "never".to_string(),
+        (cutoff, Mode::Cache) => format!("writes of 128K+ past {} sequential", format_size(cutoff)),
+        (cutoff, Mode::Tier) => format!(
+            "never in tier mode (in cache mode: writes of 128K+ past {} sequential)",
+            format_size(cutoff)
+        ),
     };
     format!(
         "policy:      {}\ntier when:   older than {} and heat <= {}\npromote:     {}\nbypass log:  {}\nlimits:      {} IOPS, {} bandwidth\n",
@@ -143,6 +161,56 @@ mod tests {
         assert!(lines.contains("older than 1h"), "{lines}");
         assert!(lines.contains("after 2 read(s) within 5m, not past 4 MiB"), "{lines}");
         assert!(lines.contains("500 IOPS, 64 MiB/s bandwidth"), "{lines}");
+    }
+
+    /// `set-policy` echoes every setting, so whichever option was given shows its new value.
+    #[test]
+    fn set_policy_echoes_every_option() {
+        let p = Policy {
+            mode: Mode::Cache,
+            tier_min_age_s: 7 * 86_400,
+            tier_max_cold_heat: 9,
+            promote_after_reads: 7,
+            promote_window_s: 13 * 60,
+            promote_sequential_cutoff_bytes: 3 << 20,
+            iops_limit: 123,
+            bandwidth_limit_bytes_per_s: 5 << 20,
+            sequential_write_cutoff_bytes: 6 << 20,
+        };
+        let text = set_policy_text("db", &p);
+        for (option, shown) in [
+            ("--policy", "policy:      cache\n"),
+            ("--tier-min-age", "older than 7d"),
+            ("--tier-max-cold-heat", "heat <= 9"),
+            ("--promote-after-reads", "after 7 read(s)"),
+            ("--promote-window", "within 13m"),
+            ("--promote-sequential-cutoff", "not past 3 MiB sequential"),
+            ("--iops-limit", "123 IOPS"),
+            ("--bandwidth-limit", "5 MiB/s bandwidth"),
+            ("--sequential-write-cutoff", "past 6 MiB sequential"),
+        ] {
+            assert!(text.contains(shown), "{option}: {shown:?} not in\n{text}");
+        }
+        assert!(
+            text.starts_with("volume \"db\" policy: cache, 123 IOPS, 5 MiB/s\n"),
+            "{text}"
+        );
+        // Settings that do not apply now are still shown, and said not to apply.
+        let off = Policy {
+            mode: Mode::Tier,
+            promote_after_reads: 0,
+            promote_sequential_cutoff_bytes: 0,
+            ..p
+        };
+        let text = set_policy_text("db", &off);
+        assert!(
+            text.contains("never (0 reads; window 13m, sequential streams too when on)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("never in tier mode (in cache mode: writes of 128K+ past 6 MiB"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -107,7 +107,7 @@ pub fn render_group(e: &mut Exposition, s: &EngineStats) {
         ("strata_promoted_bytes_total", "Bytes copied from the capacity tier into the read cache.", s.promoted_bytes_total),
         ("strata_kept_bytes_total", "Bytes read while in the write log whose clean copy stayed in the read cache when they were destaged.", s.kept_bytes_total),
         ("strata_evicted_bytes_total", "Bytes of cached copies dropped from the read cache.", s.evicted_bytes_total),
-        ("strata_promotions_refused_total", "Promotions skipped because the read cache had no room at the time.", s.promotions_refused_total),
+        ("strata_promotions_refused_total", "Promotions skipped because the read cache (or the log) had no room at the time.", s.promotions_refused_total),
     ];
     for (name, help, v) in counters {
         e.single(name, Type::Counter, help, v as f64);

@@ -79,11 +79,74 @@ fn policies_are_set_changed_checked_and_kept_across_a_restart() {
     refused(&daemon, "tiered", &["volume", "set-policy", "tiered", "--promote-window", "0"], "promote_window_s");
     refused(&daemon, "tiered", &["volume", "set-policy", "tiered", "--promote-after-reads", "5000"], "at most 1000");
     refused(&daemon, "tiered", &["volume", "set-policy", "tiered"], "nothing to change");
+    // A sequential write cutoff works only in cache mode: asked for with tier mode, refused.
+    refused(
+        &daemon,
+        "tiered",
+        &[
+            "volume",
+            "set-policy",
+            "tiered",
+            "--policy",
+            "tier",
+            "--sequential-write-cutoff",
+            "8M",
+        ],
+        "only in cache mode",
+    );
     let out = daemon.cli(&["volume", "set-policy", "nosuch", "--iops-limit", "5"]);
     assert_one_line_reason("unknown volume", &out);
     let out = daemon.cli(&["volume", "create", "bad", "--size", "64M", "--tier-min-age", "1y"]);
     assert_one_line_reason("create with a bad duration", &out);
+    let out = daemon.cli(&[
+        "volume",
+        "create",
+        "badcutoff",
+        "--size",
+        "64M",
+        "--policy",
+        "tier",
+        "--sequential-write-cutoff",
+        "8M",
+    ]);
+    assert_one_line_reason("create with a write cutoff in tier mode", &out);
     assert!(!daemon.cli_ok(&["volume", "list"]).contains("bad"), "a refused create made a volume");
+
+    // set-policy echoes the settings it changed, as text and as JSON.
+    let out = daemon.cli_ok(&[
+        "volume",
+        "set-policy",
+        "tiered",
+        "--promote-after-reads",
+        "4",
+        "--promote-window",
+        "2m",
+        "--sequential-write-cutoff",
+        "16M",
+    ]);
+    assert!(
+        out.contains("after 4 read(s) within 2m") && out.contains("past 16 MiB sequential"),
+        "{out}"
+    );
+    let out = daemon.cli_ok(&[
+        "--json",
+        "volume",
+        "set-policy",
+        "tiered",
+        "--promote-sequential-cutoff",
+        "2M",
+    ]);
+    let v: Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(
+        v["policy"]["promote_sequential_cutoff_bytes"],
+        2 << 20,
+        "{out}"
+    );
+    assert_eq!(
+        v["policy"]["sequential_write_cutoff_bytes"],
+        16 << 20,
+        "{out}"
+    );
 
     // The API: partial PUT, 400 for bad values, 404 for an unknown volume.
     let base = daemon.http_url();
