@@ -138,12 +138,46 @@ pub struct Limiter {
     bytes: f64,
     at_ms: u64,
     started: bool,
+    /// The waiter refused first that still waits: what the buckets gain is kept for it. A
+    /// request larger than the others needs more of the bucket at once, and small requests
+    /// taking each few KiB as it comes would otherwise keep it waiting for good.
+    first_waiter: Option<u64>,
+    waiters_seen: u64,
 }
 
 impl Limiter {
-    /// Takes one operation of `bytes` if the limits allow it now; otherwise how many
-    /// milliseconds until they will.
+    /// Takes one operation of `bytes` if the limits allow it now, and no waiter comes first;
+    /// otherwise how many milliseconds until they may.
     pub fn try_take(&mut self, p: &Policy, bytes: u64, now_ms: u64) -> Result<(), u64> {
+        self.take(p, bytes, now_ms, None)
+    }
+
+    /// A name for a request about to wait for the limits (`try_take_waiting`).
+    pub fn new_waiter(&mut self) -> u64 {
+        self.waiters_seen += 1;
+        self.waiters_seen
+    }
+
+    /// As `try_take`, for a waiter that goes on trying until it is admitted: the first one
+    /// refused is admitted before anyone else, as soon as the buckets hold its request.
+    pub fn try_take_waiting(
+        &mut self,
+        p: &Policy,
+        bytes: u64,
+        now_ms: u64,
+        waiter: u64,
+    ) -> Result<(), u64> {
+        self.take(p, bytes, now_ms, Some(waiter))
+    }
+
+    /// A waiter admitted, or no longer waiting (shutdown): the others need not wait for it.
+    pub fn stop_waiting(&mut self, waiter: u64) {
+        if self.first_waiter == Some(waiter) {
+            self.first_waiter = None;
+        }
+    }
+
+    fn take(&mut self, p: &Policy, bytes: u64, now_ms: u64, who: Option<u64>) -> Result<(), u64> {
         if p.iops_limit == 0 && p.bandwidth_limit_bytes_per_s == 0 {
             return Ok(());
         }
@@ -170,7 +204,14 @@ impl Limiter {
         // it in debt for the rest: the requests after it wait that much longer.
         let want = (bytes as f64).min(p.bandwidth_limit_bytes_per_s as f64);
         let bytes_ok = p.bandwidth_limit_bytes_per_s == 0 || self.bytes >= want;
-        if ops_ok && bytes_ok {
+        let first = match (self.first_waiter, who) {
+            (None, _) => true,
+            (Some(w), who) => who == Some(w),
+        };
+        if ops_ok && bytes_ok && first {
+            if let Some(w) = who {
+                self.stop_waiting(w);
+            }
             if p.iops_limit > 0 {
                 self.ops -= 1.0;
             }
@@ -189,6 +230,9 @@ impl Limiter {
         } else {
             (want - self.bytes) / p.bandwidth_limit_bytes_per_s as f64
         };
+        if self.first_waiter.is_none() {
+            self.first_waiter = who;
+        }
         Err(((wait_ops.max(wait_bytes) * 1000.0).ceil() as u64).max(1))
     }
 
@@ -237,16 +281,19 @@ impl VolRuntime {
     /// the request), so a slow limit does not hold a shutdown.
     pub fn admit(&self, clock: &dyn Clock, bytes: u64, running: &dyn Fn() -> bool) {
         let started = clock.now_ms();
+        let me = self.limiter.lock().new_waiter();
         while running() {
             let p = self.policy();
             let now = clock.now_ms();
-            match self.limiter.lock().try_take(&p, bytes, now) {
+            match self.limiter.lock().try_take_waiting(&p, bytes, now, me) {
                 Ok(()) => break,
                 Err(wait_ms) => {
                     std::thread::sleep(std::time::Duration::from_millis(wait_ms.min(20)))
                 }
             }
         }
+        // Admitted, let through by a lifted limit, or given up at shutdown.
+        self.limiter.lock().stop_waiting(me);
         let waited = clock.now_ms().saturating_sub(started);
         if waited > 0 {
             self.stats
@@ -333,6 +380,46 @@ mod tests {
         l.give_back(&p, 4 << 20);
         assert!(l.try_take(&p, 4 << 20, 1000).is_ok());
         assert!(l.try_take(&p, 4096, 1000).is_err());
+    }
+
+    /// One 4 MiB request waits at 1 MiB/s while a 4 KiB request comes every millisecond
+    /// (4 MiB/s of them): the buckets' gain is kept for the large one, refused first.
+    #[test]
+    fn a_large_request_is_not_starved_by_small_ones() {
+        let p = Policy {
+            bandwidth_limit_bytes_per_s: 1 << 20,
+            ..Policy::default()
+        };
+        let mut l = Limiter::default();
+        let big = l.new_waiter();
+        let (mut big_in_ms, mut small_after) = (None, 0);
+        for now_ms in 1000..61_000 {
+            let small = l.try_take(&p, 4096, now_ms).is_ok();
+            if big_in_ms.is_none() {
+                if l.try_take_waiting(&p, 4 << 20, now_ms, big).is_ok() {
+                    big_in_ms = Some(now_ms);
+                }
+            } else if small {
+                small_after += 1;
+            }
+        }
+        let big_in_ms = big_in_ms.expect("the 4 MiB request was never admitted in 60 s");
+        assert!(big_in_ms <= 2000, "admitted at {big_in_ms} ms");
+        assert!(
+            small_after > 0,
+            "no small request admitted after the large one"
+        );
+        // A waiter that gives up (shutdown) holds nobody back.
+        let mut l = Limiter::default();
+        let gone = l.new_waiter();
+        assert!(l.try_take(&p, 1 << 20, 1000).is_ok());
+        assert!(l.try_take_waiting(&p, 4096, 1000, gone).is_err());
+        assert!(
+            l.try_take(&p, 4096, 1010).is_err(),
+            "the waiter comes first"
+        );
+        l.stop_waiting(gone);
+        assert!(l.try_take(&p, 4096, 1010).is_ok());
     }
 
     #[test]
