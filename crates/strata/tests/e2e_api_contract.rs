@@ -343,4 +343,22 @@ fn scrub_operations(c: &mut Contract, daemon: &Daemon, t: Option<&str>) {
     let state = c.call(&base, "GET", "/api/v1/scrub", None, None, 200);
     assert_eq!(state["last"]["scope"], "scrubbed", "{state}");
     assert!(state["last"]["data_bytes_verified"].as_u64() >= Some(12 * 4096), "{state}");
+
+    // DELETE stops a running scrub: its requester hears 503 and the last result stays.
+    c.call(&base, "DELETE", "/api/v1/scrub", None, t, 409);
+    let slow_url = format!("{base}/api/v1/scrub");
+    let slow = std::thread::spawn(move || {
+        request("POST", &slow_url, Some(&json!({"volume": "contract", "rate_bytes_per_s": 1024})), Some(TOKEN))
+    });
+    let running = wait_until(Duration::from_secs(20), || {
+        common::http::get_json(&format!("{base}/api/v1/scrub"))["running"] == true
+    });
+    assert!(running, "the scrub to cancel never showed as running");
+    c.call(&base, "DELETE", "/api/v1/scrub", None, None, 401);
+    let stopped = c.call(&base, "DELETE", "/api/v1/scrub", None, t, 200);
+    assert_eq!(stopped["running"], false, "{stopped}");
+    assert_eq!(stopped["last"]["scope"], "scrubbed", "{stopped}");
+    let reply = slow.join().expect("the cancelled scrub's thread");
+    assert_eq!(reply.status, 503, "{}", reply.body);
+    c.check("POST", "/api/v1/scrub", &reply);
 }
