@@ -349,6 +349,21 @@ pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 
+/// A volume named in a path. A name with `@` is how a snapshot is named, never a volume: it is
+/// not found as a volume, and the answer says where that snapshot is (the engine's error
+/// would call it a snapshot not found, which is wrong when the snapshot exists).
+pub fn volume_in_path(name: String) -> Result<String, ApiError> {
+    let Some((volume, snapshot)) = name.split_once('@') else {
+        return Ok(name);
+    };
+    Err(ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!(
+            "volume {name:?} not found: volume names hold no '@'; the snapshot {name} is at /api/v1/volumes/{volume}/snapshots/{snapshot}"
+        ),
+    ))
+}
+
 pub fn validate_name(name: &str) -> Result<(), ApiError> {
     validate_name_of("volume", name)
 }
@@ -485,6 +500,7 @@ async fn get_volume(
     ApiPath(name): ApiPath<String>,
     headers: HeaderMap,
 ) -> Result<Json<VolumeJson>, ApiError> {
+    let name = crate::api::volume_in_path(name)?;
     let base = export_base(state.nbd_addr, &headers);
     let s = state.clone();
     let volume = blocking(move || {
@@ -505,6 +521,7 @@ async fn resize_volume(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<VolumeJson>, ApiError> {
+    let name = crate::api::volume_in_path(name)?;
     let req: ResizeRequest = parse_body(body)?;
     validate_size(req.size_bytes)?;
     let base = export_base(state.nbd_addr, &headers);
@@ -534,6 +551,7 @@ async fn delete_volume(
     ApiPath(name): ApiPath<String>,
     params: Result<Query<DeleteParams>, QueryRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    let name = crate::api::volume_in_path(name)?;
     let Query(params) =
         params.map_err(|e| ApiError::bad_request(crate::one_line(&e.body_text())))?;
     let s = state.clone();

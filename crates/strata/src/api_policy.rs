@@ -109,6 +109,7 @@ async fn put_policy(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<VolumeJson>, ApiError> {
+    let name = crate::api::volume_in_path(name)?;
     let patch: PolicyPatch = parse_body(body)?;
     let base = export_base(state.nbd_addr, &headers);
     let s = state.clone();

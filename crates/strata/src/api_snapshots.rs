@@ -150,6 +150,7 @@ async fn list_of_volume(
     ApiPath(name): ApiPath<String>,
     headers: HeaderMap,
 ) -> Result<Json<SnapshotListJson>, ApiError> {
+    let name = crate::api::volume_in_path(name)?;
     let base = export_base(state.nbd_addr, &headers);
     let snapshots = blocking(move || snapshot_list(&state, &base, Some(&name))).await?;
     Ok(Json(SnapshotListJson { snapshots }))
@@ -170,6 +171,7 @@ async fn get_one(
     ApiPath((volume, name)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Json<SnapshotJson>, ApiError> {
+    let volume = crate::api::volume_in_path(volume)?;
     let base = export_base(state.nbd_addr, &headers);
     let snapshot = blocking(move || {
         let info = find_snapshot(&state, &volume, &name)?;
@@ -185,6 +187,7 @@ async fn create(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let volume = crate::api::volume_in_path(volume)?;
     let req: CreateSnapshotRequest = parse_body(body)?;
     validate_name_of("snapshot", &req.name)?;
     let base = export_base(state.nbd_addr, &headers);
@@ -213,6 +216,7 @@ async fn delete(
     ApiPath((volume, name)): ApiPath<(String, String)>,
     params: Result<Query<ForceParams>, QueryRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    let volume = crate::api::volume_in_path(volume)?;
     let Query(params) =
         params.map_err(|e| ApiError::bad_request(crate::one_line(&e.body_text())))?;
     let export = format!("{volume}@{name}");
@@ -231,6 +235,7 @@ async fn clone_volume(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let volume = crate::api::volume_in_path(volume)?;
     let req: CloneRequest = parse_body(body)?;
     validate_name(&req.name)?;
     let base = export_base(state.nbd_addr, &headers);
@@ -255,6 +260,7 @@ async fn rollback(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<VolumeJson>, ApiError> {
+    let volume = crate::api::volume_in_path(volume)?;
     let req: RollbackRequest = parse_body(body)?;
     let base = export_base(state.nbd_addr, &headers);
     let rolled = blocking(move || {

@@ -491,3 +491,28 @@ fn export_uri_uses_the_request_host_for_wildcard_listeners() {
         "nbd://127.0.0.1:10809"
     );
 }
+
+#[tokio::test]
+async fn a_snapshot_named_where_a_volume_goes_is_no_volume_and_stays() {
+    let (app, _) = app();
+    create(&app, "db", 1 << 20).await;
+    let (s, v) = call(&app, "POST", "/api/v1/volumes/db/snapshots", Some(json!({"name": "s2"}))).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    for (method, path) in [
+        ("GET", "/api/v1/volumes/db@s2"),
+        ("DELETE", "/api/v1/volumes/db@s2"),
+        ("GET", "/api/v1/volumes/db@s2/snapshots"),
+        ("POST", "/api/v1/volumes/db@s2/resize"),
+    ] {
+        let (s, v) = call(&app, method, path, Some(json!({"size_bytes": 2 << 20}))).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{method} {path}: {v}");
+        let e = v["error"].as_str().unwrap();
+        assert!(
+            e.starts_with("volume \"db@s2\" not found")
+                && e.contains("/api/v1/volumes/db/snapshots/s2"),
+            "{method} {path}: {e}"
+        );
+    }
+    let (s, v) = call(&app, "GET", "/api/v1/volumes/db/snapshots/s2", None).await;
+    assert_eq!(s, StatusCode::OK, "the snapshot is still there: {v}");
+}
