@@ -211,6 +211,8 @@ impl Client {
 
     /// `strata volume clone VOLUME@SNAPSHOT NEWVOLUME`.
     fn clone_volume(&self, source: &str, name: &str) -> Result<()> {
+        // Checked by `parse_snapshot_source` as the command line was read; kept for callers
+        // that did not go through it.
         let Some((volume, snapshot)) = source.split_once('@') else {
             bail!("{source:?} names no snapshot: give the source as VOLUME@SNAPSHOT");
         };
@@ -321,6 +323,17 @@ fn path_segment(name: &str) -> String {
         }
     }
     out
+}
+
+/// Clap value parser for `volume clone`'s source: VOLUME@SNAPSHOT, both parts named, so that
+/// a source without a snapshot is a usage error (exit 2) before the daemon is asked.
+pub fn parse_snapshot_source(text: &str) -> std::result::Result<String, String> {
+    match text.split_once('@') {
+        Some((volume, snapshot)) if !volume.is_empty() && !snapshot.is_empty() => {
+            Ok(text.to_string())
+        }
+        _ => Err("give the snapshot to clone as VOLUME@SNAPSHOT".into()),
+    }
 }
 
 pub fn volume_table(volumes: &[VolumeJson]) -> String {

@@ -137,7 +137,7 @@ pub enum VolumeCommand {
     /// Make a new writable volume from a snapshot; it shares the snapshot's blocks.
     Clone {
         /// The snapshot to clone, as VOLUME@SNAPSHOT.
-        #[arg(value_name = "VOLUME@SNAPSHOT")]
+        #[arg(value_name = "VOLUME@SNAPSHOT", value_parser = client::parse_snapshot_source)]
         source: String,
         /// Name of the new volume.
         #[arg(value_name = "NEWVOLUME")]
@@ -506,6 +506,11 @@ mod tests {
             cli.command,
             Command::Volume(VolumeCommand::Clone { ref source, ref name }) if source == "db@s" && name == "db2"
         ));
+        for bad in ["db", "db@", "@s"] {
+            let e = Cli::try_parse_from(["strata", "volume", "clone", bad, "db2"]).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{bad}: {e}");
+            assert!(e.to_string().contains("VOLUME@SNAPSHOT"), "{bad}: {e}");
+        }
         let cli = Cli::try_parse_from(["strata", "volume", "rollback", "db", "s"]).unwrap();
         assert!(matches!(cli.command, Command::Volume(VolumeCommand::Rollback { force: false, .. })));
         let cli = Cli::try_parse_from(["strata", "volume", "delete", "db", "--with-snapshots"]).unwrap();
