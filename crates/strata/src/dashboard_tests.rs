@@ -119,3 +119,39 @@ fn a_written_device_not_yet_projected_is_too_early_as_in_strata_status() {
     assert_eq!(rows[0][WEAR_OUT], "too early", "{rows:?}");
     assert_eq!(rows[1][WEAR_OUT], "not written yet", "{rows:?}");
 }
+
+/// What `scrubText` says for a disk group's `scrub` part; None without node.
+fn scrub_text(scrub: Value) -> Option<String> {
+    if !have_node() {
+        return None;
+    }
+    let program = format!(
+        "\"use strict\";\nconst st = {{ samples: [] }};\n{}\nconsole.log(scrubText({scrub}));\n",
+        rendering_code()
+    );
+    let out = Command::new("node")
+        .args(["-e", &program])
+        .output()
+        .expect("run node");
+    assert!(
+        out.status.success(),
+        "the dashboard failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(String::from_utf8(out.stdout).expect("utf-8").trim().to_string())
+}
+
+#[test]
+fn a_running_scrub_without_an_estimate_shows_what_it_read() {
+    let Some(text) = scrub_text(json!({"running": true, "progress_bytes": 8192, "total_bytes": 0}))
+    else {
+        return;
+    };
+    assert_eq!(text, "running: 8.00 KiB read");
+    let with = json!({"running": true, "progress_bytes": 1u64 << 30, "total_bytes": 4u64 << 30});
+    let text = scrub_text(with).unwrap();
+    assert!(
+        text.starts_with("running: ") && text.contains(" of about "),
+        "{text}"
+    );
+}

@@ -194,6 +194,10 @@ fn scrub(s: &Value) -> String {
         return "-".into();
     }
     if s["running"].as_bool() == Some(true) {
+        // No estimate (nothing stored but metadata): no "of about 0 B".
+        if s["total_bytes"].as_u64().unwrap_or(0) == 0 {
+            return format!("running, {} read", bytes(&s["progress_bytes"]));
+        }
         return format!("running, {} of about {} read", bytes(&s["progress_bytes"]), bytes(&s["total_bytes"]));
     }
     let background = match s["background_interval_s"].as_u64() {
@@ -428,6 +432,8 @@ mod tests {
     fn the_scrub_line_says_running_clean_or_not_run() {
         let running = json!({"running": true, "progress_bytes": 1u64 << 30, "total_bytes": 4u64 << 30});
         assert_eq!(scrub(&running), "running, 1 GiB of about 4 GiB read");
+        let no_estimate = json!({"running": true, "progress_bytes": 8192u64, "total_bytes": 0u64});
+        assert_eq!(scrub(&no_estimate), "running, 8 KiB read");
         let never = json!({"running": false, "background_interval_s": null, "last_result": null});
         assert_eq!(scrub(&never), "not run yet (background scrub off)");
         let clean = json!({"running": false, "background_interval_s": 604800,
