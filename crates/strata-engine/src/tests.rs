@@ -297,6 +297,12 @@ pub(crate) fn read_either(
 /// call: a request that may not wait, queued behind them, is answered after their batches.
 /// It names no layer, so applying it changes nothing.
 pub(crate) fn promotions_retired(dg: &DiskGroup) {
+    log_barrier(dg).expect("the barrier was written");
+}
+
+/// As `promotions_retired`, for a log that may have no room: the barrier's own answer, a
+/// refusal included (then answered before the batches ahead of it are applied).
+pub(crate) fn log_barrier(dg: &DiskGroup) -> Result<(), EngineError> {
     let (done, wait) = crate::log::reply_pair();
     let req = crate::log::WriteReq {
         kind: crate::format::RecordKind::Zero,
@@ -314,7 +320,7 @@ pub(crate) fn promotions_retired(dg: &DiskGroup) {
     };
     let tx = dg.tx.lock().clone().expect("the log is running");
     assert!(tx.send(req).is_ok(), "the log is running");
-    wait.wait().expect("the barrier was written");
+    wait.wait()
 }
 
 pub(crate) fn check_volume(dg: &DiskGroup, vol: u32, model: &[u8], what: &str) {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::map::Loc;
-use crate::tests::{promotions_retired, read_either, small_cfg, Rig, MIB};
+use crate::tests::{log_barrier, promotions_retired, read_either, small_cfg, Rig, MIB};
 use crate::*;
 
 fn block_of(lba: u64, tag: u8) -> Vec<u8> {
@@ -854,29 +854,6 @@ fn a_block_a_clone_and_its_origin_both_promote_is_counted_once() {
     }
 }
 
-/// Like `promotions_retired`, for a log that may have no room: the barrier may be refused
-/// (and then answered before the batches ahead of it are applied).
-fn log_barrier(dg: &DiskGroup) {
-    let (done, wait) = crate::log::reply_pair();
-    let req = crate::log::WriteReq {
-        kind: crate::format::RecordKind::Zero,
-        layer: u32::MAX,
-        lba: 0,
-        nblocks: 1,
-        data: None,
-        done: crate::log::Done::Chan(done),
-        no_wait: true,
-        relocation: true,
-        born_ms: None,
-        cache_gen: 0,
-        vol: 0,
-        cache_copy: crate::log::CacheCopy::Again,
-    };
-    let tx = dg.tx.lock().clone().expect("the log is running");
-    assert!(tx.send(req).is_ok(), "the log is running");
-    let _ = wait.wait();
-}
-
 /// A promotion the read cache's share has room for but the log does not (the capacity tier
 /// takes nothing, so the log is not freed) is refused by the log: it is counted as refused
 /// like one the cache's share had no room for, so every promotion is taken or counted.
@@ -909,7 +886,8 @@ fn promotions_the_log_has_no_room_for_are_counted_as_refused() {
             dg.promote(None, seg, block, gen, &data);
             sent += 1;
             if sent.is_multiple_of(32) {
-                log_barrier(dg);
+                // Refused once the log is full, which is what this test is after.
+                let _ = log_barrier(dg);
             }
             if sent * 17 > log_blocks {
                 break 'fill;

@@ -45,16 +45,7 @@ fn device_rows(devices: Value) -> Option<Vec<Vec<String>>> {
          console.log(document.getElementById(\"devices\").tBodies[0].innerHTML);\n",
         rendering_code()
     );
-    let out = Command::new("node")
-        .args(["-e", &program])
-        .output()
-        .expect("run node");
-    assert!(
-        out.status.success(),
-        "the dashboard failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let html = String::from_utf8(out.stdout).expect("utf-8");
+    let html = run_node(&program);
     let rows = html.split("</tr>").filter(|r| r.contains("<td"));
     Some(
         rows.map(|r| r.split("</td>").map(strip_tags).collect())
@@ -129,8 +120,13 @@ fn scrub_text(scrub: Value) -> Option<String> {
         "\"use strict\";\nconst st = {{ samples: [] }};\n{}\nconsole.log(scrubText({scrub}));\n",
         rendering_code()
     );
+    Some(run_node(&program).trim().to_string())
+}
+
+/// What `program` prints under node; it must succeed.
+fn run_node(program: &str) -> String {
     let out = Command::new("node")
-        .args(["-e", &program])
+        .args(["-e", program])
         .output()
         .expect("run node");
     assert!(
@@ -138,7 +134,7 @@ fn scrub_text(scrub: Value) -> Option<String> {
         "the dashboard failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    Some(String::from_utf8(out.stdout).expect("utf-8").trim().to_string())
+    String::from_utf8(out.stdout).expect("utf-8")
 }
 
 #[test]
