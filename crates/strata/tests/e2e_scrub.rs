@@ -273,6 +273,60 @@ fn scrub_refuses_an_unknown_volume_and_a_second_scrub() {
     assert!(page.contains("scrub        clean: "), "{page}");
 }
 
+#[test]
+fn scrub_cancel_stops_the_background_scrub() {
+    if !require_tools(&["qemu-io"]) {
+        return;
+    }
+    // A background scrub 5 s after start, at 4 KiB/s: it would run for minutes.
+    let daemon = Daemon::start(DaemonOpts {
+        extra_args: ["--scrub-interval", "5s", "--scrub-rate", "4K"]
+            .map(String::from)
+            .to_vec(),
+        ..Default::default()
+    });
+    daemon.create_volume("web", "64M");
+    let writes: Vec<String> = (0..16)
+        .map(|i| format!("write -P 0x3c {}M 4k", i * 4))
+        .collect();
+    qemu_io_ok(
+        &daemon.nbd_uri("web"),
+        &writes.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let status_url = format!("{}/api/v1/scrub", daemon.http_url());
+    let running = wait_until(Duration::from_secs(30), || {
+        get_json(&status_url)["running"] == true
+    });
+    assert!(running, "the background scrub never showed as running");
+
+    let out = daemon.cli(&["scrub", "--cancel"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("the scrub stopped"),
+        "{out:?}"
+    );
+    let status = get_json(&status_url);
+    assert_eq!(status["running"], false, "{status}");
+    assert!(
+        status["last"].is_null(),
+        "a cancelled scrub is no result: {status}"
+    );
+    // Nothing runs now (the next background scrub is 5 s away): nothing to cancel.
+    let out = daemon.cli(&["scrub", "--cancel"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_one_line_reason("a cancel with no scrub running", &out);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no scrub is running"),
+        "{out:?}"
+    );
+    let out = daemon.cli(&["scrub", "web", "--cancel"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a cancel naming a volume is a usage error: {out:?}"
+    );
+}
+
 /// Copies a (sparse) device file.
 fn copy_device(from: &Path, to: &Path) {
     let out = run_timeout(
