@@ -64,6 +64,8 @@ fn parse(text: &str, fraction_rule: Fraction) -> Result<u64, SizeError> {
     let too_large = || SizeError::TooLarge(text.into());
     let whole: u128 = whole.parse().map_err(|_| too_large())?;
     let mut bytes = whole.checked_mul(1 << shift).ok_or_else(too_large)?;
+    // Trailing zeros add nothing: only the decimals that do count against the limit.
+    let fraction = fraction.trim_end_matches('0');
     if !fraction.is_empty() {
         if fraction.len() > DECIMALS_MAX {
             return Err(SizeError::TooManyDecimals(text.into()));
@@ -135,6 +137,8 @@ mod tests {
             e,
             "invalid size \"12Q\": unknown unit \"Q\" (use K, M, G, T or P)"
         );
+        assert_eq!(parse_size("1.0000000000000000000000"), Ok(1));
+        assert_eq!(parse_size("1.50000000000000000000K"), Ok(1536));
         assert!(matches!(
             parse_size("0.0000000000000000001K"),
             Err(SizeError::TooManyDecimals(_))
