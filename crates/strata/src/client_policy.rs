@@ -54,11 +54,12 @@ pub fn policy_summary(p: &Policy) -> String {
     parts.join(", ")
 }
 
-fn limit(value: u64, unit: impl Fn(u64) -> String) -> String {
+/// "500 IOPS", or "IOPS unlimited" for 0 (not "none IOPS").
+fn limit(value: u64, what: &str, text: impl Fn(u64) -> String) -> String {
     if value == 0 {
-        "none".into()
+        format!("{what} unlimited")
     } else {
-        unit(value)
+        text(value)
     }
 }
 
@@ -91,14 +92,16 @@ pub fn policy_lines(p: &Policy) -> String {
         ),
     };
     format!(
-        "policy:      {}\ntier when:   older than {} and heat <= {}\npromote:     {}\nbypass log:  {}\nlimits:      {} IOPS, {} bandwidth\n",
+        "policy:      {}\ntier when:   older than {} and heat <= {}\npromote:     {}\nbypass log:  {}\nlimits:      {}, {}\n",
         mode_name(p.mode),
         format_seconds(p.tier_min_age_s),
         p.tier_max_cold_heat,
         promote,
         bypass,
-        limit(p.iops_limit, |n| n.to_string()),
-        limit(p.bandwidth_limit_bytes_per_s, |n| format!("{}/s", format_size(n))),
+        limit(p.iops_limit, "IOPS", |n| format!("{n} IOPS")),
+        limit(p.bandwidth_limit_bytes_per_s, "bandwidth", |n| {
+            format!("{}/s bandwidth", format_size(n))
+        }),
     )
 }
 
@@ -161,6 +164,11 @@ mod tests {
         assert!(lines.contains("older than 1h"), "{lines}");
         assert!(lines.contains("after 2 read(s) within 5m, not past 4 MiB"), "{lines}");
         assert!(lines.contains("500 IOPS, 64 MiB/s bandwidth"), "{lines}");
+        let unlimited = policy_lines(&Policy::default());
+        assert!(
+            unlimited.contains("limits:      IOPS unlimited, bandwidth unlimited\n"),
+            "{unlimited}"
+        );
     }
 
     /// `set-policy` echoes every setting, so whichever option was given shows its new value.

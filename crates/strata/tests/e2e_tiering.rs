@@ -66,7 +66,7 @@ fn policies_are_set_changed_checked_and_kept_across_a_restart() {
     changed["mode"] = json!("cache");
     assert_eq!(policy(&daemon, "tiered"), changed);
     let text = daemon.cli_ok(&["volume", "info", "tiered"]);
-    assert!(text.contains("policy:      cache\n") && text.contains("none IOPS, 64 MiB/s bandwidth"), "{text}");
+    assert!(text.contains("policy:      cache\n") && text.contains("IOPS unlimited, 64 MiB/s bandwidth"), "{text}");
     let list = daemon.cli_ok(&["volume", "list"]);
     assert!(list.contains("cache, 64 MiB/s"), "{list}");
 
