@@ -270,10 +270,20 @@ fn run_writes(daemon: &Daemon) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
+/// Client writes the daemon has served on the test volume (0 when the counter cannot be read).
+fn writes_served(daemon: &Daemon) -> u64 {
+    let page = common::http::get(&format!("{}/metrics", daemon.http_url())).body;
+    let series = format!("strata_volume_write_operations_total{{volume=\"{VOLUME}\"}} ");
+    page.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
 /// With `--log-runs`, one client writing one 4 KiB block at a time (qemu-io's synchronous
-/// `write`, so queue depth one) extends runs of the log. SIGKILL at a random moment: after the
-/// restart every write qemu-io reported done reads back, and the write in flight at the kill
-/// reads back whole or not at all.
+/// `write`, so queue depth one) extends runs of the log. SIGKILL after a random number of them
+/// were served, while qemu-io still writes: after the restart every write qemu-io reported
+/// done reads back, and the write in flight at the kill reads back whole or not at all.
 #[test]
 fn acknowledged_lone_writes_in_runs_of_the_log_survive_sigkill() {
     if !require_tools(&["qemu-io", "nbdcopy"]) {
@@ -300,13 +310,24 @@ fn acknowledged_lone_writes_in_runs_of_the_log_survive_sigkill() {
         let commands: Vec<&str> = commands.iter().map(String::as_str).collect();
         let mut command = qemu_io_cmd(&daemon.nbd_uri(VOLUME), &commands);
         let client = thread::spawn(move || run_timeout(&mut command, CMD_TIMEOUT));
-        thread::sleep(Duration::from_millis(rng.gen_range(150..900)));
+        // Kill once the daemon has served a random number of the writes, not after a random
+        // time: on a fast machine qemu-io could be done by then, and the round would test no
+        // crash at all.
+        let kill_after = rng.gen_range(1..=LONE_WRITES_PER_ROUND as u64 * 3 / 4);
+        wait_until(CMD_TIMEOUT, || {
+            client.is_finished() || writes_served(&daemon) >= kill_after
+        });
         runs += run_writes(&daemon);
         daemon.kill9();
         let out = client.join().expect("client thread");
         let stdout = String::from_utf8_lossy(&out.stdout);
         // Synchronous writes complete in order: the first `done` were acknowledged.
         let done = stdout.lines().filter(|l| l.starts_with("wrote ")).count();
+        assert!(
+            done < writes.len(),
+            "seed {seed} round {round}: the kill came after qemu-io wrote all {done} blocks (waiting for {kill_after} served writes), so no write was in flight\n{}",
+            output_report("qemu-io", &out)
+        );
         for &(b, p) in &writes[..done] {
             model[b * 4096..(b + 1) * 4096].fill(p);
         }

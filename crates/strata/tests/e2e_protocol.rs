@@ -211,8 +211,19 @@ fn disconnect_mid_payload_applies_nothing() {
         .expect("send");
     drop(client);
     // A write whose payload never fully arrived was never acknowledged, and a server that
-    // executes only complete requests leaves the range untouched.
+    // executes only complete requests leaves the range untouched. Read only once the daemon
+    // has let go of every abused connection (each holds its handle until its requests are
+    // done), so a partial write applied late is caught rather than raced.
     daemon.assert_alive();
+    let node = format!("{}/api/v1/node", daemon.http_url());
+    let only_bystander = wait_until(CLOSE_TIMEOUT, || {
+        common::http::get_json(&node)["nbd_connections_total"] == 1
+    });
+    assert!(
+        only_bystander,
+        "abused connections still open after {CLOSE_TIMEOUT:?}: {}",
+        common::http::get_json(&node)
+    );
     qemu_io_ok(
         &daemon.nbd_uri(VOL0),
         &[&format!("read -P 0 {offset} 1048576")],
