@@ -211,37 +211,36 @@ fn scrub_keeps_to_a_rate_below_one_chunk_per_200_ms() {
     );
 }
 
-#[test]
-fn a_cancelled_scrub_stops_and_leaves_the_last_result_alone() {
-    let rig = Rig::new(32 * MIB, &[48 * MIB], small_cfg(), 44);
+/// A group with volume `b`, 4 MiB written: a scrub of it at 64 KiB/s lasts about 64 s.
+fn rig_with_b(seed: u64) -> Rig {
+    let rig = Rig::new(32 * MIB, &[48 * MIB], small_cfg(), seed);
     let dg = rig.dg();
     let b = dg.create_volume("b", 4 * MIB).unwrap().id;
     dg.write(b, 0, &vec![2u8; 4 * MIB as usize]).unwrap();
-    let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let slow = ScrubOptions {
-        volume: Some("b".into()),
-        // About 64 s for this volume: only a cancel ends it within the test.
-        rate_bytes_per_s: 64 << 10,
-        cancel: Some(cancel.clone()),
-    };
-    let started = std::time::Instant::now();
-    let scrub = std::thread::scope(|s| {
-        let run = s.spawn(|| dg.scrub(&slow));
+    rig
+}
+
+/// Runs `opts`'s scrub, calls `stop` once it shows as running, and returns how it ended.
+fn scrub_stopped_by(
+    dg: &DiskGroup,
+    opts: &ScrubOptions,
+    stop: impl FnOnce(),
+) -> Result<ScrubReport, EngineError> {
+    std::thread::scope(|s| {
+        let run = s.spawn(|| dg.scrub(opts));
         while !dg.scrub_status().running {
             std::thread::sleep(Duration::from_millis(10));
         }
-        cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+        stop();
         run.join().unwrap()
-    });
+    })
+}
+
+/// A cancelled scrub left no result, and the next scrub of `b` runs to its end.
+fn assert_cancelled_then_free(dg: &DiskGroup, scrub: Result<ScrubReport, EngineError>) {
     assert!(matches!(scrub, Err(EngineError::Cancelled(_))), "{scrub:?}");
-    assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "{:?}",
-        started.elapsed()
-    );
     let status = dg.scrub_status();
     assert!(!status.running && status.last.is_none(), "{status:?}");
-    // The slot is free again.
     let again = ScrubOptions {
         volume: Some("b".into()),
         ..ScrubOptions::default()
@@ -250,11 +249,30 @@ fn a_cancelled_scrub_stops_and_leaves_the_last_result_alone() {
 }
 
 #[test]
-fn a_scrub_anyone_started_stops_when_the_group_is_asked_to_cancel_it() {
-    let rig = Rig::new(32 * MIB, &[48 * MIB], small_cfg(), 45);
+fn a_cancelled_scrub_stops_and_leaves_the_last_result_alone() {
+    let rig = rig_with_b(44);
     let dg = rig.dg();
-    let b = dg.create_volume("b", 4 * MIB).unwrap().id;
-    dg.write(b, 0, &vec![2u8; 4 * MIB as usize]).unwrap();
+    let cancel = Arc::new(AtomicBool::new(false));
+    let slow = ScrubOptions {
+        volume: Some("b".into()),
+        // About 64 s for this volume: only a cancel ends it within the test.
+        rate_bytes_per_s: 64 << 10,
+        cancel: Some(cancel.clone()),
+    };
+    let started = std::time::Instant::now();
+    let scrub = scrub_stopped_by(dg, &slow, || cancel.store(true, Ordering::Relaxed));
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_cancelled_then_free(dg, scrub);
+}
+
+#[test]
+fn a_scrub_anyone_started_stops_when_the_group_is_asked_to_cancel_it() {
+    let rig = rig_with_b(45);
+    let dg = rig.dg();
     assert!(!dg.cancel_scrub(), "no scrub runs yet");
     // No cancel flag of its own, as the background scrub has none.
     let slow = ScrubOptions {
@@ -262,24 +280,10 @@ fn a_scrub_anyone_started_stops_when_the_group_is_asked_to_cancel_it() {
         rate_bytes_per_s: 64 << 10,
         cancel: None,
     };
-    let scrub = std::thread::scope(|s| {
-        let run = s.spawn(|| dg.scrub(&slow));
-        while !dg.scrub_status().running {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert!(dg.cancel_scrub());
-        run.join().unwrap()
-    });
-    assert!(matches!(scrub, Err(EngineError::Cancelled(_))), "{scrub:?}");
-    let status = dg.scrub_status();
-    assert!(!status.running && status.last.is_none(), "{status:?}");
+    let scrub = scrub_stopped_by(dg, &slow, || assert!(dg.cancel_scrub()));
     assert!(!dg.cancel_scrub(), "nothing left to cancel");
     // The request was for that scrub: the next one runs to its end.
-    let again = ScrubOptions {
-        volume: Some("b".into()),
-        ..ScrubOptions::default()
-    };
-    assert!(dg.scrub(&again).unwrap().clean());
+    assert_cancelled_then_free(dg, scrub);
 }
 
 /// Writes `n` single-block records, each in its own batch (one writer, one at a time).
