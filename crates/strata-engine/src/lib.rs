@@ -228,6 +228,8 @@ pub struct EngineStats {
     pub kept_bytes_total: u64,
     pub evicted_bytes_total: u64,
     pub promotions_refused_total: u64,
+    /// Promotions skipped because the log writer's queue was full (the log was busy).
+    pub promotions_skipped_total: u64,
     /// Entries of the fast-tier maps.
     pub index_runs: u64,
     /// The capacity index: pages on the devices, leaves and inner nodes in memory, flushes.
@@ -1061,6 +1063,7 @@ impl DiskGroup {
             kept_bytes_total: c.kept_blocks.load(Ordering::Relaxed) * BLOCK_U64,
             evicted_bytes_total: c.evicted_blocks.load(Ordering::Relaxed) * BLOCK_U64,
             promotions_refused_total: c.promotions_refused.load(Ordering::Relaxed),
+            promotions_skipped_total: c.promotions_skipped.load(Ordering::Relaxed),
             index_runs: runs,
             index_pages_bytes: meta_blocks * BLOCK_U64,
             index_resident_leaves: tc.resident_leaves as u64,

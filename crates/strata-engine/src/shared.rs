@@ -188,6 +188,8 @@ pub struct Counters {
     pub bypassed_bytes: AtomicU64,
     /// Promotions the evidence asked for but the cache's share of the log had no room for.
     pub promotions_refused: AtomicU64,
+    /// Promotions the log writer's queue was too full to take (the log was busy).
+    pub promotions_skipped: AtomicU64,
     pub fast_live_blocks: AtomicU64,
     /// f64 bits: log space the destager frees per busy second, smoothed.
     pub destage_bw_bytes_per_s: AtomicU64,

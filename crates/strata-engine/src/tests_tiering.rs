@@ -324,6 +324,49 @@ fn promoted_bytes_count_only_copies_the_cache_took() {
     assert_eq!(cached_bytes(dg), 4096, "the copy was not served");
 }
 
+/// A promotion the log writer's queue is too full to take is skipped and counted as such,
+/// not as refused for room (the destager cannot help a busy log) and not silently.
+#[test]
+fn a_promotion_a_full_log_queue_cannot_take_is_counted_as_skipped() {
+    let p = Policy {
+        promote_after_reads: 1,
+        ..Policy::default()
+    };
+    let (rig, v, _clock) = cached_rig(68, &p, 0.5);
+    let dg = rig.dg();
+    let piece = crate::resolve::resolve_view(&dg.sh, v, 300, 1).unwrap()[0];
+    let Some(Loc::Cap { seg, block }) = piece.loc else {
+        panic!("block 300 is on the capacity tier: {piece:?}");
+    };
+    let gen = dg.sh.cache.lock().gen_of(seg);
+    let rt = dg.sh.runtime(v).unwrap();
+    // A queue of one place, already taken: the log writer is busy.
+    let (tx, _rx) = crossbeam_channel::bounded(1);
+    let bell = Arc::new(crate::queue::Doorbell::new(Duration::from_secs(1)).unwrap());
+    let busy = crate::queue::LogQueue::new(tx, bell);
+    let data = block_of(300, 4);
+    assert!(crate::tiering::send_cache_copy(
+        &busy,
+        crate::log::CacheCopy::Promoted,
+        v,
+        seg,
+        block,
+        gen,
+        &data,
+        crate::log::Done::Call(Box::new(|_| {})),
+    ));
+    let before = dg.stats();
+    crate::tiering::promote_with(&dg.sh, Some(&busy), Some(&rt), seg, block, gen, &data);
+    let after = dg.stats();
+    let counts = |s: &EngineStats| (s.promotions_skipped_total, s.promotions_refused_total);
+    let (skipped, refused) = counts(&before);
+    assert_eq!(
+        counts(&after),
+        (skipped + 1, refused),
+        "a promotion the queue could not take"
+    );
+}
+
 #[test]
 fn a_sequential_scan_does_not_evict_the_hot_set() {
     let p = Policy {

@@ -149,7 +149,9 @@ impl DiskGroup {
 /// Queues a clean copy of capacity blocks just read (`data`, blocks `block..` of `seg` as of
 /// generation `gen`) for the write log, if the read cache has room; never waits. A copy the
 /// read cache or the log has no room for is counted as refused (`promotions_refused_total`),
-/// and the destager told: it makes room for the cache when promotions are refused.
+/// and the destager told: it makes room for the cache when promotions are refused. A copy the
+/// log writer's queue has no room for (the log is busy) is counted as skipped
+/// (`promotions_skipped_total`); the destager can do nothing about that.
 pub(crate) fn promote_with(
     sh: &Arc<Shared>,
     tx: Option<&crate::queue::LogQueue>,
@@ -167,13 +169,17 @@ pub(crate) fn promote_with(
         return;
     };
     let vol = rt.map_or(0, |rt| rt.id);
-    let sh = sh.clone();
+    let told = sh.clone();
     let done = Done::Call(Box::new(move |r| {
         if matches!(r, Err(EngineError::NoSpace)) {
-            promotion_refused(&sh);
+            promotion_refused(&told);
         }
     }));
-    send_cache_copy(tx, CacheCopy::Promoted, vol, seg, block, gen, data, done);
+    if !send_cache_copy(tx, CacheCopy::Promoted, vol, seg, block, gen, data, done) {
+        sh.counters
+            .promotions_skipped
+            .fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 fn promotion_refused(sh: &Shared) {

@@ -103,11 +103,12 @@ pub fn render_group(e: &mut Exposition, s: &EngineStats) {
     for (name, help, v) in gauges {
         e.single(name, Type::Gauge, help, v as f64);
     }
-    let counters: [(&str, &str, u64); 4] = [
+    let counters: [(&str, &str, u64); 5] = [
         ("strata_promoted_bytes_total", "Bytes copied from the capacity tier into the read cache.", s.promoted_bytes_total),
         ("strata_kept_bytes_total", "Bytes read while in the write log whose clean copy stayed in the read cache when they were destaged.", s.kept_bytes_total),
         ("strata_evicted_bytes_total", "Bytes of cached copies dropped from the read cache.", s.evicted_bytes_total),
         ("strata_promotions_refused_total", "Promotions skipped because the read cache (or the log) had no room at the time.", s.promotions_refused_total),
+        ("strata_promotions_skipped_total", "Promotions skipped because the write log's queue was full (the log was busy).", s.promotions_skipped_total),
     ];
     for (name, help, v) in counters {
         e.single(name, Type::Counter, help, v as f64);
