@@ -186,6 +186,61 @@ fn error_replies_follow_the_spec() {
     assert_unharmed(&mut daemon, &mut other);
 }
 
+/// With structured replies negotiated (as qemu and libnbd do), every error comes back as an
+/// ERROR chunk with the spec's errno and a message, reads as data chunks at their offsets,
+/// and the connection stays in sync after each error.
+#[test]
+fn structured_error_replies_carry_the_specs_errno() {
+    if !require_tool("qemu-io") {
+        return;
+    }
+    let mut daemon = Daemon::start_default();
+    let mut other = bystander(&daemon);
+    let mut client = nbd::go_structured(daemon.nbd_addr, VOL0).expect("go");
+    let size = client.size_bytes;
+    let errno = |r: Result<(), (u32, String)>, what: &str| match r {
+        Ok(()) => panic!("{what}: succeeded"),
+        Err((errno, message)) => {
+            assert!(
+                !message.is_empty(),
+                "{what}: an error chunk without a message"
+            );
+            errno
+        }
+    };
+    let unknown = client.outcome(0x42, 0, 0, &[]).expect("io");
+    assert_eq!(errno(unknown, "unknown command"), nbd::EINVAL);
+    for (offset, len, what) in [
+        (size, 512, "read at the end"),
+        (size - 512, 1024, "read across the end"),
+    ] {
+        let read = client.read_structured(offset, len).expect("io").map(drop);
+        assert_eq!(errno(read, what), nbd::EINVAL, "{what}");
+    }
+    for (offset, len, what) in [
+        (size, 512, "write at the end"),
+        (size - 512, 1024, "write across the end"),
+    ] {
+        let payload = vec![1u8; len];
+        let write = client
+            .outcome(nbd::CMD_WRITE, offset, len as u32, &payload)
+            .expect("io");
+        assert_eq!(errno(write, what), nbd::ENOSPC, "{what}");
+    }
+    // Still in sync: the last sector takes a write and reads it back; around it, unwritten
+    // space reads as zeros.
+    let last = client
+        .outcome(nbd::CMD_WRITE, size - 512, 512, &[9u8; 512])
+        .expect("io");
+    assert_eq!(last, Ok(()), "write of the last sector");
+    let mut expected = vec![0u8; 8192];
+    expected[8192 - 512..].fill(9);
+    let back = client.read_structured(size - 8192, 8192).expect("io");
+    assert_eq!(back, Ok(expected), "the end of the volume read back");
+    client.disconnect();
+    assert_unharmed(&mut daemon, &mut other);
+}
+
 #[test]
 fn disconnect_mid_payload_applies_nothing() {
     if !require_tool("qemu-io") {

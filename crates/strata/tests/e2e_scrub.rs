@@ -129,7 +129,8 @@ fn bad_blocks(report: &Value) -> Vec<(String, u64, String)> {
     list
 }
 
-/// Asserts a qemu-io read failed with an I/O error and returned no data.
+/// Asserts a qemu-io read failed with an I/O error and returned no data, and that the
+/// daemon's reply was an error chunk carrying EIO.
 fn assert_read_fails(daemon: &Daemon, export: &str, offset: u64) {
     let out = qemu_io(&daemon.nbd_uri(export), &[&format!("read {offset} 4096")]);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -137,6 +138,14 @@ fn assert_read_fails(daemon: &Daemon, export: &str, offset: u64) {
         stdout.contains("Input/output error") && !stdout.contains("read 4096/4096 bytes"),
         "reading the damaged block {export}:{offset} must fail with EIO: {out:?}"
     );
+    let mut client = common::nbd::go_structured(daemon.nbd_addr, export).expect("NBD_OPT_GO");
+    let read = client.read_structured(offset, 4096).expect("io");
+    assert!(
+        matches!(read, Err((common::nbd::EIO, _))),
+        "the damaged block {export}:{offset} read over structured replies: {:?}",
+        read.map(|data| data.len())
+    );
+    client.disconnect();
 }
 
 #[test]

@@ -10,6 +10,7 @@ pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
 pub const REPLY_MAGIC_OPT: u64 = 0x0003_e889_0455_65a9;
 pub const REQUEST_MAGIC: u32 = 0x2560_9513;
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
 
 pub const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
 pub const FLAG_NO_ZEROES: u16 = 1 << 1;
@@ -19,6 +20,7 @@ pub const OPT_ABORT: u32 = 2;
 pub const OPT_LIST: u32 = 3;
 pub const OPT_INFO: u32 = 6;
 pub const OPT_GO: u32 = 7;
+pub const OPT_STRUCTURED_REPLY: u32 = 8;
 
 pub const REP_ACK: u32 = 1;
 pub const REP_SERVER: u32 = 2;
@@ -34,12 +36,22 @@ pub const CMD_WRITE: u16 = 1;
 pub const CMD_DISC: u16 = 2;
 pub const CMD_FLUSH: u16 = 3;
 
+pub const CHUNK_FLAG_DONE: u16 = 1 << 0;
+pub const CHUNK_NONE: u16 = 0;
+pub const CHUNK_OFFSET_DATA: u16 = 1;
+pub const CHUNK_OFFSET_HOLE: u16 = 2;
+pub const CHUNK_ERROR: u16 = (1 << 15) + 1;
+pub const CHUNK_ERROR_OFFSET: u16 = (1 << 15) + 2;
+
+pub const EIO: u32 = 5;
 pub const EINVAL: u32 = 22;
 pub const ENOSPC: u32 = 28;
 pub const EOVERFLOW: u32 = 75;
 
 /// Larger option replies than this are a server bug for our purposes; never allocate more.
 const MAX_OPTION_REPLY_BYTES: u32 = 1 << 20;
+/// The same bound for one structured reply chunk (the tests read at most 1 MiB at once).
+const MAX_CHUNK_BYTES: u32 = 2 << 20;
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn connect(addr: SocketAddr) -> TcpStream {
@@ -165,6 +177,23 @@ pub fn go(addr: SocketAddr, export: &str) -> Result<Client, GoError> {
     go_on(stream, export)
 }
 
+/// Full handshake that negotiates structured replies (NBD_OPT_STRUCTURED_REPLY) before
+/// NBD_OPT_GO for `export`: read with [`Client::read_structured`].
+pub fn go_structured(addr: SocketAddr, export: &str) -> Result<Client, GoError> {
+    let mut stream = connect(addr);
+    greet(&mut stream)?;
+    send_option(&mut stream, OPT_STRUCTURED_REPLY, &[])?;
+    let reply = read_option_reply(&mut stream)?;
+    assert_eq!(
+        reply.option, OPT_STRUCTURED_REPLY,
+        "reply to the wrong option"
+    );
+    if reply.reply_type != REP_ACK {
+        return Err(GoError::Refused(reply.reply_type));
+    }
+    go_on(stream, export)
+}
+
 /// NBD_OPT_GO on a stream that already completed the greeting.
 pub fn go_on(mut stream: TcpStream, export: &str) -> Result<Client, GoError> {
     send_option(&mut stream, OPT_GO, &go_payload(export))?;
@@ -261,8 +290,143 @@ impl Client {
         Ok(if errno == 0 { Ok(()) } else { Err(errno) })
     }
 
+    /// Reads every chunk of the reply to `cookie` up to the one flagged DONE. A simple reply
+    /// (which the spec allows for commands other than READ) comes back as one final chunk:
+    /// NONE, or ERROR carrying its errno.
+    pub fn read_reply_chunks(&mut self, cookie: u64) -> io::Result<Vec<Chunk>> {
+        let mut chunks = Vec::new();
+        loop {
+            let magic = read_u32(&mut self.stream)?;
+            if magic == SIMPLE_REPLY_MAGIC {
+                assert!(chunks.is_empty(), "a simple reply amid structured chunks");
+                let errno = read_u32(&mut self.stream)?;
+                assert_eq!(read_u64(&mut self.stream)?, cookie, "reply cookie");
+                return Ok(vec![Chunk::simple(cookie, errno)]);
+            }
+            assert_eq!(
+                magic, STRUCTURED_REPLY_MAGIC,
+                "neither a simple reply nor a structured chunk"
+            );
+            let chunk = Chunk {
+                flags: read_u16(&mut self.stream)?,
+                chunk_type: read_u16(&mut self.stream)?,
+                cookie: read_u64(&mut self.stream)?,
+                payload: Vec::new(),
+            };
+            let len = read_u32(&mut self.stream)?;
+            assert!(len <= MAX_CHUNK_BYTES, "a chunk of {len} bytes");
+            let mut chunk = Chunk {
+                payload: vec![0u8; len as usize],
+                ..chunk
+            };
+            self.stream.read_exact(&mut chunk.payload)?;
+            assert_eq!(chunk.cookie, cookie, "reply cookie");
+            let done = chunk.flags & CHUNK_FLAG_DONE != 0;
+            chunks.push(chunk);
+            if done {
+                return Ok(chunks);
+            }
+        }
+    }
+
+    /// Sends a request (with its payload) and reads its whole reply, simple or structured:
+    /// Ok, or the (errno, message) of its error (the message is empty in a simple reply).
+    pub fn outcome(
+        &mut self,
+        command: u16,
+        offset: u64,
+        len: u32,
+        payload: &[u8],
+    ) -> io::Result<Result<(), (u32, String)>> {
+        let cookie = self.send(command, offset, len, payload)?;
+        let chunks = self.read_reply_chunks(cookie)?;
+        Ok(chunks.iter().find_map(Chunk::error).map_or(Ok(()), Err))
+    }
+
+    /// READ on a connection with structured replies: the data put together from its
+    /// OFFSET_DATA and OFFSET_HOLE chunks, or the (errno, message) of its error chunk.
+    pub fn read_structured(
+        &mut self,
+        offset: u64,
+        len: u32,
+    ) -> io::Result<Result<Vec<u8>, (u32, String)>> {
+        let cookie = self.send(CMD_READ, offset, len, &[])?;
+        let chunks = self.read_reply_chunks(cookie)?;
+        let mut data = vec![0u8; len as usize];
+        for chunk in &chunks {
+            if let Some(error) = chunk.error() {
+                return Ok(Err(error));
+            }
+            chunk.place(offset, &mut data);
+        }
+        Ok(Ok(data))
+    }
+
     pub fn disconnect(mut self) {
         let _ = self.send(CMD_DISC, 0, 0, &[]);
+    }
+}
+
+/// One chunk of a structured reply.
+#[derive(Debug)]
+pub struct Chunk {
+    pub flags: u16,
+    pub chunk_type: u16,
+    pub cookie: u64,
+    pub payload: Vec<u8>,
+}
+
+impl Chunk {
+    /// A simple reply seen as the one final chunk of its reply.
+    fn simple(cookie: u64, errno: u32) -> Chunk {
+        let (chunk_type, payload) = match errno {
+            0 => (CHUNK_NONE, Vec::new()),
+            _ => (CHUNK_ERROR, [&errno.to_be_bytes()[..], &[0, 0]].concat()),
+        };
+        Chunk {
+            flags: CHUNK_FLAG_DONE,
+            chunk_type,
+            cookie,
+            payload,
+        }
+    }
+
+    /// The errno and message of an ERROR or ERROR_OFFSET chunk.
+    pub fn error(&self) -> Option<(u32, String)> {
+        if !matches!(self.chunk_type, CHUNK_ERROR | CHUNK_ERROR_OFFSET) {
+            return None;
+        }
+        let p = &self.payload;
+        assert!(p.len() >= 6, "an error chunk of {} bytes", p.len());
+        let errno = u32::from_be_bytes(p[0..4].try_into().expect("4 bytes"));
+        let message_len = usize::from(u16::from_be_bytes([p[4], p[5]]));
+        assert!(p.len() >= 6 + message_len, "error message past the chunk");
+        let message = String::from_utf8_lossy(&p[6..6 + message_len]).into_owned();
+        Some((errno, message))
+    }
+
+    /// Copies an OFFSET_DATA chunk's data (or an OFFSET_HOLE's zeros) into `buf`, the
+    /// buffer of a read at `read_offset`; the chunk must lie inside it.
+    fn place(&self, read_offset: u64, buf: &mut [u8]) {
+        let p = &self.payload;
+        let (at, len) = match self.chunk_type {
+            CHUNK_OFFSET_DATA => (p[..8].try_into().expect("8 bytes"), p.len() - 8),
+            CHUNK_OFFSET_HOLE => (
+                p[..8].try_into().expect("8 bytes"),
+                u32::from_be_bytes(p[8..12].try_into().expect("4 bytes")) as usize,
+            ),
+            CHUNK_NONE => return,
+            t => panic!("unexpected chunk type {t:#x} in a read reply"),
+        };
+        let start = u64::from_be_bytes(at)
+            .checked_sub(read_offset)
+            .expect("a chunk before the read's offset") as usize;
+        let end = start + len;
+        assert!(end <= buf.len(), "a chunk past the read's end");
+        match self.chunk_type {
+            CHUNK_OFFSET_DATA => buf[start..end].copy_from_slice(&p[8..]),
+            _ => buf[start..end].fill(0),
+        }
     }
 }
 
