@@ -111,16 +111,21 @@ fn a_written_device_not_yet_projected_is_too_early_as_in_strata_status() {
     assert_eq!(rows[1][WEAR_OUT], "not written yet", "{rows:?}");
 }
 
-/// What `scrubText` says for a disk group's `scrub` part; None without node.
-fn scrub_text(scrub: Value) -> Option<String> {
+/// What the page's code prints for the JavaScript expression `expr`; None without node.
+fn shown(expr: &str) -> Option<String> {
     if !have_node() {
         return None;
     }
     let program = format!(
-        "\"use strict\";\nconst st = {{ samples: [] }};\n{}\nconsole.log(scrubText({scrub}));\n",
+        "\"use strict\";\nconst st = {{ samples: [] }};\n{}\nconsole.log({expr});\n",
         rendering_code()
     );
     Some(run_node(&program).trim().to_string())
+}
+
+/// What `scrubText` says for a disk group's `scrub` part; None without node.
+fn scrub_text(scrub: Value) -> Option<String> {
+    shown(&format!("scrubText({scrub})"))
 }
 
 /// What `program` prints under node; it must succeed.
@@ -150,4 +155,26 @@ fn a_running_scrub_without_an_estimate_shows_what_it_read() {
         text.starts_with("running: ") && text.contains(" of about "),
         "{text}"
     );
+}
+
+#[test]
+fn sizes_just_short_of_a_unit_are_shown_in_the_next_one() {
+    let cases = [
+        (1023, "1023 B"),
+        (1024, "1.00 KiB"),
+        ((1 << 20) - 1, "1.00 MiB"),
+        ((1 << 30) - 1, "1.00 GiB"),
+        (10_485_759, "10.0 MiB"),
+        (104_857_599, "100 MiB"),
+        (1536, "1.50 KiB"),
+    ];
+    let exprs: Vec<String> = cases
+        .iter()
+        .map(|(b, _)| format!("fmtBytes({b})"))
+        .collect();
+    let Some(text) = shown(&exprs.join(" + \"\\n\" + ")) else {
+        return;
+    };
+    let want: Vec<&str> = cases.iter().map(|(_, s)| *s).collect();
+    assert_eq!(text.lines().collect::<Vec<_>>(), want);
 }
