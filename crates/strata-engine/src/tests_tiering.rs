@@ -272,6 +272,16 @@ fn promotion_needs_n_reads_within_the_window() {
     assert_eq!(dg.volume_figures("c").unwrap().promoted_bytes, 4096);
 }
 
+/// Where block `lba` of volume `v` is on the capacity tier: its segment, block and the
+/// segment's generation, as a promotion of it would name them.
+fn capacity_block(dg: &DiskGroup, v: VolumeId, lba: u64) -> (u32, u32, u32) {
+    let piece = crate::resolve::resolve_view(&dg.sh, v, lba, 1).unwrap()[0];
+    let Some(Loc::Cap { seg, block }) = piece.loc else {
+        panic!("block {lba} is on the capacity tier: {piece:?}");
+    };
+    (seg, block, dg.sh.cache.lock().gen_of(seg))
+}
+
 /// The read cache's figures count a copy when the cache takes it, not when it is queued: a
 /// promotion whose segment is reused before the log writes the copy (or that the log refuses)
 /// never becomes an entry, so promoted + kept - evicted is what the cache holds.
@@ -298,11 +308,7 @@ fn promoted_bytes_count_only_copies_the_cache_took() {
         );
         s.read_cache_bytes
     };
-    let piece = crate::resolve::resolve_view(&dg.sh, v, 300, 1).unwrap()[0];
-    let Some(Loc::Cap { seg, block }) = piece.loc else {
-        panic!("block 300 is on the capacity tier: {piece:?}");
-    };
-    let gen = dg.sh.cache.lock().gen_of(seg);
+    let (seg, block, gen) = capacity_block(dg, v, 300);
     let rt = dg.sh.runtime(v).unwrap();
     // A copy read under the segment's previous generation: the segment was reused after the
     // read and before the log wrote the copy. The log writes it; the cache refuses it.
@@ -334,11 +340,7 @@ fn a_promotion_a_full_log_queue_cannot_take_is_counted_as_skipped() {
     };
     let (rig, v, _clock) = cached_rig(68, &p, 0.5);
     let dg = rig.dg();
-    let piece = crate::resolve::resolve_view(&dg.sh, v, 300, 1).unwrap()[0];
-    let Some(Loc::Cap { seg, block }) = piece.loc else {
-        panic!("block 300 is on the capacity tier: {piece:?}");
-    };
-    let gen = dg.sh.cache.lock().gen_of(seg);
+    let (seg, block, gen) = capacity_block(dg, v, 300);
     let rt = dg.sh.runtime(v).unwrap();
     // A queue of one place, already taken: the log writer is busy.
     let (tx, _rx) = crossbeam_channel::bounded(1);
