@@ -137,7 +137,11 @@ pub struct Limiter {
     ops: f64,
     bytes: f64,
     at_ms: u64,
-    started: bool,
+    /// The limits of the last request seen (0: off). A bucket whose limit was off starts with
+    /// a full second of burst when the limit is set, as a new volume's does, not empty or with
+    /// what a limit set before left in it.
+    iops_limit_seen: u64,
+    bandwidth_limit_seen_bytes_per_s: u64,
     /// The waiter refused first that still waits: what the buckets gain is kept for it. A
     /// request larger than the others needs more of the bucket at once, and small requests
     /// taking each few KiB as it comes would otherwise keep it waiting for good.
@@ -178,17 +182,9 @@ impl Limiter {
     }
 
     fn take(&mut self, p: &Policy, bytes: u64, now_ms: u64, who: Option<u64>) -> Result<(), u64> {
+        self.fill_buckets_of_new_limits(p);
         if p.iops_limit == 0 && p.bandwidth_limit_bytes_per_s == 0 {
             return Ok(());
-        }
-        if !self.started {
-            // A volume starts with a full second of burst.
-            (self.started, self.ops, self.bytes, self.at_ms) = (
-                true,
-                p.iops_limit as f64,
-                p.bandwidth_limit_bytes_per_s as f64,
-                now_ms,
-            );
         }
         let dt = now_ms.saturating_sub(self.at_ms) as f64 / 1000.0;
         self.at_ms = self.at_ms.max(now_ms);
@@ -234,6 +230,18 @@ impl Limiter {
             self.first_waiter = who;
         }
         Err(((wait_ops.max(wait_bytes) * 1000.0).ceil() as u64).max(1))
+    }
+
+    /// A limit set since the last request (off until now) starts with a full bucket.
+    fn fill_buckets_of_new_limits(&mut self, p: &Policy) {
+        if p.iops_limit > 0 && self.iops_limit_seen == 0 {
+            self.ops = p.iops_limit as f64;
+        }
+        if p.bandwidth_limit_bytes_per_s > 0 && self.bandwidth_limit_seen_bytes_per_s == 0 {
+            self.bytes = p.bandwidth_limit_bytes_per_s as f64;
+        }
+        self.iops_limit_seen = p.iops_limit;
+        self.bandwidth_limit_seen_bytes_per_s = p.bandwidth_limit_bytes_per_s;
     }
 
     /// Returns what a `try_take` of `bytes` took, for a request that was not carried out
@@ -420,6 +428,37 @@ mod tests {
         );
         l.stop_waiting(gone);
         assert!(l.try_take(&p, 4096, 1010).is_ok());
+    }
+
+    /// A limit set on a volume that already has the other one starts with a second of burst,
+    /// as a new volume's does: not empty (with an injected clock that stands still, such a
+    /// request waited for good; with the system clock, for up to a second), and not in the
+    /// debt a large request left under a limit lifted since.
+    #[test]
+    fn a_limit_set_later_starts_with_a_full_second_of_burst() {
+        let iops_only = Policy {
+            iops_limit: 1000,
+            ..Policy::default()
+        };
+        let both = Policy {
+            bandwidth_limit_bytes_per_s: 1 << 20,
+            ..iops_only
+        };
+        let mut l = Limiter::default();
+        assert_eq!(l.try_take(&iops_only, 4096, 1000), Ok(()));
+        assert_eq!(
+            l.try_take(&both, 1 << 20, 1000),
+            Ok(()),
+            "a bandwidth limit set after the IOPS limit"
+        );
+        // 8 MiB at 1 MiB/s leaves the bucket 7 MiB in debt; the limit is lifted, then set again.
+        assert_eq!(l.try_take(&both, 8 << 20, 2000), Ok(()));
+        assert_eq!(l.try_take(&iops_only, 4096, 2000), Ok(()));
+        assert_eq!(
+            l.try_take(&both, 4096, 2000),
+            Ok(()),
+            "a bandwidth limit set again after it was lifted"
+        );
     }
 
     #[test]
