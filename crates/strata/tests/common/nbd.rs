@@ -21,10 +21,12 @@ pub const OPT_LIST: u32 = 3;
 pub const OPT_INFO: u32 = 6;
 pub const OPT_GO: u32 = 7;
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
+pub const OPT_SET_META_CONTEXT: u32 = 10;
 
 pub const REP_ACK: u32 = 1;
 pub const REP_SERVER: u32 = 2;
 pub const REP_INFO: u32 = 3;
+pub const REP_META_CONTEXT: u32 = 4;
 pub const REP_FLAG_ERROR: u32 = 1 << 31;
 pub const REP_ERR_UNSUP: u32 = REP_FLAG_ERROR | 1;
 pub const REP_ERR_UNKNOWN: u32 = REP_FLAG_ERROR | 6;
@@ -35,18 +37,47 @@ pub const CMD_READ: u16 = 0;
 pub const CMD_WRITE: u16 = 1;
 pub const CMD_DISC: u16 = 2;
 pub const CMD_FLUSH: u16 = 3;
+pub const CMD_TRIM: u16 = 4;
+pub const CMD_CACHE: u16 = 5;
+pub const CMD_WRITE_ZEROES: u16 = 6;
+pub const CMD_BLOCK_STATUS: u16 = 7;
+
+pub const CMD_FLAG_FUA: u16 = 1 << 0;
+pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
+pub const CMD_FLAG_DF: u16 = 1 << 2;
+pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
+pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
+
+pub const TFLAG_SEND_FLUSH: u16 = 1 << 2;
+pub const TFLAG_SEND_FUA: u16 = 1 << 3;
+pub const TFLAG_SEND_TRIM: u16 = 1 << 5;
+pub const TFLAG_SEND_WRITE_ZEROES: u16 = 1 << 6;
+pub const TFLAG_SEND_DF: u16 = 1 << 7;
+pub const TFLAG_CAN_MULTI_CONN: u16 = 1 << 8;
+pub const TFLAG_SEND_CACHE: u16 = 1 << 10;
+pub const TFLAG_SEND_FAST_ZERO: u16 = 1 << 11;
+
+pub const STATE_HOLE: u32 = 1 << 0;
+pub const STATE_ZERO: u32 = 1 << 1;
 
 pub const CHUNK_FLAG_DONE: u16 = 1 << 0;
 pub const CHUNK_NONE: u16 = 0;
 pub const CHUNK_OFFSET_DATA: u16 = 1;
 pub const CHUNK_OFFSET_HOLE: u16 = 2;
+pub const CHUNK_BLOCK_STATUS: u16 = 5;
 pub const CHUNK_ERROR: u16 = (1 << 15) + 1;
 pub const CHUNK_ERROR_OFFSET: u16 = (1 << 15) + 2;
 
+pub const EPERM: u32 = 1;
 pub const EIO: u32 = 5;
 pub const EINVAL: u32 = 22;
 pub const ENOSPC: u32 = 28;
 pub const EOVERFLOW: u32 = 75;
+pub const ENOTSUP: u32 = 95;
+pub const ESHUTDOWN: u32 = 108;
+
+/// The metadata context BLOCK_STATUS reports on.
+pub const BASE_ALLOCATION: &str = "base:allocation";
 
 /// Larger option replies than this are a server bug for our purposes; never allocate more.
 const MAX_OPTION_REPLY_BYTES: u32 = 1 << 20;
@@ -192,6 +223,72 @@ pub fn go_structured(addr: SocketAddr, export: &str) -> Result<Client, GoError> 
         return Err(GoError::Refused(reply.reply_type));
     }
     go_on(stream, export)
+}
+
+/// Payload of NBD_OPT_SET_META_CONTEXT / NBD_OPT_LIST_META_CONTEXT: the export name, then
+/// the queries.
+pub fn meta_context_payload(export: &str, queries: &[&str]) -> Vec<u8> {
+    let mut data = Vec::new();
+    data.extend_from_slice(&(export.len() as u32).to_be_bytes());
+    data.extend_from_slice(export.as_bytes());
+    data.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for query in queries {
+        data.extend_from_slice(&(query.len() as u32).to_be_bytes());
+        data.extend_from_slice(query.as_bytes());
+    }
+    data
+}
+
+/// NBD_OPT_SET_META_CONTEXT for `query` on `export`: the id of the context the server
+/// selected (None if it selected none), or the error reply type it answered with.
+pub fn set_meta_context(
+    stream: &mut TcpStream,
+    export: &str,
+    query: &str,
+) -> Result<Option<u32>, GoError> {
+    send_option(
+        stream,
+        OPT_SET_META_CONTEXT,
+        &meta_context_payload(export, &[query]),
+    )?;
+    let mut selected = None;
+    loop {
+        let reply = read_option_reply(stream)?;
+        assert_eq!(
+            reply.option, OPT_SET_META_CONTEXT,
+            "reply to the wrong option"
+        );
+        match reply.reply_type {
+            REP_ACK => return Ok(selected),
+            REP_META_CONTEXT => {
+                assert!(reply.data.len() >= 4, "NBD_REP_META_CONTEXT without an id");
+                let id = u32::from_be_bytes(reply.data[0..4].try_into().expect("4 bytes"));
+                assert_eq!(&reply.data[4..], query.as_bytes(), "context name");
+                assert!(selected.is_none(), "two contexts selected for one query");
+                selected = Some(id);
+            }
+            t if t & REP_FLAG_ERROR != 0 => return Err(GoError::Refused(t)),
+            t => panic!("unexpected reply type {t:#x} to NBD_OPT_SET_META_CONTEXT"),
+        }
+    }
+}
+
+/// Full handshake with structured replies and the `base:allocation` metadata context, then
+/// NBD_OPT_GO for `export`: the client and the context's id, for NBD_CMD_BLOCK_STATUS.
+pub fn go_structured_block_status(
+    addr: SocketAddr,
+    export: &str,
+) -> Result<(Client, u32), GoError> {
+    let mut stream = connect(addr);
+    greet(&mut stream)?;
+    send_option(&mut stream, OPT_STRUCTURED_REPLY, &[])?;
+    let reply = read_option_reply(&mut stream)?;
+    if reply.reply_type != REP_ACK {
+        return Err(GoError::Refused(reply.reply_type));
+    }
+    let id = set_meta_context(&mut stream, export, BASE_ALLOCATION)?
+        .expect("the server selected no context for base:allocation");
+    Ok((go_on(stream, export)?, id))
 }
 
 /// NBD_OPT_GO on a stream that already completed the greeting.
@@ -427,6 +524,104 @@ impl Chunk {
             CHUNK_OFFSET_DATA => buf[start..end].copy_from_slice(&p[8..]),
             _ => buf[start..end].fill(0),
         }
+    }
+}
+
+/// One message from the server in the transmission phase: a simple reply's header (its
+/// data, for a READ, follows and is the caller's to read) or one structured chunk.
+#[derive(Debug)]
+pub enum ReplyPiece {
+    Simple { cookie: u64, errno: u32 },
+    Chunk(Chunk),
+}
+
+/// Reads the next [`ReplyPiece`], whichever request it answers: for clients with many
+/// requests in flight, whose replies come in any order.
+pub fn read_reply_piece(stream: &mut impl Read) -> io::Result<ReplyPiece> {
+    let magic = read_u32(stream)?;
+    if magic == SIMPLE_REPLY_MAGIC {
+        let errno = read_u32(stream)?;
+        let cookie = read_u64(stream)?;
+        return Ok(ReplyPiece::Simple { cookie, errno });
+    }
+    assert_eq!(
+        magic, STRUCTURED_REPLY_MAGIC,
+        "neither a simple reply nor a structured chunk"
+    );
+    let flags = read_u16(stream)?;
+    let chunk_type = read_u16(stream)?;
+    let cookie = read_u64(stream)?;
+    let len = read_u32(stream)?;
+    assert!(
+        len <= MAX_CHUNK_BYTES,
+        "a chunk of {len} bytes (type {chunk_type:#x}, flags {flags:#x}, cookie {cookie:#x})"
+    );
+    let mut payload = vec![0u8; len as usize];
+    stream.read_exact(&mut payload)?;
+    Ok(ReplyPiece::Chunk(Chunk {
+        flags,
+        chunk_type,
+        cookie,
+        payload,
+    }))
+}
+
+/// A request header with flags, followed by its payload (a WRITE's data), as one message.
+pub fn request_with_payload(
+    flags: u16,
+    command: u16,
+    cookie: u64,
+    offset: u64,
+    len: u32,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut msg = request_bytes(flags, command, cookie, offset, len).to_vec();
+    msg.extend_from_slice(payload);
+    msg
+}
+
+impl Chunk {
+    /// The (offset, data) of an OFFSET_DATA chunk, or the (offset, length) of an
+    /// OFFSET_HOLE's zeros as a vector of zeros; None for other chunk types.
+    pub fn read_data(&self) -> Option<(u64, Vec<u8>)> {
+        let p = &self.payload;
+        match self.chunk_type {
+            CHUNK_OFFSET_DATA => {
+                assert!(p.len() > 8, "an OFFSET_DATA chunk without data");
+                let at = u64::from_be_bytes(p[..8].try_into().expect("8 bytes"));
+                Some((at, p[8..].to_vec()))
+            }
+            CHUNK_OFFSET_HOLE => {
+                assert_eq!(p.len(), 12, "an OFFSET_HOLE chunk is 12 bytes");
+                let at = u64::from_be_bytes(p[..8].try_into().expect("8 bytes"));
+                let len = u32::from_be_bytes(p[8..12].try_into().expect("4 bytes"));
+                Some((at, vec![0u8; len as usize]))
+            }
+            _ => None,
+        }
+    }
+
+    /// The context id and the (length, flags) descriptors of a BLOCK_STATUS chunk.
+    pub fn block_status(&self) -> Option<(u32, Vec<(u32, u32)>)> {
+        if self.chunk_type != CHUNK_BLOCK_STATUS {
+            return None;
+        }
+        let p = &self.payload;
+        assert!(
+            p.len() >= 4 && (p.len() - 4).is_multiple_of(8),
+            "a BLOCK_STATUS chunk of {} bytes",
+            p.len()
+        );
+        let id = u32::from_be_bytes(p[0..4].try_into().expect("4 bytes"));
+        let extents = p[4..]
+            .chunks_exact(8)
+            .map(|d| {
+                let len = u32::from_be_bytes(d[0..4].try_into().expect("4 bytes"));
+                let flags = u32::from_be_bytes(d[4..8].try_into().expect("4 bytes"));
+                (len, flags)
+            })
+            .collect();
+        Some((id, extents))
     }
 }
 
