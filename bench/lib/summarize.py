@@ -22,17 +22,22 @@ def prep_s(report):
     return side(report)["steps"][0]["measured_s"]
 
 
+def pct(share):
+    """A service-level share as a percentage; a dash for a step that measured no I/O."""
+    return f"{'-':>7}" if share is None else f"{share * 100:>6.1f}%"
+
+
 def steps_table(label, report):
     t = side(report)
     print(f"  {label}: step, target IOPS, delivered IOPS, MB/s, mean ms, p99 ms, write p99 ms, <=2 ms, <=10 ms")
     for s in t["steps"]:
         lat = s["latency_us"] or {}
         w = s["write_latency_us"] or {}
-        sl = {x["within_ms"]: x["share"] for x in s["service_levels"]}
+        sl = {x["within_ms"]: x["share"] for x in s["service_levels"] if x["share"] is not None}
         target = f"{s['target_iops']:.0f}" if s["target_iops"] else "-"
         print(f"    {s['name']:>5} {target:>8} {s['iops']:>9.0f} {s['bytes_per_s'] / 1e6:>7.1f}"
               f" {lat.get('mean', 0) / 1e3:>7.2f} {lat.get('p99', 0) / 1e3:>8.2f} {w.get('p99', 0) / 1e3:>8.2f}"
-              f" {sl.get(2, 0) * 100:>6.1f}% {sl.get(10, 0) * 100:>6.1f}%")
+              f" {pct(sl.get(2))} {pct(sl.get(10))}")
     c = t.get("curve_check")
     if c:
         print(f"    curve goal: {'holds' if c['holds'] else 'does not hold'}")

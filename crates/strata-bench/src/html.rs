@@ -66,7 +66,7 @@ fn service_chart(report: &Report) -> String {
         for (j, ms) in crate::stats::SERVICE_LEVELS_MS.iter().enumerate() {
             let points = measured_steps(t)
                 .enumerate()
-                .map(|(k, s)| ((k + 1) as f64, s.service_levels[j].share * 100.0))
+                .filter_map(|(k, s)| Some(((k + 1) as f64, s.service_levels[j].share? * 100.0)))
                 .collect();
             series.push(Series {
                 name: format!("{} <= {ms} ms", t.label),
@@ -182,7 +182,12 @@ fn step_table(t: &TargetReport) -> String {
             let _ = write!(o, "<td>{}</td>", f1(v, 1000.0));
         }
         for sl in &s.service_levels {
-            let _ = write!(o, "<td>{:.1}%</td>", sl.share * 100.0);
+            match sl.share {
+                Some(share) => {
+                    let _ = write!(o, "<td>{:.1}%</td>", share * 100.0);
+                }
+                None => o.push_str("<td>-</td>"),
+            }
         }
         let _ = write!(o, "<td>{}</td><td>{}</td></tr>", s.late_arrivals, s.errors);
     }

@@ -289,7 +289,10 @@ pub fn summary_text(report: &Report) -> String {
             let sl: Vec<String> = s
                 .service_levels
                 .iter()
-                .map(|x| format!("{:5.1}%", x.share * 100.0))
+                .map(|x| match x.share {
+                    Some(share) => format!("{:5.1}%", share * 100.0),
+                    None => format!("{:>6}", "-"),
+                })
                 .collect();
             out.push_str(&format!(
                 "{:<9} {:>9.0} {:>9.1} {:>9} {:>7} {:>7} {:>7} {:>9} {:>7} {}\n",

@@ -71,7 +71,7 @@ impl LatencyRecorder {
             .zip(self.within)
             .map(|(&ms, count)| ServiceLevel {
                 within_ms: ms,
-                share: if n == 0 { 0.0 } else { count as f64 / n as f64 },
+                share: (n > 0).then(|| count as f64 / n as f64),
             })
             .collect()
     }
@@ -91,8 +91,9 @@ pub struct LatencySummary {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct ServiceLevel {
     pub within_ms: u64,
-    /// Share of the step's I/Os that finished within `within_ms`, 0..1.
-    pub share: f64,
+    /// Share of the step's I/Os that finished within `within_ms`, 0..1; None (null in the
+    /// report) when the step measured no I/O, so that no I/O does not read as all of them late.
+    pub share: Option<f64>,
 }
 
 /// Everything one connection (or, merged, one step) measured.
@@ -151,8 +152,8 @@ mod tests {
         ] {
             r.record_us(us);
         }
-        let shares: Vec<f64> = r.service_levels().iter().map(|s| s.share).collect();
-        assert_eq!(shares, vec![0.3, 0.5, 0.7, 0.8, 0.9]);
+        let shares: Vec<Option<f64>> = r.service_levels().iter().map(|s| s.share).collect();
+        assert_eq!(shares, [0.3, 0.5, 0.7, 0.8, 0.9].map(Some));
         assert_eq!(r.count(), 10);
     }
 
@@ -185,8 +186,10 @@ mod tests {
         let s = a.summary().unwrap();
         assert!((s.max - 12_345.0).abs() <= 12.345, "{}", s.max);
         assert_eq!(s.p50, 250.0);
-        assert_eq!(a.service_levels()[0].share, 2.0 / 3.0);
+        assert_eq!(a.service_levels()[0].share, Some(2.0 / 3.0));
         assert!(LatencyRecorder::default().summary().is_none());
-        assert_eq!(LatencyRecorder::default().service_levels()[0].share, 0.0);
+        let empty = LatencyRecorder::default().service_levels();
+        assert_eq!(empty.len(), SERVICE_LEVELS_MS.len());
+        assert!(empty.iter().all(|s| s.share.is_none()), "{empty:?}");
     }
 }

@@ -291,7 +291,7 @@ fn a_closed_loop_keeps_its_queue_full() {
     );
     assert!(s.iops <= 2050.0, "{} IOPS", s.iops);
     assert!(l.p50 >= 2000.0, "p50 {} us", l.p50);
-    assert_eq!(s.service_levels[0].share, 0.0, "nothing within 1 ms");
+    assert_eq!(s.service_levels[0].share, Some(0.0), "nothing within 1 ms");
 }
 
 /// The server stalls for 400 ms in the middle of a 500 IOPS open-loop step at queue depth 1.
@@ -321,7 +321,7 @@ fn a_stall_shows_up_as_latency() {
         "rr-4k",
     ]);
     let s = &r.targets[0].steps[0];
-    let slow_share = 1.0 - s.service_levels[3].share;
+    let slow_share = 1.0 - s.service_levels[3].share.unwrap();
     assert!(
         slow_share > 0.05,
         "only {:.1}% of I/Os above 10 ms",
@@ -453,6 +453,51 @@ fn a_baseline_runs_interleaved_and_gives_ratios() {
         check.rate_ok,
         check.findings.iter().all(|f| !f.contains("delivered"))
     );
+}
+
+/// A closed-loop step whose one request, sent in the warm-up, waits past the step's end measures
+/// no I/O (latency covers the requests started in the window): its service levels
+/// are null, not 0% within every bound (which read as every I/O late), and the text and HTML
+/// reports show a dash for them.
+#[test]
+fn a_step_that_measured_no_io_has_no_service_levels() {
+    let mut export = MemExport::new(16 * MIB, Duration::ZERO);
+    export.stall_from = Instant::now();
+    export.stall_for = Duration::from_secs(2);
+    let server = Server::start(Arc::new(export));
+    let r = bench(&[
+        "--target",
+        &server.uri(),
+        "--mode",
+        "max",
+        "--duration",
+        "500ms",
+        "--warmup",
+        "300ms",
+        "--qd",
+        "1",
+        "--profile",
+        "rr-4k",
+    ]);
+    let s = &r.targets[0].steps[0];
+    assert_eq!(s.ios, 0, "the stall covers the whole step");
+    assert!(s.latency_us.is_none(), "{:?}", s.latency_us);
+    assert_eq!(s.service_levels.len(), 5);
+    assert!(
+        s.service_levels.iter().all(|l| l.share.is_none()),
+        "{:?}",
+        s.service_levels
+    );
+    let json = serde_json::to_value(&r).unwrap();
+    assert!(json["targets"][0]["steps"][0]["service_levels"][0]["share"].is_null());
+    let (schemas, index) = schema();
+    if let Err(e) = schemas.validate(&json, index) {
+        panic!("report does not match docs/bench-report.schema.json: {e:#}");
+    }
+    let text = strata_bench::report::summary_text(&r);
+    let row = text.lines().find(|l| l.starts_with(&s.name)).unwrap();
+    assert!(row.ends_with("-      -      -      -      -"), "{row:?}");
+    assert!(!row.contains('%'), "{row:?}");
 }
 
 /// An open loop whose arrivals are further apart than --io-timeout: an idle connection is not a
