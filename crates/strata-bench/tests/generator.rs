@@ -184,6 +184,14 @@ fn bench(args: &[&str]) -> Report {
 
 const MIB: usize = 1 << 20;
 
+/// A 16 MiB export that stalls every request arriving in [from, from + stall).
+fn stalled_server(from: Instant, stall: Duration) -> Server {
+    let mut export = MemExport::new(16 * MIB, Duration::ZERO);
+    export.stall_from = from;
+    export.stall_for = stall;
+    Server::start(Arc::new(export))
+}
+
 #[test]
 fn an_open_loop_delivers_its_rate() {
     let server = Server::start(Arc::new(MemExport::new(64 * MIB, Duration::ZERO)));
@@ -300,10 +308,10 @@ fn a_closed_loop_keeps_its_queue_full() {
 /// I/O out of ~800.
 #[test]
 fn a_stall_shows_up_as_latency() {
-    let mut export = MemExport::new(16 * MIB, Duration::ZERO);
-    export.stall_from = Instant::now() + Duration::from_millis(1200);
-    export.stall_for = Duration::from_millis(400);
-    let server = Server::start(Arc::new(export));
+    let server = stalled_server(
+        Instant::now() + Duration::from_millis(1200),
+        Duration::from_millis(400),
+    );
     let r = bench(&[
         "--target",
         &server.uri(),
@@ -461,10 +469,7 @@ fn a_baseline_runs_interleaved_and_gives_ratios() {
 /// reports show a dash for them.
 #[test]
 fn a_step_that_measured_no_io_has_no_service_levels() {
-    let mut export = MemExport::new(16 * MIB, Duration::ZERO);
-    export.stall_from = Instant::now();
-    export.stall_for = Duration::from_secs(2);
-    let server = Server::start(Arc::new(export));
+    let server = stalled_server(Instant::now(), Duration::from_secs(2));
     let r = bench(&[
         "--target",
         &server.uri(),
@@ -491,9 +496,7 @@ fn a_step_that_measured_no_io_has_no_service_levels() {
     let json = serde_json::to_value(&r).unwrap();
     assert!(json["targets"][0]["steps"][0]["service_levels"][0]["share"].is_null());
     let (schemas, index) = schema();
-    if let Err(e) = schemas.validate(&json, index) {
-        panic!("report does not match docs/bench-report.schema.json: {e:#}");
-    }
+    assert_matches_schema(&schemas, index, &json);
     let text = strata_bench::report::summary_text(&r);
     let row = text.lines().find(|l| l.starts_with(&s.name)).unwrap();
     assert!(row.ends_with("-      -      -      -      -"), "{row:?}");
@@ -560,6 +563,16 @@ fn a_baseline_gets_the_targets_offsets() {
     assert_eq!(xs[..n], ys[..n]);
 }
 
+fn assert_matches_schema(
+    schemas: &boon::Schemas,
+    index: boon::SchemaIndex,
+    json: &serde_json::Value,
+) {
+    if let Err(e) = schemas.validate(json, index) {
+        panic!("report does not match docs/bench-report.schema.json: {e:#}");
+    }
+}
+
 fn schema() -> (boon::Schemas, boon::SchemaIndex) {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -600,9 +613,7 @@ fn the_report_validates_against_the_schema_and_the_html_is_self_contained() {
     ]);
     let json = serde_json::to_value(&r).unwrap();
     let (schemas, index) = schema();
-    if let Err(e) = schemas.validate(&json, index) {
-        panic!("report does not match docs/bench-report.schema.json: {e:#}");
-    }
+    assert_matches_schema(&schemas, index, &json);
     let mut broken = json.clone();
     broken["targets"][0]["steps"][0]["service_levels"][0]["share"] = serde_json::json!(1.5);
     assert!(
