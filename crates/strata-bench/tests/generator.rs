@@ -501,6 +501,10 @@ fn a_step_that_measured_no_io_has_no_service_levels() {
     let row = text.lines().find(|l| l.starts_with(&s.name)).unwrap();
     assert!(row.ends_with("-      -      -      -      -"), "{row:?}");
     assert!(!row.contains('%'), "{row:?}");
+    let dir = tempfile::tempdir().unwrap();
+    strata_bench::write_outputs(&r, dir.path()).unwrap();
+    let html = std::fs::read_to_string(dir.path().join("report.html")).unwrap();
+    assert!(html.contains(&"<td>-</td>".repeat(5)), "no dashes in the HTML table");
 }
 
 /// An open loop whose arrivals are further apart than --io-timeout: an idle connection is not a
