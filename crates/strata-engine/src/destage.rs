@@ -502,11 +502,41 @@ impl Destager {
             crate::maint::flush(self)?;
             return Ok(true);
         }
+        if self.apply_zeros_early()? {
+            return Ok(true);
+        }
         self.gc_backoff_until = Instant::now();
         if self.gc_step()? {
             return Ok(true);
         }
         self.compact_tail()
+    }
+
+    /// Applies the log's zero records (trims, write-zeroes) still in effect to the capacity
+    /// index now, ahead of their batches' destage, where it points into segments: those
+    /// segments lose the blocks, so an index flush or GC can free them and destage goes on.
+    /// Without this a trim of a full volume freed nothing: the log before its record was live
+    /// data that could not move. The records stay in the log (replay applies them again
+    /// after a crash) and are destaged as usual. Returns whether any block was released.
+    fn apply_zeros_early(&mut self) -> Result<bool, EngineError> {
+        let batches: Vec<BatchMeta> = {
+            let log = self.sh.log.lock();
+            log.batches
+                .iter()
+                .filter(|b| b.durable && b.records.iter().any(|r| r.kind == RecordKind::Zero))
+                .cloned()
+                .collect()
+        };
+        let zeros: Vec<LiveZero> = batches
+            .iter()
+            .flat_map(|b| live_zero_records(&self.sh, b))
+            .collect();
+        let sets = zeroed_capacity_sets(&self.sh, &zeros)?;
+        if sets.is_empty() {
+            return Ok(false);
+        }
+        apply_tree_sets(&self.sh, &sets, false)?;
+        Ok(true)
     }
 
     /// The capacity tier has no room and the log needs some: when the oldest batches are at
@@ -627,9 +657,11 @@ impl Destager {
         copy
     }
 
+    /// Free log blocks the destager's rewrites may take (not the reserve kept for trims).
     fn free_log_blocks(&self) -> u64 {
         let log = self.sh.log.lock();
-        log.log_blocks.saturating_sub(log.used_blocks)
+        log.log_blocks
+            .saturating_sub(log.used_blocks + crate::log::NO_DATA_RESERVE_BLOCKS)
     }
 
     fn flat_out(&self) -> bool {
@@ -1560,6 +1592,32 @@ fn live_zero_records(sh: &Shared, b: &BatchMeta) -> Vec<LiveZero> {
         }
     }
     out
+}
+
+/// The capacity index changes that make it agree with zero records still in effect where it
+/// points into a segment: those pieces read as zeros (a layer with a parent must hide the
+/// parent's blocks) or as nothing.
+fn zeroed_capacity_sets(sh: &Shared, zeros: &[LiveZero]) -> Result<Vec<TreeSet>, EngineError> {
+    let mut sets = Vec::new();
+    for z in zeros {
+        let parent = sh.index.read().layers.get(&z.layer).map(|l| l.rec.parent);
+        let Some(parent) = parent else { continue };
+        let zero = (parent != 0).then_some(Loc::Zero(0));
+        let (a, e) = (key_of(z.layer, z.lba), key_of(z.layer, z.lba + z.nblocks));
+        let found = meta::with_tree_read(sh, |t| {
+            let mut v = Vec::new();
+            t.lookup(a, e, &mut v).map(|()| v)
+        })?;
+        for en in found.iter().filter(|en| matches!(en.loc, Loc::Cap { .. })) {
+            sets.push(TreeSet {
+                layer: z.layer,
+                lba: z.lba + (en.key - a) as u64,
+                len: en.len,
+                loc: zero,
+            });
+        }
+    }
+    Ok(sets)
 }
 
 /// One live run read from the log, ready to go into a segment.

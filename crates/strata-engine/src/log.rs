@@ -173,6 +173,12 @@ impl LogState {
         }
     }
 
+    /// Whether a batch of `blocks` placed with `skip` blocks skipped may take them: one
+    /// carrying data must leave `NO_DATA_RESERVE_BLOCKS` free (see there).
+    pub fn leaves_reserve(&self, blocks: u64, skip: u64, has_data: bool) -> bool {
+        !has_data || self.used_blocks + blocks + skip + NO_DATA_RESERVE_BLOCKS <= self.log_blocks
+    }
+
     /// Appends a batch at the head. The caller checked `place`.
     pub fn push(&mut self, meta: BatchMeta) {
         debug_assert!(meta.start + meta.blocks <= self.log_blocks);
@@ -235,7 +241,10 @@ impl LogState {
         }
         // The second write of a run also writes the run's second header copy.
         let extra = nblocks + u64::from(n == 1);
-        if last.blocks + extra > max_blocks || self.place(extra) != Some((self.head, 0)) {
+        if last.blocks + extra > max_blocks
+            || self.place(extra) != Some((self.head, 0))
+            || !self.leaves_reserve(extra, 0, true)
+        {
             return None;
         }
         let before = self.open_run.take()?;
@@ -455,6 +464,12 @@ struct RunWrite {
 const OWN_INFLIGHT_MAX: usize = 1;
 /// Blocks of such a batch at most while host writes may go (header included).
 const OWN_BATCH_BLOCKS: u64 = 17;
+
+/// Log blocks only batches without data may take (trims, write-zeroes and the write bypass's
+/// Forget records: a header block each). With both tiers full, a client trimming or zeroing a
+/// range is how space comes back, and its record must find room in the log: a log filled to
+/// the last block by writes refused it with ENOSPC.
+pub const NO_DATA_RESERVE_BLOCKS: u64 = 16;
 
 /// Data blocks of a host write `try_inline` may write on its sender's thread (larger ones go
 /// to the committers, which keep their buffers).
@@ -962,11 +977,16 @@ impl LogWriter {
         max_blocks: u64,
         mut next: impl FnMut(&Self, &mut Front) -> Option<WriteReq>,
     ) -> Vec<WriteReq> {
+        // With the tiers full a batch carrying data is refused: requests without data
+        // (trims, write-zeroes), which the log's reserve still takes, go in batches of their own.
+        let apart = self.sh.counters.capacity_full.load(Ordering::Relaxed);
+        let first_has_data = first.data_blocks() > 0;
         let mut blocks = 1 + first.data_blocks();
         let mut batch = vec![first];
         while batch.len() < MAX_RECORDS_PER_BATCH {
             let Some(r) = next(self, f) else { break };
-            if blocks + r.data_blocks() > max_blocks {
+            let mixed = apart && (r.data_blocks() > 0) != first_has_data;
+            if mixed || blocks + r.data_blocks() > max_blocks {
                 f.held.push_front(r);
                 break;
             }
@@ -1116,7 +1136,13 @@ impl LogWriter {
             return batch;
         }
         let blocks = 1 + batch.iter().map(|r| r.data_blocks()).sum::<u64>();
-        if self.sh.log.lock().place(blocks).is_some() {
+        let has_data = blocks > 1;
+        let log = self.sh.log.lock();
+        let fits = log
+            .place(blocks)
+            .is_some_and(|(_, skip)| log.leaves_reserve(blocks, skip, has_data));
+        drop(log);
+        if fits {
             return batch;
         }
         let (refused, kept): (Vec<_>, Vec<_>) = batch.into_iter().partition(|r| r.no_wait);
@@ -1198,7 +1224,11 @@ impl LogWriter {
                     EngineError::ShuttingDown if !self.sh.abandon.load(Ordering::Relaxed) => Ok(()),
                     e => Err(e),
                 })?;
-                if let Some((start, skip)) = log.place(blocks) {
+                let has_data = batch.iter().any(|r| r.data_blocks() > 0);
+                let placed = log.place(blocks);
+                if let Some((start, skip)) =
+                    placed.filter(|&(_, skip)| log.leaves_reserve(blocks, skip, has_data))
+                {
                     let meta = describe(
                         batch,
                         start,
