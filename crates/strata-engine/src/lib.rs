@@ -195,6 +195,8 @@ pub struct EngineStats {
     pub destaged_bytes_total: u64,
     pub host_write_bytes_total: u64,
     pub host_read_bytes_total: u64,
+    /// Host writes are paced to the rate the destager frees the log (the fill is above the
+    /// high mark and a host batch was placed there).
     pub admission_throttled: bool,
     pub capacity_full: bool,
     /// The destager thread's nice value: 19 while it works ahead of need (when the daemon may
@@ -1035,7 +1037,10 @@ impl DiskGroup {
             destaged_bytes_total: c.destaged_bytes.load(Ordering::Relaxed),
             host_write_bytes_total: c.host_write_bytes.load(Ordering::Relaxed),
             host_read_bytes_total: c.host_read_bytes.load(Ordering::Relaxed),
-            admission_throttled: c.throttled.load(Ordering::Relaxed),
+            // The flag is set as host batches are placed; with none since the destager
+            // brought the fill under the high mark, nothing is paced any more.
+            admission_throttled: c.throttled.load(Ordering::Relaxed)
+                && fill > sh.cfg.fill_ratio_high,
             capacity_full: c.capacity_full.load(Ordering::Relaxed),
             destager_nice: c.destager_nice.load(Ordering::Relaxed),
             fast_resident_bytes: c.fast_live_blocks.load(Ordering::Relaxed) * BLOCK_U64,

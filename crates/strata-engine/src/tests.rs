@@ -2004,3 +2004,45 @@ fn a_trim_of_a_full_group_gives_space_back() {
         assert!(b.iter().all(|&x| x == want), "MiB {i} is not {want:#x}");
     }
 }
+
+/// `admission_throttled` says whether host writes are paced now: once the destager has brought
+/// the fill back under the high mark with no write since, it is false. (The flag was updated
+/// only when a host batch was placed, so a node that took no write after a burst reported
+/// throttled admission for good, at a fill of 0.23 in the full-device tests.)
+#[test]
+fn admission_is_not_reported_throttled_once_the_fill_is_under_the_high_mark() {
+    let rig = Rig::new(
+        16 * MIB,
+        &[64 * MIB],
+        small_cfg(),
+        seed_for("admission_is_not_reported_throttled_once_the_fill_is_under_the_high_mark"),
+    );
+    let dg = rig.dg.clone().expect("running");
+    let v = dg.create_volume("v", 32 * MIB).unwrap().id;
+    dg.sh.destager_held.store(true, Ordering::Relaxed);
+    let high = dg.stats().fill_ratio_high;
+    let mut off = 0;
+    while dg.stats().log_fill_ratio <= high {
+        dg.write(v, off, &[0x5a; 64 * 1024]).unwrap();
+        off += 64 * 1024;
+    }
+    // One more write is placed above the high mark and paced.
+    dg.write(v, off, &[0x5a; 4096]).unwrap();
+    assert!(dg.stats().admission_throttled, "{:?}", dg.stats());
+    dg.sh.destager_held.store(false, Ordering::Relaxed);
+    dg.sh.wake_destager();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while dg.stats().log_fill_ratio > high && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = dg.stats();
+    assert!(
+        st.log_fill_ratio <= high,
+        "the destager did not drain: {st:?}"
+    );
+    assert!(
+        !st.admission_throttled,
+        "throttled admission reported at fill {:.3} under the high mark {high}",
+        st.log_fill_ratio
+    );
+}
