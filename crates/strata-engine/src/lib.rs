@@ -631,9 +631,8 @@ impl DiskGroup {
                 waits.push(self.submit(RecordKind::Forget, head, at, nb, None)?);
                 rt.stats.bypassed_blocks.fetch_add(nb, Ordering::Relaxed);
             } else {
-                let mut d = AlignedBuf::new_zeroed(chunk.len());
-                d.copy_from_slice(chunk);
-                waits.push(self.submit(RecordKind::Write, head, at, nb, Some(d))?);
+                // A job may span a segment's data area; a record must fit a batch.
+                self.submit_records(head, at, chunk, &mut waits)?;
             }
         }
         // (The log counts the Forget records' ranges as host writes.)
@@ -671,15 +670,26 @@ impl DiskGroup {
         }
         buf[head_gap..end].copy_from_slice(data);
         let mut waits = Vec::new();
-        let mut lba = b0;
-        for chunk in buf.chunks(record_blocks as usize * BLOCK) {
+        self.submit_records(head, b0, &buf, &mut waits)?;
+        wait_all(waits)
+    }
+
+    /// Submits whole blocks at `lba` as Write records of at most `max_record_blocks` each.
+    fn submit_records(
+        &self,
+        head: u32,
+        mut lba: u64,
+        data: &[u8],
+        waits: &mut Vec<log::ReplyRx>,
+    ) -> Result<(), EngineError> {
+        for chunk in data.chunks(self.max_record_blocks() as usize * BLOCK) {
             let mut d = AlignedBuf::new_zeroed(chunk.len());
             d.copy_from_slice(chunk);
             let nb = chunk.len() as u64 / BLOCK_U64;
             waits.push(self.submit(RecordKind::Write, head, lba, nb, Some(d))?);
             lba += nb;
         }
-        wait_all(waits)
+        Ok(())
     }
 
     /// The most blocks one Write record takes: with its batch header it must fit one batch,

@@ -224,3 +224,40 @@ fn a_bypass_carries_no_seq_the_next_opening_hands_out_again() {
     }
     assert!(entries > 0, "the bypass segment was found");
 }
+
+/// A bypass whose segment write fails goes through the log instead, in records that fit a
+/// batch (`--max-batch-size`): it read back and survives a power cut. (The fallback sent each
+/// job as one record of up to a segment's data area, 250 blocks here against a batch limit of
+/// 64, past what replay's probe and the destager assume of a batch.)
+#[test]
+fn a_bypass_that_fails_goes_through_the_log_in_batches_that_fit() {
+    let mut rig = rig(94);
+    let v = rig
+        .dg()
+        .create_volume_with_policy("s", 8 * MIB, &bypassing(MIB))
+        .unwrap()
+        .id;
+    let kib256 = 256 * KIB as usize;
+    for at in (0..MIB as usize).step_by(kib256) {
+        let at = at as u64;
+        rig.dg().write(v, at, &tagged(at, kib256, 1)).unwrap();
+    }
+    let span = 2 * MIB as usize;
+    let data = tagged(MIB, span, 2);
+    rig.caps[0].fail_next_writes(1);
+    rig.dg().write(v, MIB, &data).unwrap();
+    let max_blocks = rig.dg().sh.cfg.max_batch_bytes as u64 / 4096;
+    let sh = rig.dg().sh.clone();
+    let largest = sh.log.lock().batches.iter().map(|b| b.blocks).max();
+    assert!(
+        largest.is_some_and(|n| n <= max_blocks),
+        "a batch of {largest:?} blocks; batches hold at most {max_blocks}"
+    );
+    assert!(
+        rig.dg().volume_figures("s").unwrap().bypassed_bytes < span as u64,
+        "the failed write did not go through the log"
+    );
+    check(rig.dg(), v, MIB, &data, "after the fallback");
+    rig.power_cut_and_restart();
+    check(rig.dg(), v, MIB, &data, "after a power cut");
+}
