@@ -40,6 +40,8 @@ mod tests_bypass;
 #[cfg(test)]
 mod tests_log_full;
 #[cfg(test)]
+mod tests_model_full;
+#[cfg(test)]
 mod tests_model_policy;
 #[cfg(test)]
 mod tests_read_async;

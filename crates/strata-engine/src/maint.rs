@@ -209,6 +209,9 @@ fn drop_layers(sh: &Shared, gone: &[u32], merged: &[(u32, u32)]) -> Result<(), E
 /// Moves a deleted snapshot's blocks into its only child where the child has none of its own,
 /// then removes the layer.
 fn merge_layers(d: &mut Destager) -> Result<(), EngineError> {
+    for (layer, child) in merging_with_log_data(&d.sh) {
+        drop_hidden_log_data(&d.sh, layer, child)?;
+    }
     let merging: Vec<(u32, Option<u32>, bool)> = {
         let idx = d.sh.index.read();
         idx.layers
@@ -253,6 +256,60 @@ fn merge_layers(d: &mut Destager) -> Result<(), EngineError> {
         flush(d)?;
         drop_layers(&d.sh, &[], &finished)?;
     }
+    Ok(())
+}
+
+/// Merging layers with data in the log, and their only child.
+fn merging_with_log_data(sh: &Shared) -> Vec<(u32, u32)> {
+    let idx = sh.index.read();
+    idx.layers
+        .values()
+        .filter(|l| l.rec.flags & LAYER_MERGING != 0 && !l.fast.is_empty())
+        .filter_map(|l| {
+            let kids: Vec<u32> = idx
+                .children(l.rec.id)
+                .into_iter()
+                .filter(|c| idx.layer_live(*c))
+                .collect();
+            (kids.len() == 1).then(|| (l.rec.id, kids[0]))
+        })
+        .collect()
+}
+
+/// Drops from a merging layer's fast map what its child holds itself (data or zeros): the
+/// merge never gives the child those blocks, and nothing else reads the layer, so they need
+/// no destage. The merge waits for the layer's log data to be destaged; with the capacity
+/// tier full that never happened, even once the child's trims had hidden all of it, and the
+/// segments the layer held stayed full. The log records stay (replay puts them back while
+/// the layer is merging, and they are dropped again); the child only gains blocks of its
+/// own, so what it hides stays hidden.
+fn drop_hidden_log_data(sh: &Shared, layer: u32, child: u32) -> Result<(), EngineError> {
+    let runs: Vec<(u64, u64, Loc)> = match sh.index.read().layers.get(&layer) {
+        Some(l) => l.fast.iter().collect(),
+        None => return Ok(()),
+    };
+    let mut hidden = Vec::new();
+    for (lba, len, loc) in runs {
+        let own = meta::with_index_tree(sh, |idx, t| layer_own(idx, t, child, lba, len))?;
+        for (olba, olen, _) in own {
+            let (a, b) = (olba.max(lba), (olba + olen).min(lba + len));
+            if a < b {
+                hidden.push((a, b - a, loc.advance(a - lba)));
+            }
+        }
+    }
+    let mut fast_blocks = 0;
+    if let Some(l) = sh.index.write().layers.get_mut(&layer) {
+        for (lba, len, at) in hidden {
+            let removed = l.fast.remove_if_at(lba, len, at);
+            if matches!(at, Loc::Fast(_)) {
+                fast_blocks += removed;
+            }
+        }
+    }
+    sh.counters
+        .fast_live_blocks
+        .fetch_sub(fast_blocks, std::sync::atomic::Ordering::Relaxed);
     Ok(())
 }
 

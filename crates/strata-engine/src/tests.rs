@@ -1798,12 +1798,16 @@ fn blocks_apart_on_capacity(
 }
 
 /// Sealed segments whose live count differs from the blocks the index points at in them, for
-/// `layer`: (segment, live count, referenced).
-fn live_count_drift(dg: &DiskGroup, layer: u32) -> Vec<(u32, u32, u64)> {
+/// the layers in `layers` (all that hold blocks in those segments): (segment, live count,
+/// referenced).
+pub(crate) fn live_count_drift(
+    dg: &DiskGroup,
+    layers: std::ops::Range<u32>,
+) -> Vec<(u32, u32, u64)> {
     use crate::capacity::SegState;
     use crate::ctree::page::key_of;
     let sh = &dg.sh;
-    let (a, z) = (key_of(layer, 0), key_of(layer + 1, 0));
+    let (a, z) = (key_of(layers.start, 0), key_of(layers.end, 0));
     let found = meta::with_tree_read(sh, |t| {
         let mut v = Vec::new();
         t.lookup(a, z, &mut v).map(|()| v)
@@ -1841,7 +1845,7 @@ fn a_destage_commit_that_cannot_read_the_index_leaves_no_live_count_behind() {
     let mut model = vec![0u8; 4 * MIB as usize];
     let sh = blocks_apart_on_capacity(&rig, vol, 400, &mut model);
     meta::flush_index(&sh).unwrap();
-    assert_eq!(live_count_drift(rig.dg(), head), [], "before");
+    assert_eq!(live_count_drift(rig.dg(), head..head + 1), [], "before");
     sh.tree.write().evict(0);
     assert_eq!(sh.tree.read().counts().resident_leaves, 0, "leaves evicted");
     // The next capacity reads (both copies of the leaf the commit needs) fail once.
@@ -1852,12 +1856,16 @@ fn a_destage_commit_that_cannot_read_the_index_leaves_no_live_count_behind() {
     assert!(rig.dg().destage_all(Duration::from_secs(30)));
     check_volume(rig.dg(), vol, &model, "after the retried destage");
     assert_eq!(
-        live_count_drift(rig.dg(), head),
+        live_count_drift(rig.dg(), head..head + 1),
         [],
         "after the retried destage"
     );
     rig.clean_restart();
-    assert_eq!(live_count_drift(rig.dg(), head), [], "after a restart");
+    assert_eq!(
+        live_count_drift(rig.dg(), head..head + 1),
+        [],
+        "after a restart"
+    );
     check_volume(rig.dg(), vol, &model, "after a restart");
 }
 
