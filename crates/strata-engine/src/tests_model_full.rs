@@ -13,6 +13,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::tests::{live_count_drift, seed_for, small_cfg, Rig, MIB};
+use crate::tests_snap::{check_all, pick, Model};
 use crate::*;
 
 const FAST_BYTES: u64 = 16 * MIB;
@@ -20,13 +21,6 @@ const VOL_BYTES: usize = 8 * MIB as usize;
 const MAX_VOLUMES: usize = 5;
 /// How long space freed by a trim or a delete may take to come back.
 const SPACE_BACK_WAIT: Duration = Duration::from_secs(30);
-
-/// What every view must read as: volumes by name, snapshots as "vol@snap".
-#[derive(Default)]
-struct Model {
-    volumes: BTreeMap<String, Vec<u8>>,
-    snapshots: BTreeMap<String, Vec<u8>>,
-}
 
 /// Pieces of a request the engine applies each as a whole or not at all, as byte ranges of
 /// the volume: a request refused with NoSpace leaves each piece old or new (one log record
@@ -47,11 +41,6 @@ struct FullRun {
     cuts_after_full_trim: u64,
     /// Whether the last data write was refused (the group is full).
     full: bool,
-}
-
-fn pick<'a>(rng: &mut StdRng, it: impl Iterator<Item = &'a String>) -> Option<String> {
-    let all: Vec<&String> = it.collect();
-    (!all.is_empty()).then(|| all[rng.gen_range(0..all.len())].clone())
 }
 
 /// Byte ranges of the log records a write of `len` bytes at `off` becomes: one per
@@ -571,23 +560,7 @@ impl FullRun {
     }
 
     fn check_all(&self, what: &str) {
-        let dg = self.dg();
-        for (name, image) in self.m.volumes.iter().chain(self.m.snapshots.iter()) {
-            let mut buf = vec![0u8; image.len()];
-            dg.read(self.id(name), 0, &mut buf)
-                .unwrap_or_else(|e| panic!("{what}: read {name}: {e}"));
-            if let Some(i) = (0..buf.len()).find(|&i| buf[i] != image[i]) {
-                panic!(
-                    "{what}: {name} byte {i} (block {}) is {:#x}, expected {:#x}",
-                    i / 4096,
-                    buf[i],
-                    image[i]
-                );
-            }
-        }
-        let views = dg.views().len();
-        let want = self.m.volumes.len() + self.m.snapshots.len();
-        assert_eq!(views, want, "{what}: views {:?}", dg.views());
+        check_all(self.dg(), &self.m, what);
     }
 
     /// Deletes everything; once the destager has settled, the capacity tier uses what an

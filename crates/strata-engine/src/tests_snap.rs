@@ -15,13 +15,14 @@ const VOL_BYTES: usize = 2 * MIB as usize;
 
 /// What every view must read as.
 #[derive(Default)]
-struct Model {
-    volumes: BTreeMap<String, Vec<u8>>,
+pub(crate) struct Model {
+    pub(crate) volumes: BTreeMap<String, Vec<u8>>,
     /// "vol@snap" -> image
-    snapshots: BTreeMap<String, Vec<u8>>,
+    pub(crate) snapshots: BTreeMap<String, Vec<u8>>,
 }
 
-fn check_all(dg: &DiskGroup, m: &Model, what: &str) {
+/// Every view reads as its image, and there are no others.
+pub(crate) fn check_all(dg: &DiskGroup, m: &Model, what: &str) {
     for (name, image) in m.volumes.iter().chain(m.snapshots.iter()) {
         let v = dg
             .view(name)
@@ -75,7 +76,7 @@ fn random_write(rng: &mut StdRng, dg: &DiskGroup, m: &mut Model, what: &str) {
     }
 }
 
-fn pick<'a>(rng: &mut StdRng, it: impl Iterator<Item = &'a String>) -> Option<String> {
+pub(crate) fn pick<'a>(rng: &mut StdRng, it: impl Iterator<Item = &'a String>) -> Option<String> {
     let all: Vec<&String> = it.collect();
     (!all.is_empty()).then(|| all[rng.gen_range(0..all.len())].clone())
 }
