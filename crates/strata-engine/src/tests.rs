@@ -1961,9 +1961,29 @@ fn cleaning_an_index_segment_with_inner_nodes_paged_out_keeps_the_durable_index_
     );
 }
 
+/// Writes `data` at `off` once space has come back: retries while the write gets NoSpace,
+/// for `wait` at most; any other error, or NoSpace after that, is returned.
+pub(crate) fn write_when_space(
+    dg: &DiskGroup,
+    v: VolumeId,
+    off: u64,
+    data: &[u8],
+    wait: Duration,
+) -> Result<(), EngineError> {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        match dg.write(v, off, data) {
+            Err(EngineError::NoSpace) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            r => return r,
+        }
+    }
+}
+
 /// Fills a group until writes fail with NoSpace; returns the MiB that were written (MiB `i`
 /// holds `i + 1`).
-fn fill_until_no_space(dg: &DiskGroup, v: VolumeId, max_mib: u64) -> u64 {
+pub(crate) fn fill_until_no_space(dg: &DiskGroup, v: VolumeId, max_mib: u64) -> u64 {
     for i in 0..max_mib {
         match dg.write(v, i * MIB, &vec![(i + 1) as u8; MIB as usize]) {
             Ok(()) => {}
@@ -1989,17 +2009,9 @@ fn a_trim_of_a_full_group_gives_space_back() {
         .discard(v, 0, trimmed * MIB)
         .expect("a trim of a full volume");
     // Space comes back once the destager has applied the trim: poll with a write.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let refill = vec![0xee; MIB as usize];
-    loop {
-        match rig.dg().write(v, written * MIB, &refill) {
-            Ok(()) => break,
-            Err(EngineError::NoSpace) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => panic!("a write after the trim: {e}; stats {:?}", rig.dg().stats()),
-        }
-    }
+    write_when_space(rig.dg(), v, written * MIB, &refill, Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("a write after the trim: {e}; stats {:?}", rig.dg().stats()));
     rig.power_cut_and_restart();
     let mut b = vec![0u8; MIB as usize];
     for i in 0..=written {

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::tests::{live_count_drift, seed_for, small_cfg, Rig, MIB};
+use crate::tests::{
+    fill_until_no_space, live_count_drift, seed_for, small_cfg, write_when_space, Rig, MIB,
+};
 use crate::tests_snap::{check_all, pick, Model};
 use crate::*;
 
@@ -524,20 +526,13 @@ impl FullRun {
             return;
         };
         let data = vec![0x5b; 256 * 1024];
-        let deadline = Instant::now() + SPACE_BACK_WAIT;
         let id = self.id(name);
-        loop {
-            match self.dg().write(id, 0, &data) {
-                Ok(()) => break,
-                Err(EngineError::NoSpace) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(e) => panic!(
-                    "{what}: a write with every view trimmed: {e}: {:?}",
-                    self.dg().stats()
-                ),
-            }
-        }
+        write_when_space(self.dg(), id, 0, &data, SPACE_BACK_WAIT).unwrap_or_else(|e| {
+            panic!(
+                "{what}: a write with every view trimmed: {e}: {:?}",
+                self.dg().stats()
+            )
+        });
         self.full = false;
         self.m.volumes.get_mut(name).expect("model")[..data.len()].copy_from_slice(&data);
         self.check_all(&format!("{what}: after space came back"));
@@ -641,18 +636,6 @@ fn model_full_group_trims_snapshots_deletes_and_power_cuts() {
     assert!(full_trims > 0, "seed {seed}: no trim of a full group");
 }
 
-/// Writes 1 MiB pieces (MiB `i` holds `i + 1`) until NoSpace; returns how many were taken.
-fn fill_until_no_space(dg: &DiskGroup, v: VolumeId, max_mib: u64) -> u64 {
-    for i in 0..max_mib {
-        match dg.write(v, i * MIB, &vec![(i + 1) as u8; MIB as usize]) {
-            Ok(()) => {}
-            Err(EngineError::NoSpace) => return i,
-            Err(e) => panic!("a write while filling: {e}"),
-        }
-    }
-    panic!("a thin volume larger than the tiers never hit NoSpace");
-}
-
 /// A full group whose volume had a snapshot: the snapshot deleted and the volume trimmed
 /// whole, writes succeed again. (The deleted snapshot's layer waited to be merged into the
 /// volume until its data in the log was destaged, which needed a free segment: with the
@@ -669,20 +652,13 @@ fn a_trim_after_deleting_a_snapshot_of_a_full_group_gives_space_back() {
     rig.dg()
         .discard(v, 0, 64 * MIB)
         .expect("a trim of a full volume");
-    let deadline = Instant::now() + SPACE_BACK_WAIT;
     let data = vec![0x5b; MIB as usize];
-    loop {
-        match rig.dg().write(v, 0, &data) {
-            Ok(()) => break,
-            Err(EngineError::NoSpace) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => panic!(
-                "a write after the trim ({written} MiB were written): {e}: {:?}",
-                rig.dg().stats()
-            ),
-        }
-    }
+    write_when_space(rig.dg(), v, 0, &data, SPACE_BACK_WAIT).unwrap_or_else(|e| {
+        panic!(
+            "a write after the trim ({written} MiB were written): {e}: {:?}",
+            rig.dg().stats()
+        )
+    });
     rig.power_cut_and_restart();
     let mut b = vec![0u8; MIB as usize];
     for i in 0..written {
