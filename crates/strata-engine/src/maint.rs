@@ -209,8 +209,12 @@ fn drop_layers(sh: &Shared, gone: &[u32], merged: &[(u32, u32)]) -> Result<(), E
 /// Moves a deleted snapshot's blocks into its only child where the child has none of its own,
 /// then removes the layer.
 fn merge_layers(d: &mut Destager) -> Result<(), EngineError> {
-    for (layer, child) in merging_with_log_data(&d.sh) {
-        drop_hidden_log_data(&d.sh, layer, child)?;
+    // Only a full capacity tier keeps the layer's log data from being destaged; otherwise
+    // the scan would be repeated at every step until destage empties the layer anyway.
+    if d.sh.counters.capacity_full.load(std::sync::atomic::Ordering::Relaxed) {
+        for (layer, child) in merging_with_log_data(&d.sh) {
+            drop_hidden_log_data(&d.sh, layer, child)?;
+        }
     }
     let merging: Vec<(u32, Option<u32>, bool)> = {
         let idx = d.sh.index.read();
