@@ -31,7 +31,7 @@ pub enum EngineError {
     /// A long task (a scrub) stopped because its caller asked it to.
     #[error("{0} was cancelled")]
     Cancelled(&'static str),
-    #[error("the disk group is offline after a fast-device failure: {0}")]
+    #[error("the disk group is offline: {0}")]
     Failed(String),
     #[error("{0}")]
     Format(String),

@@ -44,6 +44,8 @@ mod tests_model_full;
 #[cfg(test)]
 mod tests_model_policy;
 #[cfg(test)]
+mod tests_panics;
+#[cfg(test)]
 mod tests_read_async;
 #[cfg(test)]
 mod tests_runs;
@@ -249,6 +251,8 @@ pub struct EngineStats {
     pub index_page_reads_total: u64,
     pub index_pages_written_total: u64,
     pub state: String,
+    /// Why the group went offline (`state` "failed"): the device error or the internal error.
+    pub failure: Option<String>,
 }
 
 pub struct DiskGroup {
@@ -285,9 +289,10 @@ impl DiskGroup {
         let destager = destage::Destager::new(sh.clone(), tx_hot, bypass_rx);
         let mut threads = writer.start()?;
         let writer = Arc::downgrade(&writer);
+        let sh_destage = sh.clone();
         let t2 = std::thread::Builder::new()
             .name("strata-destage".into())
-            .spawn(move || destager.run());
+            .spawn(move || sh_destage.run_guarded("strata-destage", || destager.run()));
         let mut spawned = vec![t2];
         if let Some(every) = sh.cfg.scrub_interval {
             let sh2 = sh.clone();
@@ -1098,6 +1103,7 @@ impl DiskGroup {
                 _ => "failed",
             }
             .into(),
+            failure: sh.failure.lock().clone(),
         }
     }
 

@@ -531,9 +531,10 @@ impl LogWriter {
         (0..PIPELINE_DEPTH)
             .map(|i| {
                 let w = w.clone();
+                let name = format!("strata-log{i}");
                 std::thread::Builder::new()
-                    .name(format!("strata-log{i}"))
-                    .spawn(move || w.committer())
+                    .name(name.clone())
+                    .spawn(move || w.sh.run_guarded(&name, || w.committer()))
                     .map_err(|e| EngineError::Failed(format!("cannot start the log writer: {e}")))
             })
             .collect()
@@ -1066,7 +1067,8 @@ impl LogWriter {
         }
         let result = match result {
             Err(e) => {
-                self.sh.fail(format!("write log: {e}"));
+                self.sh
+                    .fail(format!("the fast device failed writing the log: {e}"));
                 Err(e)
             }
             Ok(()) if self.sh.state.load(Ordering::Acquire) == crate::shared::STATE_FAILED => {

@@ -374,6 +374,24 @@ impl Shared {
         self.log_space_freed();
     }
 
+    /// Runs the body of an engine thread (a log committer, the destager). A panic there is a
+    /// bug that leaves the thread's work half done and the thread gone: writes would hang on a
+    /// turn that never comes, or the log would fill with nothing to free it. So the group goes
+    /// offline instead, with the reason, and every request after it fails.
+    pub fn run_guarded(&self, thread: &str, body: impl FnOnce()) {
+        let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) else {
+            return;
+        };
+        let what = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("no message");
+        self.fail(format!(
+            "internal error: the {thread} thread panicked: {what}"
+        ));
+    }
+
     /// Wakes everything waiting for log space: blocked writers and the log writer's front.
     pub fn log_space_freed(&self) {
         self.log_freed.notify_all();

@@ -134,15 +134,22 @@ async fn node(State(state): State<Arc<AppState>>) -> Result<Json<NodeJson>, ApiE
 }
 
 /// What an administrator should act on, one sentence each.
+/// A group not running: offline with the reason it went offline, or stopping.
+fn state_warning(stats: &EngineStats) -> Option<String> {
+    match &stats.failure {
+        Some(why) => Some(format!("the disk group is offline: {why}")),
+        None if stats.state != "running" => Some(format!("the disk group is {}", stats.state)),
+        None => None,
+    }
+}
+
 pub fn warnings(
     stats: &EngineStats,
     devices: &[DeviceJson],
     scrub: &ScrubSummaryJson,
 ) -> Vec<String> {
     let mut out = Vec::new();
-    if stats.state != "running" {
-        out.push(format!("the disk group is {}", stats.state));
-    }
+    out.extend(state_warning(stats));
     if stats.admission_throttled {
         out.push(format!(
             "the write log is {:.0}% full, above the high mark of {:.0}%: host writes are paced to the destage rate",
@@ -397,3 +404,27 @@ async fn status(
 #[cfg(test)]
 #[path = "dashboard_tests.rs"]
 mod dashboard_tests;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_offline_group_is_warned_about_with_its_reason() {
+        let why = "internal error: the strata-destage thread panicked: boom";
+        let failed = EngineStats {
+            state: "failed".into(),
+            failure: Some(why.into()),
+            ..EngineStats::default()
+        };
+        assert_eq!(
+            state_warning(&failed).as_deref(),
+            Some(format!("the disk group is offline: {why}").as_str())
+        );
+        let running = EngineStats {
+            state: "running".into(),
+            ..EngineStats::default()
+        };
+        assert_eq!(state_warning(&running), None);
+    }
+}
