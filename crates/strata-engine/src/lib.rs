@@ -38,6 +38,8 @@ mod tests;
 #[cfg(test)]
 mod tests_bypass;
 #[cfg(test)]
+mod tests_full_gaps;
+#[cfg(test)]
 mod tests_log_full;
 #[cfg(test)]
 mod tests_model_full;
