@@ -40,6 +40,8 @@ mod tests_bypass;
 #[cfg(test)]
 mod tests_damage;
 #[cfg(test)]
+mod tests_full_gaps;
+#[cfg(test)]
 mod tests_log_full;
 #[cfg(test)]
 mod tests_model_full;

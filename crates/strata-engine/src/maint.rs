@@ -69,6 +69,8 @@ pub struct Maint {
     /// The index segment last cleaned, and when (so a segment that does not empty is not
     /// retried in a loop).
     last_cleaned: Option<(u32, Instant)>,
+    /// Where `drop_hidden_capacity_data` goes on in each merging layer (the next lba).
+    hidden_scan_from: std::collections::HashMap<u32, u64>,
     /// Index nodes (leaves and inner nodes) kept in memory.
     cache_nodes: usize,
     pub dirty_limit: usize,
@@ -83,6 +85,7 @@ impl Maint {
             merge_waits_for_log: false,
             last_flush: Instant::now(),
             last_cleaned: None,
+            hidden_scan_from: std::collections::HashMap::new(),
             cache_nodes,
             dirty_limit,
         }
@@ -212,9 +215,18 @@ fn merge_layers(d: &mut Destager) -> Result<(), EngineError> {
     // Only a full capacity tier keeps the layer's log data from being destaged; otherwise
     // the scan would be repeated at every step until destage empties the layer anyway.
     if d.sh.counters.capacity_full.load(std::sync::atomic::Ordering::Relaxed) {
-        for (layer, child) in merging_with_log_data(&d.sh) {
+        let waiting = merging_with_log_data(&d.sh);
+        for &(layer, child) in &waiting {
             drop_hidden_log_data(&d.sh, layer, child)?;
+            let from = d.maint.hidden_scan_from.get(&layer).copied().unwrap_or(0);
+            match drop_hidden_capacity_data(&d.sh, layer, child, from)? {
+                Some(next) => d.maint.hidden_scan_from.insert(layer, next),
+                None => d.maint.hidden_scan_from.remove(&layer),
+            };
         }
+        d.maint
+            .hidden_scan_from
+            .retain(|l, _| waiting.iter().any(|w| w.0 == *l));
     }
     let merging: Vec<(u32, Option<u32>, bool)> = {
         let idx = d.sh.index.read();
@@ -315,6 +327,51 @@ fn drop_hidden_log_data(sh: &Shared, layer: u32, child: u32) -> Result<(), Engin
         .fast_live_blocks
         .fetch_sub(fast_blocks, std::sync::atomic::Ordering::Relaxed);
     Ok(())
+}
+
+/// Releases a merging layer's blocks on the capacity tier that its only child hides (holds
+/// data or zeros of its own there), one chunk of the layer's entries from `from_lba`; returns
+/// where the next chunk starts (None: the layer's end). While the layer's log data waits for
+/// destage, the merge waits too, and with the capacity tier full, destage waits for a segment
+/// that only these blocks can give back: a trim of part of the child freed nothing. The merge
+/// would drop these blocks anyway, and nothing else reads the layer. Safe at any moment: the
+/// child only gains blocks of its own, and what hides them is durable (its log records, or
+/// its index entries); an index flushed before a crash no longer names them, one not flushed
+/// still does and they are released again.
+fn drop_hidden_capacity_data(
+    sh: &Shared,
+    layer: u32,
+    child: u32,
+    from_lba: u64,
+) -> Result<Option<u64>, EngineError> {
+    let (_, end) = layer_range(layer);
+    let ents = meta::with_tree_read(sh, |t| {
+        let mut v = Vec::new();
+        t.first_entries(key_of(layer, from_lba), end, CHUNK_ENTRIES, &mut v)
+            .map(|()| v)
+    })?;
+    let Some(last) = ents.last() else {
+        return Ok(None);
+    };
+    let next_lba = split_key(last.key).1 + last.len;
+    let mut clear = Vec::new();
+    for e in ents.iter().filter(|e| matches!(e.loc, Loc::Cap { .. })) {
+        let (_, lba) = split_key(e.key);
+        let own = meta::with_index_tree(sh, |idx, t| layer_own(idx, t, child, lba, e.len))?;
+        for (olba, olen, _) in own {
+            let (a, b) = (olba.max(lba), (olba + olen).min(lba + e.len));
+            if a < b {
+                clear.push(TreeSet {
+                    layer,
+                    lba: a,
+                    len: b - a,
+                    loc: None,
+                });
+            }
+        }
+    }
+    apply_tree_sets(sh, &clear, false)?;
+    Ok(Some(next_lba))
 }
 
 /// Gives `child` the parts of `ents` (blocks of `layer`) it does not hold itself, and takes
