@@ -1152,6 +1152,8 @@ impl DiskGroup {
 
     /// Stops background work and makes everything durable: completed writes stay in the log
     /// and are replayed on the next open; the index is written so the next open is quick.
+    /// An offline group (see `Shared::fail`) only flushes its devices, and returns why it went
+    /// offline.
     pub fn shutdown(&self) -> Result<(), EngineError> {
         let _ = self.sh.state.compare_exchange(
             STATE_RUNNING,
@@ -1178,7 +1180,12 @@ impl DiskGroup {
             d.flush()?;
         }
         self.sh.fast.flush()?;
-        Ok(())
+        // An offline group stopped without its index flush: say why, rather than report a
+        // clean stop.
+        match self.sh.state.load(Ordering::Acquire) {
+            shared::STATE_FAILED => self.sh.check_running(),
+            _ => Ok(()),
+        }
     }
 
     /// Simulates the process dying: background threads stop at once, nothing more is written.

@@ -67,6 +67,8 @@ fn a_destager_that_panics_takes_the_group_offline_and_loses_nothing() {
     std::thread::spawn(move || dg.destage_all(Duration::from_secs(5)));
     let e = write_until_refused(rig.group(), vol, &mut model);
     assert_offline_for_the_panic(&e);
+    let stopped = rig.dg().shutdown();
+    assert_offline_for_the_panic(&stopped.expect_err("the offline group's shutdown said Ok"));
     rig.power_cut_and_restart();
     check_volume(
         rig.dg(),
