@@ -1,20 +1,27 @@
 //! Volume lifecycle under live I/O: a seeded random run against a live `strata serve`.
 //!
-//! Client threads each hold an NBD connection to one volume at a time and keep several
-//! writes, write-zeroes, reads and flushes in flight, every read checked against the
-//! connection's model of the volume. Meanwhile the driver (the test's own thread), through
+//! Client threads each hold an NBD connection to one volume at a time, with simple or
+//! structured replies, and keep several writes, write-zeroes (plain, NO_HOLE, FAST_ZERO),
+//! trims, reads, BLOCK_STATUS queries and flushes in flight, of whole blocks, 512-byte
+//! sectors or any bytes (partial blocks are read, patched and written again by the daemon);
+//! every reply is checked against the connection's model of the volume: a read's bytes, a
+//! trimmed or zeroed range reading as zeros, BLOCK_STATUS never calling data zero and
+//! calling a block stored as a hole HOLE|ZERO, FAST_ZERO over no whole block refused with
+//! ENOTSUP and changing nothing. Meanwhile the driver (the test's own thread), through
 //! the admin API and the `strata` CLI at random, creates volumes (names are reused after a
 //! delete), grows volumes clients are connected to, takes and deletes snapshots, clones
 //! them, rolls volumes back, deletes them with and without force, and changes policies.
 //!
 //! Every block written carries its volume, write and block number, so a read shows where
-//! its data came from. The model records when each write was sent and acknowledged on one
-//! clock with the admin calls, so a snapshot taken under writes is checked for what it may
-//! hold: every write acknowledged before the request, nothing sent after the reply, either
-//! for writes in between; what it does hold is then its model for good. After a forced
-//! delete or rollback, a request sent after the reply must fail with ESHUTDOWN. At the end
-//! every volume and snapshot is read whole, then again after a clean restart, then after a
-//! SIGKILL that follows a replied FLUSH.
+//! its data came from; a block several writes left parts of is modelled as their byte
+//! ranges (lifecycle/content.rs). The model records when each write was sent and
+//! acknowledged on one clock with the admin calls, so a snapshot taken under writes is
+//! checked for what it may hold: every write acknowledged before the request, nothing sent
+//! after the reply, either for writes in between; what it does hold is then its model for
+//! good. After a forced delete or rollback, a request sent after the reply must fail with
+//! ESHUTDOWN. At the end every volume and snapshot is read whole, then again after a clean
+//! restart, then after a SIGKILL that follows a replied FLUSH of writes, trims and zeroes
+//! of any byte range.
 //!
 //! Replay a run with STRATA_TEST_SEED=<seed printed by the test>.
 mod common;
@@ -32,7 +39,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
 use common::*;
-use lifecycle::client::{client_loop, MAX_WRITE_BLOCKS};
+use lifecycle::client::{client_loop, write_payload, MAX_WRITE_BLOCKS};
 use lifecycle::*;
 
 /// How long the driver changes volumes under the clients.
@@ -269,11 +276,10 @@ impl Driver<'_> {
             vol_mut(&mut self.lock(), uid).size_bytes = new;
             let (size, tail) = read_view_from(self.nbd_addr, &name, old);
             assert_eq!(size, new, "{name}: a connection made after growing it");
-            if let Some(i) = tail.iter().position(|&t| t != 0) {
+            if let Some(i) = tail.iter().position(|&b| b != 0) {
                 panic!(
-                    "{name} grown from {old} bytes: block {} holds {}",
-                    old / BLOCK_BYTES + i as u64,
-                    describe_token(tail[i])
+                    "{name} grown from {old} bytes: byte {} is not zero",
+                    old + i as u64
                 );
             }
             self.count("resize");
@@ -305,18 +311,25 @@ impl Driver<'_> {
         self.run(&c, true);
         let rep = tick();
         let export = format!("{name}@{snap}");
-        let (size, tokens) = read_view(self.nbd_addr, &export);
+        let (size, data) = read_view(self.nbd_addr, &export);
         let mut w = self.lock();
         let v = vol_mut(&mut w, uid);
         assert_eq!(size, v.size_bytes, "{export}: size");
-        for (lba, got) in tokens.iter().enumerate() {
-            let allowed = v.allowed_in_snapshot(lba as u64, req, rep);
-            assert!(
-                allowed.contains(got),
-                "{export} (taken between ticks {req} and {rep}): block {lba} holds {}, allowed: {:?}",
-                describe_token(*got),
-                allowed.iter().map(|t| describe_token(*t)).collect::<Vec<_>>()
-            );
+        let states = v.snapshot_states(req, rep);
+        let mut tokens = Vec::with_capacity(states.len());
+        for (lba, block) in data.chunks_exact(BLOCK_BYTES as usize).enumerate() {
+            let allowed = &states[lba];
+            let Some(got) = match_block(lba as u64, block, allowed) else {
+                panic!(
+                    "{export} (taken between ticks {req} and {rep}): {}; allowed: {:?}",
+                    content::explain_mismatch(lba as u64, block, allowed[0]),
+                    allowed
+                        .iter()
+                        .map(|t| describe_token(*t))
+                        .collect::<Vec<_>>()
+                );
+            };
+            tokens.push(got);
         }
         v.snaps.push(Snap {
             name: snap,
@@ -605,8 +618,47 @@ impl Driver<'_> {
         }
     }
 
-    /// Writes a few blocks to every volume and FLUSHes each connection; returns the
-    /// connections, still open, for the caller to kill the daemon under.
+    /// One WRITE, TRIM or WRITE_ZEROES of a random range (whole blocks, sectors or bytes)
+    /// on `client`, recorded in the model once it succeeded.
+    fn write_one(&mut self, client: &mut nbd::Client, uid: u64, name: &str) {
+        let unit = [BLOCK_BYTES, 512, 1][self.rng.gen_range(0..3)];
+        let max_units = (MAX_WRITE_BLOCKS * BLOCK_BYTES).min(client.size_bytes) / unit;
+        let len = self.rng.gen_range(1..=max_units) * unit;
+        let offset = self.rng.gen_range(0..=(client.size_bytes - len) / unit) * unit;
+        let command = [
+            nbd::CMD_WRITE,
+            nbd::CMD_WRITE,
+            nbd::CMD_TRIM,
+            nbd::CMD_WRITE_ZEROES,
+        ][self.rng.gen_range(0..4)];
+        let token = match command {
+            nbd::CMD_WRITE => self.lock().next_token(uid),
+            _ => 0,
+        };
+        let payload = match token {
+            0 => Vec::new(),
+            t => write_payload(t, offset, len),
+        };
+        let sent = tick();
+        let done = client.outcome(command, offset, len as u32, &payload);
+        assert_eq!(
+            done.expect("reply"),
+            Ok(()),
+            "{name}: {command} {len} bytes at {offset}"
+        );
+        let rec = WriteRec {
+            offset_bytes: offset,
+            len_bytes: len,
+            token,
+            sent,
+            acked: Some(tick()),
+            failed: false,
+        };
+        vol_mut(&mut self.lock(), uid).writes.push(rec);
+    }
+
+    /// Writes, trims and zeroes a few ranges of every volume and FLUSHes each connection;
+    /// returns the connections, still open, for the caller to kill the daemon under.
     fn write_and_flush(&mut self) -> Vec<nbd::Client> {
         let uids: Vec<u64> = self
             .lock()
@@ -620,28 +672,8 @@ impl Driver<'_> {
             let name = self.lock().vols[&uid].name.clone();
             let mut client =
                 nbd::go(self.nbd_addr, &name).unwrap_or_else(|e| panic!("opening {name}: {e:?}"));
-            for _ in 0..4 {
-                let blocks = self
-                    .rng
-                    .gen_range(1..=MAX_WRITE_BLOCKS)
-                    .min(client.size_bytes / BLOCK_BYTES);
-                let lba = self
-                    .rng
-                    .gen_range(0..=client.size_bytes / BLOCK_BYTES - blocks);
-                let token = self.lock().next_token(uid);
-                let sent = tick();
-                let written = client.write(lba * BLOCK_BYTES, &fill_blocks(token, lba, blocks));
-                assert_eq!(written.expect("write"), Ok(()), "{name}: WRITE");
-                let acked = Some(tick());
-                let rec = WriteRec {
-                    lba,
-                    blocks,
-                    token,
-                    sent,
-                    acked,
-                    failed: false,
-                };
-                vol_mut(&mut self.lock(), uid).writes.push(rec);
+            for _ in 0..6 {
+                self.write_one(&mut client, uid, &name);
             }
             let cookie = client.send(nbd::CMD_FLUSH, 0, 0, &[]).expect("FLUSH");
             assert_eq!(
@@ -671,7 +703,7 @@ fn admin_changes_under_live_io_keep_every_volume_and_snapshot_true() {
         driver.create(name);
     }
     let addr = daemon.nbd_addr;
-    let answered: Vec<Result<(u64, u64), String>> = thread::scope(|s| {
+    let answered: Vec<Result<lifecycle::client::Tally, String>> = thread::scope(|s| {
         let clients: Vec<_> = (0..CLIENT_THREADS as u64)
             .map(|i| {
                 let (world, stop) = (&world, &stop);
@@ -696,15 +728,15 @@ fn admin_changes_under_live_io_keep_every_volume_and_snapshot_true() {
             })
             .collect()
     });
-    eprintln!(
-        "lifecycle: admin changes {:?}, client (replies, connections cut) {answered:?}",
-        driver.done
-    );
-    for result in &answered {
-        if let Err(e) = result {
-            panic!("seed {seed}: {e}");
+    eprintln!("lifecycle: admin changes {:?}", driver.done);
+    let mut tally = lifecycle::client::Tally::new();
+    for result in answered {
+        let counts = result.unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        for (k, n) in counts {
+            *tally.entry(k).or_default() += n;
         }
     }
+    eprintln!("lifecycle: client replies checked {tally:?}");
     daemon.assert_alive();
     verify_all(&daemon, &world, "after the run");
     daemon.terminate();

@@ -347,11 +347,23 @@ impl Client {
 
     /// Sends one request header (and payload, if any); returns its cookie.
     pub fn send(&mut self, command: u16, offset: u64, len: u32, payload: &[u8]) -> io::Result<u64> {
+        self.send_flags(0, command, offset, len, payload)
+    }
+
+    /// [`Client::send`] with command flags (FUA, NO_HOLE, DF, REQ_ONE, FAST_ZERO).
+    pub fn send_flags(
+        &mut self,
+        flags: u16,
+        command: u16,
+        offset: u64,
+        len: u32,
+        payload: &[u8],
+    ) -> io::Result<u64> {
         let cookie = self.next_cookie;
         self.next_cookie += 1;
-        let mut msg = request_bytes(0, command, cookie, offset, len).to_vec();
-        msg.extend_from_slice(payload);
-        self.stream.write_all(&msg)?;
+        self.stream.write_all(&request_with_payload(
+            flags, command, cookie, offset, len, payload,
+        ))?;
         Ok(cookie)
     }
 

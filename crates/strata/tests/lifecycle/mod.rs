@@ -2,6 +2,8 @@
 //! snapshot must hold, on one clock with the admin calls, and reading views whole against it.
 
 pub mod client;
+pub mod content;
+pub mod replies;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -64,11 +66,9 @@ pub fn decode_block(lba: u64, data: &[u8]) -> Result<u64, String> {
 /// says whose it is.
 pub const TOKEN_UID_SHIFT: u32 = 40;
 
-pub fn describe_token(token: u64) -> String {
-    match token {
-        0 => "zeros".into(),
-        t => format!("write {t:#x} of volume #{}", t >> TOKEN_UID_SHIFT),
-    }
+/// A block's content id (see [`content`]) in words.
+pub fn describe_token(id: u64) -> String {
+    content::describe(id)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -82,10 +82,10 @@ pub fn tick() -> u64 {
     CLOCK.fetch_add(1, Ordering::SeqCst)
 }
 
+/// A WRITE (its token), or a WRITE_ZEROES or TRIM (token 0), of any byte range.
 pub struct WriteRec {
-    pub lba: u64,
-    pub blocks: u64,
-    /// 0 for WRITE_ZEROES.
+    pub offset_bytes: u64,
+    pub len_bytes: u64,
     pub token: u64,
     pub sent: u64,
     pub acked: Option<u64>,
@@ -93,15 +93,39 @@ pub struct WriteRec {
 }
 
 impl WriteRec {
-    pub fn covers(&self, lba: u64) -> bool {
-        (self.lba..self.lba + self.blocks).contains(&lba)
+    pub fn apply(&self, blocks: &mut [u64]) {
+        apply(blocks, self.offset_bytes, self.len_bytes, self.token);
     }
+}
+
+/// The blocks a byte range touches, whole or in part.
+pub fn blocks_touched(offset_bytes: u64, len_bytes: u64) -> std::ops::Range<u64> {
+    offset_bytes / BLOCK_BYTES..(offset_bytes + len_bytes).div_ceil(BLOCK_BYTES)
+}
+
+/// The contents of `blocks` once `len_bytes` at `offset_bytes` were written by `token` (0:
+/// zeroed or trimmed: a Zero record, read back as zeros, docs/FORMAT.md).
+pub fn apply(blocks: &mut [u64], offset_bytes: u64, len_bytes: u64, token: u64) {
+    for lba in blocks_touched(offset_bytes, len_bytes) {
+        let b = &mut blocks[lba as usize];
+        *b = patch_block(*b, lba, offset_bytes, len_bytes, token);
+    }
+}
+
+/// What block `lba`, holding `id`, holds once `len_bytes` at `offset_bytes` (touching it)
+/// were written by `token`.
+pub fn patch_block(id: u64, lba: u64, offset_bytes: u64, len_bytes: u64, token: u64) -> u64 {
+    let at = lba * BLOCK_BYTES;
+    let start = offset_bytes.max(at) - at;
+    let end = (offset_bytes + len_bytes).min(at + BLOCK_BYTES) - at;
+    content::patch(id, start as usize, end as usize, token)
 }
 
 pub struct Snap {
     pub name: String,
     pub size_bytes: u64,
-    /// What the snapshot was read to hold once taken: it must hold it ever after.
+    /// What the snapshot was read to hold once taken (content ids, see content.rs): it must
+    /// hold it ever after.
     pub tokens: Vec<u64>,
     pub alive: bool,
 }
@@ -144,28 +168,46 @@ impl Vol {
             .iter()
             .filter(|w| w.acked.is_some() && !w.failed)
         {
-            for lba in w.lba..w.lba + w.blocks {
-                out[lba as usize] = w.token;
-            }
+            w.apply(&mut out);
         }
         out
     }
 
-    /// The tokens block `lba` may hold in a snapshot requested at `req` and answered at
-    /// `rep`: the last write acknowledged before `req`, or any write sent before `rep` and
-    /// not yet acknowledged at `req`.
-    pub fn allowed_in_snapshot(&self, lba: u64, req: u64, rep: u64) -> Vec<u64> {
-        let mut settled = self.base.get(lba as usize).copied().unwrap_or(0);
-        let mut open = Vec::new();
-        for w in self.writes.iter().filter(|w| w.covers(lba) && !w.failed) {
-            match w.acked {
-                Some(acked) if acked < req => settled = w.token,
-                _ if w.sent < rep => open.push(w.token),
-                _ => {}
+    /// The contents each block may hold in a snapshot requested at `req` and answered at
+    /// `rep`: as the writes acknowledged before `req` left it, then as each write sent before
+    /// `rep` and not yet acknowledged at `req` left it in turn (a block never has two writes
+    /// in flight at once, so they apply in the order they were sent).
+    pub fn snapshot_states(&self, req: u64, rep: u64) -> Vec<Vec<u64>> {
+        let mut settled = self.base.clone();
+        settled.resize(self.blocks() as usize, 0);
+        let mut open: Vec<Vec<u64>> = vec![Vec::new(); settled.len()];
+        for w in self.writes.iter().filter(|w| !w.failed) {
+            let settles = w.acked.is_some_and(|acked| acked < req);
+            if !settles && w.sent >= rep {
+                continue;
+            }
+            for lba in blocks_touched(w.offset_bytes, w.len_bytes) {
+                let i = lba as usize;
+                assert!(
+                    !settles || open[i].is_empty(),
+                    "block {lba}: a write settled after one still open"
+                );
+                let before = open[i].last().copied().unwrap_or(settled[i]);
+                let after = patch_block(before, lba, w.offset_bytes, w.len_bytes, w.token);
+                match settles {
+                    true => settled[i] = after,
+                    false => open[i].push(after),
+                }
             }
         }
-        open.push(settled);
-        open
+        settled
+            .into_iter()
+            .zip(open)
+            .map(|(s, mut o)| {
+                o.insert(0, s);
+                o
+            })
+            .collect()
     }
 
     /// Whether a request of generation `gen` sent at `sent` must have been refused.
@@ -231,16 +273,16 @@ pub fn vol_mut(world: &mut World, uid: u64) -> &mut Vol {
 // ---------------------------------------------------------------------------------------
 // Reading whole views
 
-/// A fresh connection's view of an export: its size and every block's token.
-pub fn read_view(addr: SocketAddr, export: &str) -> (u64, Vec<u64>) {
+/// A fresh connection's view of an export: its size and all its bytes.
+pub fn read_view(addr: SocketAddr, export: &str) -> (u64, Vec<u8>) {
     read_view_from(addr, export, 0)
 }
 
-/// A fresh connection's size of an export, and the tokens of its blocks from `from_bytes`.
-pub fn read_view_from(addr: SocketAddr, export: &str, from_bytes: u64) -> (u64, Vec<u64>) {
+/// A fresh connection's size of an export, and its bytes from `from_bytes` on.
+pub fn read_view_from(addr: SocketAddr, export: &str, from_bytes: u64) -> (u64, Vec<u8>) {
     let mut client = nbd::go(addr, export).unwrap_or_else(|e| panic!("opening {export}: {e:?}"));
     let size = client.size_bytes;
-    let mut tokens = Vec::with_capacity((size / BLOCK_BYTES) as usize);
+    let mut bytes = Vec::with_capacity(size.saturating_sub(from_bytes) as usize);
     let mut offset = from_bytes;
     while offset < size {
         let len = VERIFY_READ_BYTES.min(size - offset);
@@ -248,25 +290,36 @@ pub fn read_view_from(addr: SocketAddr, export: &str, from_bytes: u64) -> (u64, 
             .read(offset, len as u32)
             .unwrap_or_else(|e| panic!("{export}: reading at {offset}: {e}"))
             .unwrap_or_else(|errno| panic!("{export}: READ at {offset} failed with errno {errno}"));
-        for (i, block) in data.chunks_exact(BLOCK_BYTES as usize).enumerate() {
-            let lba = offset / BLOCK_BYTES + i as u64;
-            tokens.push(decode_block(lba, block).unwrap_or_else(|e| panic!("{export}: {e}")));
-        }
+        bytes.extend_from_slice(&data);
         offset += len;
     }
     client.disconnect();
-    (size, tokens)
+    (size, bytes)
+}
+
+/// The first of `candidates` block `lba` reads as; a hole (0) last, so that zeros written
+/// as data are never taken for a hole.
+pub fn match_block(lba: u64, data: &[u8], candidates: &[u64]) -> Option<u64> {
+    let holes_last = candidates
+        .iter()
+        .filter(|&&c| c != 0)
+        .chain(candidates.iter().filter(|&&c| c == 0));
+    holes_last
+        .copied()
+        .find(|&c| content::expected(c, lba) == data)
 }
 
 pub fn assert_view(addr: SocketAddr, export: &str, size_bytes: u64, want: &[u64], when: &str) {
     let (size, got) = read_view(addr, export);
     assert_eq!(size, size_bytes, "{when}: size of {export}");
-    if let Some(lba) = (0..want.len()).find(|&i| got[i] != want[i]) {
-        panic!(
-            "{when}: {export} block {lba} holds {}, expected {}",
-            describe_token(got[lba]),
-            describe_token(want[lba])
-        );
+    for (lba, data) in got.chunks_exact(BLOCK_BYTES as usize).enumerate() {
+        let lba = lba as u64;
+        if content::expected(want[lba as usize], lba) != data {
+            panic!(
+                "{when}: {export}: {}",
+                content::explain_mismatch(lba, data, want[lba as usize])
+            );
+        }
     }
 }
 
