@@ -50,13 +50,19 @@ fn assert_offline_for_the_panic(e: &EngineError) {
     }
 }
 
+/// A group with a 2 MiB volume written whole (0x5a), and that content.
+fn group_with_a_written_volume(test: &str) -> (Rig, VolumeId, Vec<u8>) {
+    let rig = Rig::new(32 * MIB, &[64 * MIB], small_cfg(), seed_for(test));
+    let vol = rig.dg().create_volume("v", 2 * MIB).unwrap().id;
+    let model = vec![0x5a; 2 * MIB as usize];
+    rig.dg().write(vol, 0, &model).unwrap();
+    (rig, vol, model)
+}
+
 #[test]
 fn a_destager_that_panics_takes_the_group_offline_and_loses_nothing() {
     let test = "a_destager_that_panics_takes_the_group_offline_and_loses_nothing";
-    let mut rig = Rig::new(32 * MIB, &[64 * MIB], small_cfg(), seed_for(test));
-    let vol = rig.dg().create_volume("v", 2 * MIB).unwrap().id;
-    let mut model = vec![0x5a; 2 * MIB as usize];
-    rig.dg().write(vol, 0, &model).unwrap();
+    let (mut rig, vol, mut model) = group_with_a_written_volume(test);
     let fired = AtomicBool::new(false);
     *rig.dg().sh.after_tail_checkpoint.lock() = Some(Box::new(move |_tail| {
         if !fired.swap(true, Ordering::SeqCst) {
@@ -81,10 +87,7 @@ fn a_destager_that_panics_takes_the_group_offline_and_loses_nothing() {
 #[test]
 fn a_log_committer_that_panics_takes_the_group_offline_and_loses_nothing() {
     let test = "a_log_committer_that_panics_takes_the_group_offline_and_loses_nothing";
-    let mut rig = Rig::new(32 * MIB, &[64 * MIB], small_cfg(), seed_for(test));
-    let vol = rig.dg().create_volume("v", 2 * MIB).unwrap().id;
-    let mut model = vec![0x5a; 2 * MIB as usize];
-    rig.dg().write(vol, 0, &model).unwrap();
+    let (mut rig, vol, mut model) = group_with_a_written_volume(test);
     let fired = AtomicBool::new(false);
     *rig.dg().sh.after_turn_moved.lock() = Some(Arc::new(move |_end| {
         if !fired.swap(true, Ordering::SeqCst) {
