@@ -233,18 +233,7 @@ fn merge_layers(d: &mut Destager) -> Result<(), EngineError> {
         idx.layers
             .values()
             .filter(|l| l.rec.flags & LAYER_MERGING != 0)
-            .map(|l| {
-                let kids: Vec<u32> = idx
-                    .children(l.rec.id)
-                    .into_iter()
-                    .filter(|c| idx.layer_live(*c))
-                    .collect();
-                (
-                    l.rec.id,
-                    (kids.len() == 1).then(|| kids[0]),
-                    l.fast.is_empty(),
-                )
-            })
+            .map(|l| (l.rec.id, idx.only_live_child(l.rec.id), l.fast.is_empty()))
             .collect()
     };
     d.maint.merge_waits_for_log = merging.iter().any(|m| !m.2);
@@ -281,14 +270,7 @@ fn merging_with_log_data(sh: &Shared) -> Vec<(u32, u32)> {
     idx.layers
         .values()
         .filter(|l| l.rec.flags & LAYER_MERGING != 0 && !l.fast.is_empty())
-        .filter_map(|l| {
-            let kids: Vec<u32> = idx
-                .children(l.rec.id)
-                .into_iter()
-                .filter(|c| idx.layer_live(*c))
-                .collect();
-            (kids.len() == 1).then(|| (l.rec.id, kids[0]))
-        })
+        .filter_map(|l| Some((l.rec.id, idx.only_live_child(l.rec.id)?)))
         .collect()
 }
 

@@ -120,6 +120,16 @@ impl Index {
             .map(|l| l.rec.id)
             .collect()
     }
+
+    /// The layer's child when it has exactly one that is not deleted (a merge's target).
+    pub fn only_live_child(&self, id: u32) -> Option<u32> {
+        let mut live = self
+            .children(id)
+            .into_iter()
+            .filter(|c| self.layer_live(*c));
+        let first = live.next();
+        first.filter(|_| live.next().is_none())
+    }
 }
 
 /// A rate per wall second, averaged exponentially over the last `TAU_S` seconds: an amount
