@@ -556,6 +556,13 @@ impl Destager {
         }
         let refs: Vec<&BatchMeta> = batches[..s.batches].iter().collect();
         self.keep_hot(&refs, Keep::Live);
+        // Only the batches left with no live data: a zero record rewritten ahead of a batch
+        // that stays would take a log block and free none.
+        let no_data = refs
+            .iter()
+            .take_while(|b| live_runs(&self.sh, b).is_empty())
+            .count();
+        self.keep_zeros(&refs[..no_data]);
         let empty = batches[..s.batches]
             .iter()
             .take_while(|b| {
@@ -936,6 +943,83 @@ impl Destager {
             }
         }
         self.settle(&mut pending);
+    }
+
+    /// Writes the pieces of the batches' zero records still in effect again at the log head,
+    /// so a live trim at the tail no longer holds the tail where it is: compaction (the only
+    /// way the log is freed while the capacity tier takes nothing) then moves past it. The
+    /// new record has a later sequence number than the old, and nothing between the two
+    /// touched its blocks (the pieces are those the fast maps still point at the old record,
+    /// checked under the range lock that is held until the new record is applied), so replay
+    /// of either, or of both in order, leaves the same blocks zeroed.
+    fn keep_zeros(&self, batches: &[&BatchMeta]) {
+        let mut pending = Vec::new();
+        let zeros = batches.iter().flat_map(|b| live_zero_records(&self.sh, b));
+        for z in zeros {
+            let mut sent = self.submit_zero_rewrite(&z);
+            if sent.is_err() && !pending.is_empty() {
+                // The writer's queue is full: let it drain, then try once more.
+                self.settle_zeros(&mut pending);
+                sent = self.submit_zero_rewrite(&z);
+            }
+            match sent {
+                Ok(Some(wait)) => pending.push(wait),
+                Ok(None) => {}
+                Err(_) => break,
+            }
+        }
+        self.settle_zeros(&mut pending);
+    }
+
+    fn settle_zeros(&self, pending: &mut Vec<crate::log::ReplyRx>) {
+        for wait in pending.drain(..) {
+            // A refused rewrite leaves the old record in effect, where it was.
+            let _ = wait.wait();
+        }
+    }
+
+    /// Like a host trimming the piece again, under the same range lock; skipped when a host
+    /// holds the range or the piece is no longer the old record's.
+    fn submit_zero_rewrite(
+        &self,
+        z: &LiveZero,
+    ) -> Result<Option<crate::log::ReplyRx>, EngineError> {
+        let Some((done, wait)) = answer_releasing(&self.sh, z.layer, z.lba, z.lba + z.nblocks)
+        else {
+            return Ok(None);
+        };
+        let still_live = {
+            let idx = self.sh.index.read();
+            idx.layers.get(&z.layer).is_some_and(|l| {
+                l.fast.lookup(z.lba, z.nblocks)
+                    == vec![crate::map::Piece {
+                        lba: z.lba,
+                        len: z.nblocks,
+                        loc: Some(Loc::Zero(z.seq)),
+                    }]
+            })
+        };
+        if !still_live {
+            return Ok(None);
+        }
+        let req = WriteReq {
+            kind: RecordKind::Zero,
+            layer: z.layer,
+            lba: z.lba,
+            nblocks: z.nblocks,
+            data: None,
+            done,
+            no_wait: true,
+            relocation: true,
+            born_ms: None,
+            cache_gen: 0,
+            vol: 0,
+            cache_copy: crate::log::CacheCopy::Again,
+        };
+        // Never block on a full queue: the log writer may be waiting for space only this
+        // thread can free.
+        self.tx.try_send(req).map_err(|_| EngineError::NoSpace)?;
+        Ok(Some(wait))
     }
 
     /// Waits for the rewrites sent; those that completed cool their blocks.

@@ -1,8 +1,10 @@
-//! Two gaps of a full disk group left by the fixes that let a trim give space back: a trim
-//! of part of a volume whose deleted snapshot still has data in the log, and trims of data
-//! that is only in the log. Seeds are printed; `STRATA_TEST_SEED=<n>` replays one.
+//! Gaps of a full disk group left by the fixes that let a trim give space back: a trim of
+//! part of a volume whose deleted snapshot still has data in the log, a live trim at the
+//! log's tail, and trims of data that is only in the log. Seeds are printed;
+//! `STRATA_TEST_SEED=<n>` replays one.
 
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -83,7 +85,8 @@ fn log_only_blocks(dg: &DiskGroup, v: VolumeId) -> Vec<u64> {
 /// while the record is in effect, and the blocks it makes dead are behind a tail of live
 /// data that neither destage (no segment) nor compaction (the tail is all live, and no room
 /// to rewrite it) can move. Once the trims have taken every free block, every trim (of any
-/// range) and every write is refused with NoSpace, for good.
+/// range) and every write is refused with NoSpace, for good. (Compaction now writes live
+/// zero records again too, see the test below, but never moves a tail more than 75% live.)
 #[test]
 #[ignore = "known gap: trims of log-only data on a full group use up the log's reserve"]
 fn trims_of_data_only_in_the_log_of_a_full_group_leave_room_for_a_trim() {
@@ -109,4 +112,110 @@ fn trims_of_data_only_in_the_log_of_a_full_group_leave_room_for_a_trim() {
         .unwrap_or_else(|e| panic!("a write after the trims: {e}: {:?}", rig.dg().stats()));
     rig.power_cut_and_restart();
     check_mib(rig.dg(), v, written, |i| if i == 0 { 0x6c } else { 0 });
+}
+
+/// Trims every block of the volume whose only copy is in the log (one trim per run of such
+/// blocks) and marks them zero in `model`, the byte each block of the volume holds.
+fn trim_log_only(dg: &DiskGroup, v: VolumeId, model: &mut [u8]) {
+    let blocks = log_only_blocks(dg, v);
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for b in blocks {
+        match runs.last_mut() {
+            Some(r) if r.0 + r.1 == b => r.1 += 1,
+            _ => runs.push((b, 1)),
+        }
+    }
+    for (b, n) in runs {
+        dg.discard(v, b * BLOCK_BYTES, n * BLOCK_BYTES)
+            .unwrap_or_else(|e| panic!("a trim of blocks {b}+{n}: {e}: {:?}", dg.stats()));
+        model[b as usize..(b + n) as usize].fill(0);
+    }
+}
+
+/// Checks every block of the volume against `model`.
+fn check_blocks(dg: &DiskGroup, v: VolumeId, model: &[u8]) {
+    let per_mib = (MIB / BLOCK_BYTES) as usize;
+    let mut buf = vec![0u8; MIB as usize];
+    for (i, want) in model.chunks(per_mib).enumerate() {
+        let part = &mut buf[..want.len() * BLOCK_BYTES as usize];
+        dg.read(v, i as u64 * MIB, part)
+            .unwrap_or_else(|e| panic!("a read of MiB {i}: {e}"));
+        for (k, &w) in want.iter().enumerate() {
+            let got = &buf[k * BLOCK_BYTES as usize..(k + 1) * BLOCK_BYTES as usize];
+            let b = i * per_mib + k;
+            assert!(got.iter().all(|&x| x == w), "block {b} is not {w:#x}");
+        }
+    }
+}
+
+/// Writes MiB after MiB from `first` (MiB `i` holds `0x80 + i`) until the group refuses one
+/// with NoSpace (the first may wait for compaction to free the log).
+fn refill(dg: &DiskGroup, v: VolumeId, first: u64, model: &mut [u8]) {
+    let per_mib = (MIB / BLOCK_BYTES) as usize;
+    for i in first..(model.len() / per_mib) as u64 {
+        let byte = 0x80u8.wrapping_add(i as u8);
+        let wait = match i == first {
+            true => SPACE_BACK_WAIT,
+            false => Duration::ZERO,
+        };
+        match write_when_space(dg, v, i * MIB, &vec![byte; MIB as usize], wait) {
+            Ok(()) => model[i as usize * per_mib..(i as usize + 1) * per_mib].fill(byte),
+            Err(EngineError::NoSpace) if i > first => return,
+            Err(e) => panic!("a write of MiB {i}: {e}: {:?}", dg.stats()),
+        }
+    }
+    panic!("the volume is larger than the log: the log never filled");
+}
+
+/// With both tiers full, the newest data (only in the log) is trimmed, the log filled again
+/// behind the trim's record, and that data trimmed too: the log holds a live trim record at
+/// its tail, then only dead blocks. A write must then succeed: compaction writes the record
+/// again at the head and frees the log behind it. A power cut a few device writes into that
+/// (old and new copy of the record both in the log, or only the old) loses nothing.
+/// (Compaction freed a tail batch only once no live zero record was in it, and wrote only
+/// data again: the live trim held the tail for good, and every write got NoSpace.)
+#[test]
+fn a_live_trim_at_the_tail_of_a_full_group_does_not_hold_the_log() {
+    let seed = seed_for("a_live_trim_at_the_tail_of_a_full_group_does_not_hold_the_log");
+    for writes_left in 0..4 {
+        let rig_seed = seed + writes_left as u64;
+        let mut rig = Rig::new(16 * MIB, &[32 * MIB], small_cfg(), rig_seed);
+        let vol_mib = 96;
+        let v = rig.dg().create_volume("v", vol_mib * MIB).unwrap().id;
+        let mut model = vec![0u8; (vol_mib * MIB / BLOCK_BYTES) as usize];
+        let written = fill_until_no_space(rig.dg(), v, vol_mib);
+        for (i, m) in model.chunks_mut((MIB / BLOCK_BYTES) as usize).enumerate() {
+            if (i as u64) < written {
+                m.fill((i + 1) as u8);
+            }
+        }
+        trim_log_only(rig.dg(), v, &mut model);
+        refill(rig.dg(), v, written, &mut model);
+        trim_log_only(rig.dg(), v, &mut model);
+        // The destager now has only compaction left to free the log: the power goes off a
+        // few device writes into it (the record's new batch lost, or written and the
+        // checkpoint naming the new tail lost or torn), or else once the tail has moved.
+        let tail = rig.dg().sh.log.lock().tail();
+        rig.writes_left.store(writes_left, Ordering::SeqCst);
+        let deadline = Instant::now() + SPACE_BACK_WAIT;
+        while !rig.power_is_off() && rig.dg().sh.log.lock().tail() == tail {
+            assert!(
+                Instant::now() < deadline,
+                "nothing was written to free the log"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        rig.power_cut_and_restart();
+        check_blocks(rig.dg(), v, &model);
+        let data = vec![0x6c; MIB as usize];
+        write_when_space(rig.dg(), v, 0, &data, SPACE_BACK_WAIT).unwrap_or_else(|e| {
+            panic!(
+                "a write after the trims (power cut after {writes_left} writes): {e}: {:?}",
+                rig.dg().stats()
+            )
+        });
+        model[..(MIB / BLOCK_BYTES) as usize].fill(0x6c);
+        rig.power_cut_and_restart();
+        check_blocks(rig.dg(), v, &model);
+    }
 }
