@@ -871,7 +871,16 @@ impl DiskGroup {
         let writer = alone.then(|| self.writer.upgrade()).flatten();
         let req = match writer {
             Some(w) => match w.try_inline(req) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    // Answered, unless the write panicked and was dropped unanswered (the
+                    // group is offline then): `done` is still here, and answered with why.
+                    if let Some(done) = slot.lock().take() {
+                        done(self.sh.check_running().and(Err(EngineError::Failed(
+                            "the write was lost to an internal error".into(),
+                        ))));
+                    }
+                    return Ok(());
+                }
                 Err(req) => req,
             },
             None => req,

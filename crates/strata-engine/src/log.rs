@@ -648,21 +648,27 @@ impl LogWriter {
         {
             return Err(req);
         }
-        let taken = match self.extend_run(&mut f, req) {
-            Ok(t) => Some(t),
-            Err(req) => self.place(&mut f, vec![req]).map(|t| self.start_run(t)),
-        };
-        drop(f);
-        // Not placed: `place` has answered it (a failed group, or no room that can come).
-        let Some(t) = taken else { return Ok(()) };
-        let (crcs, result) = INLINE_SCRATCH.with(|s| {
-            let s = &mut s.borrow_mut();
-            match &t.run {
-                Some(run) => self.write_run(s, &t, run),
-                None => self.write_batch(s, &t),
-            }
-        });
-        self.retire(t, &crcs, result);
+        // A panic here would leave the batch's turn never taken, with every later write
+        // waiting on it: the group goes offline instead, and the request, dropped unanswered,
+        // is the caller's to answer (`DiskGroup::start_write`).
+        self.sh
+            .guarded("a write made on its sender's thread", move || {
+                let taken = match self.extend_run(&mut f, req) {
+                    Ok(t) => Some(t),
+                    Err(req) => self.place(&mut f, vec![req]).map(|t| self.start_run(t)),
+                };
+                drop(f);
+                // Not placed: `place` has answered it (a failed group, or no room that can come).
+                let Some(t) = taken else { return };
+                let (crcs, result) = INLINE_SCRATCH.with(|s| {
+                    let s = &mut s.borrow_mut();
+                    match &t.run {
+                        Some(run) => self.write_run(s, &t, run),
+                        None => self.write_batch(s, &t),
+                    }
+                });
+                self.retire(t, &crcs, result);
+            });
         Ok(())
     }
 
@@ -1061,9 +1067,13 @@ impl LogWriter {
     /// group goes offline, and this batch and every later one are answered with the failure
     /// (nothing after a failed batch may be acknowledged).
     fn retire(&self, mut t: Taken, crcs: &[u32], result: Result<(), EngineError>) {
+        let failed = || self.sh.state.load(Ordering::Acquire) == crate::shared::STATE_FAILED;
         let mut turn = self.turn.lock();
-        while *turn != t.ticket {
-            self.turn_moved.wait(&mut turn);
+        // An earlier batch's thread that panicked (the group is then offline) never moves the
+        // turn on: once offline, nothing more is applied, so the wait ends without the turn.
+        while *turn != t.ticket && !failed() {
+            self.turn_moved
+                .wait_for(&mut turn, Duration::from_millis(50));
         }
         let result = match result {
             Err(e) => {
@@ -1071,15 +1081,22 @@ impl LogWriter {
                     .fail(format!("the fast device failed writing the log: {e}"));
                 Err(e)
             }
-            Ok(()) if self.sh.state.load(Ordering::Acquire) == crate::shared::STATE_FAILED => {
-                self.sh.check_running()
-            }
+            Ok(()) if failed() => self.sh.check_running(),
             Ok(()) => {
+                #[cfg(test)]
+                {
+                    let hook = self.sh.before_apply.lock().clone();
+                    if let Some(hook) = hook {
+                        hook(t.meta.first_seq);
+                    }
+                }
                 self.apply(&t.meta, crcs, t.run.take());
                 Ok(())
             }
         };
-        *turn += 1;
+        if *turn == t.ticket {
+            *turn += 1;
+        }
         self.inflight.fetch_sub(1, Ordering::Relaxed);
         drop(turn);
         self.turn_moved.notify_all();

@@ -324,6 +324,12 @@ pub struct Shared {
     #[cfg(test)]
     #[allow(clippy::type_complexity)]
     pub after_turn_moved: Mutex<Option<Arc<dyn Fn(u64) + Send + Sync>>>,
+    /// Tests only: called by the thread that retires a batch (a committer, or a writer on its
+    /// own thread) with the batch's first sequence, while it holds the turn, before it
+    /// applies the batch to the index.
+    #[cfg(test)]
+    #[allow(clippy::type_complexity)]
+    pub before_apply: Mutex<Option<Arc<dyn Fn(u64) + Send + Sync>>>,
     /// Tests only: called before an index page missing from memory is read from its device.
     #[cfg(test)]
     #[allow(clippy::type_complexity)]
@@ -389,17 +395,23 @@ impl Shared {
     /// turn that never comes, or the log would fill with nothing to free it. So the group goes
     /// offline instead, with the reason, and every request after it fails.
     pub fn run_guarded(&self, thread: &str, body: impl FnOnce()) {
-        let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) else {
-            return;
+        self.guarded(&format!("the {thread} thread"), body);
+    }
+
+    /// Runs engine work (`what` names it in the reason) and takes the group offline if it
+    /// panics, as `run_guarded` does; None then.
+    pub fn guarded<T>(&self, what: &str, body: impl FnOnce() -> T) -> Option<T> {
+        let payload = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+            Ok(v) => return Some(v),
+            Err(payload) => payload,
         };
-        let what = payload
+        let why = payload
             .downcast_ref::<&str>()
             .copied()
             .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
             .unwrap_or("no message");
-        self.fail(format!(
-            "internal error: the {thread} thread panicked: {what}"
-        ));
+        self.fail(format!("internal error: {what} panicked: {why}"));
+        None
     }
 
     /// Wakes everything waiting for log space: blocked writers and the log writer's front.

@@ -2,6 +2,7 @@
 //! instead of hanging or being acknowledged with no thread left to do its part, and what was
 //! acknowledged before is still there after a restart.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,12 +13,25 @@ use crate::*;
 /// How long a test waits for the group to go offline before it calls that a failure.
 const OFFLINE_WAIT: Duration = Duration::from_secs(30);
 
-/// Writes one block at a time (on another thread, so a hung write cannot hang the test) until
-/// one fails; returns its error and how many were acknowledged, which `model` records.
-fn write_until_refused(dg: &Arc<DiskGroup>, vol: VolumeId, model: &mut [u8]) -> EngineError {
+/// A write that failed: its error, and its block and byte (a write refused while in flight
+/// may be durable, and may read back after a restart: `take_either`).
+struct Refused {
+    error: EngineError,
+    lba: usize,
+    byte: u8,
+}
+
+/// Writes one block at a time to `blocks` (on another thread, so a hung write cannot hang the
+/// test) until one fails, which it returns; `model` records the acknowledged writes.
+fn write_until_refused(
+    dg: &Arc<DiskGroup>,
+    vol: VolumeId,
+    model: &mut [u8],
+    blocks: Range<usize>,
+) -> Refused {
     let deadline = Instant::now() + OFFLINE_WAIT;
     for i in 0.. {
-        let lba = (i % 256) as usize;
+        let lba = blocks.start + i % blocks.len();
         let data = vec![(i % 251) as u8 + 1; 4096];
         let (tx, rx) = crossbeam_channel::bounded(1);
         let group = dg.clone();
@@ -28,7 +42,10 @@ fn write_until_refused(dg: &Arc<DiskGroup>, vol: VolumeId, model: &mut [u8]) -> 
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok(Ok(())) => model[lba * 4096..][..4096].copy_from_slice(&data),
-            Ok(Err(e)) => return e,
+            Ok(Err(error)) => {
+                let byte = data[0];
+                return Refused { error, lba, byte };
+            }
             Err(_) => panic!("a write had no answer {OFFLINE_WAIT:?} after the thread panicked"),
         }
         assert!(
@@ -38,6 +55,45 @@ fn write_until_refused(dg: &Arc<DiskGroup>, vol: VolumeId, model: &mut [u8]) -> 
         std::thread::sleep(Duration::from_millis(5));
     }
     unreachable!()
+}
+
+/// Four threads that wait for `go`, then each write their own 16 blocks (from block 320)
+/// until refused, as `write_until_refused`. `join_writers` takes their results.
+fn start_writers(
+    dg: &Arc<DiskGroup>,
+    vol: VolumeId,
+    model: &[u8],
+    go: &Arc<AtomicBool>,
+) -> Vec<std::thread::JoinHandle<(Refused, Vec<u8>)>> {
+    (0..4)
+        .map(|k| {
+            let (dg, go, mut model) = (dg.clone(), go.clone(), model.to_vec());
+            std::thread::spawn(move || {
+                while !go.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let e = write_until_refused(&dg, vol, &mut model, 320 + 16 * k..336 + 16 * k);
+                (e, model)
+            })
+        })
+        .collect()
+}
+
+/// Checks that every writer of `start_writers` was refused because of the panic, puts the
+/// blocks each had acknowledged in `model`, and returns the refused writes.
+fn join_writers(
+    writers: Vec<std::thread::JoinHandle<(Refused, Vec<u8>)>>,
+    model: &mut [u8],
+) -> Vec<Refused> {
+    let mut refused = Vec::new();
+    for (k, w) in writers.into_iter().enumerate() {
+        let (r, theirs) = w.join().expect("a writer failed");
+        assert_offline_for_the_panic(&r.error);
+        let own = (320 + 16 * k) * 4096..(336 + 16 * k) * 4096;
+        model[own.clone()].copy_from_slice(&theirs[own]);
+        refused.push(r);
+    }
+    refused
 }
 
 fn assert_offline_for_the_panic(e: &EngineError) {
@@ -71,8 +127,8 @@ fn a_destager_that_panics_takes_the_group_offline_and_loses_nothing() {
     }));
     let dg = rig.group().clone();
     std::thread::spawn(move || dg.destage_all(Duration::from_secs(5)));
-    let e = write_until_refused(rig.group(), vol, &mut model);
-    assert_offline_for_the_panic(&e);
+    let e = write_until_refused(rig.group(), vol, &mut model, 0..256);
+    assert_offline_for_the_panic(&e.error);
     let stopped = rig.dg().shutdown();
     assert_offline_for_the_panic(&stopped.expect_err("the offline group's shutdown said Ok"));
     rig.power_cut_and_restart();
@@ -94,27 +150,130 @@ fn a_log_committer_that_panics_takes_the_group_offline_and_loses_nothing() {
             panic!("test panic in a log committer");
         }
     }));
-    // The first write's batch is durable when its committer panics: acknowledged or not, it
-    // may read back either way, so the model takes the block the restart shows.
+    // The first write's batch is durable when its committer panics (`take_either`).
     let first = rig.dg().write(vol, 300 * 4096, &[0x77; 4096]);
     assert!(
         first.is_err(),
         "the panicked batch's write was acknowledged"
     );
-    let e = write_until_refused(rig.group(), vol, &mut model);
-    assert_offline_for_the_panic(&e);
+    let e = write_until_refused(rig.group(), vol, &mut model, 0..256);
+    assert_offline_for_the_panic(&e.error);
     rig.power_cut_and_restart();
-    let mut block = vec![0; 4096];
-    rig.dg().read(vol, 300 * 4096, &mut block).unwrap();
-    assert!(
-        block == [0x77; 4096] || block == [0x5a; 4096],
-        "block 300 reads as other data"
-    );
-    model[300 * 4096..][..4096].copy_from_slice(&block);
+    take_either(&rig, vol, &mut model, 300, 0x77);
     check_volume(
         rig.dg(),
         vol,
         &model,
         "v after a committer's panic and a power cut",
+    );
+}
+
+/// After the restart, block `lba` must read as `model` says or as the failed write of `byte`
+/// that was in flight when a thread panicked (not acknowledged, but perhaps durable); `model`
+/// takes what it reads.
+fn take_either(rig: &Rig, vol: VolumeId, model: &mut [u8], lba: usize, byte: u8) {
+    let mut block = vec![0; 4096];
+    rig.dg().read(vol, lba as u64 * 4096, &mut block).unwrap();
+    let was = &mut model[lba * 4096..][..4096];
+    assert!(
+        block == [byte; 4096] || block == *was,
+        "block {lba} reads as other data"
+    );
+    was.copy_from_slice(&block);
+}
+
+#[test]
+fn a_panic_while_a_batch_is_applied_takes_the_group_offline_and_loses_nothing() {
+    let test = "a_panic_while_a_batch_is_applied_takes_the_group_offline_and_loses_nothing";
+    let (mut rig, vol, mut model) = group_with_a_written_volume(test);
+    // The panic comes before the committer moves the turn on, while other writers' batches
+    // are written behind it: they must not wait for that turn for ever.
+    let go = Arc::new(AtomicBool::new(false));
+    let writers = start_writers(rig.group(), vol, &model, &go);
+    let fired = AtomicBool::new(false);
+    let start = go.clone();
+    *rig.dg().sh.before_apply.lock() = Some(Arc::new(move |_first| {
+        if !fired.swap(true, Ordering::SeqCst) {
+            start.store(true, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(300));
+            panic!("test panic while applying a batch");
+        }
+    }));
+    let first = rig.dg().write(vol, 300 * 4096, &[0x77; 4096]);
+    assert!(
+        first.is_err(),
+        "the panicked batch's write was acknowledged"
+    );
+    let in_flight = join_writers(writers, &mut model);
+    let e = write_until_refused(rig.group(), vol, &mut model, 0..256);
+    assert_offline_for_the_panic(&e.error);
+    rig.power_cut_and_restart();
+    take_either(&rig, vol, &mut model, 300, 0x77);
+    for r in in_flight {
+        take_either(&rig, vol, &mut model, r.lba, r.byte);
+    }
+    check_volume(
+        rig.dg(),
+        vol,
+        &model,
+        "v after a panic in apply and a power cut",
+    );
+}
+
+#[test]
+fn a_write_made_on_its_senders_thread_that_panics_takes_the_group_offline() {
+    let test = "a_write_made_on_its_senders_thread_that_panics_takes_the_group_offline";
+    let (mut rig, vol, mut model) = group_with_a_written_volume(test);
+    // Only a batch retired on this thread panics: the write made inline, not by a committer;
+    // other writers' batches are written behind it meanwhile.
+    let go = Arc::new(AtomicBool::new(false));
+    let writers = start_writers(rig.group(), vol, &model, &go);
+    let me = std::thread::current().id();
+    let start = go.clone();
+    *rig.dg().sh.before_apply.lock() = Some(Arc::new(move |_first| {
+        if std::thread::current().id() == me {
+            start.store(true, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(300));
+            panic!("test panic in an inline write");
+        }
+    }));
+    let deadline = Instant::now() + OFFLINE_WAIT;
+    let answer = loop {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let done: WriteDone = Box::new(move |r| {
+            let _ = tx.send(r);
+        });
+        // Refused (the log was busy): the caller would write it on its blocking path; here
+        // it is tried again until the log is idle and it is written inline.
+        if rig
+            .group()
+            .write_async_alone(vol, 300 * 4096, &[0x77; 4096], done)
+            .is_ok()
+        {
+            break rx.try_recv().expect("an inline write returned unanswered");
+        }
+        assert!(Instant::now() < deadline, "the write was never made inline");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    match &answer {
+        Err(EngineError::Failed(why)) => assert!(
+            why.contains("sender's thread panicked") && why.contains("test panic"),
+            "the inline write's answer does not name the panic: {why}"
+        ),
+        other => panic!("the inline write that panicked was answered {other:?}"),
+    }
+    let in_flight = join_writers(writers, &mut model);
+    let e = write_until_refused(rig.group(), vol, &mut model, 0..256);
+    assert_offline_for_the_panic(&e.error);
+    rig.power_cut_and_restart();
+    take_either(&rig, vol, &mut model, 300, 0x77);
+    for r in in_flight {
+        take_either(&rig, vol, &mut model, r.lba, r.byte);
+    }
+    check_volume(
+        rig.dg(),
+        vol,
+        &model,
+        "v after an inline write's panic and a power cut",
     );
 }
