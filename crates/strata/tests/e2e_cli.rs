@@ -189,6 +189,39 @@ fn cli_failures_give_one_line_reasons() {
     assert_one_line_reason("unreachable server", &out);
 }
 
+/// `strata volume list | head -1`: a reader that went away ends the command as it ends other
+/// Unix tools, by SIGPIPE, instead of a panic ("failed printing to stdout: Broken pipe") and
+/// exit status 101.
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let daemon = Daemon::start_default();
+    let cases: [&[&str]; 4] = [
+        &["volume", "list"],
+        &["--json", "status"],
+        &["--json", "volume", "info", "nope"],
+        &["size", "--list-devices"],
+    ];
+    for args in cases {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let mut c = daemon.cli_cmd(args);
+        c.stdin(std::process::Stdio::null())
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped());
+        let mut guard = ChildGuard::spawn(&mut c);
+        let stderr = guard.child().stderr.take().expect("stderr");
+        let status = guard
+            .wait_timeout(CMD_TIMEOUT)
+            .unwrap_or_else(|| panic!("{args:?} did not end"));
+        let stderr = std::io::read_to_string(stderr).expect("read stderr");
+        assert!(
+            status.signal() == Some(libc::SIGPIPE) && !stderr.contains("panicked"),
+            "{args:?}: expected an end by SIGPIPE, got {status}, stderr:\n{stderr}"
+        );
+    }
+}
+
 fn connections(daemon: &Daemon, name: &str) -> Option<u64> {
     daemon.cli_json(&["volume", "info", name])["connections"].as_u64()
 }
