@@ -187,6 +187,30 @@ fn cli_failures_give_one_line_reasons() {
         CMD_TIMEOUT,
     );
     assert_one_line_reason("unreachable server", &out);
+
+    // Names that the URL would resolve to another endpoint are refused by name: sent, `..`
+    // made `snapshot list ..` list every volume's snapshots and exit 0, and `.` made `volume
+    // info .` ask for /api/v1/volumes/.
+    daemon.cli_ok(&["snapshot", "create", VOL0, "s1"]);
+    let cases: [(&[&str], &str); 5] = [
+        (&["snapshot", "list", ".."], r#"invalid volume name "..""#),
+        (&["volume", "info", "."], r#"invalid volume name ".""#),
+        (&["volume", "delete", ".."], r#"invalid volume name "..""#),
+        (
+            &["snapshot", "info", VOL0, ".."],
+            r#"invalid snapshot name "..""#,
+        ),
+        (&["volume", "info", ""], r#"invalid volume name """#),
+    ];
+    for (args, reason) in cases {
+        let out = daemon.cli(args);
+        assert_one_line_reason(&format!("{args:?}"), &out);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(reason),
+            "{args:?}: expected {reason:?}, got {stderr}"
+        );
+    }
 }
 
 /// `strata volume list | head -1`: a reader that went away ends the command as it ends other
