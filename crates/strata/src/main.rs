@@ -101,7 +101,8 @@ pub enum VolumeCommand {
     /// Create a thin-provisioned volume.
     Create {
         name: String,
-        /// Size, e.g. 8G, 1.5G, 512M or a byte count; units are binary (G and GB mean GiB).
+        /// Size, e.g. 8G, 1.5G, 512M or a byte count, a multiple of 4 KiB; units are binary
+        /// (G and GB mean GiB).
         #[arg(long, value_parser = config::parse_size_arg)]
         size: u64,
         #[command(flatten)]
@@ -120,7 +121,8 @@ pub enum VolumeCommand {
     /// Grow a volume (shrinking is refused).
     Resize {
         name: String,
-        /// The new size, larger than the current one (binary units, as for create).
+        /// The new size, larger than the current one (binary units, a multiple of 4 KiB, as
+        /// for create).
         #[arg(long, value_parser = config::parse_size_arg)]
         size: u64,
     },
