@@ -481,10 +481,12 @@ fn a_failed_start_leaves_nothing_behind() {
             &["--capacity-device", missing_disk],
             "does not exist",
         ),
+        // Exactly two 8 MiB segments: the superblocks before them leave room for one, and
+        // the reason says how large the device must be.
         (
             "capacity tier too small",
-            &["--fast-size", "64M", "--capacity-size", "4M"],
-            "fewer than 2 segments",
+            &["--fast-size", "64M", "--capacity-size", "16M"],
+            "at least 17825792 are needed",
         ),
         (
             "one file given twice",
