@@ -188,8 +188,11 @@ pub fn format(
         let size = dev.size_bytes() / BLOCK_U64 * BLOCK_U64;
         let count = size.saturating_sub(SEGMENTS_OFFSET) / segment_size_bytes;
         if count < 2 {
+            // The superblocks come first, so a device of exactly two segments holds one.
+            let min_bytes = SEGMENTS_OFFSET + 2 * segment_size_bytes;
             return Err(EngineError::InvalidArgument(format!(
-                "capacity device {} ({size} bytes) holds fewer than 2 segments of {segment_size_bytes} bytes",
+                "capacity device {} is {size} bytes; at least {min_bytes} are needed \
+                 (1 MiB of superblocks, then 2 segments of {segment_size_bytes} bytes)",
                 dev.name()
             )));
         }

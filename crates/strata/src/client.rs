@@ -146,7 +146,7 @@ impl Client {
             VolumeCommand::Info { name } => {
                 let v = self.call(
                     "GET",
-                    &format!("/api/v1/volumes/{}", path_segment(&name)),
+                    &format!("/api/v1/volumes/{}", path_segment("volume", &name)?),
                     None,
                 )?;
                 self.print(&v, |v| {
@@ -156,7 +156,7 @@ impl Client {
                 })
             }
             VolumeCommand::Resize { name, size } => {
-                let path = format!("/api/v1/volumes/{}/resize", path_segment(&name));
+                let path = format!("/api/v1/volumes/{}/resize", path_segment("volume", &name)?);
                 let v = self.call("POST", &path, Some(json!({ "size_bytes": size })))?;
                 self.print(&v, |v| {
                     let v: VolumeJson = serde_json::from_value(v.clone())?;
@@ -175,7 +175,7 @@ impl Client {
             } => {
                 let path = format!(
                     "/api/v1/volumes/{}?force={force}&with_snapshots={with_snapshots}",
-                    path_segment(&name)
+                    path_segment("volume", &name)?
                 );
                 let v = self.call("DELETE", &path, None)?;
                 self.print(&v, |_| {
@@ -195,7 +195,7 @@ impl Client {
 
     /// `strata volume rollback VOLUME SNAPSHOT [--force]`.
     fn rollback_volume(&self, name: &str, snapshot: &str, force: bool) -> Result<()> {
-        let path = format!("/api/v1/volumes/{}/rollback", path_segment(name));
+        let path = format!("/api/v1/volumes/{}/rollback", path_segment("volume", name)?);
         let body = json!({ "snapshot": snapshot, "force": force });
         let v = self.call("POST", &path, Some(body))?;
         self.print(&v, |v| {
@@ -216,7 +216,7 @@ impl Client {
         let Some((volume, snapshot)) = source.split_once('@') else {
             bail!("{source:?} names no snapshot: give the source as VOLUME@SNAPSHOT");
         };
-        let path = format!("/api/v1/volumes/{}/clone", path_segment(volume));
+        let path = format!("/api/v1/volumes/{}/clone", path_segment("volume", volume)?);
         let v = self.call("POST", &path, Some(json!({ "snapshot": snapshot, "name": name })))?;
         self.print(&v, |v| {
             let v: VolumeJson = serde_json::from_value(v.clone())?;
@@ -312,8 +312,17 @@ fn transport_reason(t: &ureq::Transport) -> String {
 }
 
 /// Volume names are restricted to URL-safe characters by the daemon; anything else is
-/// percent-encoded so that it reaches the daemon (and is refused there) unchanged.
-fn path_segment(name: &str) -> String {
+/// percent-encoded so that it reaches the daemon (and is refused there) unchanged. An empty
+/// name and the names `.` and `..` cannot reach it: the URL is resolved first, so they would
+/// name another endpoint (`snapshot list ..` would list every volume's snapshots). The daemon
+/// refuses them anyway (a name starts with a letter or a digit), so they are refused here
+/// with its reason. `kind` says what is named ("volume" or "snapshot").
+fn path_segment(kind: &str, name: &str) -> Result<String> {
+    if matches!(name, "" | "." | "..") {
+        if let Err(e) = crate::api::validate_name_of(kind, name) {
+            bail!("{}", e.message);
+        }
+    }
     let mut out = String::new();
     for b in name.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.') {
@@ -322,7 +331,7 @@ fn path_segment(name: &str) -> String {
             out.push_str(&format!("%{b:02X}"));
         }
     }
-    out
+    Ok(out)
 }
 
 /// Clap value parser for `volume clone`'s source: VOLUME@SNAPSHOT, both parts named, so that
@@ -482,7 +491,19 @@ mod tests {
 
     #[test]
     fn odd_names_are_percent_encoded() {
-        assert_eq!(path_segment("vol0"), "vol0");
-        assert_eq!(path_segment("a b/c"), "a%20b%2Fc");
+        assert_eq!(path_segment("volume", "vol0").unwrap(), "vol0");
+        assert_eq!(path_segment("volume", "a b/c").unwrap(), "a%20b%2Fc");
+        assert_eq!(path_segment("volume", "...").unwrap(), "...");
+    }
+
+    #[test]
+    fn names_the_url_would_resolve_away_are_refused() {
+        for (kind, name) in [("volume", ""), ("volume", "."), ("snapshot", "..")] {
+            let e = path_segment(kind, name).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("invalid {kind} name {name:?}")),
+                "{e}"
+            );
+        }
     }
 }

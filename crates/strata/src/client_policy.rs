@@ -15,7 +15,10 @@ impl super::Client {
         if patch.is_empty() {
             bail!("nothing to change: give at least one policy option (see strata volume set-policy --help)");
         }
-        let path = format!("/api/v1/volumes/{}/policy", super::path_segment(name));
+        let path = format!(
+            "/api/v1/volumes/{}/policy",
+            super::path_segment("volume", name)?
+        );
         let v = self.call("PUT", &path, Some(serde_json::to_value(&patch)?))?;
         self.print(&v, |v| {
             let v: VolumeJson = serde_json::from_value(v.clone())?;

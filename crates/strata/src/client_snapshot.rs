@@ -12,7 +12,10 @@ impl Client {
     pub fn snapshot(&self, cmd: SnapshotCommand) -> Result<()> {
         match cmd {
             SnapshotCommand::Create { volume, name } => {
-                let path = format!("/api/v1/volumes/{}/snapshots", path_segment(&volume));
+                let path = format!(
+                    "/api/v1/volumes/{}/snapshots",
+                    path_segment("volume", &volume)?
+                );
                 let v = self.call("POST", &path, Some(json!({ "name": name })))?;
                 self.print(&v, |v| {
                     let s: SnapshotJson = serde_json::from_value(v.clone())?;
@@ -28,7 +31,9 @@ impl Client {
             }
             SnapshotCommand::List { volume } => {
                 let path = match &volume {
-                    Some(vol) => format!("/api/v1/volumes/{}/snapshots", path_segment(vol)),
+                    Some(vol) => {
+                        format!("/api/v1/volumes/{}/snapshots", path_segment("volume", vol)?)
+                    }
                     None => "/api/v1/snapshots".to_string(),
                 };
                 let v = self.call("GET", &path, None)?;
@@ -70,8 +75,8 @@ fn one_path(volume: &str, name: &str) -> Result<String> {
     }
     Ok(format!(
         "/api/v1/volumes/{}/snapshots/{}",
-        path_segment(volume),
-        path_segment(name)
+        path_segment("volume", volume)?,
+        path_segment("snapshot", name)?
     ))
 }
 

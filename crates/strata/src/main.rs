@@ -101,7 +101,8 @@ pub enum VolumeCommand {
     /// Create a thin-provisioned volume.
     Create {
         name: String,
-        /// Size, e.g. 8G, 1.5G, 512M or a byte count; units are binary (G and GB mean GiB).
+        /// Size, e.g. 8G, 1.5G, 512M or a byte count, a multiple of 4 KiB; units are binary
+        /// (G and GB mean GiB).
         #[arg(long, value_parser = config::parse_size_arg)]
         size: u64,
         #[command(flatten)]
@@ -120,7 +121,8 @@ pub enum VolumeCommand {
     /// Grow a volume (shrinking is refused).
     Resize {
         name: String,
-        /// The new size, larger than the current one (binary units, as for create).
+        /// The new size, larger than the current one (binary units, a multiple of 4 KiB, as
+        /// for create).
         #[arg(long, value_parser = config::parse_size_arg)]
         size: u64,
     },
@@ -287,6 +289,9 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return clap_failure(e, json_asked(std::env::args_os())),
     };
+    if !matches!(cli.command, Command::Serve(_) | Command::Bench(_)) {
+        end_quietly_when_stdout_closes();
+    }
     let result = match cli.command {
         Command::Serve(args) => serve::run(&args),
         Command::Volume(cmd) => api_client(&cli.server, cli.json, cli.token_file.as_deref())
@@ -335,6 +340,18 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         }
+    }
+}
+
+/// `strata volume list | head -1`: a reader that stops early ends the command quietly, as it
+/// ends other Unix tools, instead of a panic in `println!` (the Rust runtime ignores SIGPIPE,
+/// so the write fails with EPIPE). Only for the commands that print and exit: `serve` and
+/// `bench` keep SIGPIPE ignored, as their sockets need; the admin API client's socket writes
+/// use MSG_NOSIGNAL, so a daemon closing the connection is still an error line.
+fn end_quietly_when_stdout_closes() {
+    // SAFETY: called from main before any other thread exists; SIG_DFL is a valid disposition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

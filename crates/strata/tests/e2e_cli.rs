@@ -187,6 +187,63 @@ fn cli_failures_give_one_line_reasons() {
         CMD_TIMEOUT,
     );
     assert_one_line_reason("unreachable server", &out);
+
+    // Names that the URL would resolve to another endpoint are refused by name: sent, `..`
+    // made `snapshot list ..` list every volume's snapshots and exit 0, and `.` made `volume
+    // info .` ask for /api/v1/volumes/.
+    daemon.cli_ok(&["snapshot", "create", VOL0, "s1"]);
+    let cases: [(&[&str], &str); 5] = [
+        (&["snapshot", "list", ".."], r#"invalid volume name "..""#),
+        (&["volume", "info", "."], r#"invalid volume name ".""#),
+        (&["volume", "delete", ".."], r#"invalid volume name "..""#),
+        (
+            &["snapshot", "info", VOL0, ".."],
+            r#"invalid snapshot name "..""#,
+        ),
+        (&["volume", "info", ""], r#"invalid volume name """#),
+    ];
+    for (args, reason) in cases {
+        let out = daemon.cli(args);
+        assert_one_line_reason(&format!("{args:?}"), &out);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(reason),
+            "{args:?}: expected {reason:?}, got {stderr}"
+        );
+    }
+}
+
+/// `strata volume list | head -1`: a reader that went away ends the command as it ends other
+/// Unix tools, by SIGPIPE, instead of a panic ("failed printing to stdout: Broken pipe") and
+/// exit status 101.
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let daemon = Daemon::start_default();
+    let cases: [&[&str]; 4] = [
+        &["volume", "list"],
+        &["--json", "status"],
+        &["--json", "volume", "info", "nope"],
+        &["size", "--list-devices"],
+    ];
+    for args in cases {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let mut c = daemon.cli_cmd(args);
+        c.stdin(std::process::Stdio::null())
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped());
+        let mut guard = ChildGuard::spawn(&mut c);
+        let stderr = guard.child().stderr.take().expect("stderr");
+        let status = guard
+            .wait_timeout(CMD_TIMEOUT)
+            .unwrap_or_else(|| panic!("{args:?} did not end"));
+        let stderr = std::io::read_to_string(stderr).expect("read stderr");
+        assert!(
+            status.signal() == Some(libc::SIGPIPE) && !stderr.contains("panicked"),
+            "{args:?}: expected an end by SIGPIPE, got {status}, stderr:\n{stderr}"
+        );
+    }
 }
 
 fn connections(daemon: &Daemon, name: &str) -> Option<u64> {
@@ -424,10 +481,12 @@ fn a_failed_start_leaves_nothing_behind() {
             &["--capacity-device", missing_disk],
             "does not exist",
         ),
+        // Exactly two 8 MiB segments: the superblocks before them leave room for one, and
+        // the reason says how large the device must be.
         (
             "capacity tier too small",
-            &["--fast-size", "64M", "--capacity-size", "4M"],
-            "fewer than 2 segments",
+            &["--fast-size", "64M", "--capacity-size", "16M"],
+            "at least 17825792 are needed",
         ),
         (
             "one file given twice",
