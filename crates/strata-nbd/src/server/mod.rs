@@ -4,11 +4,13 @@
 //! connection task reads requests, each request runs on the blocking pool against the
 //! [`Export`](crate::Export), and a writer task serializes replies. Three limits bound
 //! what one client can make us hold: requests in flight, buffered bytes per connection and
-//! buffered bytes over all connections (see [`ServerConfig`]).
+//! buffered bytes over all connections (see [`ServerConfig`]). A connection over
+//! `max_connections` is told why before it is closed ([`refuse`]).
 
 mod command;
 mod connection;
 mod handshake;
+mod refuse;
 mod replies;
 mod transmission;
 
@@ -17,20 +19,24 @@ mod tests;
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::{JoinError, JoinSet};
-use tracing::{error, info, warn};
+use tracing::{error, info, info_span, warn, Instrument};
 
 use crate::Backend;
 
 /// Limits and timeouts of [`serve`]. Every field bounds something a client controls.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Connections served at once; a connection accepted beyond this is closed at once.
+    /// Connections served at once. A connection accepted beyond this gets the greeting and
+    /// an `NBD_REP_ERR_POLICY` error saying so to each option, then is closed (bounded: a
+    /// few seconds, a few options, a few such connections at once; beyond those it is
+    /// closed at once).
     pub max_connections: usize,
     /// Option haggling must finish within this, or the connection is closed.
     pub handshake_timeout: Duration,
@@ -135,11 +141,15 @@ pub async fn serve(
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
+    let mut refusals = JoinSet::new();
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "NBD server listening");
     }
-    accept_until(&listener, &shared, &stop_rx, &mut connections, shutdown).await;
+    let tasks = (&mut connections, &mut refusals);
+    accept_until(&listener, &shared, &stop_rx, tasks, shutdown).await;
     drop(listener);
+    // Refused clients are owed nothing more.
+    refusals.shutdown().await;
     info!(
         connections = connections.len(),
         "NBD server stopping: draining connections"
@@ -157,7 +167,8 @@ async fn accept_until(
     listener: &TcpListener,
     shared: &Arc<Shared>,
     stop: &watch::Receiver<bool>,
-    connections: &mut JoinSet<()>,
+    // The tasks of the connections served, and of those over the limit being refused.
+    (connections, refusals): (&mut JoinSet<()>, &mut JoinSet<()>),
     shutdown: impl Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
@@ -172,8 +183,7 @@ async fn accept_until(
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     if connections.len() >= shared.cfg.max_connections {
-                        warn!(%peer, max = shared.cfg.max_connections, "refusing NBD connection: too many connections");
-                        drop(stream);
+                        refuse_over_limit(stream, peer, shared.cfg.max_connections, refusals);
                         continue;
                     }
                     connections.spawn(connection::run(stream, peer, shared.clone(), stop.clone()));
@@ -186,6 +196,20 @@ async fn accept_until(
             Some(joined) = connections.join_next(), if !connections.is_empty() => log_join(joined),
         }
     }
+}
+
+/// A connection over the limit: told why by a refusal task, or closed at once when
+/// [`refuse::MAX_REFUSALS_IN_PROGRESS`] refusals are already running.
+fn refuse_over_limit(stream: TcpStream, peer: SocketAddr, max: usize, refusals: &mut JoinSet<()>) {
+    while let Some(joined) = refusals.try_join_next() {
+        log_join(joined);
+    }
+    if refusals.len() >= refuse::MAX_REFUSALS_IN_PROGRESS {
+        warn!(%peer, max, refusals = refusals.len(), "closing NBD connection at once: too many connections, and too many being refused");
+        return;
+    }
+    warn!(%peer, max, "refusing NBD connection: too many connections");
+    refusals.spawn(refuse::run(stream, max).instrument(info_span!("nbd", %peer)));
 }
 
 fn log_join(joined: Result<(), JoinError>) {

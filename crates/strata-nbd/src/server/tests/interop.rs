@@ -47,8 +47,14 @@ async fn read_all(pipe: Option<impl AsyncRead + Unpin>) -> Vec<u8> {
 /// Runs a client to completion; if it takes longer than [`CLIENT_TIMEOUT`] it is killed
 /// and the test fails with whatever it printed. Its exit status is not checked.
 async fn run_client(program: &str, args: &[&str]) -> Output {
+    run_client_env(program, args, &[]).await
+}
+
+/// [`run_client`] with more environment variables.
+async fn run_client_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut child = Command::new(program)
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -223,4 +229,39 @@ async fn qemu_io_sees_a_read_only_export() {
         "{text}"
     );
     server.stop().await.unwrap();
+}
+
+/// Over the connection limit, qemu-io and nbdinfo fail with the server's reason, not a bare
+/// "server disconnected". libnbd 1.14 (nbdinfo) logs an option error's message only in its
+/// debug output, so nbdinfo runs with LIBNBD_DEBUG=1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_over_the_connection_limit_say_why() {
+    let server = TestServer::start(crate::ServerConfig {
+        max_connections: 1,
+        ..crate::ServerConfig::default()
+    })
+    .await;
+    let (mut holder, _) = super::client::Client::simple(server.addr, "disk").await;
+    let uri = format!("nbd://{}/disk", server.addr);
+    let qemu_io = ["-f", "raw", &uri, "-c", "read 0 4k"];
+    assert_refused_with_reason("qemu-io", &qemu_io, &[]).await;
+    assert_refused_with_reason("nbdinfo", &[&uri], &[("LIBNBD_DEBUG", "1")]).await;
+    assert_eq!(holder.read(0, 8).await.error, 0, "the holder is unaffected");
+    server.stop().await.unwrap();
+}
+
+/// Runs a client that must fail and print why the server refused it (if it is installed).
+async fn assert_refused_with_reason(program: &str, args: &[&str], env: &[(&str, &str)]) {
+    if !installed(program) {
+        return;
+    }
+    let output = run_client_env(program, args, env).await;
+    let text = format!(
+        "{}{}",
+        stdout(&output),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(!output.status.success(), "{program}: {text}");
+    let reason = "too many connections (limit 1); try again later";
+    assert!(text.contains(reason), "{program} does not say why: {text}");
 }

@@ -6,6 +6,7 @@ mod client;
 mod handshake;
 mod interop;
 mod limits;
+mod refuse;
 mod transmission;
 
 use std::io;
