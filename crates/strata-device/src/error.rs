@@ -10,4 +10,8 @@ pub enum DeviceError {
     OutOfRange { device: String, offset: u64, len: u64, size_bytes: u64 },
     #[error("{0}")]
     Open(String),
+    /// The creation of a device file was abandoned on request
+    /// ([`OpenOptions::abandon_creation`](crate::OpenOptions)); nothing of it is left.
+    #[error("{0}: creation abandoned")]
+    Abandoned(String),
 }

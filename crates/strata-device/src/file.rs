@@ -6,6 +6,7 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::check::{check_io, check_range, io_error};
@@ -70,6 +71,11 @@ pub struct OpenOptions {
     pub preallocate: bool,
     pub backend: IoBackend,
     pub durable_write: DurableWrite,
+    /// Set (from any thread) to abandon the creation of a file this open writes with zeros
+    /// (`preallocate`), which takes a while for a large file: looked at between 8 MiB
+    /// writes; the temporary file is removed and the open fails with
+    /// [`DeviceError::Abandoned`].
+    pub abandon_creation: Option<Arc<AtomicBool>>,
 }
 
 /// Opens (or creates, if `create_size_bytes` is given and the path is missing) a file or block
@@ -131,7 +137,7 @@ fn open_error(path: &Path, what: impl std::fmt::Display) -> DeviceError {
 impl FileDevice {
     /// Opens a device; see [`open_with`].
     pub fn open(path: &Path, options: &OpenOptions) -> Result<FileDevice, DeviceError> {
-        let metadata = metadata_or_create(path, options.create_size_bytes, options.preallocate)?;
+        let metadata = metadata_or_create(path, options)?;
         let kind = kind_of(path, &metadata)?;
         let file = open_direct(path, OpenMode::ReadWrite, kind)?;
         let here = match kind {
@@ -236,23 +242,19 @@ fn preallocate(path: &Path, file: &File, size_bytes: u64) -> Result<bool, Device
 }
 
 /// Stats the path, creating the file first if it is missing and a size was given: sparse, or
-/// with `written` every block written with zeros.
-fn metadata_or_create(
-    path: &Path,
-    create_size_bytes: Option<u64>,
-    written: bool,
-) -> Result<Metadata, DeviceError> {
+/// with `preallocate` every block written with zeros.
+fn metadata_or_create(path: &Path, options: &OpenOptions) -> Result<Metadata, DeviceError> {
     match std::fs::metadata(path) {
         Ok(metadata) => Ok(metadata),
         Err(err) if err.kind() == io::ErrorKind::NotFound => {
-            let Some(size) = create_size_bytes else {
+            let Some(size) = options.create_size_bytes else {
                 return Err(open_error(
                     path,
                     "does not exist, and no size was given to create it",
                 ));
             };
-            if written {
-                create_written(path, size)?;
+            if options.preallocate {
+                create_written(path, size, options.abandon_creation.as_deref())?;
             } else {
                 create_sparse(path, size)?;
             }
@@ -292,7 +294,12 @@ fn block_rounded_size(path: &Path, raw: u64) -> Result<u64, DeviceError> {
 /// no half-written device behind (the next start builds it again). The temporary file is
 /// locked while it is built, so a second start at the same moment refuses instead of
 /// truncating the first one's file, and the rename never replaces a file already there.
-fn create_written(path: &Path, size_bytes: u64) -> Result<(), DeviceError> {
+/// Setting `abandon` stops the build and removes the temporary file.
+fn create_written(
+    path: &Path,
+    size_bytes: u64,
+    abandon: Option<&AtomicBool>,
+) -> Result<(), DeviceError> {
     let size_bytes = block_rounded_size(path, size_bytes)?;
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".creating");
@@ -321,10 +328,20 @@ fn create_written(path: &Path, size_bytes: u64) -> Result<(), DeviceError> {
     if !same_file(&file, tmp) {
         return Err(another());
     }
-    build_written(&file, tmp, path, size_bytes).map_err(|e| {
-        let _ = std::fs::remove_file(tmp);
-        creating_error(path, &e)
+    let built = build_written(&file, tmp, path, size_bytes, abandon);
+    if let Ok(Built::Done) = built {
+        return Ok(());
+    }
+    let _ = std::fs::remove_file(tmp);
+    Err(match built {
+        Err(e) => creating_error(path, &e),
+        Ok(_) => DeviceError::Abandoned(path.display().to_string()),
     })
+}
+
+enum Built {
+    Done,
+    Abandoned,
 }
 
 fn creating_error(path: &Path, e: &io::Error) -> DeviceError {
@@ -351,8 +368,14 @@ fn same_file(file: &File, path: &Path) -> bool {
 }
 
 /// Writes zeros over the whole locked temporary file, makes it durable and renames it to
-/// `path`, refusing to replace a file there.
-fn build_written(file: &File, tmp: &Path, path: &Path, size_bytes: u64) -> io::Result<()> {
+/// `path`, refusing to replace a file there; or stops once `abandon` is set.
+fn build_written(
+    file: &File,
+    tmp: &Path,
+    path: &Path,
+    size_bytes: u64,
+    abandon: Option<&AtomicBool>,
+) -> io::Result<Built> {
     const CHUNK: u64 = 8 << 20;
     // A leftover of an interrupted start is built over from scratch.
     file.set_len(0)?;
@@ -365,6 +388,9 @@ fn build_written(file: &File, tmp: &Path, path: &Path, size_bytes: u64) -> io::R
     let zeros = AlignedBuf::new_zeroed(CHUNK.min(size_bytes) as usize);
     let mut at = 0;
     while at < size_bytes {
+        if abandon.is_some_and(|a| a.load(Ordering::Relaxed)) {
+            return Ok(Built::Abandoned);
+        }
         let n = (size_bytes - at).min(CHUNK) as usize;
         std::os::unix::fs::FileExt::write_all_at(file, &zeros[..n], at)?;
         at += n as u64;
@@ -373,7 +399,8 @@ fn build_written(file: &File, tmp: &Path, path: &Path, size_bytes: u64) -> io::R
     os::rename_no_replace(tmp, path)?;
     // The new name is durable once the directory is.
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-    File::open(dir.unwrap_or(Path::new(".")))?.sync_all()
+    File::open(dir.unwrap_or(Path::new(".")))?.sync_all()?;
+    Ok(Built::Done)
 }
 
 fn kind_of(path: &Path, metadata: &Metadata) -> Result<Kind, DeviceError> {

@@ -341,6 +341,23 @@ fn a_file_being_created_by_another_start_is_left_alone() {
     assert!(!tmp.exists());
 }
 
+/// A creation abandoned (the daemon asked to stop while it wrote zeros) leaves neither the
+/// device nor its temporary file.
+#[test]
+fn an_abandoned_creation_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log");
+    let opts = OpenOptions {
+        preallocate: true,
+        abandon_creation: Some(Arc::new(AtomicBool::new(true))),
+        ..options(64 * MIB, IoBackend::Auto)
+    };
+    let e = FileDevice::open(&path, &opts).err().expect("abandoned");
+    assert!(matches!(e, DeviceError::Abandoned(_)), "{e}");
+    assert!(!path.exists());
+    assert!(!dir.path().join("log.creating").exists());
+}
+
 /// A device file that appears while this start builds its own is not replaced: the rename
 /// refuses to overwrite it.
 #[test]
@@ -348,7 +365,7 @@ fn a_device_file_created_meanwhile_is_not_replaced() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("log");
     std::fs::write(&path, vec![9u8; 8192]).unwrap();
-    let e = create_written(&path, 8 * MIB).unwrap_err().to_string();
+    let e = create_written(&path, 8 * MIB, None).unwrap_err().to_string();
     assert!(e.contains("exists"), "{e}");
     assert_eq!(
         std::fs::read(&path).unwrap(),

@@ -6,6 +6,7 @@
 //! `Throttled` model and its name says "emulated", so every report built from device names
 //! (API, dashboard, `strata bench`) states it.
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
@@ -54,9 +55,12 @@ impl Created {
     }
 }
 
-pub fn open_devices(cfg: &ServeConfig) -> Result<OpenedDevices> {
+/// Opens (and creates) the devices `cfg` names. Setting `abandon` stops the creation of a
+/// fast-tier file: the open then fails with an error [`is_abandoned`] recognises, after
+/// removing whatever it created.
+pub fn open_devices(cfg: &ServeConfig, abandon: &Arc<AtomicBool>) -> Result<OpenedDevices> {
     let mut created = Created::default();
-    let opened = open_all(cfg, &mut created);
+    let opened = open_all(cfg, &mut created, abandon);
     // On an error the devices opened so far are closed by now.
     opened
         .map(|(fast, capacity, io_backend)| OpenedDevices {
@@ -70,8 +74,14 @@ pub fn open_devices(cfg: &ServeConfig) -> Result<OpenedDevices> {
 
 type Opened = (Arc<dyn Device>, Vec<Arc<dyn Device>>, String);
 
-fn open_all(cfg: &ServeConfig, created: &mut Created) -> Result<Opened> {
-    let fast = open_one(&cfg.fast_device, cfg.fast_size_bytes, true, cfg, created)?;
+/// Whether `e` is the failure of an open whose creation of a device file was abandoned.
+pub fn is_abandoned(e: &anyhow::Error) -> bool {
+    matches!(e.downcast_ref(), Some(DeviceError::Abandoned(_)))
+}
+
+fn open_all(cfg: &ServeConfig, created: &mut Created, abandon: &Arc<AtomicBool>) -> Result<Opened> {
+    let size = cfg.fast_size_bytes;
+    let fast = open_one(&cfg.fast_device, size, true, cfg, created, abandon)?;
     warn_unused_size(&fast, cfg.fast_size_bytes, cfg.fast_size_given, "fast-size");
     let io_backend = fast.io_backend_name().to_string();
     let fast = emulate(fast, cfg.emulation.fast.as_ref());
@@ -79,8 +89,8 @@ fn open_all(cfg: &ServeConfig, created: &mut Created) -> Result<Opened> {
         .capacity_devices
         .iter()
         .map(|path| {
-            let device = open_one(path, cfg.capacity_size_bytes, false, cfg, created)?;
             let size = cfg.capacity_size_bytes;
+            let device = open_one(path, size, false, cfg, created, abandon)?;
             warn_unused_size(&device, size, cfg.capacity_size_given, "capacity-size");
             Ok(emulate(device, cfg.emulation.capacity.as_ref()))
         })
@@ -127,6 +137,7 @@ fn open_one(
     preallocate: bool,
     cfg: &ServeConfig,
     created: &mut Created,
+    abandon: &Arc<AtomicBool>,
 ) -> Result<Arc<dyn Device>> {
     let fresh = !path.exists();
     // A missing path under /dev is a disk that is not there (not attached yet, or a typo): a
@@ -169,13 +180,14 @@ fn open_one(
     let device = if preallocate && !fresh && path.is_file() {
         open_existing_fast_file(path, create_size_bytes, cfg)?
     } else {
-        open_with(
-            path,
-            create_size_bytes,
+        let (backend, durable_write) = (cfg.io_backend, cfg.durable_write);
+        let how = How {
             preallocate,
-            cfg.io_backend,
-            cfg.durable_write,
-        )?
+            backend,
+            durable_write,
+            abandon: Some(abandon.clone()),
+        };
+        open_with(path, create_size_bytes, how)?
     };
     if fresh {
         created.files.push(path.to_path_buf());
@@ -194,7 +206,13 @@ fn open_existing_fast_file(
     cfg: &ServeConfig,
 ) -> Result<Arc<dyn Device>> {
     let (backend, durable_write) = (cfg.io_backend, cfg.durable_write);
-    let device = open_with(path, create_size_bytes, false, backend, durable_write)?;
+    let how = |preallocate| How {
+        preallocate,
+        backend,
+        durable_write,
+        abandon: None,
+    };
+    let device = open_with(path, create_size_bytes, how(false))?;
     let takes = blank_or_fast(device.as_ref());
     if !takes {
         tracing::warn!(path = %path.display(), "the fast device file is neither blank nor a Strata fast device: not allocating it");
@@ -203,7 +221,7 @@ fn open_existing_fast_file(
     // The device layer locks a file and claims it in the process while it is open: the
     // first handle must be closed before the second opens.
     drop(device);
-    open_with(path, create_size_bytes, true, backend, durable_write)
+    open_with(path, create_size_bytes, how(true))
 }
 
 /// Whether the engine will take `device` as a fast device: a valid fast-device superblock, or
@@ -217,28 +235,34 @@ fn blank_or_fast(device: &dyn Device) -> bool {
     }
 }
 
-/// The one place that knows the device layer's opening API.
-fn open_with(
-    path: &Path,
-    create_size_bytes: u64,
+/// How [`open_with`] opens a device.
+struct How {
     preallocate: bool,
     backend: IoBackendChoice,
     durable_write: DurableWrite,
-) -> Result<Arc<dyn Device>> {
-    let backend = match backend {
+    /// Stops the creation of a preallocated file ([`OpenOptions::abandon_creation`]).
+    abandon: Option<Arc<AtomicBool>>,
+}
+
+/// The one place that knows the device layer's opening API.
+fn open_with(path: &Path, create_size_bytes: u64, how: How) -> Result<Arc<dyn Device>> {
+    let backend = match how.backend {
         IoBackendChoice::Auto => IoBackend::Auto,
         IoBackendChoice::IoUring => IoBackend::IoUring,
         IoBackendChoice::Threads => IoBackend::ThreadPool,
     };
     let options = OpenOptions {
         create_size_bytes: Some(create_size_bytes),
-        preallocate,
+        preallocate: how.preallocate,
         backend,
-        durable_write,
+        durable_write: how.durable_write,
+        abandon_creation: how.abandon,
     };
     strata_device::open_with(path, &options).map_err(|e| match e {
         // Already names the path.
         DeviceError::Open(msg) => anyhow!("cannot open device {}", crate::one_line(&msg)),
+        // Kept as it is, for `is_abandoned`.
+        e @ DeviceError::Abandoned(_) => anyhow::Error::new(e),
         e => anyhow!(
             "cannot open device {}: {}",
             path.display(),
@@ -270,7 +294,7 @@ mod tests {
         args.fast_emulate = Some("nand-a,scale=0.01".into());
         let file = parse_file("capacity_emulate = \"bw=20MB\"").unwrap();
         let cfg = merge(&args, file).unwrap();
-        let devs = open_devices(&cfg).unwrap();
+        let devs = open_devices(&cfg, &Default::default()).unwrap();
         assert!(
             devs.fast
                 .name()
@@ -289,7 +313,7 @@ mod tests {
     fn without_emulation_devices_keep_their_paths() {
         let dir = tempfile::tempdir().unwrap();
         let cfg = merge(&args_in(dir.path()), Default::default()).unwrap();
-        let devs = open_devices(&cfg).unwrap();
+        let devs = open_devices(&cfg, &Default::default()).unwrap();
         assert!(
             devs.fast.name().ends_with("fast.img"),
             "{}",
@@ -357,7 +381,7 @@ mod tests {
             drop(file);
             let before = std::fs::read(&path).unwrap();
             let cfg = merge(&args_in(dir.path()), Default::default()).unwrap();
-            let devs = open_devices(&cfg).unwrap();
+            let devs = open_devices(&cfg, &Default::default()).unwrap();
             drop(devs);
             let allocated_bytes = std::fs::metadata(&path).unwrap().blocks() * 512;
             if allocated {
@@ -384,7 +408,10 @@ mod tests {
         let missing = dir.path().join("disk-not-attached");
         std::os::unix::fs::symlink(&missing, dir.path().join("fast.img")).unwrap();
         let cfg = merge(&args_in(dir.path()), Default::default()).unwrap();
-        let e = open_devices(&cfg).err().unwrap().to_string();
+        let e = open_devices(&cfg, &Default::default())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(
             e.contains("is a symbolic link to") && e.contains("which does not exist"),
             "{e}"
@@ -405,7 +432,7 @@ mod tests {
 
     /// Opens the group the configuration names, as serve does, and closes it again.
     fn formatted_segment_size(cfg: &ServeConfig) -> u64 {
-        let devs = open_devices(cfg).unwrap();
+        let devs = open_devices(cfg, &Default::default()).unwrap();
         let group =
             strata_engine::DiskGroup::open(devs.fast, devs.capacity, cfg.engine.clone(), true)
                 .unwrap();

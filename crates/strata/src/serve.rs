@@ -1,8 +1,19 @@
 //! `strata serve`: start-up, the two listeners, signals and an orderly shutdown.
 //!
-//! Order of shutdown on SIGTERM/SIGINT: stop accepting (NBD and HTTP), let in-flight NBD requests
-//! finish (bounded by [`DRAIN_TIMEOUT`]), then `DiskGroup::shutdown()` makes everything durable.
-//! A second signal during that exits at once with a non-zero code; writes already acknowledged
+//! SIGTERM, SIGINT and SIGHUP (the terminal that started the daemon closed) all ask for the
+//! same clean stop: stop accepting (NBD and HTTP), let in-flight NBD requests finish (bounded
+//! by [`DRAIN_TIMEOUT`]), then `DiskGroup::shutdown()` makes everything durable, and exit 0.
+//!
+//! The handlers are installed before anything slow. A signal while the devices are opened
+//! stops the creation of a fast-tier file (its temporary file, and whatever else the start
+//! created, is removed); one while the disk group opens (log replay may take seconds) lets the
+//! open finish, then closes the group cleanly. Either way the daemon exits 0 without serving.
+//!
+//! Once a stop has begun, a further signal exits at once with [`EXIT_CODE_FORCED`], but only
+//! when it comes [`REPEAT_WINDOW`] (1 s) or more after the first: a sooner one is taken as the
+//! same request delivered twice (GNU `timeout`, like some supervisors, signals both the
+//! process and its process group) and is logged and ignored. (A stop begun by a server's
+//! failure has no first signal: any signal then exits at once.) Writes already acknowledged
 //! are durable regardless, since the engine acknowledges only durable writes.
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
@@ -36,6 +47,9 @@ const HTTP_DRAIN_GRACE: Duration = Duration::from_secs(2);
 const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Exit code of a second signal during shutdown (128 + SIGINT, as shells report it).
 const EXIT_CODE_FORCED: i32 = 130;
+/// A signal this soon after the one that began the stop repeats that request; only a later
+/// one forces an immediate exit.
+const REPEAT_WINDOW: Duration = Duration::from_secs(1);
 
 pub fn run(args: &ServeArgs) -> Result<()> {
     let cfg = config::resolve(args)?;
@@ -70,11 +84,15 @@ async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener> {
     })
 }
 
+/// The disk group, the I/O backend's name and the read cache's setting.
+type Opened = (Arc<DiskGroup>, String, ReadCacheDecision);
+
 /// Opens devices and the disk group (recovery may take a while: it runs off the runtime).
-async fn open_group(cfg: &ServeConfig) -> Result<(Arc<DiskGroup>, String, ReadCacheDecision)> {
+/// Setting `abandon` stops the creation of a fast-tier file ([`devices::open_devices`]).
+async fn open_group(cfg: &ServeConfig, abandon: Arc<AtomicBool>) -> Result<Opened> {
     let cfg = cfg.clone();
     tokio::task::spawn_blocking(move || {
-        let devs = devices::open_devices(&cfg)?;
+        let devs = devices::open_devices(&cfg, &abandon)?;
         let fast_name = devs.fast.name().to_string();
         // After opening: a capacity file created just now has a filesystem to look at.
         let devices = crate::read_cache::Devices {
@@ -112,9 +130,11 @@ async fn open_group(cfg: &ServeConfig) -> Result<(Arc<DiskGroup>, String, ReadCa
     .context("start-up task failed")?
 }
 
+/// The signals that ask for a clean stop.
 struct Signals {
     term: Signal,
     int: Signal,
+    hup: Signal,
 }
 
 impl Signals {
@@ -124,6 +144,7 @@ impl Signals {
         Ok(Signals {
             term: signal(SignalKind::terminate()).map_err(err)?,
             int: signal(SignalKind::interrupt()).map_err(err)?,
+            hup: signal(SignalKind::hangup()).map_err(err)?,
         })
     }
 
@@ -131,8 +152,75 @@ impl Signals {
         tokio::select! {
             _ = self.term.recv() => "SIGTERM",
             _ = self.int.recv() => "SIGINT",
+            _ = self.hup.recv() => "SIGHUP",
         }
     }
+
+    /// Once a stop has begun (during `what`; by a signal at `first`, if it was one): a later
+    /// signal exits at once, unless it comes within [`REPEAT_WINDOW`] of the first, as the
+    /// same request delivered twice.
+    fn force_exit_on_another(mut self, first: Option<Instant>, what: &'static str) {
+        tokio::spawn(async move {
+            loop {
+                let name = self.next().await;
+                let after = first.map(|t| t.elapsed());
+                if let Some(after) = after.filter(|a| *a < REPEAT_WINDOW) {
+                    tracing::info!(
+                        signal = name,
+                        after_ms = after.as_millis() as u64,
+                        "signal ignored: within {} s of the first it repeats that request; another one later exits at once",
+                        REPEAT_WINDOW.as_secs()
+                    );
+                    continue;
+                }
+                // Not eprintln!: with the terminal gone (SIGHUP) the write fails, and that
+                // must not stop the exit.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "strata: {name} during {what}, exiting at once"
+                );
+                std::process::exit(EXIT_CODE_FORCED);
+            }
+        });
+    }
+}
+
+/// Opens the disk group, or stops cleanly if a signal comes first: the creation of a
+/// fast-tier file is abandoned, an open under way is let finish and the group closed. None
+/// when stopped (the daemon then exits 0), else the group and the signals, still armed.
+async fn open_or_stop(
+    cfg: &ServeConfig,
+    mut signals: Signals,
+) -> Result<Option<(Opened, Signals)>> {
+    let abandon = Arc::new(AtomicBool::new(false));
+    let open = open_group(cfg, abandon.clone());
+    tokio::pin!(open);
+    let name = tokio::select! {
+        opened = &mut open => return Ok(Some((opened?, signals))),
+        name = signals.next() => name,
+    };
+    tracing::info!(signal = name, "stopping during start-up: a fast-tier file being created is abandoned; a disk group being opened is closed once open");
+    abandon.store(true, Ordering::Relaxed);
+    signals.force_exit_on_another(Some(Instant::now()), "start-up");
+    match open.await {
+        Ok((group, ..)) => {
+            close_group(group).await?;
+            tracing::info!("stopped before serving; the disk group was closed cleanly");
+        }
+        Err(e) if devices::is_abandoned(&e) => {
+            tracing::info!(reason = %e, "stopped before serving; the files this start created were removed");
+        }
+        Err(e) => return Err(e),
+    }
+    Ok(None)
+}
+
+/// Makes everything durable and closes the group (off the runtime: it waits for the engine).
+async fn close_group(group: Arc<DiskGroup>) -> Result<()> {
+    tokio::task::spawn_blocking(move || group.shutdown())
+        .await
+        .context("engine shutdown task failed")?
+        .map_err(|e| anyhow!("shutting down the disk group failed: {e}"))
 }
 
 /// Resolves once shutdown has been asked for.
@@ -182,6 +270,8 @@ fn announce(io_backend: &str, nbd_addr: SocketAddr, http_addr: SocketAddr) {
 
 async fn run_node(cfg: ServeConfig) -> Result<()> {
     let started = Instant::now();
+    // Before anything that takes time: a signal from here on stops the daemon cleanly.
+    let signals = Signals::new()?;
     // Bind first: a busy port is reported before any device is touched.
     let nbd_listener = bind(cfg.nbd_listen, "NBD").await?;
     let http_listener = bind(cfg.http_listen, "HTTP").await?;
@@ -192,8 +282,10 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
         .context("HTTP listener address")?;
 
     let ratings = device_ratings(&cfg)?;
-    let (group, io_backend, read_cache) = open_group(&cfg).await?;
-    let mut signals = Signals::new()?;
+    let Some(((group, io_backend, read_cache), mut signals)) = open_or_stop(&cfg, signals).await?
+    else {
+        return Ok(());
+    };
     let registry = Registry::new(group.clone());
     let history = History::new();
     let sampler_stop = Arc::new(AtomicBool::new(false));
@@ -227,18 +319,18 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
     // Until a signal, or until a server stops on its own (which is a failure).
     let mut failure: Option<anyhow::Error> = None;
     let (mut nbd_done, mut http_done) = (false, false);
+    let mut signalled = None;
     tokio::select! {
-        name = signals.next() => tracing::info!(signal = name, "shutting down: no new connections, finishing in-flight requests"),
+        name = signals.next() => {
+            signalled = Some(Instant::now());
+            tracing::info!(signal = name, "shutting down: no new connections, finishing in-flight requests");
+        }
         r = &mut nbd_task => { nbd_done = true; failure = Some(task_failure(r, "NBD server")); }
         r = &mut http_task => { http_done = true; failure = Some(task_failure(r, "HTTP server")); }
     }
     let _ = stop_tx.send(true);
     wear_task.abort();
-    tokio::spawn(async move {
-        let name = signals.next().await;
-        eprintln!("strata: {name} during shutdown, exiting at once");
-        std::process::exit(EXIT_CODE_FORCED);
-    });
+    signals.force_exit_on_another(signalled, "shutdown");
 
     let drain = async {
         let mut results = Vec::new();
@@ -266,11 +358,7 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
 
     sampler_stop.store(true, Ordering::Relaxed);
     let _ = tokio::task::spawn_blocking(move || sampler.join()).await;
-    let g = group.clone();
-    tokio::task::spawn_blocking(move || g.shutdown())
-        .await
-        .context("engine shutdown task failed")?
-        .map_err(|e| anyhow!("shutting down the disk group failed: {e}"))?;
+    close_group(group).await?;
     tracing::info!("shut down cleanly; everything acknowledged is durable");
     match failure {
         Some(e) => Err(e),

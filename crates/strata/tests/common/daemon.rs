@@ -298,28 +298,46 @@ impl Daemon {
 
     /// SIGTERM and wait: the daemon must finish in-flight work and exit 0.
     pub fn terminate(&mut self) {
-        let mut child = self.child.take().expect("daemon not running");
-        send_signal(child.id(), SIGTERM);
-        let deadline = Instant::now() + TERMINATE_TIMEOUT;
-        let status: ExitStatus = loop {
-            if let Some(status) = child.try_wait().expect("try_wait") {
-                break status;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "daemon did not exit within {TERMINATE_TIMEOUT:?} of SIGTERM\n{}",
-                    self.stderr_log()
-                );
-            }
-            thread::sleep(Duration::from_millis(10));
-        };
+        self.signal(SIGTERM);
+        let status = self.wait_exit();
         assert!(
             status.success(),
             "daemon exited with {status} after SIGTERM\n{}",
             self.stderr_log()
         );
+    }
+
+    /// Sends `sig` to the running daemon (it keeps running, as far as this handle knows, until
+    /// [`Daemon::wait_exit`]).
+    pub fn signal(&self, sig: i32) {
+        let child = self.child.as_ref().expect("daemon not running");
+        send_signal(child.id(), sig);
+    }
+
+    /// Waits for the daemon to exit (it was told to stop), killing it and panicking if it has
+    /// not within the time a clean stop may take.
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("daemon not running");
+        let deadline = Instant::now() + TERMINATE_TIMEOUT;
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "daemon did not exit within {TERMINATE_TIMEOUT:?} of being told to stop\n{}",
+                    self.stderr_log()
+                );
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The stderr of the daemon's current (or last) start.
+    pub fn last_stderr(&self) -> String {
+        std::fs::read_to_string(self.stderr_path(self.starts)).unwrap_or_default()
     }
 
     /// Starts the daemon again on the same data directory (after kill9 or terminate).
