@@ -445,34 +445,149 @@ fn gather_crcs<E>(
     Ok(out)
 }
 
+/// The name of summary copy `copy`, as messages give it.
+pub fn copy_name(copy: u32) -> &'static str {
+    if copy == 0 {
+        "A"
+    } else {
+        "B"
+    }
+}
+
+/// A read that the other summary copy served: counted and logged (a scrub mends the copy).
+fn other_copy_served(sh: &Shared, seg: u32, why: &[String]) {
+    sh.counters
+        .summary_copy_repairs_needed
+        .fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(
+        segment = seg,
+        "segment summary copy damaged ({}); read the other copy",
+        why.join("; ")
+    );
+}
+
+/// Crc block `idx` of segment `seg`: copy A, or copy B when A is unreadable or damaged.
 fn crc_block(sh: &Shared, seg: u32, idx: u32) -> Result<Arc<Vec<u32>>, EngineError> {
     if let Some(c) = sh.crc_blocks.lock().get(&(seg, idx)) {
         return Ok(c);
     }
-    let (dev, off) = sh.layout.seg_summary_byte(seg);
+    let mut why = Vec::new();
+    let mut io_error = None;
+    let mut damaged = false;
     let mut b = AlignedBuf::new_zeroed(BLOCK);
-    sh.caps[dev].read_at(&mut b, off + u64::from(idx) * BLOCK_U64)?;
-    let crcs = Arc::new(decode_crc_block(&b, seg, idx).ok_or_else(|| {
-        sh.checksum_error(1 + dev, 1);
-        tracing::error!(
-            segment = seg,
-            crc_block = idx,
-            "segment summary crc block unreadable (checksum mismatch)"
-        );
-        EngineError::Corrupt(format!(
-            "summary of capacity segment {seg} is damaged (crc block {idx})"
-        ))
-    })?);
-    sh.crc_blocks.lock().insert((seg, idx), crcs.clone());
-    Ok(crcs)
+    for copy in 0..sh.layout.geo.summary_copies {
+        let (dev, off) = sh.layout.seg_summary_byte(seg, copy);
+        if let Err(e) = sh.caps[dev].read_at(&mut b, off + u64::from(idx) * BLOCK_U64) {
+            why.push(format!("copy {}: {e}", copy_name(copy)));
+            io_error.get_or_insert(e);
+            continue;
+        }
+        let Some(crcs) = decode_crc_block(&b, seg, idx) else {
+            why.push(format!("copy {} fails its checks", copy_name(copy)));
+            damaged = true;
+            continue;
+        };
+        if !why.is_empty() {
+            other_copy_served(sh, seg, &why);
+        }
+        let crcs = Arc::new(crcs);
+        sh.crc_blocks.lock().insert((seg, idx), crcs.clone());
+        return Ok(crcs);
+    }
+    match io_error {
+        Some(e) if !damaged => Err(e.into()),
+        _ => {
+            sh.checksum_error(sh.seg_device(seg), 1);
+            tracing::error!(
+                segment = seg,
+                crc_block = idx,
+                "segment summary crc block unreadable: {}",
+                why.join("; ")
+            );
+            Err(EngineError::Corrupt(format!(
+                "summary of capacity segment {seg} is damaged (crc block {idx}{})",
+                if why.len() > 1 { ", both copies" } else { "" }
+            )))
+        }
+    }
 }
 
+/// One copy of a segment's summary area as the device gave it: blocks it could not read are
+/// zeros in `bytes`, and listed.
+pub struct SummaryCopy {
+    pub bytes: AlignedBuf,
+    pub unreadable: Vec<u32>,
+    /// The first read error (None: every block was read).
+    pub error: Option<strata_device::DeviceError>,
+}
+
+/// Reads summary copy `copy` of segment `seg`: in one read, or, when that fails, block by
+/// block, so one bad sector costs only its own block.
+pub fn read_summary_copy(sh: &Shared, seg: u32, copy: u32) -> SummaryCopy {
+    let blocks = sh.layout.geo.summary_blocks;
+    let (dev, off) = sh.layout.seg_summary_byte(seg, copy);
+    let mut bytes = AlignedBuf::new_zeroed(blocks as usize * BLOCK);
+    let Err(first) = sh.caps[dev].read_at(&mut bytes, off) else {
+        return SummaryCopy {
+            bytes,
+            unreadable: Vec::new(),
+            error: None,
+        };
+    };
+    let mut unreadable = Vec::new();
+    for k in 0..blocks {
+        let b = &mut bytes[k as usize * BLOCK..(k as usize + 1) * BLOCK];
+        if sh.caps[dev]
+            .read_at(b, off + u64::from(k) * BLOCK_U64)
+            .is_err()
+        {
+            b.fill(0);
+            unreadable.push(k);
+        }
+    }
+    SummaryCopy {
+        bytes,
+        unreadable,
+        error: Some(first),
+    }
+}
+
+/// The summary of segment `seg` from the device: copy A, or, where it is damaged, copy B
+/// (each part, the header region and each crc block, from a copy where it checks). Ok(None)
+/// when a part checks in no copy; an error when no copy could be read at all.
 pub fn read_summary(sh: &Shared, seg: u32) -> Result<Option<SegmentSummary>, EngineError> {
-    let geo = &sh.layout.geo;
-    let (dev, off) = sh.layout.seg_summary_byte(seg);
-    let mut b = AlignedBuf::new_zeroed(geo.summary_blocks as usize * BLOCK);
-    sh.caps[dev].read_at(&mut b, off)?;
-    Ok(SegmentSummary::decode(&b, &sh.layout.group, geo).filter(|s| s.segment_index == seg))
+    let (group, geo) = (&sh.layout.group, &sh.layout.geo);
+    let mut copies = Vec::new();
+    let mut why = Vec::new();
+    for copy in 0..geo.summary_copies {
+        let c = read_summary_copy(sh, seg, copy);
+        if c.unreadable.is_empty() {
+            if let Some(s) = SegmentSummary::decode(&[&c.bytes], group, geo, seg) {
+                if !why.is_empty() {
+                    other_copy_served(sh, seg, &why);
+                }
+                return Ok(Some(s));
+            }
+        }
+        why.push(match &c.error {
+            Some(e) => format!("copy {}: {e}", copy_name(copy)),
+            None => format!("copy {} fails its checks", copy_name(copy)),
+        });
+        copies.push(c);
+    }
+    // Not one block read in any copy: a device error, not damage.
+    let all_blocks = geo.summary_blocks as usize;
+    if copies.iter().all(|c| c.unreadable.len() == all_blocks) {
+        if let Some(e) = copies.iter_mut().find_map(|c| c.error.take()) {
+            return Err(e.into());
+        }
+    }
+    let areas: Vec<&[u8]> = copies.iter().map(|c| &c.bytes[..]).collect();
+    let s = SegmentSummary::decode(&areas, group, geo, seg);
+    if s.is_some() {
+        other_copy_served(sh, seg, &why);
+    }
+    Ok(s)
 }
 
 /// A block range moving into a segment being built, from wherever it is now.
@@ -593,14 +708,13 @@ impl Builder {
 }
 
 /// Writes a built segment: data, flush, then the summary, flush. Only once the summary is
-/// durable does the segment exist for recovery, so a torn data write is never trusted.
+/// durable does the segment exist for recovery, so a torn data write is never trusted. With
+/// two summary copies, copy B (at the segment's head) goes with the data, in the same flush,
+/// and copy A (at its tail) after it: both are durable before this returns, and so before
+/// any checkpoint can name the segment.
 pub fn write_segment(sh: &Shared, seg: u32, b: &Builder, seq: u64) -> Result<(), EngineError> {
     let (dev, off) = sh.layout.seg_data_byte(seg, 0);
     let device = &sh.caps[dev];
-    if b.used > 0 {
-        device.write_at(&b.data[..b.used as usize * BLOCK], off)?;
-        device.flush()?;
-    }
     let summary = SegmentSummary {
         group: sh.layout.group,
         segment_seq: seq,
@@ -612,8 +726,19 @@ pub fn write_segment(sh: &Shared, seg: u32, b: &Builder, seq: u64) -> Result<(),
     let bytes = summary.encode(&sh.layout.geo);
     let mut sb = AlignedBuf::new_zeroed(bytes.len());
     sb.copy_from_slice(&bytes);
-    let (_, soff) = sh.layout.seg_summary_byte(seg);
-    device.write_at(&sb, soff)?;
+    let data = &b.data[..b.used as usize * BLOCK];
+    if sh.layout.geo.summary_copies == 2 {
+        // Copy B ends where the data starts: on a disk, one sequential run.
+        let at_b = sh.layout.seg_summary_byte(seg, 1).1;
+        match b.used {
+            0 => device.write_all_durable(&[(&sb, at_b)])?,
+            _ => device.write_all_durable(&[(data, off), (&sb, at_b)])?,
+        }
+    } else if b.used > 0 {
+        device.write_at(data, off)?;
+        device.flush()?;
+    }
+    device.write_at(&sb, sh.layout.seg_summary_byte(seg, 0).1)?;
     device.flush()?;
     let mut crcs = sh.crc_blocks.lock();
     for (idx, chunk) in summary.block_crcs.chunks(CRCS_PER_BLOCK).enumerate() {

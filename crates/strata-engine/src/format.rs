@@ -8,7 +8,14 @@ use crate::error::EngineError;
 
 pub const BLOCK: usize = strata_device::BLOCK_SIZE;
 pub const BLOCK_U64: u64 = BLOCK as u64;
+/// The version every structure but the superblock carries (checkpoint, log batch and record
+/// headers, segment summary, index page): the same in groups of format 2 and 3.
 pub const FORMAT_VERSION: u32 = 2;
+/// The superblock's version: the group's format. Format 3 writes each data segment's summary
+/// twice (docs/FORMAT.md §3.5); format 2 wrote it once. This build reads both and formats 3.
+pub const GROUP_VERSION: u32 = 3;
+/// The oldest group format this build reads.
+pub const GROUP_VERSION_MIN: u32 = 2;
 
 pub const SUPERBLOCK_MAGIC: &[u8; 8] = b"STRATASB";
 pub const CHECKPOINT_MAGIC: &[u8; 8] = b"STRATACP";
@@ -153,6 +160,8 @@ pub enum Role {
 /// Block 0 and block 1 of every device: who the device is and how it is laid out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
+    /// The group's format (`GROUP_VERSION_MIN..=GROUP_VERSION`), the same on every device.
+    pub version: u32,
     pub role: Role,
     pub group: Uuid,
     pub device_index: u32,
@@ -185,7 +194,7 @@ impl Superblock {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
         w.bytes(SUPERBLOCK_MAGIC)
-            .u32(FORMAT_VERSION)
+            .u32(self.version)
             .u32(self.role as u32)
             .bytes(&self.group);
         w.u32(self.device_index)
@@ -223,14 +232,14 @@ impl Superblock {
             ));
         }
         let version = r.u32()?;
-        if version > FORMAT_VERSION {
+        if version > GROUP_VERSION {
             return Err(EngineError::Format(format!(
-                "formatted by a newer Strata (format version {version}; this build reads format {FORMAT_VERSION})"
+                "formatted by a newer Strata (format version {version}; this build reads formats {GROUP_VERSION_MIN} and {GROUP_VERSION})"
             )));
         }
-        if version < FORMAT_VERSION {
+        if version < GROUP_VERSION_MIN {
             return Err(EngineError::Format(format!(
-                "formatted by an older Strata (format version {version}; this build reads format {FORMAT_VERSION}): copy the volumes off with the older build, then reformat"
+                "formatted by an older Strata (format version {version}; this build reads formats {GROUP_VERSION_MIN} and {GROUP_VERSION}): copy the volumes off with the older build, then reformat"
             )));
         }
         if b.len() < BLOCK || !check_crc(&b[..BLOCK], BLOCK - 4) {
@@ -248,6 +257,7 @@ impl Superblock {
             return Err(EngineError::Format("unsupported block size".into()));
         }
         Ok(Superblock {
+            version,
             role,
             group,
             device_index,
@@ -914,26 +924,34 @@ pub const SUMMARY_HEADER_BYTES: usize = 64;
 /// Block crcs per crc block: the block's own crc takes the last four bytes.
 pub const CRCS_PER_BLOCK: usize = BLOCK / 4 - 1;
 
-/// Sizes of a segment's parts, fixed by the segment size.
+/// Sizes of a segment's parts, fixed by the segment size and the group's format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SegmentGeometry {
     pub segment_blocks: u32,
     pub data_blocks: u32,
-    /// The summary area at the segment's tail: crc blocks, then header and entries.
+    /// One copy of the summary area: crc blocks, then header and entries.
     pub summary_blocks: u32,
-    /// Crc blocks at the start of the summary area (one per `CRCS_PER_BLOCK` data blocks).
+    /// Crc blocks at the start of a summary area (one per `CRCS_PER_BLOCK` data blocks).
     pub crc_blocks: u32,
     pub max_entries: u32,
+    /// Copies of the summary area in a data segment: 2 (format 3), or 1 (format 2).
+    pub summary_copies: u32,
 }
 
 impl SegmentGeometry {
-    pub fn new(segment_size_bytes: u64) -> SegmentGeometry {
+    /// The geometry of a group of format `version` (the superblock's).
+    pub fn for_version(segment_size_bytes: u64, version: u32) -> SegmentGeometry {
+        SegmentGeometry::new(segment_size_bytes, if version >= 3 { 2 } else { 1 })
+    }
+
+    pub fn new(segment_size_bytes: u64, summary_copies: u32) -> SegmentGeometry {
+        debug_assert!((1..=2).contains(&summary_copies));
         let segment_blocks = (segment_size_bytes / BLOCK_U64) as u32;
         // Each data block needs a crc and at most one entry; tombstones share the entry
         // budget, which is why max_entries equals the data block count.
         let mut summary_blocks = 1u32;
         loop {
-            let data = segment_blocks - summary_blocks;
+            let data = segment_blocks - summary_copies * summary_blocks;
             let crc_blocks = (data as usize).div_ceil(CRCS_PER_BLOCK) as u32;
             let entry_blocks =
                 (SUMMARY_HEADER_BYTES + data as usize * SUMMARY_ENTRY_BYTES).div_ceil(BLOCK) as u32;
@@ -944,11 +962,36 @@ impl SegmentGeometry {
                     summary_blocks,
                     crc_blocks,
                     max_entries: data,
+                    summary_copies,
                 };
             }
             summary_blocks += 1;
         }
     }
+
+    /// The block of the segment where data block 0 is: right after copy B, when there is one.
+    pub fn data_start(&self) -> u32 {
+        if self.summary_copies == 2 {
+            self.summary_blocks
+        } else {
+            0
+        }
+    }
+
+    /// The block of the segment where summary copy `copy` starts: copy A (0) at the tail,
+    /// where a group of format 2 has its only copy, and copy B (1) at the head, the far end.
+    pub fn summary_start(&self, copy: u32) -> u32 {
+        debug_assert!(copy < self.summary_copies);
+        match copy {
+            0 => self.segment_blocks - self.summary_blocks,
+            _ => 0,
+        }
+    }
+}
+
+/// Crc blocks holding crcs of a segment's `used` data blocks: the only ones sealed and read.
+pub fn crc_blocks_used(used: u32) -> u32 {
+    (used as usize).div_ceil(CRCS_PER_BLOCK) as u32
 }
 
 /// The summary at the end of every segment.
@@ -1033,7 +1076,40 @@ impl SegmentSummary {
         out
     }
 
-    pub fn decode(b: &[u8], group: &Uuid, geo: &SegmentGeometry) -> Option<SegmentSummary> {
+    /// The summary from its copies (each one copy's area as read, an unreadable block left as
+    /// zeros). The header and entries region and each crc block in use are each taken from
+    /// the first copy where they check, so damage to different parts of the two copies loses
+    /// nothing. None when a part checks in no copy, or the header names another segment.
+    pub fn decode(
+        copies: &[&[u8]],
+        group: &Uuid,
+        geo: &SegmentGeometry,
+        seg: u32,
+    ) -> Option<SegmentSummary> {
+        let mut s = copies
+            .iter()
+            .find_map(|b| Self::decode_head(b, group, geo, seg))?;
+        let used = s.data_blocks_used as usize;
+        s.block_crcs.reserve(used);
+        for idx in 0..crc_blocks_used(s.data_blocks_used) {
+            let at = idx as usize * BLOCK..(idx as usize + 1) * BLOCK;
+            let crcs = copies
+                .iter()
+                .find_map(|b| decode_crc_block(b.get(at.clone())?, seg, idx))?;
+            let take = (used - s.block_crcs.len()).min(CRCS_PER_BLOCK);
+            s.block_crcs.extend_from_slice(&crcs[..take]);
+        }
+        Some(s)
+    }
+
+    /// The header and entries region of one copy of the area, if it checks and names segment
+    /// `seg` (its `block_crcs` left empty).
+    pub fn decode_head(
+        b: &[u8],
+        group: &Uuid,
+        geo: &SegmentGeometry,
+        seg: u32,
+    ) -> Option<SegmentSummary> {
         let crc_bytes = geo.crc_blocks as usize * BLOCK;
         if b.len() < geo.summary_blocks as usize * BLOCK
             || !check_crc(&b[crc_bytes..geo.summary_blocks as usize * BLOCK], 48)
@@ -1052,7 +1128,7 @@ impl SegmentSummary {
         let segment_index = r.u32().ok()?;
         let used = r.u32().ok()?;
         let n = r.u32().ok()?;
-        if used > geo.data_blocks || n > geo.max_entries {
+        if segment_index != seg || used > geo.data_blocks || n > geo.max_entries {
             return None;
         }
         let mut r = Reader::new(&head[SUMMARY_HEADER_BYTES..]);
@@ -1078,23 +1154,13 @@ impl SegmentSummary {
             }
             entries.push(e);
         }
-        let mut block_crcs = Vec::with_capacity(used as usize);
-        for idx in 0..(used as usize).div_ceil(CRCS_PER_BLOCK) {
-            let crcs = decode_crc_block(
-                &b[idx * BLOCK..(idx + 1) * BLOCK],
-                segment_index,
-                idx as u32,
-            )?;
-            let take = (used as usize - block_crcs.len()).min(CRCS_PER_BLOCK);
-            block_crcs.extend_from_slice(&crcs[..take]);
-        }
         Some(SegmentSummary {
             group: *group,
             segment_seq,
             segment_index,
             data_blocks_used: used,
             entries,
-            block_crcs,
+            block_crcs: Vec::new(),
         })
     }
 }
@@ -1106,6 +1172,7 @@ mod tests {
     #[test]
     fn superblock_round_trip_and_rejections() {
         let sb = Superblock {
+            version: GROUP_VERSION,
             role: Role::Capacity,
             group: [7; 16],
             device_index: 2,
@@ -1136,6 +1203,53 @@ mod tests {
             SuperblockRead::Invalid(m) => assert!(m.contains("newer"), "{m}"),
             _ => panic!("newer format accepted"),
         }
+        // Format 2 (one summary copy) is still read, as itself; format 1 is not.
+        let two = Superblock {
+            version: 2,
+            ..sb.clone()
+        };
+        assert!(matches!(Superblock::decode(&two.encode()), SuperblockRead::Valid(x) if x == two));
+        let one = Superblock { version: 1, ..sb };
+        match Superblock::decode(&one.encode()) {
+            SuperblockRead::Invalid(m) => assert!(m.contains("older"), "{m}"),
+            _ => panic!("format 1 accepted"),
+        }
+    }
+
+    /// The geometries docs/FORMAT.md §3.7 gives, and where each part of a segment is.
+    #[test]
+    fn segment_geometry_with_one_and_two_summary_copies() {
+        let parts = |mib: u64, copies| {
+            let g = SegmentGeometry::new(mib << 20, copies);
+            assert_eq!(
+                g.segment_blocks,
+                g.data_blocks + copies * g.summary_blocks,
+                "{g:?}"
+            );
+            assert!(
+                g.crc_blocks * CRCS_PER_BLOCK as u32 >= g.data_blocks,
+                "{g:?}"
+            );
+            (g.summary_blocks, g.crc_blocks, g.data_blocks)
+        };
+        assert_eq!(parts(1, 1), (3, 1, 253));
+        assert_eq!(parts(8, 1), (18, 2, 2030));
+        assert_eq!(parts(1024, 1), (2286, 255, 259858));
+        assert_eq!(parts(1, 2), (3, 1, 250));
+        assert_eq!(parts(2, 2), (5, 1, 502));
+        assert_eq!(parts(4, 2), (9, 1, 1006));
+        assert_eq!(parts(8, 2), (18, 2, 2012));
+        assert_eq!(parts(1024, 2), (2265, 252, 257614));
+        // Format 2: data from block 0, the one copy at the tail. Format 3: copy B at the
+        // head, the data after it, copy A at the tail.
+        let one = SegmentGeometry::for_version(8 << 20, 2);
+        assert_eq!((one.data_start(), one.summary_start(0)), (0, 2030));
+        let two = SegmentGeometry::for_version(8 << 20, GROUP_VERSION);
+        assert_eq!(two.summary_copies, 2);
+        assert_eq!(
+            (two.summary_start(1), two.data_start(), two.summary_start(0)),
+            (0, 18, 2030)
+        );
     }
 
     #[test]
@@ -1370,7 +1484,7 @@ mod tests {
 
     #[test]
     fn summary_round_trip() {
-        let geo = SegmentGeometry::new(8 << 20);
+        let geo = SegmentGeometry::new(8 << 20, 1);
         assert!(geo.data_blocks + geo.summary_blocks == geo.segment_blocks);
         let s = SegmentSummary {
             group: [9; 16],
@@ -1389,12 +1503,17 @@ mod tests {
         };
         let b = s.encode(&geo);
         assert_eq!(b.len(), geo.summary_blocks as usize * BLOCK);
-        assert_eq!(SegmentSummary::decode(&b, &[9; 16], &geo).unwrap(), s);
+        assert_eq!(
+            SegmentSummary::decode(&[&b], &[9; 16], &geo, 12).unwrap(),
+            s
+        );
+        // At another segment's place it is not this segment's summary.
+        assert!(SegmentSummary::decode(&[&b], &[9; 16], &geo, 13).is_none());
         for at in [200, geo.crc_blocks as usize * BLOCK + 100] {
             let mut bad = b.clone();
             bad[at] ^= 1;
             assert!(
-                SegmentSummary::decode(&bad, &[9; 16], &geo).is_none(),
+                SegmentSummary::decode(&[&bad], &[9; 16], &geo, 12).is_none(),
                 "damage at {at} accepted"
             );
         }
@@ -1406,5 +1525,51 @@ mod tests {
         assert!(decode_crc_block(&b[..BLOCK], 13, 0).is_none());
         assert!(decode_crc_block(&b[..BLOCK], 12, 1).is_none());
         assert_eq!((geo.crc_blocks, geo.summary_blocks), (2, 18), "{geo:?}");
+    }
+
+    /// Two copies each damaged in a different part still give the summary: each part comes
+    /// from the copy where it checks. The same part damaged in both does not.
+    #[test]
+    fn summary_parts_come_from_whichever_copy_holds_them_sound() {
+        let geo = SegmentGeometry::new(8 << 20, 2);
+        let used = CRCS_PER_BLOCK as u32 + 5;
+        let s = SegmentSummary {
+            group: [9; 16],
+            segment_seq: 4,
+            segment_index: 12,
+            data_blocks_used: used,
+            entries: vec![SummaryEntry {
+                kind: RecordKind::Write,
+                layer: 1,
+                lba: 5,
+                nblocks: used,
+                seq: 99,
+                data_block: 0,
+            }],
+            block_crcs: (0..used).map(|i| i * 7 + 1).collect(),
+        };
+        let b = s.encode(&geo);
+        let head = geo.crc_blocks as usize * BLOCK + 20;
+        let damaged = |at: &[usize]| {
+            let mut d = b.clone();
+            for &x in at {
+                d[x] ^= 0x40;
+            }
+            d
+        };
+        let decode = |a: &[u8], b: &[u8]| SegmentSummary::decode(&[a, b], &[9; 16], &geo, 12);
+        // Copy A's header and copy B's second crc block; then A's first crc block and B's.
+        let (a, bb) = (damaged(&[head]), damaged(&[BLOCK + 8]));
+        assert_eq!(decode(&a, &bb).as_ref(), Some(&s));
+        assert_eq!(decode(&bb, &a).as_ref(), Some(&s));
+        let (a, bb) = (damaged(&[8]), damaged(&[BLOCK + 8, head]));
+        assert_eq!(decode(&a, &bb).as_ref(), Some(&s));
+        assert_eq!(
+            SegmentSummary::decode_head(&a, &[9; 16], &geo, 12).map(|h| h.data_blocks_used),
+            Some(used)
+        );
+        // The same crc block in both, or the header in both: no summary.
+        assert!(decode(&damaged(&[8]), &damaged(&[9])).is_none());
+        assert!(decode(&damaged(&[head]), &damaged(&[head + 1])).is_none());
     }
 }

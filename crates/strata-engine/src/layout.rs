@@ -41,13 +41,20 @@ impl Layout {
     /// (device, byte offset) of data block `block` of segment `seg`.
     pub fn seg_data_byte(&self, seg: u32, block: u32) -> (usize, u64) {
         let (dev, off) = self.segments[seg as usize];
-        (dev, off + u64::from(block) * BLOCK_U64)
+        (
+            dev,
+            off + u64::from(self.geo.data_start() + block) * BLOCK_U64,
+        )
     }
 
-    /// (device, byte offset) of the summary area of segment `seg` (the segment's tail).
-    pub fn seg_summary_byte(&self, seg: u32) -> (usize, u64) {
+    /// (device, byte offset) of summary copy `copy` (0: A, at the segment's tail; 1: B, at
+    /// its head) of segment `seg`.
+    pub fn seg_summary_byte(&self, seg: u32, copy: u32) -> (usize, u64) {
         let (dev, off) = self.segments[seg as usize];
-        (dev, off + u64::from(self.geo.data_blocks) * BLOCK_U64)
+        (
+            dev,
+            off + u64::from(self.geo.summary_start(copy)) * BLOCK_U64,
+        )
     }
 }
 
@@ -152,12 +159,14 @@ pub fn write_stamp(dev: &dyn Device, stamp: u32) -> Result<(), EngineError> {
     Ok(())
 }
 
-/// Formats blank devices into a new disk group. `check` sees the layout before anything is
-/// written (the caller's limits that depend on it).
+/// Formats blank devices into a new disk group of format `version` (`GROUP_VERSION`, or
+/// `GROUP_VERSION_MIN` for a group older builds open). `check` sees the layout before
+/// anything is written (the caller's limits that depend on it).
 pub fn format(
     fast: &dyn Device,
     caps: &[Arc<dyn Device>],
     segment_size_bytes: u64,
+    version: u32,
     check: impl FnOnce(&Layout) -> Result<(), EngineError>,
 ) -> Result<(Layout, Checkpoint), EngineError> {
     let group = new_uuid();
@@ -168,7 +177,13 @@ pub fn format(
             fast.name()
         )));
     }
+    if !(GROUP_VERSION_MIN..=GROUP_VERSION).contains(&version) {
+        return Err(EngineError::InvalidArgument(format!(
+            "cannot format version {version}; this build formats {GROUP_VERSION_MIN} and {GROUP_VERSION}"
+        )));
+    }
     let fast_sb = Superblock {
+        version,
         role: Role::Fast,
         group,
         device_index: 0,
@@ -277,7 +292,7 @@ pub fn format(
 /// Builds the layout from the superblocks of all devices (fast first, then capacity in order).
 pub fn layout_from(sbs: &[Superblock]) -> Result<Layout, EngineError> {
     let fast = &sbs[0];
-    let geo = SegmentGeometry::new(fast.segment_size_bytes);
+    let geo = SegmentGeometry::for_version(fast.segment_size_bytes, fast.version);
     let max = sbs[1..].iter().map(|s| s.segment_count).max().unwrap_or(0);
     let mut segments = Vec::new();
     for local in 0..max {

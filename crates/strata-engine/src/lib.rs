@@ -60,6 +60,8 @@ mod tests_snap;
 #[cfg(test)]
 mod tests_stamps;
 #[cfg(test)]
+mod tests_summary;
+#[cfg(test)]
 mod tests_tiering;
 mod tiering;
 mod volumes;
@@ -139,6 +141,10 @@ pub struct EngineConfig {
     pub log_runs: bool,
     /// Time as policies see it (ages, promotion windows, I/O limits); tests inject their own.
     pub clock: Arc<dyn Clock>,
+    /// The format blank devices are given (docs/FORMAT.md §3.1): `format::GROUP_VERSION` (3,
+    /// every segment summary written twice), or 2 (one copy, which builds older than format 3
+    /// also open). A group already formatted keeps its own.
+    pub format_version: u32,
 }
 
 impl EngineConfig {
@@ -163,6 +169,7 @@ impl Default for EngineConfig {
             read_cache_ratio: 0.0,
             log_runs: false,
             clock: Arc::new(SystemClock::default()),
+            format_version: format::GROUP_VERSION,
         }
     }
 }

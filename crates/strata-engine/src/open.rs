@@ -38,6 +38,9 @@ pub struct OpenReport {
     /// The group's segment size, as formatted: a group keeps the size it was made with,
     /// whatever `EngineConfig::segment_size_bytes` asks at later opens.
     pub segment_size_bytes: u64,
+    /// The group's format (docs/FORMAT.md §3.1): 3, or 2 for a group with one summary copy per
+    /// segment, which keeps its format.
+    pub format_version: u32,
 }
 
 pub fn open_shared(
@@ -75,13 +78,21 @@ pub fn open_shared(
                 check_blank(dev.as_ref())?;
             }
             let fits = |layout: &Layout| batch_fits(&cfg, layout);
-            let (layout, cp) = format(fast.as_ref(), &caps, cfg.segment_size_bytes, fits)?;
+            let (layout, cp) = format(
+                fast.as_ref(),
+                &caps,
+                cfg.segment_size_bytes,
+                cfg.format_version,
+                fits,
+            )?;
             report.formatted = true;
+            report.format_version = cfg.format_version;
             let stamps = cp.device_stamps.map_or(0, |s| s.0);
             (layout, cp, vec![stamps; caps.len()])
         }
         Some(sb) => {
             let (layout, sbs) = identify(&sb, fast.as_ref(), &caps)?;
+            report.format_version = sb.version;
             batch_fits(&cfg, &layout)?;
             let cp = read_checkpoint(fast.as_ref(), &layout)?;
             check_stamps(&cp, &sbs[1..], fast.as_ref(), &caps)?;
@@ -224,6 +235,12 @@ pub(crate) fn validate_config(cfg: &EngineConfig) -> Result<(), EngineError> {
             "segment size must be a multiple of 4 KiB between 1 MiB and 1 GiB".into(),
         ));
     }
+    if !(GROUP_VERSION_MIN..=GROUP_VERSION).contains(&cfg.format_version) {
+        return Err(EngineError::InvalidArgument(format!(
+            "format version {} is not one this build writes ({GROUP_VERSION_MIN} or {GROUP_VERSION})",
+            cfg.format_version
+        )));
+    }
     if !(0.0..=0.9).contains(&cfg.read_cache_ratio) {
         return Err(EngineError::InvalidArgument(format!(
             "the read cache's share of the fast tier must be between 0 and 0.9 (got {})",
@@ -282,6 +299,15 @@ fn identify(
                 c.name(),
                 sb.device_index,
                 i
+            )));
+        }
+        // The version says where each segment's data and summaries are (docs/FORMAT.md §3.7).
+        if sb.version != fast_sb.version {
+            return Err(EngineError::Format(format!(
+                "device {} has format version {}, the fast device says {}",
+                c.name(),
+                sb.version,
+                fast_sb.version
             )));
         }
         if sb.segment_size_bytes != fast_sb.segment_size_bytes {
@@ -482,12 +508,21 @@ fn apply_recent(sh: &Shared, recent: &[u32]) -> Result<usize, EngineError> {
                 "the checkpoint names segment {seg}, which does not exist"
             )));
         }
-        let s = read_summary(sh, seg)?.ok_or_else(|| {
-            sh.checksum_error(sh.seg_device(seg), 1);
+        // Unreadable in every copy (both, in a group of format 3): what the segment holds
+        // cannot be told, and the index would lose data written since its last flush.
+        let refuse = |why: String| {
             EngineError::Corrupt(format!(
-                "the summary of capacity segment {seg}, sealed after the last index write, is damaged: data written since may be lost; refusing to open"
+                "the summary of capacity segment {seg}, sealed after the last index write, {why}: data written since may be lost; refusing to open"
             ))
-        })?;
+        };
+        let s = match read_summary(sh, seg) {
+            Ok(Some(s)) => s,
+            Ok(None) => {
+                sh.checksum_error(sh.seg_device(seg), 1);
+                return Err(refuse(format!("is damaged ({})", copies_word(sh))));
+            }
+            Err(e) => return Err(refuse(format!("cannot be read ({e})"))),
+        };
         sh.segs
             .lock()
             .mark_recovered(seg, s.data_blocks_used, s.segment_seq);
@@ -527,6 +562,14 @@ fn apply_recent(sh: &Shared, recent: &[u32]) -> Result<usize, EngineError> {
         )?;
     }
     Ok(recent.len())
+}
+
+/// How many summary copies a segment has, as a refusal names them.
+fn copies_word(sh: &Shared) -> &'static str {
+    match sh.layout.geo.summary_copies {
+        1 => "its only copy",
+        _ => "both copies",
+    }
 }
 
 /// The fast tier's live block count, from the fast maps.

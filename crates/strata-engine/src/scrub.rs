@@ -13,7 +13,9 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use strata_device::AlignedBuf;
 
-use crate::capacity::{load_summary, read_seg_blocks, SegState};
+use crate::capacity::{
+    copy_name, load_summary, read_seg_blocks, read_summary_copy, SegState, SummaryCopy,
+};
 use crate::ctree::page::{encode, key_of, split_key, PageBody};
 use crate::ctree::PagePtr;
 use crate::error::EngineError;
@@ -691,8 +693,10 @@ impl<'a> Scrubber<'a> {
         Ok(())
     }
 
-    /// Summaries are written once: a damaged one cannot be repaired, and the blocks of that
-    /// segment (reported under their volumes by the data pass) cannot be read.
+    /// The summary of every sealed data segment, each copy part by part (the header and
+    /// entries region, each crc block in use). A part damaged in one copy is rewritten from
+    /// the other; one damaged in every copy (a group of format 2 has one) is reported, and
+    /// the blocks it describes (reported under their volumes by the data pass) cannot be read.
     fn check_summaries(&mut self) -> Result<(), EngineError> {
         let sealed: Vec<u32> = {
             let segs = self.sh.segs.lock();
@@ -703,21 +707,125 @@ impl<'a> Scrubber<'a> {
                 .map(|(i, _)| i as u32)
                 .collect()
         };
+        let geo = self.sh.layout.geo;
         for seg in sealed {
-            let ok = {
-                let _guard = self.sh.reclaim.read();
-                if self.sh.segs.lock().segs[seg as usize].state != SegState::Sealed {
+            {
+                // As a read: the segment cannot be freed, and so rewritten by a new owner,
+                // while this holds the guard (docs/FORMAT.md §5.4).
+                let sh = self.sh;
+                let _guard = sh.reclaim.read();
+                if sh.segs.lock().segs[seg as usize].state != SegState::Sealed {
                     continue;
                 }
-                crate::capacity::read_summary(self.sh, seg)?.is_some()
-            };
-            self.report.metadata_copies_checked += 1;
-            self.pace(u64::from(self.sh.layout.geo.summary_blocks) * BLOCK_U64)?;
-            if !ok {
-                self.sh.checksum_error(self.sh.seg_device(seg), 1);
-                self.report.metadata_damaged.push(format!("summary of capacity segment {seg} is damaged (it has one copy); its blocks cannot be read"));
+                self.check_summary(seg);
             }
+            self.report.metadata_copies_checked += u64::from(geo.summary_copies);
+            self.pace(u64::from(geo.summary_copies * geo.summary_blocks) * BLOCK_U64)?;
         }
         Ok(())
     }
+
+    /// One sealed segment's summary copies: reads them, mends a part bad in one copy from the
+    /// other, reports a part bad in all. The caller holds the reclaim guard.
+    fn check_summary(&mut self, seg: u32) {
+        let sh = self.sh;
+        let (group, geo) = (&sh.layout.group, &sh.layout.geo);
+        let copies: Vec<SummaryCopy> = (0..geo.summary_copies)
+            .map(|c| read_summary_copy(sh, seg, c))
+            .collect();
+        let readable = |c: &SummaryCopy, blocks: &std::ops::Range<u32>| {
+            !c.unreadable.iter().any(|k| blocks.contains(k))
+        };
+        let one_copy = geo.summary_copies == 1;
+        let head_blocks = geo.crc_blocks..geo.summary_blocks;
+        let heads: Vec<Option<SegmentSummary>> = copies
+            .iter()
+            .map(|c| {
+                readable(c, &head_blocks)
+                    .then(|| SegmentSummary::decode_head(&c.bytes, group, geo, seg))
+                    .flatten()
+            })
+            .collect();
+        let Some(used) = heads.iter().flatten().map(|h| h.data_blocks_used).next() else {
+            sh.checksum_error(sh.seg_device(seg), 1);
+            self.report.metadata_damaged.push(format!(
+                "summary of capacity segment {seg} is damaged ({}); its blocks cannot be read",
+                if one_copy {
+                    "it has one copy"
+                } else {
+                    "both copies"
+                }
+            ));
+            return;
+        };
+        // Each part: its blocks in a copy, whether each copy holds it sound, what it is, and
+        // which data blocks cannot be read without it.
+        let mut parts = vec![(
+            head_blocks,
+            heads.iter().map(Option::is_some).collect::<Vec<bool>>(),
+            "header".to_string(),
+            "its blocks cannot be read".to_string(),
+        )];
+        for k in 0..crc_blocks_used(used) {
+            let at = k as usize * BLOCK..(k as usize + 1) * BLOCK;
+            let ok = copies
+                .iter()
+                .map(|c| {
+                    readable(c, &(k..k + 1))
+                        && decode_crc_block(&c.bytes[at.clone()], seg, k).is_some()
+                })
+                .collect();
+            let first = k as usize * CRCS_PER_BLOCK;
+            let last = (first + CRCS_PER_BLOCK).min(used as usize) - 1;
+            let lost = format!("its data blocks {first}..={last} cannot be read");
+            parts.push((k..k + 1, ok, format!("crc block {k}"), lost));
+        }
+        for (blocks, ok, what, lost) in parts {
+            let Some(good) = ok.iter().position(|&x| x) else {
+                sh.checksum_error(sh.seg_device(seg), 1);
+                self.report.metadata_damaged.push(format!(
+                    "summary of capacity segment {seg} is damaged ({what}, {}); {lost}",
+                    if one_copy {
+                        "it has one copy"
+                    } else {
+                        "both copies"
+                    }
+                ));
+                continue;
+            };
+            for bad in (0..copies.len()).filter(|&c| !ok[c]) {
+                let bytes =
+                    &copies[good].bytes[blocks.start as usize * BLOCK..blocks.end as usize * BLOCK];
+                let (bad, good) = (bad as u32, good as u32);
+                match rewrite_summary_blocks(sh, seg, bad, blocks.start, bytes) {
+                    Ok(()) => self.repaired(format!(
+                        "summary copy {} of capacity segment {seg}: {what} rewritten from copy {}",
+                        copy_name(bad),
+                        copy_name(good)
+                    )),
+                    Err(e) => self.report.metadata_damaged.push(format!(
+                        "summary copy {} of capacity segment {seg}: {what} is damaged and could \
+                         not be rewritten: {e}",
+                        copy_name(bad)
+                    )),
+                }
+            }
+        }
+    }
+}
+
+/// Writes `bytes` over summary copy `copy` of segment `seg` from its block `first`, durably.
+fn rewrite_summary_blocks(
+    sh: &Shared,
+    seg: u32,
+    copy: u32,
+    first: u32,
+    bytes: &[u8],
+) -> Result<(), EngineError> {
+    let (dev, off) = sh.layout.seg_summary_byte(seg, copy);
+    let mut buf = AlignedBuf::new_zeroed(bytes.len());
+    buf.copy_from_slice(bytes);
+    sh.caps[dev].write_at(&buf, off + u64::from(first) * BLOCK_U64)?;
+    sh.caps[dev].flush()?;
+    Ok(())
 }

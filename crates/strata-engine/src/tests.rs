@@ -597,7 +597,13 @@ fn after_a_failed_checkpoint_copy_the_next_checkpoint_mends_that_copy_first() {
 /// sequential write cutoff, so streams of large writes bypass the log (bypass.rs). (Without
 /// room they are left out: each bypassed burst leaves part of a segment to GC, and a tier
 /// that tight would run out.)
-fn model_run(seed: u64, steps: usize, cfg: EngineConfig, caps: &[u64], room: bool) -> u64 {
+pub(crate) fn model_run(
+    seed: u64,
+    steps: usize,
+    cfg: EngineConfig,
+    caps: &[u64],
+    room: bool,
+) -> u64 {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut rig = Rig::new(24 * MIB, caps, cfg, seed);
     let size = 12 * MIB as usize;

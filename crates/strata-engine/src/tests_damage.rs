@@ -18,7 +18,7 @@ use strata_device::{AlignedBuf, Device, MemDevice};
 
 use crate::ctree::page::{decode, PageBody};
 use crate::ctree::PagePtr;
-use crate::format::{Checkpoint, BATCH_MAGIC, BLOCK, BLOCK_U64};
+use crate::format::{Checkpoint, SegmentSummary, BATCH_MAGIC, BLOCK, BLOCK_U64};
 use crate::layout::{layout_from, read_checkpoint, read_superblock, Layout};
 use crate::tests::{seed_for, small_cfg, Rig, MIB};
 use crate::tests_snap::Model;
@@ -274,6 +274,10 @@ enum Kind {
     Summary {
         recent: bool,
     },
+    /// The same block of both summary copies: nothing to mend it from.
+    SummaryBoth {
+        recent: bool,
+    },
     SegData,
     /// Anything else not blank (unused areas).
     Other,
@@ -325,7 +329,9 @@ fn classify(b: &Built, dev: usize, off: u64, content: &[u8]) -> Kind {
             live: live.contains(&addr),
         };
     }
-    if block >= u64::from(b.layout.geo.data_blocks) {
+    let geo = &b.layout.geo;
+    let data = u64::from(geo.data_start())..u64::from(geo.data_start() + geo.data_blocks);
+    if !data.contains(&block) {
         return Kind::Summary {
             recent: b.cp.recent.contains(&(seg as u32)),
         };
@@ -462,13 +468,24 @@ fn mended(
             let used = in_use.iter().any(|p| p.a == addr || p.b == addr);
             !used || decode(&content, &b.layout.group, addr).is_some()
         }
+        // Scrub mends a summary copy of a segment in use from the other.
+        Kind::Summary { .. } if summary_in_use(b, t, dg) => {
+            let seg = seg_of(b, t.dev, t.off).expect("a summary in a segment");
+            let block = (t.off - b.layout.segments[seg].1) / BLOCK_U64;
+            let copy = u32::from(block < u64::from(b.layout.geo.data_start()));
+            let (_, at) = b.layout.seg_summary_byte(seg as u32, copy);
+            let mut area = AlignedBuf::new_zeroed(b.layout.geo.summary_blocks as usize * BLOCK);
+            caps[t.dev - 1].read_at(&mut area, at).unwrap();
+            let geo = &b.layout.geo;
+            SegmentSummary::decode(&[&area], &b.layout.group, geo, seg as u32).is_some()
+        }
         _ => true,
     }
 }
 
 /// Whether `t` is in the summary of a sealed segment holding data, which scrub checks whole.
 fn summary_in_use(b: &Built, t: Target, dg: &DiskGroup) -> bool {
-    let Kind::Summary { .. } = t.kind else {
+    let (Kind::Summary { .. } | Kind::SummaryBoth { .. }) = t.kind else {
         return false;
     };
     let seg = seg_of(b, t.dev, t.off).expect("a summary in a segment");
@@ -502,8 +519,16 @@ fn run_case(
     };
     seen.read_errors = check_views(&dg, b, &BTreeMap::new(), what);
     let report = dg.scrub(&ScrubOptions::default()).expect("scrub");
-    if seen.read_errors > 0 || summary_in_use(b, t, &dg) {
+    // One damaged summary copy is mended (below); both are damage to report.
+    let mend = matches!(t.kind, Kind::Summary { .. });
+    if seen.read_errors > 0 || (summary_in_use(b, t, &dg) && !mend) {
         assert!(!report.clean(), "{what}: scrub found nothing: {report:?}");
+    }
+    if mend && summary_in_use(b, t, &dg) {
+        assert!(
+            !report.metadata_repaired.is_empty(),
+            "{what}: scrub mended nothing: {report:?}"
+        );
     }
     assert!(
         mended(b, t, &dg, &fast, &caps),
@@ -547,14 +572,13 @@ fn case(b: &Built, t: Target, how: Damage, tally: &mut BTreeMap<String, usize>) 
     damage(img, t.off, how);
     let seen = std::panic::catch_unwind(AssertUnwindSafe(|| run_case(b, t, fast, caps, &what)))
         .unwrap_or_else(|p| panic!("{what}: panicked: {:?}", p.downcast_ref::<String>()));
-    // One bad copy of a twice-written structure, or bad data, never stops an opening; a bad
-    // summary of a recent segment does, and so may a bad header of a batch in the log
-    // (docs/FORMAT.md §5.1 step 6, §5.2, §9).
+    // One bad copy of a twice-written structure (summaries included), or bad data, never
+    // stops an opening; a bad header of a batch in the log may (docs/FORMAT.md §5.2, §9).
     let must_open = match t.kind {
         Kind::Superblock | Kind::Checkpoint | Kind::IndexPage { .. } => true,
         Kind::LogData | Kind::SegData | Kind::Other => true,
-        Kind::Summary { recent } => !recent,
-        Kind::LogHeader => false,
+        Kind::Summary { .. } => true,
+        Kind::SummaryBoth { .. } | Kind::LogHeader => false,
     };
     if let Some(msg) = &seen.refused {
         assert!(!must_open, "{what}: refused to open: {msg}");
@@ -629,6 +653,70 @@ fn pair_case(b: &Built, what: &str, pair: [Target; 2], refuse: Option<bool>, how
     seen
 }
 
+/// The same block of both copies of each summary in use (copy A's block in `all`, copy B's
+/// at the same place in its copy).
+fn summary_pairs(b: &Built, all: &[Target]) -> Vec<[Target; 2]> {
+    let geo = &b.layout.geo;
+    assert_eq!(geo.summary_copies, 2, "the group writes two summary copies");
+    let mut out = Vec::new();
+    for &t in all
+        .iter()
+        .filter(|t| matches!(t.kind, Kind::Summary { .. }))
+    {
+        let seg = seg_of(b, t.dev, t.off).expect("a summary in a segment");
+        let start = b.layout.segments[seg].1;
+        let block = ((t.off - start) / BLOCK_U64) as u32;
+        let Some(k) = block.checked_sub(geo.summary_start(0)) else {
+            continue;
+        };
+        let off_b = start + u64::from(geo.summary_start(1) + k) * BLOCK_U64;
+        let content = read_at(&b.images[t.dev], off_b);
+        // Copy B's block may since hold an index page (the segment was reused for pages).
+        if classify(b, t.dev, off_b, &content) == t.kind {
+            out.push([t, Target { off: off_b, ..t }]);
+        }
+    }
+    out
+}
+
+/// Both copies of a summary block damaged: as with one copy in a group of format 2. Open
+/// refuses, naming the segment, when the segment is on the recent list and the block one a
+/// summary needs; otherwise it opens, and its blocks read right or fail (run_case).
+fn summary_pair_case(b: &Built, pair: [Target; 2], how: Damage) -> Seen {
+    let Kind::Summary { recent } = pair[0].kind else {
+        unreachable!("a summary pair")
+    };
+    let seg = seg_of(b, pair[0].dev, pair[0].off).expect("a summary in a segment");
+    let what = format!(
+        "both copies of summary block at {:#x}/{:#x} of segment {seg}, {how:?}",
+        pair[0].off, pair[1].off
+    );
+    let (fast, caps) = devices(&b.images);
+    for t in pair {
+        damage(&caps[t.dev - 1], t.off, how);
+    }
+    let t = Target {
+        kind: Kind::SummaryBoth { recent },
+        ..pair[0]
+    };
+    let seen = std::panic::catch_unwind(AssertUnwindSafe(|| run_case(b, t, fast, caps, &what)))
+        .unwrap_or_else(|p| panic!("{what}: panicked: {:?}", p.downcast_ref::<String>()));
+    match &seen.refused {
+        Some(msg) => {
+            assert!(recent, "{what}: refused to open: {msg}");
+            assert!(
+                msg.contains(&format!("capacity segment {seg},")),
+                "{what}: the refusal names the segment: {msg}"
+            );
+        }
+        None => assert!(
+            !recent,
+            "{what}: a recent segment's summary is needed at open"
+        ),
+    }
+    seen
+}
+
 fn sweep(power_cut: bool, seed: u64) {
     count_engine_panics();
     let b = build(power_cut);
@@ -658,6 +746,29 @@ fn sweep(power_cut: bool, seed: u64) {
             eprintln!("both copies of {what}, {how:?}: {outcome}");
         }
     }
+    let pairs = summary_pairs(&b, &all);
+    for pair in &pairs {
+        // A flipped byte within the block's first 64: in a crc block, crcs of data blocks in
+        // use; in the header region's first block, the header.
+        for how in [Damage::Zero, Damage::FlipByte(rng.gen_range(0..64))] {
+            let seen = summary_pair_case(&b, *pair, how);
+            *tally
+                .entry(format!(
+                    "{:?} both copies: {}",
+                    pair[0].kind,
+                    match (&seen.refused, seen.read_errors) {
+                        (Some(_), _) => "refused",
+                        (None, 0) => "opened, reads whole",
+                        (None, _) => "opened, reads fail",
+                    }
+                ))
+                .or_default() += 1;
+        }
+    }
+    assert!(
+        !pairs.is_empty(),
+        "no summary in use to damage in both copies"
+    );
     let kinds: Vec<PageKind> = b.pages.iter().map(|p| p.1).collect();
     eprintln!(
         "power cut {power_cut}: {} blocks damaged; index pages {kinds:?}, recent segments {:?}: {tally:#?}",

@@ -324,6 +324,7 @@ mod tests {
     /// A superblock of either role, encoded as the engine writes it.
     fn superblock(role: Role) -> Vec<u8> {
         Superblock {
+            version: strata_engine::format::GROUP_VERSION,
             role,
             group: [7; 16],
             device_index: 0,
@@ -439,6 +440,22 @@ mod tests {
         let formatted = group.open_report().segment_size_bytes;
         group.shutdown().unwrap();
         formatted
+    }
+
+    /// `strata serve`'s defaults format a new group of format 3: every segment summary twice.
+    #[test]
+    fn a_new_group_is_formatted_with_two_summary_copies() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut args = args_in(dir.path());
+        args.fast_size = Some(64 << 20);
+        args.capacity_size = Some(64 << 20);
+        let cfg = merge(&args, Default::default()).unwrap();
+        let devs = open_devices(&cfg).unwrap();
+        let group =
+            strata_engine::DiskGroup::open(devs.fast, devs.capacity, cfg.engine.clone(), true)
+                .unwrap();
+        assert_eq!(group.open_report().format_version, 3);
+        group.shutdown().unwrap();
     }
 
     #[test]
