@@ -450,7 +450,7 @@ mod tests {
         args.fast_size = Some(64 << 20);
         args.capacity_size = Some(64 << 20);
         let cfg = merge(&args, Default::default()).unwrap();
-        let devs = open_devices(&cfg).unwrap();
+        let devs = open_devices(&cfg, &Default::default()).unwrap();
         let group =
             strata_engine::DiskGroup::open(devs.fast, devs.capacity, cfg.engine.clone(), true)
                 .unwrap();
