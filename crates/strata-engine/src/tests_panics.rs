@@ -96,6 +96,32 @@ fn join_writers(
     refused
 }
 
+/// After a panic while block 300 (0x77) was being written, with `writers` writing behind
+/// it: each writer and a new write are refused for the panic; after a power cut every block
+/// holds what was acknowledged, or what a refused write in flight wrote (`take_either`).
+fn offline_then_checked_after_a_power_cut(
+    rig: &mut Rig,
+    vol: VolumeId,
+    mut model: Vec<u8>,
+    writers: Vec<std::thread::JoinHandle<(Refused, Vec<u8>)>>,
+    after: &str,
+) {
+    let in_flight = join_writers(writers, &mut model);
+    let e = write_until_refused(rig.group(), vol, &mut model, 0..256);
+    assert_offline_for_the_panic(&e.error);
+    rig.power_cut_and_restart();
+    take_either(rig, vol, &mut model, 300, 0x77);
+    for r in in_flight {
+        take_either(rig, vol, &mut model, r.lba, r.byte);
+    }
+    check_volume(
+        rig.dg(),
+        vol,
+        &model,
+        &format!("v after {after} and a power cut"),
+    );
+}
+
 fn assert_offline_for_the_panic(e: &EngineError) {
     match e {
         EngineError::Failed(why) => assert!(
@@ -204,20 +230,7 @@ fn a_panic_while_a_batch_is_applied_takes_the_group_offline_and_loses_nothing() 
         first.is_err(),
         "the panicked batch's write was acknowledged"
     );
-    let in_flight = join_writers(writers, &mut model);
-    let e = write_until_refused(rig.group(), vol, &mut model, 0..256);
-    assert_offline_for_the_panic(&e.error);
-    rig.power_cut_and_restart();
-    take_either(&rig, vol, &mut model, 300, 0x77);
-    for r in in_flight {
-        take_either(&rig, vol, &mut model, r.lba, r.byte);
-    }
-    check_volume(
-        rig.dg(),
-        vol,
-        &model,
-        "v after a panic in apply and a power cut",
-    );
+    offline_then_checked_after_a_power_cut(&mut rig, vol, model, writers, "a panic in apply");
 }
 
 #[test]
@@ -262,18 +275,11 @@ fn a_write_made_on_its_senders_thread_that_panics_takes_the_group_offline() {
         ),
         other => panic!("the inline write that panicked was answered {other:?}"),
     }
-    let in_flight = join_writers(writers, &mut model);
-    let e = write_until_refused(rig.group(), vol, &mut model, 0..256);
-    assert_offline_for_the_panic(&e.error);
-    rig.power_cut_and_restart();
-    take_either(&rig, vol, &mut model, 300, 0x77);
-    for r in in_flight {
-        take_either(&rig, vol, &mut model, r.lba, r.byte);
-    }
-    check_volume(
-        rig.dg(),
+    offline_then_checked_after_a_power_cut(
+        &mut rig,
         vol,
-        &model,
-        "v after an inline write's panic and a power cut",
+        model,
+        writers,
+        "an inline write's panic",
     );
 }
