@@ -211,7 +211,7 @@ fn take_either(rig: &Rig, vol: VolumeId, model: &mut [u8], lba: usize, byte: u8)
 #[test]
 fn a_panic_while_a_batch_is_applied_takes_the_group_offline_and_loses_nothing() {
     let test = "a_panic_while_a_batch_is_applied_takes_the_group_offline_and_loses_nothing";
-    let (mut rig, vol, mut model) = group_with_a_written_volume(test);
+    let (mut rig, vol, model) = group_with_a_written_volume(test);
     // The panic comes before the committer moves the turn on, while other writers' batches
     // are written behind it: they must not wait for that turn for ever.
     let go = Arc::new(AtomicBool::new(false));
@@ -236,7 +236,7 @@ fn a_panic_while_a_batch_is_applied_takes_the_group_offline_and_loses_nothing() 
 #[test]
 fn a_write_made_on_its_senders_thread_that_panics_takes_the_group_offline() {
     let test = "a_write_made_on_its_senders_thread_that_panics_takes_the_group_offline";
-    let (mut rig, vol, mut model) = group_with_a_written_volume(test);
+    let (mut rig, vol, model) = group_with_a_written_volume(test);
     // Only a batch retired on this thread panics: the write made inline, not by a committer;
     // other writers' batches are written behind it meanwhile.
     let go = Arc::new(AtomicBool::new(false));
