@@ -29,6 +29,8 @@ use crate::policy::Mode;
 use crate::shared::{Counters, Shared, STATE_FAILED};
 use crossbeam_channel::Receiver;
 
+mod rotate;
+
 /// Log fill (cached copies included) at which the destager runs flat out whatever else holds.
 const PHYSICAL_FULL: f64 = 0.95;
 /// Batches handed to one destage step at most (bounds the memory of a step).
@@ -87,6 +89,19 @@ pub struct Destager {
     /// The destager thread's CPU priority (set in `run`, on that thread): background while
     /// the log does not need room, so on a busy CPU the host's I/O threads run first.
     priority: Option<strata_device::priority::ThreadPriority>,
+    /// The log as it was when a rotation plan last found nothing to gain (see rotate.rs).
+    rotation_fruitless: Option<(u64, u64, u64, u64)>,
+}
+
+/// A live run of a log record to write again at the head: the layer's blocks, the log block
+/// holding the first, and when the data first reached the fast tier.
+#[derive(Debug, Clone, Copy)]
+struct Rewrite {
+    layer: u32,
+    lba: u64,
+    len: u64,
+    from: u64,
+    born_ms: u64,
 }
 
 /// What `Destager::keep_hot` writes again at the log head.
@@ -143,6 +158,7 @@ impl Destager {
             cold_only: false,
             fruitless_at: None,
             priority: None,
+            rotation_fruitless: None,
             cache_wants_room: false,
             bypass_rx,
         }
@@ -509,7 +525,10 @@ impl Destager {
         if self.gc_step()? {
             return Ok(true);
         }
-        self.compact_tail()
+        if self.compact_tail()? {
+            return Ok(true);
+        }
+        self.rotate_tail()
     }
 
     /// Applies the log's zero records (trims, write-zeroes) still in effect to the capacity
@@ -664,11 +683,11 @@ impl Destager {
         copy
     }
 
-    /// Free log blocks the destager's rewrites may take (not the reserve kept for trims).
+    /// Free log blocks the destager's rewrites may take (not the reserves kept for trims and
+    /// for rotation).
     fn free_log_blocks(&self) -> u64 {
         let log = self.sh.log.lock();
-        log.log_blocks
-            .saturating_sub(log.used_blocks + crate::log::NO_DATA_RESERVE_BLOCKS)
+        log.free_blocks().saturating_sub(log.kept_free(true, false))
     }
 
     fn flat_out(&self) -> bool {
@@ -984,10 +1003,23 @@ impl Destager {
         &self,
         z: &LiveZero,
     ) -> Result<Option<crate::log::ReplyRx>, EngineError> {
-        let Some((done, wait)) = answer_releasing(&self.sh, z.layer, z.lba, z.lba + z.nblocks)
-        else {
+        let Some((req, wait)) = self.zero_rewrite(z, false) else {
             return Ok(None);
         };
+        // Never block on a full queue: the log writer may be waiting for space only this
+        // thread can free.
+        self.tx.try_send(req).map_err(|_| EngineError::NoSpace)?;
+        Ok(Some(wait))
+    }
+
+    /// The request `submit_zero_rewrite` sends (holding the range until it is answered, or
+    /// dropped), or None when it would be skipped.
+    fn zero_rewrite(
+        &self,
+        z: &LiveZero,
+        rotation: bool,
+    ) -> Option<(WriteReq, crate::log::ReplyRx)> {
+        let (done, wait) = answer_releasing(&self.sh, z.layer, z.lba, z.lba + z.nblocks)?;
         let still_live = {
             let idx = self.sh.index.read();
             idx.layers.get(&z.layer).is_some_and(|l| {
@@ -1000,7 +1032,7 @@ impl Destager {
             })
         };
         if !still_live {
-            return Ok(None);
+            return None;
         }
         let req = WriteReq {
             kind: RecordKind::Zero,
@@ -1011,15 +1043,13 @@ impl Destager {
             done,
             no_wait: true,
             relocation: true,
+            rotation,
             born_ms: None,
             cache_gen: 0,
             vol: 0,
             cache_copy: crate::log::CacheCopy::Again,
         };
-        // Never block on a full queue: the log writer may be waiting for space only this
-        // thread can free.
-        self.tx.try_send(req).map_err(|_| EngineError::NoSpace)?;
-        Ok(Some(wait))
+        Some((req, wait))
     }
 
     /// Waits for the rewrites sent; those that completed cool their blocks.
@@ -1068,14 +1098,41 @@ impl Destager {
         born_ms: u64,
         bytes: &[u8],
     ) -> Result<Option<Pending>, EngineError> {
-        let Some((done, wait)) = answer_releasing(&self.sh, layer, lba, lba + len) else {
+        let run = Rewrite {
+            layer,
+            lba,
+            len,
+            from,
+            born_ms,
+        };
+        let Some((req, wait)) = self.rewrite(&run, bytes, false) else {
             return Ok(None);
         };
+        // Never block on a full queue: the log writer may be waiting for space only this
+        // thread can free.
+        self.tx.try_send(req).map_err(|_| EngineError::NoSpace)?;
+        Ok(Some((wait, layer, lba, len)))
+    }
+
+    /// The request `submit_rewrite` sends (holding the range until it is answered, or
+    /// dropped), or None when it would be skipped.
+    fn rewrite(
+        &self,
+        run: &Rewrite,
+        bytes: &[u8],
+        rotation: bool,
+    ) -> Option<(WriteReq, crate::log::ReplyRx)> {
+        let Rewrite {
+            layer,
+            lba,
+            len,
+            from,
+            born_ms,
+        } = *run;
+        let (done, wait) = answer_releasing(&self.sh, layer, lba, lba + len)?;
         let still_here = {
             let idx = self.sh.index.read();
-            let Some(l) = idx.layers.get(&layer) else {
-                return Ok(None);
-            };
+            let l = idx.layers.get(&layer)?;
             l.fast.lookup(lba, len)
                 == vec![crate::map::Piece {
                     lba,
@@ -1084,7 +1141,7 @@ impl Destager {
                 }]
         };
         if !still_here {
-            return Ok(None);
+            return None;
         }
         let mut data = AlignedBuf::new_zeroed(bytes.len());
         data.copy_from_slice(bytes);
@@ -1094,7 +1151,7 @@ impl Destager {
             {
                 // A damaged block is left for the destager, which keeps its original crc so the
                 // damage stays detectable; rewriting it here would give it a fresh, valid crc.
-                return Ok(None);
+                return None;
             }
         }
         let req = WriteReq {
@@ -1106,15 +1163,13 @@ impl Destager {
             done,
             no_wait: true,
             relocation: true,
+            rotation,
             born_ms: Some(born_ms),
             cache_gen: 0,
             vol: 0,
             cache_copy: crate::log::CacheCopy::Again,
         };
-        // Never block on a full queue: the log writer may be waiting for space only this
-        // thread can free.
-        self.tx.try_send(req).map_err(|_| EngineError::NoSpace)?;
-        Ok(Some((wait, layer, lba, len)))
+        Some((req, wait))
     }
 
     fn is_tier(&self, layer: u32) -> bool {
@@ -1194,6 +1249,9 @@ impl Destager {
         }
         let _excl = self.sh.reclaim.write();
         let mut log = self.sh.log.lock();
+        // A rotation's group ends here: the blocks it took count for every batch again, as
+        // the tail's it frees do (see `LogState::rotation_outstanding_blocks`).
+        log.rotation_outstanding_blocks = 0;
         let mut freed = 0;
         let mut cached = Vec::new();
         for _ in 0..batches {
@@ -1359,6 +1417,7 @@ impl Destager {
             done: crate::log::Done::Chan(done),
             no_wait: true,
             relocation: true,
+            rotation: false,
             born_ms: Some(r.born_ms),
             cache_gen: r.cache_gen,
             vol: r.vol,

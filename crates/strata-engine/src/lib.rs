@@ -594,13 +594,37 @@ impl DiskGroup {
     pub fn write(&self, vol: VolumeId, offset: u64, data: &[u8]) -> Result<(), EngineError> {
         self.sh.check_running()?;
         self.admit(vol, data.len() as u64)?;
+        let (b0, b1) = block_span(offset, data.len() as u64);
+        let blocks = (b1 - b0).min(self.max_record_blocks());
+        self.with_rotation(blocks, || self.write_admitted(vol, offset, data))
+    }
+
+    /// Runs a host request (idempotent, holding no lock), first waiting for rotation if the
+    /// tiers are full (`Shared::wait_for_rotation`); again, once, if they filled while it went
+    /// and it was refused with NoSpace without that wait.
+    fn with_rotation(
+        &self,
+        data_blocks: u64,
+        request: impl Fn() -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
+        let looked = self.sh.wait_for_rotation(data_blocks);
+        match request() {
+            Err(EngineError::NoSpace) if !looked => {
+                self.sh.wait_for_rotation(data_blocks);
+                request()
+            }
+            r => r,
+        }
+    }
+
+    fn write_admitted(&self, vol: VolumeId, offset: u64, data: &[u8]) -> Result<(), EngineError> {
+        let (b0, b1) = block_span(offset, data.len() as u64);
         let gate = self.sh.gate(vol);
         let _g = gate.read();
         let head = self.writable_head(vol, offset, data.len() as u64)?;
         if data.is_empty() {
             return Ok(());
         }
-        let (b0, b1) = block_span(offset, data.len() as u64);
         let _r = self.sh.ranges.lock(head, b0, b1);
         let whole =
             offset.is_multiple_of(BLOCK_U64) && (data.len() as u64).is_multiple_of(BLOCK_U64);
@@ -745,6 +769,7 @@ impl DiskGroup {
             done: log::Done::Chan(done),
             no_wait: false,
             relocation: false,
+            rotation: false,
             born_ms: None,
             cache_gen: 0,
             vol: 0,
@@ -798,7 +823,13 @@ impl DiskGroup {
         let whole = offset.is_multiple_of(BLOCK_U64)
             && (data.len() as u64).is_multiple_of(BLOCK_U64)
             && !data.is_empty();
-        if !whole || data.len() as u64 > max_bytes || self.sh.check_running().is_err() {
+        // With the capacity tier full, a write may have to wait for rotation to free the log
+        // (`Shared::wait_for_rotation`): the blocking path does.
+        if !whole
+            || data.len() as u64 > max_bytes
+            || self.sh.check_running().is_err()
+            || self.sh.counters.capacity_full.load(Ordering::Relaxed)
+        {
             return Err(done);
         }
         let rt = self.sh.runtime(vol);
@@ -854,6 +885,7 @@ impl DiskGroup {
             done: log::Done::Call(finish),
             no_wait: false,
             relocation: false,
+            rotation: false,
             born_ms: None,
             cache_gen: 0,
             vol: 0,
@@ -909,6 +941,15 @@ impl DiskGroup {
         self.sh.check_running()?;
         // A metadata operation: it counts against the volume's IOPS, not its bandwidth.
         self.admit(vol, 0)?;
+        self.with_rotation(0, || self.write_zeroes_admitted(vol, offset, len))
+    }
+
+    fn write_zeroes_admitted(
+        &self,
+        vol: VolumeId,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), EngineError> {
         let gate = self.sh.gate(vol);
         let _g = gate.read();
         let head = self.writable_head(vol, offset, len)?;

@@ -92,6 +92,14 @@ pub struct LogState {
     pub cache_budget_blocks: u64,
     /// The last batch, while it is a run of lone writes the next lone write may extend.
     pub open_run: Option<OpenRun>,
+    /// Blocks only the destager's rotation may take (`rotation_reserve_blocks`; 0 in states
+    /// that place nothing, such as replay's).
+    pub rotation_reserve_blocks: u64,
+    /// Blocks rotation's batches have taken since its current group began (the tail it
+    /// frees for them has not moved yet). Other batches do not count them: they come out of
+    /// rotation's reserve, and a trim finding the log full only because a rotation is half
+    /// done would be refused for nothing.
+    pub rotation_outstanding_blocks: u64,
 }
 
 /// A run of lone writes still open (FORMAT.md §3.3.1): the last batch of the log, durable,
@@ -116,6 +124,8 @@ impl LogState {
             cache_blocks: 0,
             cache_budget_blocks: 0,
             open_run: None,
+            rotation_reserve_blocks: 0,
+            rotation_outstanding_blocks: 0,
         }
     }
 
@@ -173,10 +183,35 @@ impl LogState {
         }
     }
 
-    /// Whether a batch of `blocks` placed with `skip` blocks skipped may take them: one
-    /// carrying data must leave `NO_DATA_RESERVE_BLOCKS` free (see there).
-    pub fn leaves_reserve(&self, blocks: u64, skip: u64, has_data: bool) -> bool {
-        !has_data || self.used_blocks + blocks + skip + NO_DATA_RESERVE_BLOCKS <= self.log_blocks
+    /// Free blocks a batch must leave: rotation's reserve, and for one carrying data also
+    /// `NO_DATA_RESERVE_BLOCKS` (see both); the destager's rotation may take every block.
+    pub fn kept_free(&self, has_data: bool, rotation: bool) -> u64 {
+        match (rotation, has_data) {
+            (true, _) => 0,
+            (false, false) => self.rotation_reserve_blocks,
+            (false, true) => self.rotation_reserve_blocks + NO_DATA_RESERVE_BLOCKS,
+        }
+    }
+
+    /// Whether a batch of `blocks` placed with `skip` blocks skipped may take them
+    /// (`kept_free`; only rotation counts the blocks its unfinished group took).
+    pub fn leaves_reserve(&self, blocks: u64, skip: u64, has_data: bool, rotation: bool) -> bool {
+        let free = match rotation {
+            true => self.free_blocks(),
+            false => self.host_free_blocks(),
+        };
+        blocks + skip + self.kept_free(has_data, rotation) <= free
+    }
+
+    /// Free blocks of the log, reserves included.
+    pub fn free_blocks(&self) -> u64 {
+        self.log_blocks.saturating_sub(self.used_blocks)
+    }
+
+    /// Free blocks as batches other than rotation's count them (less what rotation's
+    /// unfinished group took, see `rotation_outstanding_blocks`).
+    pub fn host_free_blocks(&self) -> u64 {
+        self.free_blocks() + self.rotation_outstanding_blocks
     }
 
     /// Appends a batch at the head. The caller checked `place`.
@@ -243,7 +278,7 @@ impl LogState {
         let extra = nblocks + u64::from(n == 1);
         if last.blocks + extra > max_blocks
             || self.place(extra) != Some((self.head, 0))
-            || !self.leaves_reserve(extra, 0, true)
+            || !self.leaves_reserve(extra, 0, true, false)
         {
             return None;
         }
@@ -287,6 +322,9 @@ pub struct WriteReq {
     pub no_wait: bool,
     /// The destager keeping hot data on the fast tier: not a rewrite, so it adds no heat.
     pub relocation: bool,
+    /// The destager rotating a full log (docs/FORMAT.md §4.7): may take the log's last
+    /// blocks, and goes in batches of rotation requests only, gathered whole.
+    pub rotation: bool,
     /// Relocations: when the data first reached the fast tier.
     pub born_ms: Option<u64>,
     /// Cache records: the generation of the segment the copy was read from.
@@ -471,6 +509,25 @@ const OWN_BATCH_BLOCKS: u64 = 17;
 /// the last block by writes refused it with ENOSPC.
 pub const NO_DATA_RESERVE_BLOCKS: u64 = 16;
 
+/// How long a committer gathering a batch of the destager's rotation waits for the rest of
+/// its requests, at most: they are queued one after another, and a batch taken before they
+/// are all there costs a header block more, which rotation may have no room for.
+const ROTATION_GATHER_WAIT: Duration = Duration::from_millis(20);
+
+/// The most blocks a batch takes, header included.
+pub fn max_batch_blocks(max_batch_bytes: usize) -> u64 {
+    (max_batch_bytes as u64 / BLOCK_U64).max(2)
+}
+
+/// Log blocks kept back from every batch but the destager's rotation (docs/FORMAT.md §4.7):
+/// room to write one whole tail batch again at the head wherever the head is. Twice the
+/// largest batch, as a batch that does not fit before the end of the log area skips to its
+/// start; plus a header block per 32 blocks, for a tail batch whose live data is split into
+/// more records than one header holds. At most an eighth of the log.
+pub fn rotation_reserve_blocks(max_batch_blocks: u64, log_blocks: u64) -> u64 {
+    (2 * max_batch_blocks + max_batch_blocks / 32 + 1).min(log_blocks / 8)
+}
+
 /// Data blocks of a host write `try_inline` may write on its sender's thread (larger ones go
 /// to the committers, which keep their buffers).
 const INLINE_MAX_BLOCKS: u64 = 16;
@@ -493,7 +550,7 @@ impl LogWriter {
         rx_hot: Receiver<WriteReq>,
         bell: Arc<Doorbell>,
     ) -> Result<LogWriter, EngineError> {
-        let max_batch_blocks = (sh.cfg.max_batch_bytes as u64 / BLOCK_U64).max(2);
+        let max_batch_blocks = max_batch_blocks(sh.cfg.max_batch_bytes);
         let epoch = sh.durable.lock().epoch;
         let committed_seq = AtomicU64::new(sh.log.lock().next_seq);
         let front = Front {
@@ -590,7 +647,11 @@ impl LogWriter {
                     None => continue,
                 },
             };
-            let batch = if first.no_wait {
+            let batch = if first.rotation {
+                // The log is full: no host write is waiting on a small batch's latency, and
+                // rotation's own batches are as large as the tail's.
+                self.gather_hot(&mut f, first, self.max_batch_blocks)
+            } else if first.no_wait {
                 self.gather_hot(&mut f, first, OWN_BATCH_BLOCKS.min(self.max_batch_blocks))
             } else {
                 self.gather_host(&mut f, first)
@@ -923,7 +984,7 @@ impl LogWriter {
             } else {
                 0
             };
-            if free < keep + self.max_batch_blocks + 1 {
+            if free < keep + self.max_batch_blocks + 1 + log.kept_free(true, false) {
                 drop(log);
                 self.sh.wake_destager();
                 return Some(Duration::from_millis(50));
@@ -988,11 +1049,19 @@ impl LogWriter {
         // (trims, write-zeroes), which the log's reserve still takes, go in batches of their own.
         let apart = self.sh.counters.capacity_full.load(Ordering::Relaxed);
         let first_has_data = first.data_blocks() > 0;
+        let rotation = first.rotation;
         let mut blocks = 1 + first.data_blocks();
         let mut batch = vec![first];
+        let started = Instant::now();
         while batch.len() < MAX_RECORDS_PER_BATCH {
-            let Some(r) = next(self, f) else { break };
-            let mixed = apart && (r.data_blocks() > 0) != first_has_data;
+            let r = match next(self, f) {
+                Some(r) => r,
+                None if rotation && self.rotation_still_queueing(started) => continue,
+                None => break,
+            };
+            // Rotation's batches hold its requests only: they alone may take its reserve.
+            let mixed =
+                (apart && (r.data_blocks() > 0) != first_has_data) || r.rotation != rotation;
             if mixed || blocks + r.data_blocks() > max_blocks {
                 f.held.push_front(r);
                 break;
@@ -1001,6 +1070,17 @@ impl LogWriter {
             batch.push(r);
         }
         batch
+    }
+
+    /// Whether the destager is still queueing requests of a rotation batch being gathered
+    /// (waits a moment first, within `ROTATION_GATHER_WAIT` of `started`).
+    fn rotation_still_queueing(&self, started: Instant) -> bool {
+        let queueing = &self.sh.counters.rotation_queueing;
+        if !queueing.load(Ordering::Acquire) || started.elapsed() >= ROTATION_GATHER_WAIT {
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(50));
+        true
     }
 
     /// Admits and places a batch; answers it at once (None) when the group is failed or there
@@ -1156,10 +1236,11 @@ impl LogWriter {
         }
         let blocks = 1 + batch.iter().map(|r| r.data_blocks()).sum::<u64>();
         let has_data = blocks > 1;
+        let rotation = batch.iter().all(|r| r.rotation);
         let log = self.sh.log.lock();
         let fits = log
             .place(blocks)
-            .is_some_and(|(_, skip)| log.leaves_reserve(blocks, skip, has_data));
+            .is_some_and(|(_, skip)| log.leaves_reserve(blocks, skip, has_data, rotation));
         drop(log);
         if fits {
             return batch;
@@ -1244,10 +1325,14 @@ impl LogWriter {
                     e => Err(e),
                 })?;
                 let has_data = batch.iter().any(|r| r.data_blocks() > 0);
+                let rotation = batch.iter().all(|r| r.rotation);
                 let placed = log.place(blocks);
                 if let Some((start, skip)) =
-                    placed.filter(|&(_, skip)| log.leaves_reserve(blocks, skip, has_data))
+                    placed.filter(|&(_, skip)| log.leaves_reserve(blocks, skip, has_data, rotation))
                 {
+                    if rotation {
+                        log.rotation_outstanding_blocks += blocks + skip;
+                    }
                     let meta = describe(
                         batch,
                         start,

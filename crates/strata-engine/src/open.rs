@@ -121,6 +121,9 @@ pub fn open_shared(
     crate::replay::clear_end(&sh, &r)?;
     let mut state = r.state;
     state.cache_budget_blocks = (sh.cfg.read_cache_ratio * sh.layout.log_blocks as f64) as u64;
+    let max_batch_blocks = crate::log::max_batch_blocks(sh.cfg.max_batch_bytes);
+    state.rotation_reserve_blocks =
+        crate::log::rotation_reserve_blocks(max_batch_blocks, sh.layout.log_blocks);
     sh.retired_seq.store(state.next_seq, Ordering::Release);
     *sh.log.lock() = state;
     count_fast_live(&sh);

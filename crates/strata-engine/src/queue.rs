@@ -175,6 +175,7 @@ mod tests {
             done: crate::log::Done::Call(Box::new(|_| {})),
             no_wait: false,
             relocation: false,
+            rotation: false,
             born_ms: None,
             cache_gen: 0,
             vol: 0,

@@ -220,6 +220,15 @@ pub struct Counters {
     pub summary_copy_repairs_needed: AtomicU64,
     /// Surveys of the log's tail by the destager (tests watch how often it looks).
     pub destage_surveys: AtomicU64,
+    /// While the destager rotates a full log (docs/FORMAT.md §4.7): the free log blocks it
+    /// aims at; 0 when it is not rotating. Hosts needing less wait for it (`wait_for_rotation`).
+    pub rotation_goal_blocks: AtomicU64,
+    /// Rotation plans made (each after `rotation_goal_blocks` is set from it).
+    pub rotation_plans: AtomicU64,
+    /// The destager is queueing a rotation's requests: a committer gathering them waits.
+    pub rotation_queueing: AtomicBool,
+    /// Tail batches rotation has freed (tests watch it).
+    pub rotated_batches: AtomicU64,
     /// The destager thread's nice value (19 while it works ahead of need, when it may).
     pub destager_nice: AtomicI64,
 }
@@ -264,6 +273,11 @@ pub struct IndexParts {
     pub streams: [StreamPos; 2],
     pub recent: Vec<u32>,
 }
+
+/// How long a host request waits for rotation (`Shared::wait_for_rotation`) while no log
+/// space is freed, and at most.
+pub const ROTATION_STALL: std::time::Duration = std::time::Duration::from_secs(5);
+pub const ROTATION_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// `Shared::destager_rest_fill` when the destager is not resting.
 pub const NOT_RESTING: u64 = u64::MAX;
@@ -415,6 +429,51 @@ impl Shared {
             .unwrap_or("no message");
         self.fail(format!("internal error: {what} panicked: {why}"));
         None
+    }
+
+    /// With the capacity tier taking nothing, a host request whose first batch carries
+    /// `data_blocks` blocks of data (0: a trim's record) waits here, before it takes its range
+    /// lock, while the log has no room for it and the destager may rotate the log toward room
+    /// enough (docs/FORMAT.md §4.7); rotation skips blocks a host holds. It goes on (to be
+    /// placed, or refused with NoSpace) once there is room, once a plan made since it came
+    /// aims lower, or when no log space has been freed for `ROTATION_STALL` (or after
+    /// `ROTATION_WAIT_MAX` in all). One load when the tier is not full; returns whether it was.
+    pub fn wait_for_rotation(&self, data_blocks: u64) -> bool {
+        let c = &self.counters;
+        if !c.capacity_full.load(Ordering::Relaxed) {
+            return false;
+        }
+        // A plan counted two after this one was begun after this request came: it saw the
+        // log as this request does, or emptier.
+        let plans_seen = c.rotation_plans.load(Ordering::Acquire);
+        let mut freed_seen = c.log_freed_bytes.load(Ordering::Relaxed);
+        let mut since = std::time::Instant::now();
+        let deadline = since + ROTATION_WAIT_MAX;
+        let mut log = self.log.lock();
+        loop {
+            let need = log.kept_free(data_blocks > 0, false) + data_blocks + 1;
+            let planned = c.rotation_plans.load(Ordering::Acquire) >= plans_seen + 2;
+            let goal = c.rotation_goal_blocks.load(Ordering::Relaxed);
+            if log.host_free_blocks() >= need
+                || (planned && goal < need)
+                || self.check_running().is_err()
+                || self.destager_stop.load(Ordering::Relaxed)
+            {
+                return true;
+            }
+            let freed = c.log_freed_bytes.load(Ordering::Relaxed);
+            if freed != freed_seen {
+                (freed_seen, since) = (freed, std::time::Instant::now());
+            } else if since.elapsed() >= ROTATION_STALL {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return true;
+            }
+            parking_lot::MutexGuard::unlocked(&mut log, || self.wake_destager());
+            self.log_freed
+                .wait_for(&mut log, std::time::Duration::from_millis(50));
+        }
     }
 
     /// Wakes everything waiting for log space: blocked writers and the log writer's front.

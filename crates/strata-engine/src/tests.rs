@@ -313,6 +313,7 @@ pub(crate) fn log_barrier(dg: &DiskGroup) -> Result<(), EngineError> {
         done: crate::log::Done::Chan(done),
         no_wait: true,
         relocation: true,
+        rotation: false,
         born_ms: None,
         cache_gen: 0,
         vol: 0,

@@ -34,8 +34,11 @@ fn fill_until_a_write_waits(dg: &Arc<DiskGroup>) -> mpsc::Receiver<Result<(), En
         }
     }
     let log = dg.sh.log.lock();
+    // Full for host writes: no room for a whole batch besides the blocks kept for trims and
+    // for rotation.
+    let batch = crate::log::max_batch_blocks(dg.sh.cfg.max_batch_bytes);
     assert!(
-        log.log_blocks - log.used_blocks <= 128,
+        log.log_blocks - log.used_blocks <= batch + 1 + log.kept_free(true, false),
         "a write waits, but the log is not full: {} of {} blocks used",
         log.used_blocks,
         log.log_blocks

@@ -215,6 +215,7 @@ pub(crate) fn send_cache_copy(
         done,
         no_wait: true,
         relocation: true,
+        rotation: false,
         born_ms: None,
         cache_gen: gen,
         vol,
