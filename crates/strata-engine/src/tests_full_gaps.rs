@@ -115,6 +115,22 @@ fn trims_of_data_only_in_the_log_of_a_full_group_leave_room_for_a_trim() {
     check_mib(rig.dg(), v, written, |i| if i == 0 { 0x6c } else { 0 });
 }
 
+/// A group of a 16 MiB fast tier and a 32 MiB capacity tier with a volume of `vol_mib` MiB
+/// written MiB by MiB until NoSpace (MiB `i` holds `i + 1`): the group, the volume, the byte
+/// each of its blocks holds, and the MiB written.
+fn full_group(seed: u64, vol_mib: u64) -> (Rig, VolumeId, Vec<u8>, u64) {
+    let rig = Rig::new(16 * MIB, &[32 * MIB], small_cfg(), seed);
+    let v = rig.dg().create_volume("v", vol_mib * MIB).unwrap().id;
+    let mut model = vec![0u8; (vol_mib * MIB / BLOCK_BYTES) as usize];
+    let written = fill_until_no_space(rig.dg(), v, vol_mib);
+    for (i, m) in model.chunks_mut((MIB / BLOCK_BYTES) as usize).enumerate() {
+        if (i as u64) < written {
+            m.fill((i + 1) as u8);
+        }
+    }
+    (rig, v, model, written)
+}
+
 /// Trims every block of the volume whose only copy is in the log (one trim per run of such
 /// blocks) and marks them zero in `model`, the byte each block of the volume holds.
 fn trim_log_only(dg: &DiskGroup, v: VolumeId, model: &mut [u8]) {
@@ -180,16 +196,7 @@ fn a_live_trim_at_the_tail_of_a_full_group_does_not_hold_the_log() {
     let seed = seed_for("a_live_trim_at_the_tail_of_a_full_group_does_not_hold_the_log");
     for writes_left in 0..4 {
         let rig_seed = seed + writes_left as u64;
-        let mut rig = Rig::new(16 * MIB, &[32 * MIB], small_cfg(), rig_seed);
-        let vol_mib = 96;
-        let v = rig.dg().create_volume("v", vol_mib * MIB).unwrap().id;
-        let mut model = vec![0u8; (vol_mib * MIB / BLOCK_BYTES) as usize];
-        let written = fill_until_no_space(rig.dg(), v, vol_mib);
-        for (i, m) in model.chunks_mut((MIB / BLOCK_BYTES) as usize).enumerate() {
-            if (i as u64) < written {
-                m.fill((i + 1) as u8);
-            }
-        }
+        let (mut rig, v, mut model, written) = full_group(rig_seed, 96);
         trim_log_only(rig.dg(), v, &mut model);
         refill(rig.dg(), v, written, &mut model);
         trim_log_only(rig.dg(), v, &mut model);
@@ -255,16 +262,7 @@ fn a_power_cut_during_rotation_loses_nothing() {
     let seed = seed_for("a_power_cut_during_rotation_loses_nothing");
     let mut rng = StdRng::seed_from_u64(seed);
     for round in 0..3u64 {
-        let mut rig = Rig::new(16 * MIB, &[32 * MIB], small_cfg(), seed + round);
-        let vol_mib = 64;
-        let v = rig.dg().create_volume("v", vol_mib * MIB).unwrap().id;
-        let mut model = vec![0u8; (vol_mib * MIB / BLOCK_BYTES) as usize];
-        let written = fill_until_no_space(rig.dg(), v, vol_mib);
-        for (i, m) in model.chunks_mut((MIB / BLOCK_BYTES) as usize).enumerate() {
-            if (i as u64) < written {
-                m.fill((i + 1) as u8);
-            }
-        }
+        let (mut rig, v, mut model, written) = full_group(seed + round, 64);
         // The refused write of MiB `written` may have placed some of its records.
         let mut partial = vec![0u8; MIB as usize];
         rig.dg().read(v, written * MIB, &mut partial).unwrap();
@@ -298,7 +296,7 @@ fn a_power_cut_during_rotation_loses_nothing() {
             "rotation was done before {writes_left} device writes"
         );
         rig.dg()
-            .discard(v, 0, vol_mib * MIB)
+            .discard(v, 0, 64 * MIB)
             .unwrap_or_else(|e| panic!("a trim of the whole volume after the cut: {e}"));
         model.fill(0);
         let data = vec![0x6c; MIB as usize];
