@@ -204,10 +204,14 @@ fn a_live_trim_at_the_tail_of_a_full_group_does_not_hold_the_log() {
         // few device writes into it (the record's new batch lost, or written and the
         // checkpoint naming the new tail lost or torn), or else once the log has room. (The
         // refill's last refused write may have set compaction going already: then the log
-        // has room by now, and nothing more is written until a host writes.)
+        // has room by now, and nothing more is written until a host writes. Rotation, too,
+        // stops once a data batch has room, which may leave the log well over half full.)
         rig.writes_left.store(writes_left, Ordering::SeqCst);
         let deadline = Instant::now() + SPACE_BACK_WAIT;
-        while !rig.power_is_off() && rig.dg().stats().log_fill_ratio > LOG_HAS_ROOM {
+        while !rig.power_is_off()
+            && rig.dg().stats().log_fill_ratio > LOG_HAS_ROOM
+            && !room_for_a_data_batch(rig.dg())
+        {
             assert!(
                 Instant::now() < deadline,
                 "nothing was written to free the log"
@@ -227,6 +231,14 @@ fn a_live_trim_at_the_tail_of_a_full_group_does_not_hold_the_log() {
         rig.power_cut_and_restart();
         check_blocks(rig.dg(), v, &model);
     }
+}
+
+/// Whether a host batch of the largest size, with data, fits the log now (beyond the
+/// reserves it must leave).
+fn room_for_a_data_batch(dg: &DiskGroup) -> bool {
+    let max_batch = crate::log::max_batch_blocks(dg.sh.cfg.max_batch_bytes);
+    let log = dg.sh.log.lock();
+    log.host_free_blocks() > log.kept_free(true, false) + max_batch
 }
 
 /// Free log blocks trims may still take (beyond rotation's reserve).
