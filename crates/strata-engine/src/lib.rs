@@ -229,6 +229,14 @@ pub struct EngineStats {
     pub hot_kept_bytes_total: u64,
     /// Lone host writes that extended a run of the log instead of taking a header block.
     pub log_run_writes_total: u64,
+    /// Tail batches of a full log freed by rotation (docs/FORMAT.md §4.7): their live data
+    /// written again at the head so that trims and overwrites give their blocks back.
+    pub log_rotated_batches_total: u64,
+    /// The destager is rotating a full log now (both tiers full, a plan shows room coming back).
+    pub log_rotating: bool,
+    /// Reads of metadata (index pages, segment summaries) whose first copy was damaged or
+    /// unreadable and whose other copy served them: the first copy needs a scrub to mend it.
+    pub metadata_copy_fallbacks_total: u64,
     pub checksum_errors_total: u64,
     /// Checksum failures by device: the fast device first, then the capacity devices.
     pub checksum_errors_by_device: Vec<u64>,
@@ -1131,6 +1139,10 @@ impl DiskGroup {
             gc_relocated_bytes_total: c.gc_relocated_bytes.load(Ordering::Relaxed),
             hot_kept_bytes_total: c.hot_kept_bytes.load(Ordering::Relaxed),
             log_run_writes_total: c.log_run_writes.load(Ordering::Relaxed),
+            log_rotated_batches_total: c.rotated_batches.load(Ordering::Relaxed),
+            log_rotating: c.rotation_goal_blocks.load(Ordering::Relaxed) > 0,
+            metadata_copy_fallbacks_total: c.index_copy_repairs_needed.load(Ordering::Relaxed)
+                + c.summary_copy_repairs_needed.load(Ordering::Relaxed),
             checksum_errors_total: c.checksum_errors.load(Ordering::Relaxed),
             checksum_errors_by_device: c
                 .checksum_errors_by_device

@@ -171,6 +171,12 @@ pub fn warnings(
             stats.checksum_errors_total
         ));
     }
+    if stats.metadata_copy_fallbacks_total > 0 {
+        out.push(format!(
+            "{} metadata read(s) found the first copy damaged and used the second: run a scrub to mend it, and check the devices",
+            stats.metadata_copy_fallbacks_total
+        ));
+    }
     out.extend(crate::api_scrub::warning(scrub.last_result.as_ref()));
     for d in devices {
         if d.stats.errors > 0 {
@@ -213,6 +219,9 @@ pub struct DiskGroupJson {
     pub gc_relocated_bytes_total: u64,
     pub hot_kept_bytes_total: u64,
     pub log_run_writes_total: u64,
+    pub log_rotated_batches_total: u64,
+    pub log_rotating: bool,
+    pub metadata_copy_fallbacks_total: u64,
     pub checksum_errors_total: u64,
         /// Share of stored-data reads served by the fast tier (the log or the read cache's
     /// copies) since start (None before any).
@@ -257,6 +266,9 @@ fn disk_group_json(e: &EngineStats, scrub: ScrubSummaryJson) -> DiskGroupJson {
         gc_relocated_bytes_total: e.gc_relocated_bytes_total,
         hot_kept_bytes_total: e.hot_kept_bytes_total,
         log_run_writes_total: e.log_run_writes_total,
+        log_rotated_batches_total: e.log_rotated_batches_total,
+        log_rotating: e.log_rotating,
+        metadata_copy_fallbacks_total: e.metadata_copy_fallbacks_total,
         checksum_errors_total: e.checksum_errors_total,
         fast_read_hit_ratio: fast_read_hit_ratio(e),
         scrub,

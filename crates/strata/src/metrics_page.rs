@@ -282,7 +282,7 @@ fn render_wear(e: &mut Exposition, devices: &[DeviceJson]) {
 }
 
 fn render_engine(e: &mut Exposition, s: &EngineStats) {
-    let gauges: [(&str, &str, f64); 16] = [
+    let gauges: [(&str, &str, f64); 17] = [
         ("strata_log_fill_ratio", "Fill of the write buffer: log space in use besides the read cache's copies, against the log less what the read cache holds; the destage marks apply to it.", s.log_fill_ratio),
         ("strata_log_fill_ratio_low", "Fill below which the destager idles.", s.fill_ratio_low),
         ("strata_log_fill_ratio_high", "Fill above which the destager runs flat out and admission follows it.", s.fill_ratio_high),
@@ -298,17 +298,20 @@ fn render_engine(e: &mut Exposition, s: &EngineStats) {
         ("strata_capacity_live_bytes", "Live data on the capacity tier.", s.capacity_live_bytes as f64),
         ("strata_capacity_segments_free", "Free capacity segments.", s.segments_free as f64),
         ("strata_capacity_full", "1 when the capacity tier has no free segment.", if s.capacity_full { 1.0 } else { 0.0 }),
+        ("strata_log_rotating", "1 while the destager rotates a full write log (both tiers full) so that trims and overwrites give space back.", if s.log_rotating { 1.0 } else { 0.0 }),
         ("strata_destager_nice", "Nice value of the destager thread: 19 while it works ahead of need, its own while the log needs room.", s.destager_nice as f64),
     ];
     for (name, help, v) in gauges {
         e.single(name, Type::Gauge, help, v);
     }
-    let counters: [(&str, &str, u64); 6] = [
+    let counters: [(&str, &str, u64); 8] = [
         ("strata_destaged_bytes_total", "Bytes moved from the log to the capacity tier.", s.destaged_bytes_total),
         ("strata_gc_segments_cleaned_total", "Capacity segments reclaimed by garbage collection.", s.gc_segments_cleaned_total),
         ("strata_gc_relocated_bytes_total", "Live bytes garbage collection moved.", s.gc_relocated_bytes_total),
         ("strata_hot_kept_bytes_total", "Recently overwritten bytes kept on the fast tier instead of destaged.", s.hot_kept_bytes_total),
         ("strata_log_run_writes_total", "Lone writes that extended a run of the write log instead of taking a header block of their own.", s.log_run_writes_total),
+        ("strata_log_rotated_batches_total", "Tail batches of a full write log freed by rotation (their live data written again at the head).", s.log_rotated_batches_total),
+        ("strata_metadata_copy_fallbacks_total", "Metadata reads (index pages, segment summaries) served by the second copy because the first was damaged.", s.metadata_copy_fallbacks_total),
         ("strata_checksum_errors_total", "Blocks whose checksum failed on read (both tiers).", s.checksum_errors_total),
     ];
     for (name, help, v) in counters {
