@@ -357,7 +357,8 @@ struct ReplySlot {
     ready: std::sync::Condvar,
 }
 
-/// The answering half of [`reply_pair`]; dropped unanswered, it answers `ShuttingDown`.
+/// The answering half of [`reply_pair`]; dropped unanswered, it answers `ShuttingDown`, or
+/// `Failed` when a panic drops it (the panic guard takes the group offline with its reason).
 pub struct ReplyTx(Option<Arc<ReplySlot>>);
 
 /// The waiting half of [`reply_pair`].
@@ -389,10 +390,19 @@ impl ReplyTx {
 impl Drop for ReplyTx {
     fn drop(&mut self) {
         if let Some(slot) = self.0.take() {
-            Self::answer(&slot, Err(EngineError::ShuttingDown));
+            let error = match std::thread::panicking() {
+                true => EngineError::Failed(PANICKED_IN_HAND.into()),
+                false => EngineError::ShuttingDown,
+            };
+            Self::answer(&slot, Err(error));
         }
     }
 }
+
+/// The answer of a request whose thread panicked while it held it (`Shared::guarded` takes
+/// the group offline with the panic's message, which `strata status` shows).
+const PANICKED_IN_HAND: &str =
+    "internal error: the thread handling this request panicked (the disk group's reason names the panic)";
 
 impl ReplyRx {
     /// Blocks until the request is answered.
