@@ -20,6 +20,9 @@ use crate::format::*;
 use crate::map::Loc;
 use crate::shared::{Shared, TwoGen};
 
+mod summary;
+pub use summary::{assess, read_summary, Holds, Part};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SegState {
     Free,
@@ -41,6 +44,10 @@ pub struct SegInfo {
     /// Data: blocks written. Meta: blocks handed out to pages.
     pub used_blocks: u32,
     pub sealed_unix_s: u32,
+    /// Data: the segment sequence number of its current use (what its summary says), when
+    /// this opening knows it (it wrote the segment, or read the summary and could tell);
+    /// 0: not known. Not stored in the segment table.
+    pub segment_seq: u64,
 }
 
 const FREE_INFO: SegInfo = SegInfo {
@@ -48,6 +55,7 @@ const FREE_INFO: SegInfo = SegInfo {
     live_blocks: 0,
     used_blocks: 0,
     sealed_unix_s: 0,
+    segment_seq: 0,
 };
 
 /// Segment bookkeeping. Protected by `Shared::segs`.
@@ -157,6 +165,7 @@ impl SegTable {
             live_blocks: 0,
             used_blocks: 0,
             sealed_unix_s: unix_now_s() as u32,
+            segment_seq: 0,
         };
         self.touch(seg);
         Some(seg)
@@ -237,6 +246,8 @@ impl SegTable {
             live_blocks: live,
             used_blocks: used,
             sealed_unix_s: unix_now_s() as u32,
+            // Noted by `write_segment`.
+            segment_seq: self.segs[seg as usize].segment_seq,
         };
         self.recent.push(seg);
         self.touch(seg);
@@ -336,6 +347,7 @@ impl SegTable {
                 live_blocks: live,
                 used_blocks: r.used,
                 sealed_unix_s: r.sealed_unix_s,
+                segment_seq: 0,
             };
         }
     }
@@ -361,6 +373,7 @@ impl SegTable {
             live_blocks: 0,
             used_blocks: used,
             sealed_unix_s: unix_now_s() as u32,
+            segment_seq: seq,
         };
         self.next_seq = self.next_seq.max(seq + 1);
         self.touch(seg);
@@ -454,14 +467,15 @@ pub fn copy_name(copy: u32) -> &'static str {
     }
 }
 
-/// A read that the other summary copy served: counted and logged (a scrub mends the copy).
+/// A read that the other summary copy served (a copy was damaged, or held an earlier use's
+/// part): counted and logged (a scrub mends the copy).
 fn other_copy_served(sh: &Shared, seg: u32, why: &[String]) {
     sh.counters
         .summary_copy_repairs_needed
         .fetch_add(1, Ordering::Relaxed);
     tracing::warn!(
         segment = seg,
-        "segment summary copy damaged ({}); read the other copy",
+        "segment summary copy damaged or stale ({}); read the other copy",
         why.join("; ")
     );
 }
@@ -550,44 +564,6 @@ pub fn read_summary_copy(sh: &Shared, seg: u32, copy: u32) -> SummaryCopy {
         unreadable,
         error: Some(first),
     }
-}
-
-/// The summary of segment `seg` from the device: copy A, or, where it is damaged, copy B
-/// (each part, the header region and each crc block, from a copy where it checks). Ok(None)
-/// when a part checks in no copy; an error when no copy could be read at all.
-pub fn read_summary(sh: &Shared, seg: u32) -> Result<Option<SegmentSummary>, EngineError> {
-    let (group, geo) = (&sh.layout.group, &sh.layout.geo);
-    let mut copies = Vec::new();
-    let mut why = Vec::new();
-    for copy in 0..geo.summary_copies {
-        let c = read_summary_copy(sh, seg, copy);
-        if c.unreadable.is_empty() {
-            if let Some(s) = SegmentSummary::decode(&[&c.bytes], group, geo, seg) {
-                if !why.is_empty() {
-                    other_copy_served(sh, seg, &why);
-                }
-                return Ok(Some(s));
-            }
-        }
-        why.push(match &c.error {
-            Some(e) => format!("copy {}: {e}", copy_name(copy)),
-            None => format!("copy {} fails its checks", copy_name(copy)),
-        });
-        copies.push(c);
-    }
-    // Not one block read in any copy: a device error, not damage.
-    let all_blocks = geo.summary_blocks as usize;
-    if copies.iter().all(|c| c.unreadable.len() == all_blocks) {
-        if let Some(e) = copies.iter_mut().find_map(|c| c.error.take()) {
-            return Err(e.into());
-        }
-    }
-    let areas: Vec<&[u8]> = copies.iter().map(|c| &c.bytes[..]).collect();
-    let s = SegmentSummary::decode(&areas, group, geo, seg);
-    if s.is_some() {
-        other_copy_served(sh, seg, &why);
-    }
-    Ok(s)
 }
 
 /// A block range moving into a segment being built, from wherever it is now.
@@ -740,6 +716,8 @@ pub fn write_segment(sh: &Shared, seg: u32, b: &Builder, seq: u64) -> Result<(),
     }
     device.write_at(&sb, sh.layout.seg_summary_byte(seg, 0).1)?;
     device.flush()?;
+    // What the segment's current use is: a summary copy of an earlier one is told apart by it.
+    sh.segs.lock().segs[seg as usize].segment_seq = seq;
     let mut crcs = sh.crc_blocks.lock();
     for (idx, chunk) in summary.block_crcs.chunks(CRCS_PER_BLOCK).enumerate() {
         crcs.insert((seg, idx as u32), Arc::new(chunk.to_vec()));
@@ -775,7 +753,9 @@ pub fn write_stripe(sh: &Shared, stripe: &[(u32, Builder, u64)]) -> Result<(), E
 
 /// Reads `n` blocks of segment data and checks them against their crcs (`crcs[i]` is block
 /// `block + i`'s). Returns the first block that does not match; the caller decides what it
-/// means.
+/// means. A mismatch is first held against the segment's whole summary, both copies weighed
+/// (`summary::current_crcs`): the crc block the read used may be an earlier use's, from a
+/// copy whose last write the device lost, and still pass its checks.
 pub fn read_seg_blocks(
     sh: &Shared,
     seg: u32,
@@ -786,13 +766,21 @@ pub fn read_seg_blocks(
 ) -> Result<Option<u32>, EngineError> {
     let (dev, off) = sh.layout.seg_data_byte(seg, block);
     sh.caps[dev].read_at(&mut out[..n as usize * BLOCK], off)?;
-    for i in 0..n as usize {
-        let expect = crcs.get(i).copied();
-        if expect != Some(crc32c::crc32c(&out[i * BLOCK..(i + 1) * BLOCK])) {
-            return Ok(Some(block + i as u32));
-        }
+    let bad = first_mismatch(block, n, out, crcs);
+    if bad.is_none() || sh.layout.geo.summary_copies < 2 {
+        return Ok(bad);
     }
-    Ok(None)
+    Ok(match summary::current_crcs(sh, seg, block, n, crcs) {
+        Some(current) => first_mismatch(block, n, out, &current),
+        None => bad,
+    })
+}
+
+/// The first of blocks `block..block + n` (in `out`) that does not match its crc in `crcs`.
+fn first_mismatch(block: u32, n: u32, out: &[u8], crcs: &[u32]) -> Option<u32> {
+    (0..n as usize)
+        .find(|&i| crcs.get(i).copied() != Some(crc32c::crc32c(&out[i * BLOCK..(i + 1) * BLOCK])))
+        .map(|i| block + i as u32)
 }
 
 /// Discards segments that just became free (their old content is of no value).

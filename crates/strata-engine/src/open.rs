@@ -364,7 +364,13 @@ fn new_shared(
     index.snapshots = cp.snapshots.iter().map(|s| (s.id, s.clone())).collect();
     let seg_blocks = (layout.segment_size_bytes / BLOCK_U64) as u32;
     let mut segs = SegTable::new(&layout.segments, caps.len(), seg_blocks);
-    segs.next_seq = cp.next_segment_seq.max(1);
+    // Every segment this opening writes has a higher sequence number than any written before
+    // (docs/FORMAT.md §3.5): the checkpoint's counter may lag behind segments written after
+    // it, and a summary copy of such a segment, left where its next write was lost, must not
+    // pass for a later use of the segment. This opening's epoch (the checkpoint's + 1) is in
+    // the high half; no opening writes 2^32 segments.
+    let floor = (u64::from(cp.epoch) + 1) << 32;
+    segs.next_seq = cp.next_segment_seq.max(floor);
     let fast_crcs = (0..layout.log_blocks).map(|_| AtomicU32::new(0)).collect();
     let seg_gen = segs.gen.clone();
     let layout_log_blocks = layout.log_blocks;

@@ -271,7 +271,7 @@ impl Finish {
 
     /// Checks what the device returned and counts it, under the reclaim pin (the checksums
     /// describe the log blocks only while they cannot be reused). `Err(Retry)`: a cached copy
-    /// could not be used and was forgotten.
+    /// could not be used and was forgotten, or a capacity block failed its cached crc.
     fn check(
         &self,
         buf: &AlignedBuf,
@@ -324,6 +324,12 @@ impl Finish {
                     return Ok(Err(e.into()));
                 }
                 if let Some(k) = first_bad(&|k| crcs.get(k).copied()) {
+                    // The cached crc block may be an earlier use's, from a summary copy whose
+                    // last write was lost: the blocking read holds the block against the
+                    // segment's whole summary before it calls it damaged.
+                    if sh.layout.geo.summary_copies > 1 {
+                        return Err(Retry);
+                    }
                     let lba = self.run.lba + k as u64;
                     let dev = sh.seg_device(*seg);
                     return Ok(Err(crate::corrupt_error(
@@ -426,5 +432,6 @@ impl Finish {
     }
 }
 
-/// A read whose cached copy could not be used and must go to the capacity tier.
+/// A read that must go again the blocking way: its cached copy could not be used (the capacity
+/// tier is read instead), or a capacity block failed a crc from the crc-block cache.
 struct Retry;

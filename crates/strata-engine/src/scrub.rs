@@ -13,9 +13,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use strata_device::AlignedBuf;
 
-use crate::capacity::{
-    copy_name, load_summary, read_seg_blocks, read_summary_copy, SegState, SummaryCopy,
-};
+use crate::capacity::{assess, copy_name, load_summary, read_seg_blocks, Holds, Part, SegState};
 use crate::ctree::page::{encode, key_of, split_key, PageBody};
 use crate::ctree::PagePtr;
 use crate::error::EngineError;
@@ -725,93 +723,112 @@ impl<'a> Scrubber<'a> {
         Ok(())
     }
 
-    /// One sealed segment's summary copies: reads them, mends a part bad in one copy from the
-    /// other, reports a part bad in all. The caller holds the reclaim guard.
+    /// One sealed segment's summary copies, weighed part by part (`capacity::assess`): a
+    /// part a copy holds damaged, or of another use of the segment (a write of that copy the
+    /// device lost: it checks, but differs from the current one), is rewritten from the copy
+    /// holding the current one; a part no copy can be told to hold right is reported and left
+    /// as it is. The caller holds the reclaim guard.
     fn check_summary(&mut self, seg: u32) {
         let sh = self.sh;
-        let (group, geo) = (&sh.layout.group, &sh.layout.geo);
-        let copies: Vec<SummaryCopy> = (0..geo.summary_copies)
-            .map(|c| read_summary_copy(sh, seg, c))
-            .collect();
-        let readable = |c: &SummaryCopy, blocks: &std::ops::Range<u32>| {
-            !c.unreadable.iter().any(|k| blocks.contains(k))
+        let copies = if sh.layout.geo.summary_copies == 1 {
+            "it has one copy"
+        } else {
+            "both copies"
         };
-        let one_copy = geo.summary_copies == 1;
-        let head_blocks = geo.crc_blocks..geo.summary_blocks;
-        let heads: Vec<Option<SegmentSummary>> = copies
-            .iter()
-            .map(|c| {
-                readable(c, &head_blocks)
-                    .then(|| SegmentSummary::decode_head(&c.bytes, group, geo, seg))
-                    .flatten()
-            })
-            .collect();
-        let Some(used) = heads.iter().flatten().map(|h| h.data_blocks_used).next() else {
-            sh.checksum_error(sh.seg_device(seg), 1);
-            self.report.metadata_damaged.push(format!(
-                "summary of capacity segment {seg} is damaged ({}); its blocks cannot be read",
-                if one_copy {
-                    "it has one copy"
-                } else {
-                    "both copies"
-                }
-            ));
-            return;
-        };
-        // Each part: its blocks in a copy, whether each copy holds it sound, what it is, and
-        // which data blocks cannot be read without it.
-        let mut parts = vec![(
-            head_blocks,
-            heads.iter().map(Option::is_some).collect::<Vec<bool>>(),
-            "header".to_string(),
-            "its blocks cannot be read".to_string(),
-        )];
-        for k in 0..crc_blocks_used(used) {
-            let at = k as usize * BLOCK..(k as usize + 1) * BLOCK;
-            let ok = copies
-                .iter()
-                .map(|c| {
-                    readable(c, &(k..k + 1))
-                        && decode_crc_block(&c.bytes[at.clone()], seg, k).is_some()
-                })
-                .collect();
-            let first = k as usize * CRCS_PER_BLOCK;
-            let last = (first + CRCS_PER_BLOCK).min(used as usize) - 1;
-            let lost = format!("its data blocks {first}..={last} cannot be read");
-            parts.push((k..k + 1, ok, format!("crc block {k}"), lost));
-        }
-        for (blocks, ok, what, lost) in parts {
-            let Some(good) = ok.iter().position(|&x| x) else {
+        let a = match assess(sh, seg) {
+            Ok(a) => a,
+            Err(e) => {
                 sh.checksum_error(sh.seg_device(seg), 1);
                 self.report.metadata_damaged.push(format!(
-                    "summary of capacity segment {seg} is damaged ({what}, {}); {lost}",
-                    if one_copy {
-                        "it has one copy"
-                    } else {
-                        "both copies"
-                    }
+                    "summary of capacity segment {seg} is damaged ({copies}: {e}); its blocks \
+                     cannot be read"
                 ));
+                return;
+            }
+        };
+        for part in &a.parts {
+            let lost = self.lost(seg, part);
+            let Some(good) = part.current else {
+                sh.checksum_error(sh.seg_device(seg), 1);
+                let why = unmendable(seg, part, copies, &lost);
+                self.report.metadata_damaged.push(why);
                 continue;
             };
-            for bad in (0..copies.len()).filter(|&c| !ok[c]) {
-                let bytes =
-                    &copies[good].bytes[blocks.start as usize * BLOCK..blocks.end as usize * BLOCK];
-                let (bad, good) = (bad as u32, good as u32);
-                match rewrite_summary_blocks(sh, seg, bad, blocks.start, bytes) {
+            let bytes = &a.copies[good].bytes
+                [part.blocks.start as usize * BLOCK..part.blocks.end as usize * BLOCK];
+            let good = good as u32;
+            for (bad, holds) in part.holds.iter().enumerate() {
+                let bad = bad as u32;
+                let what = match holds {
+                    Holds::Current => continue,
+                    Holds::Damaged => format!("{} rewritten", part.what),
+                    Holds::Other(why) => format!(
+                        "{} differed from copy {}'s (copy {}'s {why}); rewritten",
+                        part.what,
+                        copy_name(good),
+                        copy_name(bad)
+                    ),
+                };
+                match rewrite_summary_blocks(sh, seg, bad, part.blocks.start, bytes) {
                     Ok(()) => self.repaired(format!(
-                        "summary copy {} of capacity segment {seg}: {what} rewritten from copy {}",
+                        "summary copy {} of capacity segment {seg}: {what} from copy {}",
                         copy_name(bad),
                         copy_name(good)
                     )),
                     Err(e) => self.report.metadata_damaged.push(format!(
-                        "summary copy {} of capacity segment {seg}: {what} is damaged and could \
-                         not be rewritten: {e}",
-                        copy_name(bad)
+                        "summary copy {} of capacity segment {seg}: {} is damaged or stale and \
+                         could not be rewritten: {e}",
+                        copy_name(bad),
+                        part.what
                     )),
                 }
             }
         }
     }
+
+    /// What a summary part no copy holds right costs.
+    fn lost(&self, seg: u32, part: &Part) -> String {
+        if part.what == "header" {
+            return "its blocks cannot be read".into();
+        }
+        let used = self.sh.segs.lock().segs[seg as usize].used_blocks as usize;
+        let first = part.blocks.start as usize * CRCS_PER_BLOCK;
+        let last = (first + CRCS_PER_BLOCK).min(used.max(first + 1)) - 1;
+        format!("its data blocks {first}..={last} cannot be read")
+    }
+}
+
+/// The report of a summary part no copy holds as the segment's current use wrote it.
+fn unmendable(seg: u32, part: &Part, copies: &str, lost: &str) -> String {
+    let what = &part.what;
+    if part.holds.iter().any(|h| *h != Holds::Damaged) {
+        return format!(
+            "summary of capacity segment {seg}: no copy of its {what} can be told to be the \
+             segment's current one ({}); not rewritten; {lost}",
+            holds_text(&part.holds)
+        );
+    }
+    match what.as_str() {
+        "header" => format!("summary of capacity segment {seg} is damaged ({copies}); {lost}"),
+        _ => format!("summary of capacity segment {seg} is damaged ({what}, {copies}); {lost}"),
+    }
+}
+
+/// What each copy holds of a part, for a report.
+fn holds_text(holds: &[Holds]) -> String {
+    holds
+        .iter()
+        .enumerate()
+        .map(|(c, h)| {
+            let copy = copy_name(c as u32);
+            match h {
+                Holds::Current => format!("copy {copy}'s checks"),
+                Holds::Damaged => format!("copy {copy}'s is damaged"),
+                Holds::Other(why) => format!("copy {copy}'s {why}"),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Writes `bytes` over summary copy `copy` of segment `seg` from its block `first`, durably.

@@ -215,8 +215,8 @@ pub struct Counters {
     pub index_page_reads: AtomicU64,
     /// Index pages whose copy A was damaged (copy B served the read).
     pub index_copy_repairs_needed: AtomicU64,
-    /// Reads of a segment summary (or one of its crc blocks) whose first copy was damaged or
-    /// unreadable and whose other copy served it.
+    /// Reads of a segment summary (or one of its crc blocks) whose first copy was damaged,
+    /// unreadable or an earlier use's (a lost write), and whose other copy served it.
     pub summary_copy_repairs_needed: AtomicU64,
     /// Surveys of the log's tail by the destager (tests watch how often it looks).
     pub destage_surveys: AtomicU64,

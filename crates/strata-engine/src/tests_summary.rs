@@ -18,6 +18,8 @@ use crate::layout::{layout_from, read_checkpoint, read_superblock};
 use crate::tests::{seed_for, small_cfg, Rig, MIB};
 use crate::*;
 
+mod stale;
+
 const VOL_BLOCKS: u64 = 512;
 
 /// Block `lba` of the test volume: its number in the first 8 bytes, then a fill byte.
