@@ -87,11 +87,10 @@ fn check_v(dg: &DiskGroup, v: VolumeId, want: impl Fn(u64) -> Option<u8>) -> Vec
     errors
 }
 
+/// Reads the other copy served, as an administrator sees them (no index page is damaged
+/// here, so these are summary reads).
 fn copy_repairs(dg: &DiskGroup) -> u64 {
-    dg.sh
-        .counters
-        .summary_copy_repairs_needed
-        .load(Ordering::Relaxed)
+    dg.stats().metadata_copy_fallbacks_total
 }
 
 /// The checkpoint at rest on the fast device (read from a copy, so nothing is written).
