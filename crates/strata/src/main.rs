@@ -1,7 +1,9 @@
 //! `strata`: the daemon (`strata serve`) and the CLI that talks to its admin HTTP API.
 //!
-//! Every failure ends the process with a non-zero exit code and exactly one line on stderr,
-//! `strata: <reason>`; only `strata serve` writes logs (to stderr, filtered by RUST_LOG).
+//! Every failure ends the process with a non-zero exit code and one line on stderr,
+//! `strata: <reason>`, the last; only `strata serve` writes logs (to stderr, filtered by
+//! RUST_LOG). The one other line a command may write there says, once, that it is waiting for
+//! a daemon that is still starting (client.rs).
 mod adapter;
 mod api;
 mod api_observe;
@@ -22,6 +24,7 @@ mod registry;
 mod routes;
 mod serve;
 mod space_cache;
+mod startup;
 mod status_text;
 mod wear;
 #[cfg(test)]
