@@ -324,6 +324,76 @@ fn a_command_waits_for_a_starting_daemon_and_says_so() {
     assert_replayed_writes_read_back(&daemon);
 }
 
+/// SIGTERM while the disk group opens (its log being replayed): the daemon lets the open end,
+/// closes the group and exits 0 without serving; meanwhile the admin port says it is stopping.
+/// A second signal a second later exits 130 at once. Either way the next start opens and every
+/// acknowledged write reads back.
+#[test]
+fn a_signal_while_the_disk_group_opens_stops_it_cleanly() {
+    if !require_tool("qemu-io") {
+        return;
+    }
+    let mut daemon = killed_with_a_log_to_replay();
+
+    let mut start = SlowStart::begin(&daemon, "term");
+    start.signal(SIGTERM);
+    let stopping = "stopping during start-up";
+    let seen = wait_until(LOG_TIMEOUT, || start.log().contains(stopping));
+    assert!(seen, "no `{stopping}` in the log\n{}", start.log());
+    // The command does not wait for a daemon that will not serve: it fails at once, saying why.
+    let began = Instant::now();
+    let out = run_timeout(
+        &mut cmd(STRATA_BIN, &["--server", &start.url, "volume", "list"]),
+        Duration::from_secs(60),
+    );
+    assert_one_line_reason("volume list while stopping", &out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("the daemon is stopping"), "{stderr}");
+    assert!(
+        began.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        began.elapsed()
+    );
+    let status = start.wait_exit();
+    let log = start.log();
+    assert!(status.success(), "exit {status}\n{log}");
+    let (stop_at, open_at) = (log.find(stopping), log.find("disk group open"));
+    assert!(
+        matches!((stop_at, open_at), (Some(s), Some(o)) if s < o),
+        "the signal did not come while the group opened\n{log}"
+    );
+    assert!(log.contains("the disk group was closed cleanly"), "{log}");
+    assert!(
+        !start.stdout().contains("strata: ready"),
+        "it served\n{}",
+        start.stdout()
+    );
+
+    // The stop was clean, so this start replays the log only as far as the destager had not
+    // moved it; it must still last long enough for a second signal.
+    let mut start = SlowStart::begin(&daemon, "forced");
+    start.signal(SIGTERM);
+    let seen = wait_until(LOG_TIMEOUT, || start.log().contains(stopping));
+    assert!(seen, "no `{stopping}` in the log\n{}", start.log());
+    std::thread::sleep(Duration::from_millis(1500));
+    start.signal(SIGTERM);
+    let status = start.wait_exit();
+    let log = start.log();
+    assert_eq!(status.code(), Some(130), "{log}");
+    assert!(
+        log.contains("SIGTERM during start-up, exiting at once"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("disk group open"),
+        "the open ended before the second signal\n{log}"
+    );
+
+    daemon.restart();
+    assert_replayed_writes_read_back(&daemon);
+    daemon.cli_ok(&["volume", "info", VOL0]);
+}
+
 /// Over `--max-connections`, a client is told why instead of finding the connection closed.
 #[test]
 fn a_client_over_the_connection_limit_is_told_why() {
