@@ -276,6 +276,13 @@ pub fn parse_size_arg(text: &str) -> std::result::Result<u64, String> {
     parse_size(text)
 }
 
+/// Clap value parser for an on/off setting given a value (`--log-runs false`): true or false,
+/// or on or off as the durations' `off` reads.
+pub fn parse_switch_arg() -> impl clap::builder::TypedValueParser<Value = bool> {
+    use clap::builder::{PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(["true", "false", "on", "off"]).map(|v| v == "true" || v == "on")
+}
+
 /// Longest duration taken, ten years: a longer one is a typo (or a way of saying `off`), and
 /// added to the clock by whatever waits for it, it would overflow (the scrub thread panicked).
 const MAX_DURATION_SECS: u64 = 3650 * 86_400;

@@ -259,9 +259,15 @@ pub struct ServeArgs {
     pub durable_write: Option<String>,
     /// Let writes made one at a time extend a run of the write log (a data block and a
     /// rewritten header copy, written together): half the log space for queue-depth-one
-    /// writes, two device writes each instead of one (`--log-runs`, `--log-runs=false`)
+    /// writes, two device writes each instead of one (`--log-runs` alone means true)
     /// [default: false].
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = config::parse_switch_arg()
+    )]
     pub log_runs: Option<bool>,
     /// File whose first line is the admin API token; required when --http-listen is not loopback.
     #[arg(long, value_name = "FILE")]
@@ -748,6 +754,35 @@ mod tests {
         };
         assert_eq!(args.capacity_devices.len(), 2);
         assert_eq!(args.fill_low, Some(0.2));
+    }
+
+    #[test]
+    fn log_runs_takes_a_value_as_the_other_flags_do() {
+        let log_runs = |args: &[&str]| {
+            let all = [&["strata", "serve"][..], args, &["--data-dir", "d"]].concat();
+            match Cli::try_parse_from(all).map(|c| c.command) {
+                Ok(Command::Serve(a)) => Ok(a.log_runs),
+                Ok(other) => panic!("{other:?}"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        assert_eq!(log_runs(&[]), Ok(None));
+        assert_eq!(log_runs(&["--log-runs"]), Ok(Some(true)));
+        for (value, on) in [
+            ("true", true),
+            ("false", false),
+            ("on", true),
+            ("off", false),
+        ] {
+            assert_eq!(log_runs(&["--log-runs", value]), Ok(Some(on)), "{value}");
+            assert_eq!(
+                log_runs(&[&format!("--log-runs={value}")]),
+                Ok(Some(on)),
+                "{value}"
+            );
+        }
+        let e = log_runs(&["--log-runs", "maybe"]).unwrap_err();
+        assert!(e.contains("possible values: true, false, on, off"), "{e}");
     }
 
     #[test]
