@@ -237,7 +237,8 @@ pub struct ServeArgs {
     /// Size of the volume `vol0` created when the disk group has never had a volume; 0 creates none [default: 8G].
     #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
     pub default_volume_size: Option<u64>,
-    /// Memory for index pages of data on the capacity tier (the capacity index's RAM bound) [default: 64M].
+    /// Memory for index pages of data on the capacity tier (the capacity index's RAM bound; at
+    /// least 110K) [default: 64M].
     #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
     pub index_cache: Option<u64>,
     /// Time between background scrubs of every stored block (`7d`, `24h`, `off`) [default: 7d].
