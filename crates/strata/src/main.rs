@@ -109,6 +109,8 @@ pub enum Command {
 pub enum VolumeCommand {
     /// Create a thin-provisioned volume.
     Create {
+        /// Name of the new volume: 1 to 64 letters, digits, '-', '_' or '.', starting with a
+        /// letter or a digit.
         name: String,
         /// Size, e.g. 8G, 1.5G, 512M or a byte count, a multiple of 4 KiB; units are binary
         /// (G and GB mean GiB).
@@ -168,9 +170,17 @@ pub enum VolumeCommand {
 #[derive(Debug, Subcommand)]
 pub enum SnapshotCommand {
     /// Take a snapshot of a volume: a read-only image exported over NBD as VOLUME@NAME.
-    Create { volume: String, name: String },
+    Create {
+        volume: String,
+        /// Name of the snapshot, named as a volume is (1 to 64 letters, digits, '-', '_' or
+        /// '.', starting with a letter or a digit).
+        name: String,
+    },
     /// List snapshots, of one volume or of all.
-    List { volume: Option<String> },
+    List {
+        /// Only this volume's snapshots [default: every volume's].
+        volume: Option<String>,
+    },
     /// Show one snapshot.
     Info { volume: String, name: String },
     /// Delete a snapshot (refused while an NBD client has VOLUME@NAME open, unless --force).
