@@ -1,9 +1,9 @@
 //! The CLI side of the admin API: `strata volume ...`, `strata snapshot ...` (in
 //! `client_snapshot.rs`), `strata scrub` (in `client_scrub.rs`) and `strata status`. Requests carry the admin token (`--token-file` or
 //! `STRATA_TOKEN`) when one is given; the daemon checks it on every mutating request.
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
 use serde_json::{json, Value};
@@ -24,6 +24,8 @@ pub use scrub::{DamageFound, EXIT_DAMAGE_FOUND};
 pub struct Refused {
     pub status: u16,
     pub reason: String,
+    /// What a daemon still starting is doing (its 503 answers say; startup.rs).
+    pub starting: Option<String>,
 }
 
 impl std::fmt::Display for Refused {
@@ -41,10 +43,20 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A delete waits for the volume's in-flight I/O, so allow the daemon some time.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 const MAX_RESPONSE_BYTES: u64 = 16 << 20;
+/// How long a command waits for a daemon that answers it is starting (replaying its log).
+const START_WAIT: Duration = Duration::from_secs(120);
+/// A command that has waited this long for a starting daemon says so, once, on stderr.
+const START_NOTE_AFTER: Duration = Duration::from_secs(2);
+/// Between two requests to a starting daemon.
+const START_POLL: Duration = Duration::from_millis(200);
 
 pub struct Client {
     base: String,
     json: bool,
+    /// How long to wait for a daemon that is starting ([`START_WAIT`]).
+    start_wait: Duration,
+    /// The request deadline of `agent` ([`REQUEST_TIMEOUT`]), for the reason given past it.
+    request_timeout: Duration,
     agent: ureq::Agent,
     /// For requests that last as long as the work they ask for (a scrub): no deadline once
     /// connected. A daemon that dies closes the connection, which ends the wait.
@@ -86,6 +98,16 @@ pub fn load_token(token_file: Option<&Path>, env_token: Option<&str>) -> Result<
 
 impl Client {
     pub fn new(server: &str, json: bool) -> Result<Client> {
+        Client::with_waits(server, json, REQUEST_TIMEOUT, START_WAIT)
+    }
+
+    /// A client with other deadlines than the commands' (tests).
+    fn with_waits(
+        server: &str,
+        json: bool,
+        request_timeout: Duration,
+        start_wait: Duration,
+    ) -> Result<Client> {
         let base = server.trim().trim_end_matches('/').to_string();
         if base.starts_with("https://") {
             bail!("{base}: https is not supported; the admin API is plain HTTP (use http://)");
@@ -95,7 +117,7 @@ impl Client {
         }
         let agent = ureq::AgentBuilder::new()
             .timeout_connect(CONNECT_TIMEOUT)
-            .timeout(REQUEST_TIMEOUT)
+            .timeout(request_timeout)
             .build();
         let patient_agent = ureq::AgentBuilder::new()
             .timeout_connect(CONNECT_TIMEOUT)
@@ -103,6 +125,8 @@ impl Client {
         Ok(Client {
             base,
             json,
+            start_wait,
+            request_timeout,
             agent,
             patient_agent,
             authorization: None,
@@ -251,7 +275,57 @@ impl Client {
         self.call_on(&self.agent, method, path, body)
     }
 
+    /// One request, asked again while the daemon answers that it is starting (it did nothing
+    /// with it), for up to [`START_WAIT`]: after [`START_NOTE_AFTER`] the wait is named once on
+    /// stderr (stdout stays the command's output, JSON included).
     fn call_on(
+        &self,
+        agent: &ureq::Agent,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value> {
+        let began = Instant::now();
+        let mut noted = false;
+        loop {
+            let error = match self.call_once(agent, method, path, body.clone()) {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            let starting = error
+                .downcast_ref::<Refused>()
+                .and_then(|r| r.starting.clone());
+            let Some(phase) = starting else {
+                return Err(error);
+            };
+            let waited = began.elapsed();
+            if waited >= self.start_wait {
+                return Err(Refused {
+                    status: 503,
+                    reason: format!(
+                        "gave up after {} s: the daemon at {} is still starting ({phase}); try again once it is ready",
+                        waited.as_secs(),
+                        self.base
+                    ),
+                    starting: None,
+                }
+                .into());
+            }
+            if !noted && waited >= START_NOTE_AFTER {
+                noted = true;
+                // A closed stderr must not end the wait.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "strata: waiting for the daemon at {}: it is starting ({phase})",
+                    self.base
+                );
+            }
+            std::thread::sleep(START_POLL.min(self.start_wait - waited));
+        }
+    }
+
+    /// One request, answered or refused as it is.
+    fn call_once(
         &self,
         agent: &ureq::Agent,
         method: &str,
@@ -269,22 +343,43 @@ impl Client {
         match result {
             Ok(resp) => read_json(resp),
             Err(ureq::Error::Status(code, resp)) => {
-                let reason = read_json(resp)
-                    .ok()
-                    .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_string))
-                    .unwrap_or_else(|| format!("the daemon answered HTTP {code}"));
+                let answer = read_json(resp).ok();
+                let field = |name: &str| {
+                    let v = answer.as_ref()?.get(name)?;
+                    v.as_str().map(crate::one_line)
+                };
+                let reason =
+                    field("error").unwrap_or_else(|| format!("the daemon answered HTTP {code}"));
+                let starting = answer
+                    .as_ref()
+                    .and_then(|v| v.pointer("/starting/phase")?.as_str().map(crate::one_line));
                 Err(Refused {
                     status: code,
-                    reason: crate::one_line(&reason),
+                    reason,
+                    starting: starting.filter(|_| code == 503),
                 }
                 .into())
             }
-            Err(ureq::Error::Transport(t)) => Err(anyhow!(
-                "cannot reach the daemon at {}: {}",
-                self.base,
-                transport_reason(&t)
-            )),
+            Err(ureq::Error::Transport(t)) => Err(self.transport_error(&t)),
         }
+    }
+
+    /// A request that got no answer: the daemon was not reached, or it took the connection
+    /// and did not answer in time (busy, or stuck).
+    fn transport_error(&self, t: &ureq::Transport) -> anyhow::Error {
+        let reason = transport_reason(t);
+        let connected = !matches!(
+            t.kind(),
+            ureq::ErrorKind::ConnectionFailed | ureq::ErrorKind::Dns
+        );
+        if connected && reason == "timed out" {
+            return anyhow!(
+                "the daemon at {} took the request but gave no answer within {} s",
+                self.base,
+                self.request_timeout.as_secs()
+            );
+        }
+        anyhow!("cannot reach the daemon at {}: {reason}", self.base)
     }
 }
 
@@ -402,6 +497,8 @@ pub fn space_lines(s: &SpaceJson) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
 
     fn vol(name: &str, size_bytes: u64, connections: usize) -> VolumeJson {
         VolumeJson {
@@ -467,6 +564,96 @@ mod tests {
         assert_eq!(
             e,
             "cannot reach the daemon at http://127.0.0.1:1: connection refused"
+        );
+    }
+
+    /// A daemon on a port of its own that answers each request with the next of `answers`
+    /// (status, JSON body), the last one for good; returns its URL and the request count.
+    fn answering(answers: Vec<(u16, &'static str)>) -> (String, Arc<AtomicUsize>) {
+        use std::io::{BufRead, BufReader};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let count = Arc::new(AtomicUsize::new(0));
+        let counted = count.clone();
+        // Ends with the test process; a request past the test's end finds nobody listening.
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                    line.clear();
+                }
+                let n = counted.fetch_add(1, Ordering::SeqCst);
+                let (status, body) = answers[n.min(answers.len() - 1)];
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        (url, count)
+    }
+
+    const STARTING: &str = r#"{"error": "the daemon is starting (3 s so far): opening its disk group", "starting": {"phase": "opening its disk group", "elapsed_s": 3}}"#;
+
+    #[test]
+    fn a_starting_daemon_is_waited_for() {
+        let (url, count) = answering(vec![
+            (503, STARTING),
+            (503, STARTING),
+            (200, r#"{"volumes": []}"#),
+        ]);
+        let c = Client::new(&url, false).unwrap();
+        let v = c.call("GET", "/api/v1/volumes", None).unwrap();
+        assert_eq!(v["volumes"], json!([]));
+        assert_eq!(count.load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn a_daemon_that_stays_starting_is_given_up_with_the_reason() {
+        let (url, count) = answering(vec![(503, STARTING)]);
+        let c = Client::with_waits(&url, false, REQUEST_TIMEOUT, Duration::from_secs(1)).unwrap();
+        let began = Instant::now();
+        let e = c
+            .call("POST", "/api/v1/volumes", Some(json!({})))
+            .unwrap_err();
+        let waited = began.elapsed();
+        assert!(
+            waited >= Duration::from_secs(1) && waited < Duration::from_secs(5),
+            "{waited:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!("gave up after 1 s: the daemon at {url} is still starting (opening its disk group); try again once it is ready")
+        );
+        assert_eq!(e.downcast_ref::<Refused>().map(|r| r.status), Some(503));
+        assert!(count.load(Ordering::SeqCst) > 2, "asked again meanwhile");
+    }
+
+    #[test]
+    fn other_refusals_are_not_waited_for() {
+        let (url, count) = answering(vec![(503, r#"{"error": "the daemon is shutting down"}"#)]);
+        let c = Client::new(&url, false).unwrap();
+        let e = c.call("GET", "/api/v1/volumes", None).unwrap_err();
+        assert_eq!(e.to_string(), "the daemon is shutting down");
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_daemon_that_takes_the_request_and_never_answers_is_named_so() {
+        // Listening, never accepting: the kernel completes the connection, nothing answers.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let c = Client::with_waits(&url, false, Duration::from_secs(1), START_WAIT).unwrap();
+        let e = c
+            .call("GET", "/api/v1/volumes", None)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            format!("the daemon at {url} took the request but gave no answer within 1 s")
         );
     }
 

@@ -87,7 +87,10 @@ impl Client {
     }
 
     fn progress_line(&self) -> Option<String> {
-        let v = self.call("GET", "/api/v1/scrub", None).ok()?;
+        // Not `call`: a daemon still starting is waited for (and said so) by the scrub's request.
+        let v = self
+            .call_once(&self.agent, "GET", "/api/v1/scrub", None)
+            .ok()?;
         let s: ScrubStatusJson = serde_json::from_value(v).ok()?;
         s.progress.running.then(|| progress_text(s.progress.progress_bytes, s.progress.total_bytes))
     }

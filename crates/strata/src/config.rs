@@ -23,6 +23,10 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
 const MAX_CONNECTIONS_LIMIT: usize = 4096;
 const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
 const ALIGN_BYTES: u64 = 4096;
+/// The least index cache the engine runs with: it keeps at least 16 index nodes in memory,
+/// each taking 7040 bytes (docs/FORMAT.md §3.6.3, `maint::cache_nodes`), and raises a smaller
+/// budget to that without a word; so a smaller one is refused here, saying so.
+pub const MIN_INDEX_CACHE_BYTES: u64 = 16 * 7040;
 
 /// Which device I/O implementation to ask the device layer for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -274,6 +278,13 @@ pub fn format_size(bytes: u64) -> String {
 /// Clap value parser for sizes.
 pub fn parse_size_arg(text: &str) -> std::result::Result<u64, String> {
     parse_size(text)
+}
+
+/// Clap value parser for an on/off setting given a value (`--log-runs false`): true or false,
+/// or on or off as the durations' `off` reads.
+pub fn parse_switch_arg() -> impl clap::builder::TypedValueParser<Value = bool> {
+    use clap::builder::{PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(["true", "false", "on", "off"]).map(|v| v == "true" || v == "on")
 }
 
 /// Longest duration taken, ten years: a longer one is a typo (or a way of saying `off`), and
@@ -690,6 +701,13 @@ fn validate(c: &ServeConfig) -> Result<()> {
         if value == 0 {
             bail!("{key} must not be zero");
         }
+    }
+    if c.engine.index_cache_bytes < MIN_INDEX_CACHE_BYTES {
+        bail!(
+            "index-cache ({}) must be at least {}: the capacity index keeps at least 16 of its nodes in memory",
+            format_size(c.engine.index_cache_bytes),
+            format_size(MIN_INDEX_CACHE_BYTES)
+        );
     }
     // Checked here, not only by the engine when it creates the volume: by then a first start
     // has formatted the devices, and fails leaving them behind.

@@ -475,3 +475,23 @@ fn engine_limits_are_refused_before_any_device_is_made() {
         assert!(e.contains(wanted), "{text}: {e}");
     }
 }
+
+/// The engine keeps at least 16 index nodes whatever the budget: a smaller `index-cache` was
+/// taken and silently raised; it is refused with the least that is honoured.
+#[test]
+fn an_index_cache_below_what_the_engine_keeps_is_refused_with_the_minimum() {
+    for text in ["index_cache = 0", "index_cache = \"100K\""] {
+        let file = parse_file(text).unwrap();
+        let e = merge(&ServeArgs::default(), file).unwrap_err().to_string();
+        assert!(
+            e.starts_with("index-cache (") && e.contains("must be at least 110 KiB"),
+            "{text}: {e}"
+        );
+    }
+    let args = ServeArgs {
+        index_cache: Some(MIN_INDEX_CACHE_BYTES),
+        ..Default::default()
+    };
+    let cfg = merge(&args, FileConfig::default()).unwrap();
+    assert_eq!(cfg.engine.index_cache_bytes, 110 << 10);
+}

@@ -83,6 +83,8 @@ fn open_all(cfg: &ServeConfig, created: &mut Created, abandon: &Arc<AtomicBool>)
     let size = cfg.fast_size_bytes;
     let fast = open_one(&cfg.fast_device, size, true, cfg, created, abandon)?;
     warn_unused_size(&fast, cfg.fast_size_bytes, cfg.fast_size_given, "fast-size");
+    // Before any capacity file is made: one the group does not have would be made for nothing.
+    check_capacity_count(fast.as_ref(), cfg.capacity_devices.len())?;
     let io_backend = fast.io_backend_name().to_string();
     let fast = emulate(fast, cfg.emulation.fast.as_ref());
     let capacity = cfg
@@ -96,6 +98,31 @@ fn open_all(cfg: &ServeConfig, created: &mut Created, abandon: &Arc<AtomicBool>)
         })
         .collect::<Result<Vec<_>>>()?;
     Ok((fast, capacity, io_backend))
+}
+
+/// A fast device of an existing group names how many capacity devices the group has: a start
+/// that names another number is refused here, saying how to name them (a group first started
+/// with two `--capacity-device` flags and started again with the defaults names one).
+fn check_capacity_count(fast: &dyn Device, given: usize) -> Result<()> {
+    let Ok(Some(sb)) = strata_engine::read_superblock(fast) else {
+        // Blank (a new group), or unreadable: the engine says what is wrong with it.
+        return Ok(());
+    };
+    let has = sb.capacity_devices as usize;
+    if sb.role != Role::Fast || has == given {
+        return Ok(());
+    }
+    let devices = |n: usize| match n {
+        1 => "1 capacity device".to_string(),
+        n => format!("{n} capacity devices"),
+    };
+    let named = if given == 1 { "was" } else { "were" };
+    Err(anyhow!(
+        "the disk group on {} has {}, but {} {named} named: name each of them, in the order of the group's first start, with --capacity-device (or capacity_devices in the config file)",
+        fast.name(),
+        devices(has),
+        given
+    ))
 }
 
 /// A size asked for applies only to a file this start creates: says so when an existing
@@ -259,8 +286,12 @@ fn open_with(path: &Path, create_size_bytes: u64, how: How) -> Result<Arc<dyn De
         abandon_creation: how.abandon,
     };
     strata_device::open_with(path, &options).map_err(|e| match e {
-        // Already names the path.
-        DeviceError::Open(msg) => anyhow!("cannot open device {}", crate::one_line(&msg)),
+        // Already names the path; but a device that cannot be written at all is said to be so
+        // rather than to lack O_DIRECT (the device layer's open says which it tried).
+        DeviceError::Open(msg) => match unwritable(path) {
+            Some(reason) => anyhow!("cannot open device {}: {reason}", path.display()),
+            None => anyhow!("cannot open device {}", crate::one_line(&msg)),
+        },
         // Kept as it is, for `is_abandoned`.
         e @ DeviceError::Abandoned(_) => anyhow::Error::new(e),
         e => anyhow!(
@@ -269,6 +300,34 @@ fn open_with(path: &Path, create_size_bytes: u64, how: How) -> Result<Arc<dyn De
             crate::one_line(&e.to_string())
         ),
     })
+}
+
+/// Why `path` cannot be written, if that is why a device open failed: it is on a read-only
+/// file system, or this user may not write it (or, for a file still to be made, its
+/// directory). Asked only after a failure, with plain opens that change nothing.
+fn unwritable(path: &Path) -> Option<String> {
+    let probe = if path.exists() {
+        std::fs::OpenOptions::new().write(true).open(path).map(drop)
+    } else {
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+        let dir = dir.unwrap_or(Path::new("."));
+        // A directory cannot be opened for writing: ask the kernel whether it could be written.
+        let c_dir = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
+        // SAFETY: a valid NUL-terminated path; access() only reads it.
+        match unsafe { libc::access(c_dir.as_ptr(), libc::W_OK) } {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        }
+    };
+    let e = probe.err()?;
+    match e.raw_os_error() {
+        Some(libc::EROFS) => Some("it is on a read-only file system".into()),
+        Some(libc::EACCES) | Some(libc::EPERM) => Some(format!(
+            "permission denied: this user may not write {}",
+            if path.exists() { "it" } else { "its directory" }
+        )),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -482,5 +541,135 @@ mod tests {
             unused_segment_size(&unasked, formatted_segment_size(&unasked)),
             None
         );
+    }
+
+    /// A group first started with two capacity devices, started again naming one (the
+    /// defaults): refused with how to name them, and no capacity file is made for it. The
+    /// engine's own refusal said "1 were given".
+    #[test]
+    fn a_start_naming_fewer_capacity_devices_than_the_group_has_says_how_to_name_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut args = args_in(dir.path());
+        args.fast_size = Some(64 << 20);
+        args.capacity_size = Some(64 << 20);
+        args.capacity_devices = vec![dir.path().join("c0.img"), dir.path().join("c1.img")];
+        let two = merge(&args, Default::default()).unwrap();
+        formatted_segment_size(&two);
+
+        args.capacity_devices.clear();
+        let one = merge(&args, Default::default()).unwrap();
+        let e = open_devices(&one, &Default::default())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("has 2 capacity devices, but 1 was named: name each of them"),
+            "{e}"
+        );
+        assert!(
+            !dir.path().join("capacity-0.img").exists(),
+            "a capacity file was made"
+        );
+        args.capacity_devices = ["c0.img", "c1.img", "c2.img"]
+            .map(|f| dir.path().join(f))
+            .into();
+        let three = merge(&args, Default::default()).unwrap();
+        let e = open_devices(&three, &Default::default())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("has 2 capacity devices, but 3 were named"),
+            "{e}"
+        );
+        assert!(
+            !dir.path().join("c2.img").exists(),
+            "a capacity file was made"
+        );
+    }
+
+    /// A tmpfs mounted for a test, unmounted when dropped.
+    struct Mount(std::ffi::CString);
+
+    impl Mount {
+        /// None where this process may not mount (not root, or a sandbox that forbids it).
+        fn tmpfs(dir: &Path) -> Option<Mount> {
+            let target = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: valid NUL-terminated strings for the duration of the call.
+            let rc = unsafe {
+                libc::mount(
+                    c"tmpfs".as_ptr(),
+                    target.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    0,
+                    c"size=8m".as_ptr().cast(),
+                )
+            };
+            (rc == 0).then_some(Mount(target))
+        }
+
+        fn make_read_only(&self) {
+            let flags = libc::MS_REMOUNT | libc::MS_RDONLY;
+            // SAFETY: as in `tmpfs`; remounts what this guard mounted.
+            let rc = unsafe {
+                libc::mount(
+                    std::ptr::null(),
+                    self.0.as_ptr(),
+                    std::ptr::null(),
+                    flags,
+                    std::ptr::null(),
+                )
+            };
+            assert_eq!(
+                rc,
+                0,
+                "remount read-only: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+
+    impl Drop for Mount {
+        fn drop(&mut self) {
+            // SAFETY: unmounts what this guard mounted.
+            unsafe { libc::umount2(self.0.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+
+    /// Device files on a read-only file system, there or still to be made, are refused as
+    /// such: the device layer's open names O_DIRECT, which was not the trouble.
+    #[test]
+    fn a_read_only_file_system_is_named_as_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let Some(mount) = Mount::tmpfs(dir.path()) else {
+            eprintln!("SKIPPED: this process may not mount a tmpfs to make read-only");
+            return;
+        };
+        let (existing, empty) = (dir.path().join("existing"), dir.path().join("empty"));
+        std::fs::create_dir(&existing).unwrap();
+        std::fs::create_dir(&empty).unwrap();
+        for name in ["fast.img", "capacity-0.img"] {
+            let file = std::fs::File::create(existing.join(name)).unwrap();
+            file.set_len(2 << 20).unwrap();
+        }
+        mount.make_read_only();
+        for data_dir in [&existing, &empty] {
+            let mut args = args_in(data_dir);
+            args.fast_size = Some(2 << 20);
+            let cfg = merge(&args, Default::default()).unwrap();
+            let e = open_devices(&cfg, &Default::default())
+                .err()
+                .unwrap()
+                .to_string();
+            let fast = data_dir.join("fast.img");
+            assert_eq!(
+                e,
+                format!(
+                    "cannot open device {}: it is on a read-only file system",
+                    fast.display()
+                )
+            );
+        }
+        drop(mount);
     }
 }

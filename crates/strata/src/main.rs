@@ -1,7 +1,9 @@
 //! `strata`: the daemon (`strata serve`) and the CLI that talks to its admin HTTP API.
 //!
-//! Every failure ends the process with a non-zero exit code and exactly one line on stderr,
-//! `strata: <reason>`; only `strata serve` writes logs (to stderr, filtered by RUST_LOG).
+//! Every failure ends the process with a non-zero exit code and one line on stderr,
+//! `strata: <reason>`, the last; only `strata serve` writes logs (to stderr, filtered by
+//! RUST_LOG). The one other line a command may write there says, once, that it is waiting for
+//! a daemon that is still starting (client.rs).
 mod adapter;
 mod api;
 mod api_observe;
@@ -22,6 +24,7 @@ mod registry;
 mod routes;
 mod serve;
 mod space_cache;
+mod startup;
 mod status_text;
 mod wear;
 #[cfg(test)]
@@ -44,16 +47,22 @@ pub struct Cli {
         long,
         global = true,
         env = "STRATA_SERVER",
-        default_value = "http://127.0.0.1:9090"
+        default_value = "http://127.0.0.1:9090",
+        help_heading = GLOBAL_HEADING
     )]
     pub server: String,
-    /// Machine output of volume, snapshot, status, scrub and size: print JSON (serve and bench
-    /// ignore it; bench writes report.json).
-    #[arg(long, global = true)]
+    /// Machine output of volume, snapshot, status, scrub and size: print JSON.
+    #[arg(long, global = true, help_heading = GLOBAL_HEADING)]
     pub json: bool,
     /// File whose first line is the daemon's admin token, sent with every request (mutating
     /// requests need it when the daemon has one). Without it, the STRATA_TOKEN variable.
-    #[arg(long, global = true, value_name = "FILE", env = "STRATA_TOKEN_FILE")]
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "STRATA_TOKEN_FILE",
+        help_heading = GLOBAL_HEADING
+    )]
     pub token_file: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
@@ -100,6 +109,8 @@ pub enum Command {
 pub enum VolumeCommand {
     /// Create a thin-provisioned volume.
     Create {
+        /// Name of the new volume: 1 to 64 letters, digits, '-', '_' or '.', starting with a
+        /// letter or a digit.
         name: String,
         /// Size, e.g. 8G, 1.5G, 512M or a byte count, a multiple of 4 KiB; units are binary
         /// (G and GB mean GiB).
@@ -159,9 +170,17 @@ pub enum VolumeCommand {
 #[derive(Debug, Subcommand)]
 pub enum SnapshotCommand {
     /// Take a snapshot of a volume: a read-only image exported over NBD as VOLUME@NAME.
-    Create { volume: String, name: String },
+    Create {
+        volume: String,
+        /// Name of the snapshot, named as a volume is (1 to 64 letters, digits, '-', '_' or
+        /// '.', starting with a letter or a digit).
+        name: String,
+    },
     /// List snapshots, of one volume or of all.
-    List { volume: Option<String> },
+    List {
+        /// Only this volume's snapshots [default: every volume's].
+        volume: Option<String>,
+    },
     /// Show one snapshot.
     Info { volume: String, name: String },
     /// Delete a snapshot (refused while an NBD client has VOLUME@NAME open, unless --force).
@@ -228,7 +247,8 @@ pub struct ServeArgs {
     /// Size of the volume `vol0` created when the disk group has never had a volume; 0 creates none [default: 8G].
     #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
     pub default_volume_size: Option<u64>,
-    /// Memory for index pages of data on the capacity tier (the capacity index's RAM bound) [default: 64M].
+    /// Memory for index pages of data on the capacity tier (the capacity index's RAM bound; at
+    /// least 110K) [default: 64M].
     #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
     pub index_cache: Option<u64>,
     /// Time between background scrubs of every stored block (`7d`, `24h`, `off`) [default: 7d].
@@ -250,9 +270,15 @@ pub struct ServeArgs {
     pub durable_write: Option<String>,
     /// Let writes made one at a time extend a run of the write log (a data block and a
     /// rewritten header copy, written together): half the log space for queue-depth-one
-    /// writes, two device writes each instead of one (`--log-runs`, `--log-runs=false`)
+    /// writes, two device writes each instead of one (`--log-runs` alone means true)
     /// [default: false].
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = config::parse_switch_arg()
+    )]
     pub log_runs: Option<bool>,
     /// File whose first line is the admin API token; required when --http-listen is not loopback.
     #[arg(long, value_name = "FILE")]
@@ -284,8 +310,105 @@ pub struct ServeArgs {
     pub capacity_emulate: Option<String>,
 }
 
+/// Where `--help` lists the options every command takes (`--server`, `--json`, ...), apart
+/// from the command's own.
+const GLOBAL_HEADING: &str = "Global options";
+
+/// The global options, by id.
+const GLOBAL_IDS: [&str; 3] = ["server", "json", "token_file"];
+
+/// What to use instead of a global option `command` has no use for; None where it has one.
+/// Such an option is hidden from the command's `--help`, and refused when given after the
+/// command's name (before it, and in its variable, it is ignored).
+fn unused_global(command: &str, id: &str) -> Option<&'static str> {
+    Some(match (command, id) {
+        ("serve", "server") => "it listens where --http-listen says",
+        ("serve", "token_file") => "its own token comes from --http-token-file",
+        ("serve", "json") => "it prints its ready lines on stdout and logs to stderr",
+        ("bench", "server") => "name the daemon's admin API with --strata-api",
+        ("bench", "token_file") => "it only reads from the daemon's admin API",
+        ("bench", "json") => "its report is report.json in the --output directory",
+        ("size", "server") => "it talks to no daemon; --from-metrics reads a daemon's write rate",
+        ("size", "token_file") => "--from-metrics reads a daemon's /metrics, which needs no token",
+        _ => return None,
+    })
+}
+
+/// The command line's grammar: the derived one, where a command that has no use for a global
+/// option gets a hidden option of its own in its place (clap propagates a global option only
+/// to commands without one of that name), so that its help does not list it.
+fn cli_command() -> clap::Command {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    let commands: Vec<String> = cmd
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .collect();
+    for command in &commands {
+        for id in GLOBAL_IDS
+            .into_iter()
+            .filter(|id| unused_global(command, id).is_some())
+        {
+            let global = cmd.get_arguments().find(|a| a.get_id() == id);
+            let local = global.expect("a global option").clone();
+            cmd = cmd.mut_subcommand(command, |sub| sub.arg(local.global(false).hide(true)));
+        }
+    }
+    cmd
+}
+
+/// Parses the command line, refusing a global option given after a command that has no use
+/// for it (`strata serve --server URL` would otherwise be taken and ignored). Given before
+/// the command, it is taken and ignored there, as an alias or a wrapper may put it before
+/// every command (`alias strata='strata --server http://storage1:9090'`).
+fn parse_cli(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Cli, clap::Error> {
+    use clap::FromArgMatches;
+    let args: Vec<std::ffi::OsString> = args.into_iter().collect();
+    let mut cmd = cli_command();
+    let matches = cmd.try_get_matches_from_mut(&args)?;
+    if let (Some((command, _)), Some(at)) = (matches.subcommand(), command_position(&args)) {
+        for id in GLOBAL_IDS {
+            let Some(instead) = unused_global(command, id) else {
+                continue;
+            };
+            let flag = format!("--{}", id.replace('_', "-"));
+            // Parsed, so a token that spells the option is the option (clap takes no value
+            // that starts with `--` unless told to, and nothing here is).
+            let after = args[at + 1..].iter().take_while(|a| *a != "--");
+            let spelled = |a: &str| match a.strip_prefix(flag.as_str()) {
+                Some(rest) => rest.is_empty() || rest.starts_with('='),
+                None => false,
+            };
+            let given = after.filter_map(|a| a.to_str()).any(spelled);
+            if given {
+                return Err(cmd.error(
+                    clap::error::ErrorKind::ArgumentConflict,
+                    format!("`strata {command}` takes no {flag}: {instead}"),
+                ));
+            }
+        }
+    }
+    Cli::from_arg_matches(&matches)
+}
+
+/// Where the command's name is in `args`: the first argument that is not a global option or
+/// the value of one (the only options before a command).
+fn command_position(args: &[std::ffi::OsString]) -> Option<usize> {
+    let mut at = 1;
+    while at < args.len() {
+        let arg = args[at].to_str()?;
+        at += match arg {
+            "--server" | "--token-file" => 2,
+            "--json" => 1,
+            _ if arg.starts_with("--server=") || arg.starts_with("--token-file=") => 1,
+            _ => return Some(at),
+        };
+    }
+    None
+}
+
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match parse_cli(std::env::args_os()) {
         Ok(cli) => cli,
         Err(e) => return clap_failure(e, json_asked(std::env::args_os())),
     };
@@ -453,18 +576,71 @@ pub fn io_reason(e: &std::io::Error) -> String {
 mod tests {
     use super::*;
 
+    /// The help of `strata COMMAND`, as `--help` prints it.
+    fn help_of(command: &str) -> String {
+        let mut cmd = cli_command();
+        cmd.build();
+        cmd.find_subcommand_mut(command)
+            .unwrap()
+            .render_long_help()
+            .to_string()
+    }
+
     #[test]
-    fn global_flags_say_which_commands_use_them() {
-        use clap::CommandFactory;
-        let cli = Cli::command();
-        let help = |id: &str| {
-            let arg = cli.get_arguments().find(|a| a.get_id() == id).unwrap();
-            arg.get_help().unwrap().to_string()
-        };
-        // `strata bench --help` and `strata serve --help` list them too: they must not read
-        // as if they applied there.
-        assert!(help("json").contains("bench ignore"), "{}", help("json"));
-        assert!(help("server").contains("scrub"), "{}", help("server"));
+    fn global_options_show_only_where_they_mean_something() {
+        for command in ["serve", "bench"] {
+            let help = help_of(command);
+            for flag in ["--server", "--json", "--token-file"] {
+                assert!(
+                    !help.contains(flag),
+                    "`strata {command} --help` lists {flag}:\n{help}"
+                );
+            }
+        }
+        let size = help_of("size");
+        let only_json = !size.contains("--server") && !size.contains("--token-file");
+        assert!(size.contains("--json") && only_json, "{size}");
+        let volume = help_of("volume");
+        assert!(volume.contains("Global options:"), "{volume}");
+        for flag in ["--server", "--json", "--token-file"] {
+            assert!(
+                volume.contains(flag),
+                "`strata volume --help` lacks {flag}:\n{volume}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_global_option_a_command_has_no_use_for_is_refused() {
+        let parse = |line: &str| parse_cli(line.split_whitespace().map(std::ffi::OsString::from));
+        for line in [
+            "strata serve --server http://x:1",
+            "strata --server=http://x:1 serve --server=http://x:2",
+            "strata serve --data-dir d --json",
+            "strata --json size --server http://x:1 --list-devices",
+            "strata bench --target nbd://h/e --token-file t",
+        ] {
+            let e = parse(line).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::ArgumentConflict,
+                "{line}: {e}"
+            );
+            let reason = usage_error_line(&e.to_string());
+            assert!(reason.contains("takes no --"), "{line}: {reason}");
+        }
+        let e = parse("strata serve --token-file t").unwrap_err();
+        assert!(e.to_string().contains("--http-token-file"), "{e}");
+        // Where they mean something they are taken, before or after the command.
+        let cli = parse("strata size --list-devices --json").unwrap();
+        assert!(cli.json);
+        let cli = parse("strata volume list --server http://x:1").unwrap();
+        assert_eq!(cli.server, "http://x:1");
+        assert!(parse("strata serve --data-dir d").is_ok());
+        // Before the command, as an alias puts them: taken, and ignored where they mean nothing.
+        let before = "strata --server http://x:1 --json --token-file t";
+        assert!(parse(&format!("{before} serve --data-dir d")).is_ok());
+        assert!(parse(&format!("{before} size --list-devices")).is_ok());
     }
 
     #[test]
@@ -589,6 +765,35 @@ mod tests {
         };
         assert_eq!(args.capacity_devices.len(), 2);
         assert_eq!(args.fill_low, Some(0.2));
+    }
+
+    #[test]
+    fn log_runs_takes_a_value_as_the_other_flags_do() {
+        let log_runs = |args: &[&str]| {
+            let all = [&["strata", "serve"][..], args, &["--data-dir", "d"]].concat();
+            match Cli::try_parse_from(all).map(|c| c.command) {
+                Ok(Command::Serve(a)) => Ok(a.log_runs),
+                Ok(other) => panic!("{other:?}"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        assert_eq!(log_runs(&[]), Ok(None));
+        assert_eq!(log_runs(&["--log-runs"]), Ok(Some(true)));
+        for (value, on) in [
+            ("true", true),
+            ("false", false),
+            ("on", true),
+            ("off", false),
+        ] {
+            assert_eq!(log_runs(&["--log-runs", value]), Ok(Some(on)), "{value}");
+            assert_eq!(
+                log_runs(&[&format!("--log-runs={value}")]),
+                Ok(Some(on)),
+                "{value}"
+            );
+        }
+        let e = log_runs(&["--log-runs", "maybe"]).unwrap_err();
+        assert!(e.contains("possible values: true, false, on, off"), "{e}");
     }
 
     #[test]

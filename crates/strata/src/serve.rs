@@ -8,6 +8,8 @@
 //! stops the creation of a fast-tier file (its temporary file, and whatever else the start
 //! created, is removed); one while the disk group opens (log replay may take seconds) lets the
 //! open finish, then closes the group cleanly. Either way the daemon exits 0 without serving.
+//! Meanwhile the admin port answers every request with 503 and how far the start is
+//! (startup.rs), from the moment it is bound.
 //!
 //! Once a stop has begun, a further signal exits at once with [`EXIT_CODE_FORCED`], but only
 //! when it comes [`REPEAT_WINDOW`] (1 s) or more after the first: a sooner one is taken as the
@@ -36,6 +38,7 @@ use crate::api::{self, AppState};
 use crate::config::{self, ServeConfig};
 use crate::devices;
 use crate::read_cache::ReadCacheDecision;
+use crate::startup::{Stage, Startup};
 use crate::ServeArgs;
 
 /// How long in-flight requests may take to finish once shutdown has begun.
@@ -87,11 +90,19 @@ async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener> {
 /// The disk group, the I/O backend's name and the read cache's setting.
 type Opened = (Arc<DiskGroup>, String, ReadCacheDecision);
 
-/// Opens devices and the disk group (recovery may take a while: it runs off the runtime).
-/// Setting `abandon` stops the creation of a fast-tier file ([`devices::open_devices`]).
-async fn open_group(cfg: &ServeConfig, abandon: Arc<AtomicBool>) -> Result<Opened> {
+/// Opens devices and the disk group (recovery may take a while: it runs off the runtime),
+/// telling `startup` how far it is. Setting `abandon` stops the creation of a fast-tier file
+/// ([`devices::open_devices`]).
+async fn open_group(
+    cfg: &ServeConfig,
+    abandon: Arc<AtomicBool>,
+    startup: Arc<Startup>,
+) -> Result<Opened> {
     let cfg = cfg.clone();
     tokio::task::spawn_blocking(move || {
+        if !cfg.fast_device.exists() {
+            startup.enter(Stage::CreatingFastFile);
+        }
         let devs = devices::open_devices(&cfg, &abandon)?;
         let fast_name = devs.fast.name().to_string();
         // After opening: a capacity file created just now has a filesystem to look at.
@@ -107,6 +118,11 @@ async fn open_group(cfg: &ServeConfig, abandon: Arc<AtomicBool>) -> Result<Opene
             ..cfg.engine.clone()
         };
         let created = devs.created;
+        startup.enter(Stage::OpeningGroup {
+            read_before_bytes: devs.fast.stats().read_bytes,
+            fast: devs.fast.clone(),
+        });
+        tracing::info!(fast = %fast_name, "opening the disk group (replaying its write log)");
         let group = DiskGroup::open(devs.fast, devs.capacity, engine, true).map_err(|e| {
             // The devices are closed again by now.
             created.remove();
@@ -119,6 +135,7 @@ async fn open_group(cfg: &ServeConfig, abandon: Arc<AtomicBool>) -> Result<Opene
         // Only into a group that never had a volume: one whose volumes were all deleted
         // stays empty, so a client of `vol0` does not find a new blank disk under that name.
         if cfg.default_volume_size_bytes > 0 && group.volume_table_is_new() {
+            startup.enter(Stage::CreatingDefaultVolume);
             let info = group
                 .create_volume(config::DEFAULT_VOLUME_NAME, cfg.default_volume_size_bytes)
                 .map_err(|e| anyhow!("cannot create the default volume: {e}"))?;
@@ -191,15 +208,17 @@ impl Signals {
 async fn open_or_stop(
     cfg: &ServeConfig,
     mut signals: Signals,
+    startup: &Arc<Startup>,
 ) -> Result<Option<(Opened, Signals)>> {
     let abandon = Arc::new(AtomicBool::new(false));
-    let open = open_group(cfg, abandon.clone());
+    let open = open_group(cfg, abandon.clone(), startup.clone());
     tokio::pin!(open);
     let name = tokio::select! {
         opened = &mut open => return Ok(Some((opened?, signals))),
         name = signals.next() => name,
     };
     tracing::info!(signal = name, "stopping during start-up: a fast-tier file being created is abandoned; a disk group being opened is closed once open");
+    startup.enter(Stage::Stopping);
     abandon.store(true, Ordering::Relaxed);
     signals.force_exit_on_another(Some(Instant::now()), "start-up");
     match open.await {
@@ -244,12 +263,13 @@ fn spawn_nbd(
     })
 }
 
+/// The admin port's server, from the moment its listener is bound: `app` answers 503 until
+/// the node serves, then passes every request to the admin API (startup.rs).
 fn spawn_http(
     listener: TcpListener,
-    state: Arc<AppState>,
+    app: axum::Router,
     stop: watch::Receiver<bool>,
 ) -> JoinHandle<Result<()>> {
-    let app = api::router(state);
     tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown_requested(stop))
@@ -275,23 +295,30 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
     // Bind first: a busy port is reported before any device is touched.
     let nbd_listener = bind(cfg.nbd_listen, "NBD").await?;
     let http_listener = bind(cfg.http_listen, "HTTP").await?;
-    tracing::info!(data_dir = %cfg.data_dir.display(), fast = %cfg.fast_device.display(), capacity = ?cfg.capacity_devices, "starting");
     let nbd_addr = nbd_listener.local_addr().context("NBD listener address")?;
     let http_addr = http_listener
         .local_addr()
         .context("HTTP listener address")?;
+    tracing::info!(data_dir = %cfg.data_dir.display(), fast = %cfg.fast_device.display(), capacity = ?cfg.capacity_devices, %nbd_addr, %http_addr, "starting");
 
     let ratings = device_ratings(&cfg)?;
-    let Some(((group, io_backend, read_cache), mut signals)) = open_or_stop(&cfg, signals).await?
-    else {
-        return Ok(());
+    // The admin port answers from here on: 503 with the start's progress until the node serves.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let startup = Startup::new();
+    let mut http_task = spawn_http(http_listener, startup.router(), stop_rx.clone());
+    let opened = open_or_stop(&cfg, signals, &startup).await;
+    let Ok(Some(((group, io_backend, read_cache), mut signals))) = opened else {
+        let _ = stop_tx.send(true);
+        if let Err(e) = drain_http(http_task).await {
+            tracing::error!(error = %format!("{e:#}"), "during shutdown");
+        }
+        return opened.map(|_| ());
     };
     let registry = Registry::new(group.clone());
     let history = History::new();
     let sampler_stop = Arc::new(AtomicBool::new(false));
     let sampler = spawn_sampler(registry.clone(), history.clone(), sampler_stop.clone())
         .map_err(|e| anyhow!("cannot start the sampler: {}", crate::io_reason(&e)))?;
-    let (stop_tx, stop_rx) = watch::channel(false);
     let state = Arc::new(AppState {
         registry: registry.clone(),
         started,
@@ -311,8 +338,8 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
     });
 
     let mut nbd_task = spawn_nbd(nbd_listener, registry, cfg.nbd_server(), stop_rx.clone());
-    let wear_task = spawn_wear_check(state.clone(), stop_rx.clone());
-    let mut http_task = spawn_http(http_listener, state, stop_rx);
+    let wear_task = spawn_wear_check(state.clone(), stop_rx);
+    startup.serve(api::router(state));
     tracing::info!(%nbd_addr, %http_addr, volumes = group.volumes().len(), "serving");
     announce(&io_backend, nbd_addr, http_addr);
 

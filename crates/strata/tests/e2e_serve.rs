@@ -164,6 +164,236 @@ fn a_signal_during_start_up_stops_it_and_leaves_nothing() {
     assert!(!data.exists(), "left behind: {left:?}");
 }
 
+/// What the slowed starts below replay: 48 MiB written in three patterns, then SIGKILL.
+const REPLAYED: [(&str, &str); 3] = [("0x31", "0"), ("0x32", "16M"), ("0x33", "32M")];
+
+/// A daemon killed with 48 MiB of acknowledged writes in its log (the fill marks keep the
+/// destager idle), so that its next start replays them.
+fn killed_with_a_log_to_replay() -> Daemon {
+    let mut daemon = Daemon::start(DaemonOpts {
+        extra_args: ["--fill-low", "0.8", "--fill-high", "0.9"]
+            .map(String::from)
+            .into(),
+        ..DaemonOpts::default()
+    });
+    let uri = daemon.nbd_uri(VOL0);
+    let writes: Vec<String> = REPLAYED
+        .iter()
+        .map(|(p, at)| format!("write -P {p} {at} 16M"))
+        .collect();
+    qemu_io_ok(&uri, &writes.iter().map(String::as_str).collect::<Vec<_>>());
+    daemon.kill9();
+    daemon
+}
+
+/// Every write of [`REPLAYED`] reads back.
+fn assert_replayed_writes_read_back(daemon: &Daemon) {
+    let reads: Vec<String> = REPLAYED
+        .iter()
+        .map(|(p, at)| format!("read -P {p} {at} 16M"))
+        .collect();
+    qemu_io_ok(
+        &daemon.nbd_uri(VOL0),
+        &reads.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+}
+
+/// `strata serve` on the data directory of a killed daemon, its fast device read at 8 MB/s
+/// (`--fast-emulate`) so that the replay of the log lasts seconds; returned once it logged
+/// that it opens the disk group.
+struct SlowStart {
+    guard: ChildGuard,
+    stdout: std::path::PathBuf,
+    stderr: std::path::PathBuf,
+    /// The admin API's URL, from the daemon's `starting` log line.
+    url: String,
+}
+
+impl SlowStart {
+    fn begin(daemon: &Daemon, name: &str) -> SlowStart {
+        let dir = daemon.scratch_dir();
+        let (stdout, stderr) = (
+            dir.join(format!("{name}.stdout")),
+            dir.join(format!("{name}.stderr")),
+        );
+        let mut c = Command::new(STRATA_BIN);
+        c.args(["serve", "--data-dir"])
+            .arg(daemon.data_dir())
+            .args(["--fast-emulate", "bw=8MB"])
+            .args([
+                "--nbd-listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+            ])
+            .stdout(std::fs::File::create(&stdout).expect("stdout file"))
+            .stderr(std::fs::File::create(&stderr).expect("stderr file"));
+        let guard = ChildGuard::spawn(&mut c);
+        let mut start = SlowStart {
+            guard,
+            stdout,
+            stderr,
+            url: String::new(),
+        };
+        let opening = wait_until(LOG_TIMEOUT, || {
+            start.log().contains("opening the disk group")
+        });
+        assert!(
+            opening,
+            "the daemon did not begin to open its disk group\n{}",
+            start.log()
+        );
+        let log = start.log();
+        let addr = log
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("http_addr="))
+            .unwrap_or_else(|| panic!("no http_addr in the log\n{log}"));
+        start.url = format!("http://{addr}");
+        start
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.stdout).unwrap_or_default()
+    }
+
+    fn signal(&mut self, sig: i32) {
+        send_signal(self.guard.child().id(), sig);
+    }
+
+    fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let status = self.guard.wait_timeout(Duration::from_secs(60));
+        status.unwrap_or_else(|| panic!("the daemon did not exit\n{}", self.log()))
+    }
+}
+
+/// While the daemon replays its log, a command waits for it instead of hanging silently:
+/// the admin port answers 503 with how far the start is, and after 2 s the command says once,
+/// on stderr, what it waits for; stdout holds only the command's JSON.
+#[test]
+fn a_command_waits_for_a_starting_daemon_and_says_so() {
+    if !require_tool("qemu-io") {
+        return;
+    }
+    let mut daemon = killed_with_a_log_to_replay();
+    let mut start = SlowStart::begin(&daemon, "slow");
+    let answer = common::http::get(&format!("{}/api/v1/volumes", start.url));
+    assert_eq!(answer.status, 503, "{}", answer.body);
+    let phase = answer.json()["starting"]["phase"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(phase.contains("replaying its write log"), "{}", answer.body);
+
+    let began = Instant::now();
+    let mut list = cmd(
+        STRATA_BIN,
+        &["--server", &start.url, "--json", "volume", "list"],
+    );
+    let out = run_timeout(&mut list, Duration::from_secs(120));
+    let took = began.elapsed();
+    let report = format!("{}\n{}", output_report(&describe(&list), &out), start.log());
+    assert!(out.status.success(), "{report}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not the JSON alone ({e})\n{report}"));
+    assert_eq!(json["volumes"][0]["name"], VOL0, "{report}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    let wanted = format!(
+        "strata: waiting for the daemon at {}: it is starting (",
+        start.url
+    );
+    assert!(
+        lines.len() == 1
+            && lines[0].starts_with(&wanted)
+            && lines[0].contains("replaying its write log"),
+        "one line naming the wait, got:\n{report}"
+    );
+    assert!(
+        took >= Duration::from_secs(2),
+        "the start took {took:?}: too short to show the wait"
+    );
+    assert!(start.stdout().contains("strata: ready"), "{report}");
+
+    start.signal(SIGTERM);
+    assert!(start.wait_exit().success(), "{}", start.log());
+    daemon.restart();
+    assert_replayed_writes_read_back(&daemon);
+}
+
+/// SIGTERM while the disk group opens (its log being replayed): the daemon lets the open end,
+/// closes the group and exits 0 without serving; meanwhile the admin port says it is stopping.
+/// A second signal a second later exits 130 at once. Either way the next start opens and every
+/// acknowledged write reads back.
+#[test]
+fn a_signal_while_the_disk_group_opens_stops_it_cleanly() {
+    if !require_tool("qemu-io") {
+        return;
+    }
+    let mut daemon = killed_with_a_log_to_replay();
+
+    let mut start = SlowStart::begin(&daemon, "term");
+    start.signal(SIGTERM);
+    let stopping = "stopping during start-up";
+    let seen = wait_until(LOG_TIMEOUT, || start.log().contains(stopping));
+    assert!(seen, "no `{stopping}` in the log\n{}", start.log());
+    // The command does not wait for a daemon that will not serve: it fails at once, saying why.
+    let began = Instant::now();
+    let out = run_timeout(
+        &mut cmd(STRATA_BIN, &["--server", &start.url, "volume", "list"]),
+        Duration::from_secs(60),
+    );
+    assert_one_line_reason("volume list while stopping", &out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("the daemon is stopping"), "{stderr}");
+    assert!(
+        began.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        began.elapsed()
+    );
+    let status = start.wait_exit();
+    let log = start.log();
+    assert!(status.success(), "exit {status}\n{log}");
+    let (stop_at, open_at) = (log.find(stopping), log.find("disk group open"));
+    assert!(
+        matches!((stop_at, open_at), (Some(s), Some(o)) if s < o),
+        "the signal did not come while the group opened\n{log}"
+    );
+    assert!(log.contains("the disk group was closed cleanly"), "{log}");
+    assert!(
+        !start.stdout().contains("strata: ready"),
+        "it served\n{}",
+        start.stdout()
+    );
+
+    // The stop was clean, so this start replays the log only as far as the destager had not
+    // moved it; it must still last long enough for a second signal.
+    let mut start = SlowStart::begin(&daemon, "forced");
+    start.signal(SIGTERM);
+    let seen = wait_until(LOG_TIMEOUT, || start.log().contains(stopping));
+    assert!(seen, "no `{stopping}` in the log\n{}", start.log());
+    std::thread::sleep(Duration::from_millis(1500));
+    start.signal(SIGTERM);
+    let status = start.wait_exit();
+    let log = start.log();
+    assert_eq!(status.code(), Some(130), "{log}");
+    assert!(
+        log.contains("SIGTERM during start-up, exiting at once"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("disk group open"),
+        "the open ended before the second signal\n{log}"
+    );
+
+    daemon.restart();
+    assert_replayed_writes_read_back(&daemon);
+    daemon.cli_ok(&["volume", "info", VOL0]);
+}
+
 /// Over `--max-connections`, a client is told why instead of finding the connection closed.
 #[test]
 fn a_client_over_the_connection_limit_is_told_why() {
