@@ -80,6 +80,7 @@ pub use error::EngineError;
 pub use format::DeviceWear;
 /// What open decides from a device alone: its superblock, and whether it is blank.
 pub use layout::{check_blank, read_superblock};
+pub use maint::MIN_INDEX_CACHE_BYTES;
 pub use map::{ExtentMap, Loc};
 pub use open::OpenReport;
 pub use policy::{Clock, ManualClock, Mode, Policy, SystemClock};

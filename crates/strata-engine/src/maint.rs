@@ -23,10 +23,16 @@ use crate::shared::Shared;
 const RECENT_FLUSH: usize = 64;
 /// An index with unwritten changes is flushed at least this often.
 const FLUSH_INTERVAL: Duration = Duration::from_secs(30);
-/// Index nodes the cache holds: a resident node takes about one full leaf's worth of memory.
+/// Memory a resident index node takes: about one full leaf's worth.
+const NODE_RAM: usize = std::mem::size_of::<Entry>() * crate::ctree::page::LEAF_MAX + 128;
+/// Index nodes the cache holds at least, whatever its budget.
+const MIN_CACHE_NODES: usize = 16;
+/// The least index cache budget that is not raised (`EngineConfig::index_cache_bytes`).
+pub const MIN_INDEX_CACHE_BYTES: u64 = (NODE_RAM * MIN_CACHE_NODES) as u64;
+
+/// Index nodes the cache holds.
 pub fn cache_nodes(cfg: &crate::EngineConfig) -> usize {
-    let node_ram = std::mem::size_of::<Entry>() * crate::ctree::page::LEAF_MAX + 128;
-    (cfg.index_cache_bytes as usize / node_ram).max(16)
+    (cfg.index_cache_bytes as usize / NODE_RAM).max(MIN_CACHE_NODES)
 }
 
 /// The index's limits for a group: (dirty nodes that trigger a flush, free segments kept for

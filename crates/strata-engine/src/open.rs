@@ -272,11 +272,12 @@ fn identify(
         )));
     }
     if fast_sb.capacity_devices as usize != caps.len() {
+        let (has, given) = (fast_sb.capacity_devices, caps.len());
         return Err(EngineError::Format(format!(
-            "disk group {} has {} capacity devices; {} were given",
+            "disk group {} has {has} capacity device{}, but {given} {} given",
             uuid_hex(&fast_sb.group),
-            fast_sb.capacity_devices,
-            caps.len()
+            if has == 1 { "" } else { "s" },
+            if given == 1 { "was" } else { "were" },
         )));
     }
     let mut sbs = vec![fast_sb.clone()];

@@ -23,10 +23,10 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
 const MAX_CONNECTIONS_LIMIT: usize = 4096;
 const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
 const ALIGN_BYTES: u64 = 4096;
-/// The least index cache the engine runs with: it keeps at least 16 index nodes in memory,
-/// each taking 7040 bytes (docs/FORMAT.md §3.6.3, `maint::cache_nodes`), and raises a smaller
-/// budget to that without a word; so a smaller one is refused here, saying so.
-pub const MIN_INDEX_CACHE_BYTES: u64 = 16 * 7040;
+/// The least index cache the engine runs with: it keeps at least 16 index nodes in memory
+/// (docs/FORMAT.md §3.6.3) and raises a smaller budget to that without a word; so a smaller
+/// one is refused here, saying so.
+pub use strata_engine::MIN_INDEX_CACHE_BYTES;
 
 /// Which device I/O implementation to ask the device layer for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
