@@ -2,7 +2,7 @@
 //! (`capacity::assess`) must still not be fooled by. An earlier use of a segment left whole
 //! (data and both copies) must not be applied at open; a crc block cached from a stale copy
 //! must not outlive the weighing that found it stale; scrub must not copy a header nothing
-//! backs over the other copy's.
+//! backs over the other copy's. And what reading the second copy costs when nothing is wrong.
 
 use super::stale::*;
 use super::*;
@@ -144,4 +144,38 @@ fn scrub_does_not_copy_an_unbacked_header_whose_crc_blocks_the_data_cannot_tell(
             .any(|m| m.contains(&format!("capacity segment {seg}:")) && m.contains("header")),
         "{report:#?}"
     );
+}
+
+/// Device reads of the capacity device while `f` runs: (operations, bytes).
+fn cap_reads(rig: &Rig, f: impl FnOnce()) -> (u64, u64) {
+    let before = rig.caps[0].stats();
+    f();
+    let after = rig.caps[0].stats();
+    (
+        after.read_ops - before.read_ops,
+        after.read_bytes - before.read_bytes,
+    )
+}
+
+/// What the second copy costs when nothing is damaged. A host read of a capacity block with
+/// nothing cached reads one crc block (copy A's) and the block: no more than with one copy. A
+/// whole summary (GC's victims, open's recent segments) is both copies, one read each: one
+/// read of `summary_blocks` more than copy A alone.
+#[test]
+fn undamaged_copies_cost_host_reads_nothing_and_whole_summaries_one_read_more() {
+    let mut rig = Rig::new(32 * MIB, &[24 * MIB], small_cfg(), 85);
+    let v = written(rig.dg(), 0x33);
+    rig.clean_restart();
+    let dg = rig.group().clone();
+    let mut got = vec![0u8; BLOCK];
+    let host = cap_reads(&rig, || dg.read(v, 7 * BLOCK_U64, &mut got).unwrap());
+    assert_eq!(got, block_of(7, 0x33));
+    assert_eq!(host, (2, 2 * BLOCK_U64), "a cold host read of one block");
+    let seg = sealed(&dg)[0];
+    let whole = cap_reads(&rig, || {
+        read_summary(&dg.sh, seg).unwrap().expect("a summary");
+    });
+    let area_bytes = u64::from(dg.sh.layout.geo.summary_blocks) * BLOCK_U64;
+    assert_eq!(whole, (2, 2 * area_bytes), "a whole summary");
+    assert_eq!(dg.stats().metadata_copy_fallbacks_total, 0);
 }
