@@ -65,6 +65,11 @@ pub struct SegTable {
     free: Vec<BTreeSet<u32>>,
     next_dev: usize,
     pub next_seq: u64,
+    /// Set at open: the lowest segment sequence number a segment the checkpoint names as
+    /// recent can carry (0: not known), a summary header below it there being an earlier
+    /// use's (`summary::assess`). Those segments are the only free ones whose summaries are
+    /// ever read.
+    pub recent_seq_floor: u64,
     /// Data segments sealed since the last index flush (their summaries are replayed over
     /// the durable index at recovery).
     pub recent: Vec<u32>,
@@ -93,6 +98,7 @@ impl SegTable {
             free,
             next_dev: 0,
             next_seq: 1,
+            recent_seq_floor: 0,
             recent: Vec::new(),
             dirty_pages: BTreeSet::new(),
             page_ptrs: vec![None; layout_segments.len().div_ceil(SEGTAB_PER_PAGE)],

@@ -368,10 +368,19 @@ fn new_shared(
     // Every segment this opening writes has a higher sequence number than any written before
     // (docs/FORMAT.md §3.5): the checkpoint's counter may lag behind segments written after
     // it, and a summary copy of such a segment, left where its next write was lost, must not
-    // pass for a later use of the segment. This opening's epoch (the checkpoint's + 1) is in
-    // the high half; no opening writes 2^32 segments.
+    // pass for a later use of the segment. Far fewer than 2^32 segments are written between
+    // two checkpoints, so this opening starts 2^32 past the checkpoint's counter; and at its
+    // epoch (the checkpoint's + 1) in the high half at least, which bounds from below the
+    // numbers of the segments its checkpoints name as recent (`recent_seq_floor`).
     let floor = (u64::from(cp.epoch) + 1) << 32;
-    segs.next_seq = cp.next_segment_seq.max(floor);
+    segs.next_seq = cp.next_segment_seq.saturating_add(1 << 32).max(floor);
+    // The segments the checkpoint names as recent were sealed by the opening that wrote it,
+    // so numbered from its epoch · 2^32 on, if that opening numbered by this rule (then its
+    // counter is that high; builds before it counted from 1).
+    let recent_floor = u64::from(cp.epoch) << 32;
+    if cp.next_segment_seq >= recent_floor {
+        segs.recent_seq_floor = recent_floor;
+    }
     let fast_crcs = (0..layout.log_blocks).map(|_| AtomicU32::new(0)).collect();
     let seg_gen = segs.gen.clone();
     let layout_log_blocks = layout.log_blocks;

@@ -18,6 +18,7 @@ use crate::layout::{layout_from, read_checkpoint, read_superblock};
 use crate::tests::{seed_for, small_cfg, Rig, MIB};
 use crate::*;
 
+mod lost;
 mod stale;
 
 const VOL_BLOCKS: u64 = 512;

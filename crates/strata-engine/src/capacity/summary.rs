@@ -77,22 +77,31 @@ impl Assessed {
     }
 }
 
-/// What this opening knows of a sealed segment's current use.
+/// What this opening knows of a segment's current use.
 #[derive(Debug, Clone, Copy, Default)]
 struct Known {
     segment_seq: Option<u64>,
     used: Option<u32>,
+    /// Its segment sequence number is this or higher (0: nothing known).
+    seq_floor: u64,
 }
 
 fn known_use(sh: &Shared, seg: u32) -> Known {
     let segs = sh.segs.lock();
     let s = segs.segs[seg as usize];
-    if s.state != SegState::Sealed {
-        return Known::default();
-    }
-    Known {
-        segment_seq: (s.segment_seq != 0).then_some(s.segment_seq),
-        used: Some(s.used_blocks),
+    match s.state {
+        SegState::Sealed => Known {
+            segment_seq: (s.segment_seq != 0).then_some(s.segment_seq),
+            used: Some(s.used_blocks),
+            seq_floor: 0,
+        },
+        // Only recovery reads the summary of a free segment: one the checkpoint names as
+        // recent, sealed by the opening that wrote the checkpoint.
+        SegState::Free => Known {
+            seq_floor: segs.recent_seq_floor,
+            ..Known::default()
+        },
+        _ => Known::default(),
     }
 }
 
@@ -148,13 +157,14 @@ pub fn assess(sh: &Shared, seg: u32) -> Result<Assessed, EngineError> {
     for k in 0..used.map_or(0, crc_blocks_used) {
         let (part, value) = crc_part(sh, seg, k, used.unwrap_or(0), &copies, &head);
         // A header that only one copy holds, which nothing else backs, is not taken when its
-        // own copy's crc blocks lose to the other copy's on the data: that copy may be
-        // wholly an earlier use's, with the current use's header damaged in the other.
-        if let (false, Some(h), Some(_)) = (confirmed, head.current, part.current) {
-            if matches!(part.holds[h], Holds::Other(_)) {
+        // own copy's crc blocks lose to the other copy's on the data, or differ from them
+        // where the data cannot tell: that copy may be wholly an earlier use's, with the
+        // current use's header damaged in the other.
+        if let (false, Some(h)) = (confirmed, head.current) {
+            if let Holds::Other(why) = &part.holds[h] {
                 head.holds[h] = Holds::Other(format!(
-                    "is the only one that checks, but its copy's {} disagrees with the data \
-                     blocks: it may be of an earlier use of the segment",
+                    "is the only one that checks, and its copy's {} {why}: it may be of an \
+                     earlier use of the segment",
                     part.what
                 ));
                 head.current = None;
@@ -176,12 +186,31 @@ pub fn assess(sh: &Shared, seg: u32) -> Result<Assessed, EngineError> {
     if let (true, Some(s)) = (confirmed, &summary) {
         note_use(sh, seg, s);
     }
+    if let Some(s) = &summary {
+        refresh_crc_cache(sh, seg, s, &parts);
+    }
     parts.insert(0, head);
     Ok(Assessed {
         copies,
         parts,
         summary,
     })
+}
+
+/// Crc blocks some copy holds other than the segment's current use wrote them (`parts`,
+/// crc block k at k): the crc-block cache may hold that copy's (a data read takes copy A's
+/// when it checks, and keeps it when the blocks it reads match it: the same content in both
+/// uses, or a data write lost too), so it takes the current ones.
+fn refresh_crc_cache(sh: &Shared, seg: u32, s: &SegmentSummary, parts: &[Part]) {
+    let mut cache = sh.crc_blocks.lock();
+    for (k, part) in parts.iter().enumerate() {
+        if part.holds.iter().all(|h| *h == Holds::Current) {
+            continue;
+        }
+        let from = k * CRCS_PER_BLOCK;
+        let to = (from + CRCS_PER_BLOCK).min(s.block_crcs.len());
+        cache.insert((seg, k as u32), Arc::new(s.block_crcs[from..to].to_vec()));
+    }
 }
 
 /// The header part: among the headers that check and fit what is known of the segment's use,
@@ -194,6 +223,13 @@ fn head_part(
     blocks: Range<u32>,
 ) -> (Part, bool) {
     let unfit = |h: &SegmentSummary| -> Option<String> {
+        if h.segment_seq < known.seq_floor {
+            return Some(format!(
+                "is of an earlier use of the segment (segment sequence number {}, below {}, \
+                 where the opening that sealed the segment numbered from)",
+                h.segment_seq, known.seq_floor
+            ));
+        }
         if let Some(q) = known.segment_seq.filter(|&q| q != h.segment_seq) {
             return Some(format!(
                 "is of another use of the segment (segment sequence number {}, the segment's \
@@ -383,7 +419,13 @@ fn vote(
 /// counted and logged (a scrub mends the copy).
 pub fn read_summary(sh: &Shared, seg: u32) -> Result<Option<SegmentSummary>, EngineError> {
     let a = assess(sh, seg)?;
-    if a.summary.is_some() && a.imperfect() {
+    if a.summary.is_none() {
+        tracing::warn!(
+            segment = seg,
+            "no copy holds every part of the segment's summary as its current use wrote it: {}",
+            a.why().join("; ")
+        );
+    } else if a.imperfect() {
         other_copy_served(sh, seg, &a.why());
     }
     Ok(a.summary)

@@ -13,7 +13,7 @@ use crate::format::{RecordKind, SegmentSummary, SummaryEntry};
 use crate::layout::Layout;
 
 /// One summary copy of `seg` as the device holds it.
-fn area(rig: &Rig, layout: &Layout, seg: u32, copy: u32) -> Vec<u8> {
+pub(super) fn area(rig: &Rig, layout: &Layout, seg: u32, copy: u32) -> Vec<u8> {
     let (dev, off) = layout.seg_summary_byte(seg, copy);
     let mut b = AlignedBuf::new_zeroed(layout.geo.summary_blocks as usize * BLOCK);
     rig.caps[dev].read_at(&mut b, off).unwrap();
@@ -22,7 +22,7 @@ fn area(rig: &Rig, layout: &Layout, seg: u32, copy: u32) -> Vec<u8> {
 
 /// Writes `bytes` as summary copy `copy` of `seg`, durably: the device kept them, as when it
 /// lost the write that was to replace them.
-fn put_back(rig: &Rig, layout: &Layout, seg: u32, copy: u32, bytes: &[u8]) {
+pub(super) fn put_back(rig: &Rig, layout: &Layout, seg: u32, copy: u32, bytes: &[u8]) {
     let (dev, off) = layout.seg_summary_byte(seg, copy);
     let mut b = AlignedBuf::new_zeroed(bytes.len());
     b.copy_from_slice(bytes);
@@ -30,13 +30,32 @@ fn put_back(rig: &Rig, layout: &Layout, seg: u32, copy: u32, bytes: &[u8]) {
     rig.caps[dev].flush().unwrap();
 }
 
+/// The used data blocks of sealed segment `seg` as the device holds them.
+pub(super) fn data_of(rig: &Rig, dg: &DiskGroup, seg: u32) -> Vec<u8> {
+    let used = dg.sh.segs.lock().segs[seg as usize].used_blocks;
+    let (dev, off) = dg.sh.layout.seg_data_byte(seg, 0);
+    let mut b = AlignedBuf::new_zeroed(used as usize * BLOCK);
+    rig.caps[dev].read_at(&mut b, off).unwrap();
+    b.to_vec()
+}
+
+/// Writes `bytes` over data blocks of `seg` from `block`, durably: the device kept them, as
+/// when it lost the write that was to replace them.
+pub(super) fn put_back_data(rig: &Rig, layout: &Layout, seg: u32, block: u32, bytes: &[u8]) {
+    let (dev, off) = layout.seg_data_byte(seg, block);
+    let mut b = AlignedBuf::new_zeroed(bytes.len());
+    b.copy_from_slice(bytes);
+    rig.caps[dev].write_at(&b, off).unwrap();
+    rig.caps[dev].flush().unwrap();
+}
+
 /// The header and entries region of a copy's bytes.
-fn head_of<'a>(layout: &Layout, bytes: &'a [u8]) -> &'a [u8] {
+pub(super) fn head_of<'a>(layout: &Layout, bytes: &'a [u8]) -> &'a [u8] {
     &bytes[layout.geo.crc_blocks as usize * BLOCK..]
 }
 
 /// Every block of "v" written with `fill`, then destaged.
-fn rewrite(dg: &DiskGroup, v: VolumeId, fill: u8) {
+pub(super) fn rewrite(dg: &DiskGroup, v: VolumeId, fill: u8) {
     for lba in 0..VOL_BLOCKS {
         dg.write(v, lba * BLOCK_U64, &block_of(lba, fill)).unwrap();
     }
@@ -46,27 +65,33 @@ fn rewrite(dg: &DiskGroup, v: VolumeId, fill: u8) {
 /// "v" written three times: `fill`, `fill + 1`, a clean restart (whose index flush frees the
 /// segments of the first writing; they are the lowest numbered free ones), then `fill + 2`,
 /// which goes into those segments again.
-struct Reused {
-    v: VolumeId,
+pub(super) struct Reused {
+    pub v: VolumeId,
     /// Segments holding `fill + 2` that held `fill` before.
-    segs: Vec<u32>,
+    pub segs: Vec<u32>,
     /// Both summary copies of each of them as their first use left them.
-    first: Vec<[Vec<u8>; 2]>,
+    pub first: Vec<[Vec<u8>; 2]>,
+    /// Each one's data blocks as its first use left them (its used blocks).
+    pub first_data: Vec<Vec<u8>>,
     /// What "v" holds now.
-    fill: u8,
+    pub fill: u8,
 }
 
-fn reused(rig: &mut Rig, fill: u8) -> Reused {
+/// A segment's summary copies and used data blocks, as the device holds them.
+type Contents = ([Vec<u8>; 2], Vec<u8>);
+
+pub(super) fn reused(rig: &mut Rig, fill: u8) -> Reused {
     let dg = rig.group().clone();
     let v = written(&dg, fill);
     let before = sealed(&dg);
-    let first: Vec<[Vec<u8>; 2]> = before
+    let first: Vec<Contents> = before
         .iter()
         .map(|&s| {
-            [
+            let copies = [
                 area(rig, &dg.sh.layout, s, 0),
                 area(rig, &dg.sh.layout, s, 1),
-            ]
+            ];
+            (copies, data_of(rig, &dg, s))
         })
         .collect();
     rewrite(&dg, v, fill + 1);
@@ -75,11 +100,12 @@ fn reused(rig: &mut Rig, fill: u8) -> Reused {
     let dg = rig.group().clone();
     rewrite(&dg, v, fill + 2);
     let now = sealed(&dg);
-    let (segs, first): (Vec<u32>, Vec<[Vec<u8>; 2]>) = before
+    let (segs, first): (Vec<u32>, Vec<Contents>) = before
         .into_iter()
         .zip(first)
         .filter(|(s, _)| now.contains(s))
         .unzip();
+    let (first, first_data): (Vec<[Vec<u8>; 2]>, Vec<Vec<u8>>) = first.into_iter().unzip();
     assert!(segs.len() >= 2, "segments used again: {segs:?}");
     for (&seg, f) in segs.iter().zip(&first) {
         let a = area(rig, &dg.sh.layout, seg, 0);
@@ -97,13 +123,14 @@ fn reused(rig: &mut Rig, fill: u8) -> Reused {
         v,
         segs,
         first,
+        first_data,
         fill: fill + 2,
     }
 }
 
 /// The copy whose write the device lost in segment `i` of a test: copy A of even ones, copy B
 /// of odd ones.
-fn lost_copy(i: usize) -> u32 {
+pub(super) fn lost_copy(i: usize) -> u32 {
     (i % 2) as u32
 }
 
@@ -355,12 +382,52 @@ fn a_stale_copy_is_not_mended_over_the_damaged_current_one() {
 /// must not pass for the newer use (it would, by a higher or equal sequence number).
 #[test]
 fn a_stale_copy_left_by_a_use_no_checkpoint_named_does_not_outrank_the_current_one() {
-    let mut rig = Rig::new(32 * MIB, &[24 * MIB], small_cfg(), 75);
+    a_use_no_checkpoint_named_then_a_lost_copy_write(75, false);
+}
+
+/// As above, after an opening whose counter went past the next opening's epoch · 2³² (it
+/// handed out 2³² numbers or more: 4 PiB of segments of 1 MiB, a long-lived busy daemon):
+/// the next opening must still start above every number it handed out, not at the
+/// checkpoint's counter, which lags behind the segments written after it.
+#[test]
+fn a_use_no_checkpoint_named_does_not_outrank_after_an_opening_past_the_next_floor() {
+    a_use_no_checkpoint_named_then_a_lost_copy_write(77, true);
+}
+
+/// A group last opened by a build that numbered segments from 1 on (before the rule that each
+/// opening numbers above all before it): the segments its checkpoint names as recent carry
+/// numbers far below that opening's epoch · 2³², and open applies them, as it did.
+#[test]
+fn recent_segments_numbered_by_an_earlier_build_are_applied_at_open() {
+    let mut rig = Rig::new(32 * MIB, &[24 * MIB], small_cfg(), 78);
+    let dg = rig.group().clone();
+    dg.sh.segs.lock().next_seq = 3;
+    let v = written(&dg, 0xe0);
+    let epoch = u64::from(dg.sh.durable.lock().epoch);
+    drop(dg);
+    rig.power_cut();
+    assert!(durable_next_segment_seq(&rig) < epoch << 32);
+    assert!(!durable_recent(&rig).is_empty());
+    rig.start().expect("open");
+    assert!(check_v(rig.dg(), v, |_| Some(0xe0)).is_empty());
+}
+
+/// The two tests above: `past_floor` sets the opening's counter past the next opening's
+/// epoch · 2³² (a checkpoint records it) before the segments no checkpoint names are written.
+fn a_use_no_checkpoint_named_then_a_lost_copy_write(seed: u64, past_floor: bool) {
+    let mut rig = Rig::new(32 * MIB, &[24 * MIB], small_cfg(), seed);
     let dg = rig.group().clone();
     let v = written(&dg, 0xc0);
     drop(dg);
     rig.clean_restart();
     let dg = rig.group().clone();
+    if past_floor {
+        let epoch = u64::from(dg.sh.durable.lock().epoch);
+        dg.sh.segs.lock().next_seq = ((epoch + 1) << 32) + 5;
+        // A change of the volume table writes a checkpoint, with the counter.
+        dg.create_volume("w", MIB).unwrap();
+        assert_eq!(durable_next_segment_seq(&rig), ((epoch + 1) << 32) + 5);
+    }
     let (next_seq, free): (u64, Vec<u32>) = {
         let segs = dg.sh.segs.lock();
         let free = (0..segs.segs.len() as u32)
@@ -423,6 +490,22 @@ fn a_stale_copy_left_by_a_use_no_checkpoint_named_does_not_outrank_the_current_o
     );
     rig.start().expect("open");
     assert!(check_v(rig.dg(), v, |_| Some(0xc1)).is_empty());
+}
+
+/// The durable checkpoint's `next_segment_seq`.
+fn durable_next_segment_seq(rig: &Rig) -> u64 {
+    let images: Vec<MemDevice> = std::iter::once(&rig.fast)
+        .chain(&rig.caps)
+        .map(|d| d.snapshot_durable())
+        .collect();
+    let sbs: Vec<_> = images
+        .iter()
+        .map(|d| read_superblock(d).unwrap().expect("formatted"))
+        .collect();
+    let layout = layout_from(&sbs).unwrap();
+    read_checkpoint(&images[0], &layout)
+        .unwrap()
+        .next_segment_seq
 }
 
 /// Each segment's summary copies as a device whose discard does not zero blocks (many do
