@@ -331,6 +331,14 @@ impl Destager {
             if self.sh.fast.read_at(&mut buf, at).is_err() {
                 return Err(Rotated::Stuck);
             }
+            #[cfg(test)]
+            if let Some(hook) = self.sh.after_rotation_read.lock().clone() {
+                let read: Vec<(u32, u64, u64)> = runs
+                    .iter()
+                    .map(|&(i, off, len)| (b.records[i].layer, b.records[i].lba + off, len))
+                    .collect();
+                hook(&read);
+            }
             for (i, off, len) in runs {
                 let r = &b.records[i];
                 let run = Rewrite {
