@@ -395,3 +395,73 @@ fn layers_changed_during_a_rotation_lose_nothing() {
         .unwrap_or_else(|e| panic!("a write after the trim: {e}: {:?}", rig.dg().stats()));
     }
 }
+
+/// How long a trim may be refused after reads of the fast device are good again.
+const TRIM_BACK_WAIT: Duration = Duration::from_secs(10);
+
+/// With both tiers full and trims of the newest log data waiting for the log's rotation, every
+/// read of the fast device returns a flipped bit for a while (a bad cable; the device holds
+/// the right data), so rotation finds a tail block failing its crc and stops. Once reads are
+/// good again, trims of log data must be taken again, within `TRIM_BACK_WAIT`: rotation goes
+/// on. (It stopped until the log changed, and with trims refused nothing changed it: every
+/// trim and write got ENOSPC until a volume was deleted or the group reopened.)
+#[test]
+fn a_transient_read_error_does_not_stop_rotation_for_good() {
+    let seed = seed_for("a_transient_read_error_does_not_stop_rotation_for_good");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (mut rig, v, mut model, written) = full_group(seed, 64);
+    let mut partial = vec![0u8; MIB as usize];
+    rig.dg().read(v, written * MIB, &mut partial).unwrap();
+    for (k, block) in partial.chunks(BLOCK_BYTES as usize).enumerate() {
+        model[(written * MIB / BLOCK_BYTES) as usize + k] = block[0];
+    }
+    let sh = rig.group().sh.clone();
+    sh.destager_held.store(true, Ordering::SeqCst);
+    trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
+    let blocks = log_only_blocks(rig.dg(), v);
+    let faults = rig.fast.faults();
+    rig.fast.set_faults(strata_device::FaultConfig {
+        bit_flip_on_read_rate: 1.0,
+        ..faults.clone()
+    });
+    let c = &sh.counters;
+    let plans = c.rotation_plans.load(Ordering::SeqCst);
+    sh.destager_held.store(false, Ordering::SeqCst);
+    sh.wake_destager();
+    // The destager makes a plan and tries to rotate (the plan's goal is published first).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.rotation_plans.load(Ordering::SeqCst) < plans + 4 {
+        assert!(Instant::now() < deadline, "no rotation tried in 20 s");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        c.rotated_batches.load(Ordering::SeqCst),
+        0,
+        "rotation passed blocks that failed their crc"
+    );
+    rig.fast.set_faults(faults);
+    let b = blocks[rng.gen_range(0..blocks.len())];
+    let deadline = Instant::now() + TRIM_BACK_WAIT;
+    loop {
+        match rig.dg().discard(v, b * BLOCK_BYTES, BLOCK_BYTES) {
+            Err(EngineError::NoSpace) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            r => {
+                r.unwrap_or_else(|e| {
+                    panic!(
+                        "a trim of block {b} {TRIM_BACK_WAIT:?} after reads were good again: \
+                         {e}: {} batches rotated",
+                        c.rotated_batches.load(Ordering::SeqCst)
+                    )
+                });
+                break;
+            }
+        }
+    }
+    model[b as usize] = 0;
+    assert!(c.rotated_batches.load(Ordering::SeqCst) > 0);
+    drop(sh);
+    rig.power_cut_and_restart();
+    check_blocks(rig.dg(), v, &model);
+}
