@@ -89,8 +89,8 @@ pub struct Destager {
     /// The destager thread's CPU priority (set in `run`, on that thread): background while
     /// the log does not need room, so on a busy CPU the host's I/O threads run first.
     priority: Option<strata_device::priority::ThreadPriority>,
-    /// The log as it was when a rotation plan last found nothing to gain (see rotate.rs).
-    rotation_fruitless: Option<(u64, u64, u64, u64)>,
+    /// The log as it was when rotation last found nothing it could do (see rotate.rs).
+    rotation_fruitless: Option<rotate::Fruitless>,
 }
 
 /// A live run of a log record to write again at the head: the layer's blocks, the log block

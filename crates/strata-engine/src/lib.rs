@@ -52,6 +52,8 @@ mod tests_panics;
 #[cfg(test)]
 mod tests_read_async;
 #[cfg(test)]
+mod tests_rotate;
+#[cfg(test)]
 mod tests_runs;
 #[cfg(test)]
 mod tests_scrub;

@@ -347,6 +347,11 @@ pub struct Shared {
     #[cfg(test)]
     #[allow(clippy::type_complexity)]
     pub before_apply: Mutex<Option<Arc<dyn Fn(u64) + Send + Sync>>>,
+    /// Tests only: called by the destager's rotation with the live runs (layer, first block,
+    /// blocks) of a tail batch it has just read, before it claims their ranges.
+    #[cfg(test)]
+    #[allow(clippy::type_complexity)]
+    pub after_rotation_read: Mutex<Option<Arc<dyn Fn(&[(u32, u64, u64)]) + Send + Sync>>>,
     /// Tests only: called before an index page missing from memory is read from its device.
     #[cfg(test)]
     #[allow(clippy::type_complexity)]

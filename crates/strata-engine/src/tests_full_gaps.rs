@@ -68,7 +68,7 @@ fn a_partial_trim_after_deleting_a_snapshot_of_a_full_group_gives_space_back() {
 }
 
 /// Blocks of the volume's head whose only copy is in the log, in order.
-fn log_only_blocks(dg: &DiskGroup, v: VolumeId) -> Vec<u64> {
+pub(crate) fn log_only_blocks(dg: &DiskGroup, v: VolumeId) -> Vec<u64> {
     let idx = dg.sh.index.read();
     let head = idx.volumes[&v].head;
     let mut out = Vec::new();
@@ -118,7 +118,7 @@ fn trims_of_data_only_in_the_log_of_a_full_group_leave_room_for_a_trim() {
 /// A group of a 16 MiB fast tier and a 32 MiB capacity tier with a volume of `vol_mib` MiB
 /// written MiB by MiB until NoSpace (MiB `i` holds `i + 1`): the group, the volume, the byte
 /// each of its blocks holds, and the MiB written.
-fn full_group(seed: u64, vol_mib: u64) -> (Rig, VolumeId, Vec<u8>, u64) {
+pub(crate) fn full_group(seed: u64, vol_mib: u64) -> (Rig, VolumeId, Vec<u8>, u64) {
     let rig = Rig::new(16 * MIB, &[32 * MIB], small_cfg(), seed);
     let v = rig.dg().create_volume("v", vol_mib * MIB).unwrap().id;
     let mut model = vec![0u8; (vol_mib * MIB / BLOCK_BYTES) as usize];
@@ -150,7 +150,7 @@ fn trim_log_only(dg: &DiskGroup, v: VolumeId, model: &mut [u8]) {
 }
 
 /// Checks every block of the volume against `model`.
-fn check_blocks(dg: &DiskGroup, v: VolumeId, model: &[u8]) {
+pub(crate) fn check_blocks(dg: &DiskGroup, v: VolumeId, model: &[u8]) {
     let per_mib = (MIB / BLOCK_BYTES) as usize;
     let mut buf = vec![0u8; MIB as usize];
     for (i, want) in model.chunks(per_mib).enumerate() {
@@ -242,7 +242,7 @@ fn room_for_a_data_batch(dg: &DiskGroup) -> bool {
 }
 
 /// Free log blocks trims may still take (beyond rotation's reserve).
-fn trim_room(dg: &DiskGroup) -> u64 {
+pub(crate) fn trim_room(dg: &DiskGroup) -> u64 {
     let log = dg.sh.log.lock();
     log.host_free_blocks()
         .saturating_sub(log.rotation_reserve_blocks)
@@ -250,7 +250,7 @@ fn trim_room(dg: &DiskGroup) -> u64 {
 
 /// With both tiers full and the destager held, trims distinct blocks of the newest log-only
 /// data (marking them zero in `model`) until trims have no log block left.
-fn trim_until_no_room(dg: &DiskGroup, v: VolumeId, rng: &mut StdRng, model: &mut [u8]) {
+pub(crate) fn trim_until_no_room(dg: &DiskGroup, v: VolumeId, rng: &mut StdRng, model: &mut [u8]) {
     let blocks = log_only_blocks(dg, v);
     let mut newest = blocks[blocks.len() / 2..].to_vec();
     while trim_room(dg) > 0 {

@@ -22,6 +22,10 @@ const GROUPS_PER_CALL: usize = 16;
 /// Rewrite requests of one group at most: all are queued before the log writer batches them,
 /// and its queue holds 1024.
 const MAX_GROUP_PIECES: usize = 256;
+/// After a tail block could not be read or failed its crc, rotation tries again this much
+/// later even if the log has not changed: a read may fail for a while (a loose cable) and
+/// then succeed, and meanwhile nothing else may change the log (trims get no room).
+const DAMAGED_RETRY: Duration = Duration::from_secs(1);
 
 /// What a batch's live content is, as rotation would write it again: the data blocks of each
 /// live run, and the number of zero-record pieces still in effect.
@@ -137,9 +141,18 @@ enum Rotated {
     Freed(usize),
     /// A host holds some of its blocks, or they changed under it: nothing was written.
     Busy,
-    /// It cannot be rotated as the log is (no room for it, a damaged block, or the tail
-    /// still live after its rewrites).
+    /// A block of it could not be read, or failed its crc: only destage may move it.
+    Damaged,
+    /// It cannot be rotated as the log is (no room for it, or the tail still live after its
+    /// rewrites).
     Stuck,
+}
+
+/// The log as it was when rotation found nothing it could do (`rotation_fingerprint`): it
+/// is not tried again until the log changes, or, after a damaged block, until `retry_at`.
+pub(super) struct Fruitless {
+    print: (u64, u64, u64, u64),
+    retry_at: Option<Instant>,
 }
 
 impl Destager {
@@ -165,12 +178,17 @@ impl Destager {
             if rotated >= plan.batches || self.sh.log.lock().free_blocks() >= plan.goal_free {
                 break;
             }
-            match self.rotate_group(plan.batches - rotated)? {
+            let outcome = self.rotate_group(plan.batches - rotated)?;
+            match outcome {
                 Rotated::Freed(n) => rotated += n,
                 // Tried again at the next call (the goal stays: hosts go on waiting).
                 Rotated::Busy => break,
-                Rotated::Stuck => {
-                    self.rotation_fruitless = Some(self.rotation_fingerprint());
+                Rotated::Stuck | Rotated::Damaged => {
+                    let damaged = matches!(outcome, Rotated::Damaged);
+                    self.rotation_fruitless = Some(Fruitless {
+                        print: self.rotation_fingerprint(),
+                        retry_at: damaged.then(|| Instant::now() + DAMAGED_RETRY),
+                    });
                     self.set_rotation_goal(0);
                     break;
                 }
@@ -198,10 +216,16 @@ impl Destager {
 
     /// A rotation worth making now, if any: room for a data batch within
     /// `MAX_COST_PER_DATA_BLOCK`, else room for trims (`plan_for_trims`). Looks at every
-    /// durable batch (one lap), so it is made again only when the log has changed.
+    /// durable batch (one lap), so it is made again only when the log has changed (or, after
+    /// a damaged block stopped rotation, once `DAMAGED_RETRY` has passed).
     fn rotation_plan(&mut self) -> Option<Plan> {
         let print = self.rotation_fingerprint();
-        if self.rotation_fruitless == Some(print) {
+        let again = |f: &Fruitless| f.retry_at.is_some_and(|t| Instant::now() >= t);
+        if self
+            .rotation_fruitless
+            .as_ref()
+            .is_some_and(|f| f.print == print && !again(f))
+        {
             return None;
         }
         let (free, reserve) = {
@@ -229,7 +253,10 @@ impl Destager {
         let plan = plan_for_data(&lap, free, data_room)
             .or_else(|| plan_for_trims(&lap, free, trims_room, reserve));
         if plan.is_none() {
-            self.rotation_fruitless = Some(print);
+            self.rotation_fruitless = Some(Fruitless {
+                print,
+                retry_at: None,
+            });
         }
         plan
     }
@@ -329,7 +356,15 @@ impl Destager {
             let mut buf = AlignedBuf::new_zeroed((b.blocks * BLOCK_U64) as usize);
             let at = self.sh.layout.log_byte(b.start);
             if self.sh.fast.read_at(&mut buf, at).is_err() {
-                return Err(Rotated::Stuck);
+                return Err(Rotated::Damaged);
+            }
+            #[cfg(test)]
+            if let Some(hook) = self.sh.after_rotation_read.lock().clone() {
+                let read: Vec<(u32, u64, u64)> = runs
+                    .iter()
+                    .map(|&(i, off, len)| (b.records[i].layer, b.records[i].lba + off, len))
+                    .collect();
+                hook(&read);
             }
             for (i, off, len) in runs {
                 let r = &b.records[i];
@@ -348,7 +383,7 @@ impl Destager {
                 });
                 if !intact {
                     // Only destage may move it (keeping its crc): rotation cannot pass it.
-                    return Err(Rotated::Stuck);
+                    return Err(Rotated::Damaged);
                 }
                 reqs.push(self.rewrite(&run, bytes, true).ok_or(Rotated::Busy)?);
             }

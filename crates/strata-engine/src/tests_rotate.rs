@@ -1,0 +1,467 @@
+//! The log's rotation (destage/rotate.rs, docs/FORMAT.md §4.7) against what hosts do while it
+//! runs: writes and trims of the very blocks it reads and writes again, and a snapshot
+//! deleted while its layer's data is being rotated; with power cuts. Seeds are printed;
+//! `STRATA_TEST_SEED=<n>` replays one.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::tests::{seed_for, write_when_space, MIB};
+use crate::tests_full_gaps::{
+    check_blocks, full_group, log_only_blocks, trim_room, trim_until_no_room,
+};
+use crate::*;
+
+const BLOCK_BYTES: u64 = 4096;
+
+/// What each block touched by a racing host may read: the value last acknowledged, or, for a
+/// request cut short by the power, either the value before it or the one it wrote.
+type Allowed = HashMap<u64, Vec<u8>>;
+
+/// A host thread's requests: single-block writes (every byte `byte`) and trims of `blocks`,
+/// until `stop` is set or a request fails other than with NoSpace (the power went off). A
+/// refused request leaves its block old or new (one log record), as read back.
+fn race_host(
+    dg: &DiskGroup,
+    v: VolumeId,
+    blocks: &[u64],
+    model: &[u8],
+    seed: u64,
+    stop: &AtomicBool,
+) -> Allowed {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut allowed = Allowed::new();
+    let mut buf = vec![0u8; BLOCK_BYTES as usize];
+    while !stop.load(Ordering::Relaxed) {
+        let b = blocks[rng.gen_range(0..blocks.len())];
+        let old = allowed.get(&b).map_or(model[b as usize], |a| a[0]);
+        let new = match rng.gen_bool(0.5) {
+            true => 0,
+            false => rng.gen_range(0x40..0x80),
+        };
+        let r = match new {
+            0 => dg.discard(v, b * BLOCK_BYTES, BLOCK_BYTES),
+            _ => dg.write(v, b * BLOCK_BYTES, &vec![new; BLOCK_BYTES as usize]),
+        };
+        match r {
+            Ok(()) => {
+                allowed.insert(b, vec![new]);
+            }
+            Err(EngineError::NoSpace) => {
+                if dg.read(v, b * BLOCK_BYTES, &mut buf).is_err() {
+                    allowed.insert(b, vec![old, new]);
+                    break;
+                }
+                assert!(
+                    buf.iter().all(|&x| x == buf[0]) && (buf[0] == old || buf[0] == new),
+                    "block {b} reads {:#x} after a refused request: neither {old:#x} nor {new:#x}",
+                    buf[0]
+                );
+                allowed.insert(b, vec![buf[0]]);
+            }
+            Err(_) => {
+                allowed.insert(b, vec![old, new]);
+                break;
+            }
+        }
+    }
+    allowed
+}
+
+/// Two hosts race the destager until `until` says so, each on its own half of `blocks`;
+/// returns what each touched block may read. `power_off` says whether the power went off:
+/// the group is then halted, so hosts waiting for log space the destager can no longer free
+/// are answered.
+fn race(
+    dg: &Arc<DiskGroup>,
+    v: VolumeId,
+    blocks: &[u64],
+    model: &[u8],
+    seed: u64,
+    until: impl Fn() -> bool,
+    power_off: impl Fn() -> bool,
+) -> Allowed {
+    let stop = AtomicBool::new(false);
+    let halves: Vec<Vec<u64>> = (0..2)
+        .map(|t| blocks.iter().copied().filter(|b| b % 2 == t).collect())
+        .collect();
+    std::thread::scope(|s| {
+        let hosts: Vec<_> = halves
+            .iter()
+            .enumerate()
+            .map(|(t, half)| {
+                let stop = &stop;
+                s.spawn(move || race_host(dg, v, half, model, seed + t as u64, stop))
+            })
+            .collect();
+        while !until() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        stop.store(true, Ordering::Relaxed);
+        while !hosts.iter().all(|h| h.is_finished()) {
+            if power_off() {
+                dg.halt_for_test();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        hosts
+            .into_iter()
+            .flat_map(|h| h.join().expect("a host thread"))
+            .collect()
+    })
+}
+
+/// Every block of the volume reads one of the values `allowed` gives it, or else `model`'s.
+fn check_allowed(dg: &DiskGroup, v: VolumeId, model: &mut [u8], allowed: &Allowed, what: &str) {
+    let mut buf = vec![0u8; BLOCK_BYTES as usize];
+    for (&b, values) in allowed {
+        dg.read(v, b * BLOCK_BYTES, &mut buf)
+            .unwrap_or_else(|e| panic!("{what}: a read of block {b}: {e}"));
+        assert!(
+            buf.iter().all(|&x| x == buf[0]) && values.contains(&buf[0]),
+            "{what}: block {b} reads {:#x}, not one of {values:x?}",
+            buf[0]
+        );
+        model[b as usize] = buf[0];
+    }
+    check_blocks(dg, v, model);
+}
+
+/// With both tiers full and trims of the newest log data waiting for the log's rotation, two
+/// hosts write and trim single blocks of the older log data, which rotation reads and writes
+/// again at the head, while it does so. Every block then reads as last acknowledged (a
+/// rotation's copy of a block written again meanwhile must not replace the host's data), in
+/// memory and after a power cut; then the same race with the power failing at a random
+/// device write, after which each block reads as acknowledged, or, for a request cut short,
+/// as before it.
+#[test]
+fn host_writes_racing_a_rotation_are_not_undone() {
+    let seed = seed_for("host_writes_racing_a_rotation_are_not_undone");
+    let mut rng = StdRng::seed_from_u64(seed);
+    for round in 0..2u64 {
+        let (mut rig, v, mut model, written) = full_group(seed + round, 64);
+        // The refused write of MiB `written` may have placed some of its records.
+        let mut partial = vec![0u8; MIB as usize];
+        rig.dg().read(v, written * MIB, &mut partial).unwrap();
+        for (k, block) in partial.chunks(BLOCK_BYTES as usize).enumerate() {
+            model[(written * MIB / BLOCK_BYTES) as usize + k] = block[0];
+        }
+        let sh = rig.group().sh.clone();
+        sh.destager_held.store(true, Ordering::SeqCst);
+        trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
+        let blocks = log_only_blocks(rig.dg(), v);
+        let older = blocks[..blocks.len() / 2].to_vec();
+        sh.destager_held.store(false, Ordering::SeqCst);
+        sh.wake_destager();
+        let dg = rig.group().clone();
+        let deadline = Instant::now() + Duration::from_millis(400);
+        let until = || Instant::now() >= deadline;
+        let allowed = race(&dg, v, &older, &model, rng.gen(), until, || false);
+        let rotated = sh.counters.rotated_batches.load(Ordering::Relaxed);
+        eprintln!(
+            "round {round}: {} blocks touched by hosts, {rotated} batches rotated",
+            allowed.len()
+        );
+        check_allowed(&dg, v, &mut model, &allowed, "after the race");
+        assert!(rotated > 0, "the log was not rotated during the race");
+        drop(dg);
+        rig.power_cut_and_restart();
+        check_blocks(rig.dg(), v, &model);
+        // Again, with the power failing meanwhile.
+        let sh = rig.group().sh.clone();
+        sh.destager_held.store(true, Ordering::SeqCst);
+        trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
+        let writes_left = rng.gen_range(0..400);
+        rig.writes_left.store(writes_left, Ordering::SeqCst);
+        sh.destager_held.store(false, Ordering::SeqCst);
+        sh.wake_destager();
+        drop(sh);
+        let dg = rig.group().clone();
+        let deadline = Instant::now() + Duration::from_millis(400);
+        let until = || rig.power_is_off() || Instant::now() >= deadline;
+        let allowed = race(&dg, v, &older, &model, rng.gen(), until, || {
+            rig.power_is_off()
+        });
+        drop(dg);
+        eprintln!(
+            "round {round}: power cut after {writes_left} device writes (off: {})",
+            rig.power_is_off()
+        );
+        rig.power_cut_and_restart();
+        check_allowed(
+            rig.dg(),
+            v,
+            &mut model,
+            &allowed,
+            "after a power cut during the race",
+        );
+    }
+}
+
+/// With both tiers full and trims of the newest log data waiting for the log's rotation, a
+/// host trims a block of each of a few tail batches after rotation has read the batch and
+/// before it claims the batch's ranges. Rotation's copy of such a block holds the data the
+/// trim replaced: it must not be written, and the block reads as zeros, in memory and after
+/// a power cut.
+#[test]
+fn a_trim_between_rotations_read_and_its_claim_is_not_undone() {
+    let seed = seed_for("a_trim_between_rotations_read_and_its_claim_is_not_undone");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (mut rig, v, mut model, written) = full_group(seed, 64);
+    let mut partial = vec![0u8; MIB as usize];
+    rig.dg().read(v, written * MIB, &mut partial).unwrap();
+    for (k, block) in partial.chunks(BLOCK_BYTES as usize).enumerate() {
+        model[(written * MIB / BLOCK_BYTES) as usize + k] = block[0];
+    }
+    let sh = rig.group().sh.clone();
+    let head = sh.index.read().volumes[&v].head;
+    sh.destager_held.store(true, Ordering::SeqCst);
+    // Room for the trims made during rotation is left (trims that find none wait for it).
+    trim_until_room_is(
+        rig.dg(),
+        v,
+        &mut rng,
+        &mut model,
+        TRIMS_DURING_ROTATION as u64 * 2,
+    );
+    let trimmed: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let (dg, trimmed_in) = (Arc::downgrade(rig.group()), trimmed.clone());
+    *sh.after_rotation_read.lock() = Some(Arc::new(move |runs| {
+        let Some(dg) = dg.upgrade() else { return };
+        let mut trimmed = trimmed_in.lock();
+        let Some(&(_, lba, _)) = runs.iter().find(|r| r.0 == head) else {
+            return;
+        };
+        if trimmed.len() < TRIMS_DURING_ROTATION && !trimmed.contains(&lba) {
+            dg.discard(v, lba * BLOCK_BYTES, BLOCK_BYTES)
+                .unwrap_or_else(|e| panic!("a trim of block {lba} during rotation: {e}"));
+            trimmed.push(lba);
+        }
+    }));
+    sh.destager_held.store(false, Ordering::SeqCst);
+    sh.wake_destager();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while trimmed.lock().len() < TRIMS_DURING_ROTATION {
+        assert!(
+            Instant::now() < deadline,
+            "rotation read {} tail batches with live data of the volume in 20 s",
+            trimmed.lock().len()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    *sh.after_rotation_read.lock() = None;
+    for &b in trimmed.lock().iter() {
+        model[b as usize] = 0;
+    }
+    // Rotation goes on past the trimmed blocks' batches.
+    let rotated = sh.counters.rotated_batches.load(Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sh.counters.rotated_batches.load(Ordering::Relaxed) < rotated + 8 {
+        assert!(
+            Instant::now() < deadline,
+            "rotation stopped after the trims"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    check_blocks(rig.dg(), v, &model);
+    drop(sh);
+    rig.power_cut_and_restart();
+    check_blocks(rig.dg(), v, &model);
+}
+
+/// How long a rotation batch waits, at most, for a test to change the views meanwhile.
+const ROTATION_PAUSE: Duration = Duration::from_secs(30);
+
+/// Trims made while rotation reads the tail (each takes a log block).
+const TRIMS_DURING_ROTATION: usize = 4;
+
+/// Like `trim_until_no_room`, but leaves trims `room` blocks.
+fn trim_until_room_is(dg: &DiskGroup, v: VolumeId, rng: &mut StdRng, model: &mut [u8], room: u64) {
+    let blocks = log_only_blocks(dg, v);
+    let mut newest = blocks[blocks.len() / 2..].to_vec();
+    while trim_room(dg) > room {
+        let b = newest.swap_remove(rng.gen_range(0..newest.len()));
+        dg.discard(v, b * BLOCK_BYTES, BLOCK_BYTES)
+            .unwrap_or_else(|e| panic!("a trim of block {b} with room left: {e}"));
+        model[b as usize] = 0;
+    }
+}
+
+/// With both tiers full, the newest log data trimmed a block at a time (trims then wait for
+/// the log's rotation) and a snapshot taken of the volume, the destager is let go. While the
+/// first batch of its rotation (the snapshot's layer's data among what it writes again),
+/// written and holding its ranges, waits to be applied, the snapshot is deleted (its layer
+/// then merges into the volume's), or the volume rolled back to it (the volume's head layer
+/// is dropped), or cloned and the volume deleted; then the power fails a random number of
+/// device writes later. Every view reads as it should after the restart, and a trim of it
+/// and a write are then taken.
+#[test]
+fn layers_changed_during_a_rotation_lose_nothing() {
+    let seed = seed_for("layers_changed_during_a_rotation_lose_nothing");
+    let mut rng = StdRng::seed_from_u64(seed);
+    for round in 0..3u64 {
+        let (mut rig, v, mut model, written) = full_group(seed + round, 64);
+        let mut partial = vec![0u8; MIB as usize];
+        rig.dg().read(v, written * MIB, &mut partial).unwrap();
+        for (k, block) in partial.chunks(BLOCK_BYTES as usize).enumerate() {
+            model[(written * MIB / BLOCK_BYTES) as usize + k] = block[0];
+        }
+        let sh = rig.group().sh.clone();
+        sh.destager_held.store(true, Ordering::SeqCst);
+        trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
+        rig.dg().create_snapshot("v", "s").unwrap();
+        // The first rotation batch waits, written, with its ranges claimed, while the views
+        // change (at the latest ROTATION_PAUSE later).
+        let (paused_tx, paused) = crossbeam_channel::bounded::<()>(1);
+        let (resume, resume_rx) = crossbeam_channel::bounded::<()>(1);
+        let (weak, once) = (Arc::downgrade(&sh), AtomicBool::new(false));
+        *sh.before_apply.lock() = Some(Arc::new(move |_first| {
+            let Some(sh) = weak.upgrade() else { return };
+            let rotating = sh.log.lock().rotation_outstanding_blocks > 0;
+            if rotating && !once.swap(true, Ordering::SeqCst) {
+                let _ = paused_tx.send(());
+                let _ = resume_rx.recv_timeout(ROTATION_PAUSE);
+            }
+        }));
+        sh.destager_held.store(false, Ordering::SeqCst);
+        sh.wake_destager();
+        paused
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "no rotation in 20 s: {} batches rotated, {} plans: {:?}",
+                    sh.counters.rotated_batches.load(Ordering::Relaxed),
+                    sh.counters.rotation_plans.load(Ordering::Relaxed),
+                    rig.dg().stats()
+                )
+            });
+        let views: Vec<&str> = match round {
+            0 => {
+                rig.dg().delete_snapshot("v", "s").unwrap();
+                vec!["v"]
+            }
+            1 => {
+                rig.dg().rollback_volume("v", "s").unwrap();
+                vec!["v", "v@s"]
+            }
+            _ => {
+                rig.dg().clone_snapshot("v", "s", "c").unwrap();
+                rig.dg().delete_volume("v", true).unwrap();
+                vec!["c"]
+            }
+        };
+        let writes_left = rng.gen_range(0..60);
+        rig.writes_left.store(writes_left, Ordering::SeqCst);
+        let _ = resume.send(());
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !rig.power_is_off() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        eprintln!(
+            "round {round}: power cut after {writes_left} device writes (off: {}), {} batches \
+             rotated",
+            rig.power_is_off(),
+            sh.counters.rotated_batches.load(Ordering::Relaxed)
+        );
+        drop(sh);
+        rig.power_cut_and_restart();
+        for name in views {
+            let id = rig.dg().view(name).expect("the view").id;
+            check_blocks(rig.dg(), id, &model);
+        }
+        if round == 1 {
+            // The snapshot holds every block the volume held before it: they stay.
+            rig.dg().delete_snapshot("v", "s").unwrap();
+        }
+        let name = if round == 2 { "c" } else { "v" };
+        let id = rig.dg().view(name).expect("the volume").id;
+        rig.dg()
+            .discard(id, 0, 64 * MIB)
+            .unwrap_or_else(|e| panic!("a trim of the whole volume after the cut: {e}"));
+        write_when_space(
+            rig.dg(),
+            id,
+            0,
+            &[0x6c; MIB as usize],
+            Duration::from_secs(30),
+        )
+        .unwrap_or_else(|e| panic!("a write after the trim: {e}: {:?}", rig.dg().stats()));
+    }
+}
+
+/// How long a trim may be refused after reads of the fast device are good again.
+const TRIM_BACK_WAIT: Duration = Duration::from_secs(10);
+
+/// With both tiers full and trims of the newest log data waiting for the log's rotation, every
+/// read of the fast device returns a flipped bit for a while (a bad cable; the device holds
+/// the right data), so rotation finds a tail block failing its crc and stops. Once reads are
+/// good again, trims of log data must be taken again, within `TRIM_BACK_WAIT`: rotation goes
+/// on. (It stopped until the log changed, and with trims refused nothing changed it: every
+/// trim and write got ENOSPC until a volume was deleted or the group reopened.)
+#[test]
+fn a_transient_read_error_does_not_stop_rotation_for_good() {
+    let seed = seed_for("a_transient_read_error_does_not_stop_rotation_for_good");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (mut rig, v, mut model, written) = full_group(seed, 64);
+    let mut partial = vec![0u8; MIB as usize];
+    rig.dg().read(v, written * MIB, &mut partial).unwrap();
+    for (k, block) in partial.chunks(BLOCK_BYTES as usize).enumerate() {
+        model[(written * MIB / BLOCK_BYTES) as usize + k] = block[0];
+    }
+    let sh = rig.group().sh.clone();
+    sh.destager_held.store(true, Ordering::SeqCst);
+    trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
+    let blocks = log_only_blocks(rig.dg(), v);
+    let faults = rig.fast.faults();
+    rig.fast.set_faults(strata_device::FaultConfig {
+        bit_flip_on_read_rate: 1.0,
+        ..faults.clone()
+    });
+    let c = &sh.counters;
+    let plans = c.rotation_plans.load(Ordering::SeqCst);
+    sh.destager_held.store(false, Ordering::SeqCst);
+    sh.wake_destager();
+    // The destager makes a plan and tries to rotate (the plan's goal is published first).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.rotation_plans.load(Ordering::SeqCst) < plans + 4 {
+        assert!(Instant::now() < deadline, "no rotation tried in 20 s");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        c.rotated_batches.load(Ordering::SeqCst),
+        0,
+        "rotation passed blocks that failed their crc"
+    );
+    rig.fast.set_faults(faults);
+    let b = blocks[rng.gen_range(0..blocks.len())];
+    let deadline = Instant::now() + TRIM_BACK_WAIT;
+    loop {
+        match rig.dg().discard(v, b * BLOCK_BYTES, BLOCK_BYTES) {
+            Err(EngineError::NoSpace) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            r => {
+                r.unwrap_or_else(|e| {
+                    panic!(
+                        "a trim of block {b} {TRIM_BACK_WAIT:?} after reads were good again: \
+                         {e}: {} batches rotated",
+                        c.rotated_batches.load(Ordering::SeqCst)
+                    )
+                });
+                break;
+            }
+        }
+    }
+    model[b as usize] = 0;
+    assert!(c.rotated_batches.load(Ordering::SeqCst) > 0);
+    drop(sh);
+    rig.power_cut_and_restart();
+    check_blocks(rig.dg(), v, &model);
+}
