@@ -1,17 +1,20 @@
 //! A disk group that runs out of space, against a reference model of every volume, snapshot and
 //! clone: over-committed volumes on small devices written until NoSpace, trims and
 //! write-zeroes of the full group (which the log's reserve must take, and which the destager
-//! applies to the capacity index ahead of destage), snapshots, clones, rollbacks, deletes,
-//! the write bypass, and power cuts at any moment, the destager's early zeros included.
+//! applies to the capacity index ahead of destage, or gives room back for by rotating the
+//! log), snapshots, clones, rollbacks, deletes, the write bypass, and power cuts at any
+//! moment, the destager's early zeros and the log's rotation included.
 //! Seeds are printed; `STRATA_TEST_SEED=<n>` replays one.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::map::Loc;
 use crate::tests::{
     fill_until_no_space, live_count_drift, seed_for, small_cfg, write_when_space, Rig, MIB,
 };
@@ -23,6 +26,13 @@ const VOL_BYTES: usize = 8 * MIB as usize;
 const MAX_VOLUMES: usize = 5;
 /// How long space freed by a trim or a delete may take to come back.
 const SPACE_BACK_WAIT: Duration = Duration::from_secs(30);
+
+/// Free log blocks trims may still take (beyond rotation's reserve).
+fn trim_room(dg: &DiskGroup) -> u64 {
+    let log = dg.sh.log.lock();
+    log.host_free_blocks()
+        .saturating_sub(log.rotation_reserve_blocks)
+}
 
 /// Pieces of a request the engine applies each as a whole or not at all, as byte ranges of
 /// the volume: a request refused with NoSpace leaves each piece old or new (one log record
@@ -43,6 +53,10 @@ struct FullRun {
     cuts_after_full_trim: u64,
     /// Whether the last data write was refused (the group is full).
     full: bool,
+    /// Tail batches the log's rotation freed, over every opening of the group.
+    rotated_batches: u64,
+    /// Power cuts armed while a rotation group was under way.
+    cuts_during_rotation: u64,
 }
 
 /// Byte ranges of the log records a write of `len` bytes at `off` becomes: one per
@@ -78,6 +92,8 @@ impl FullRun {
             full_trims: 0,
             cuts_after_full_trim: 0,
             full: false,
+            rotated_batches: 0,
+            cuts_during_rotation: 0,
         };
         for _ in 0..3 {
             run.create_volume("setup");
@@ -87,6 +103,13 @@ impl FullRun {
 
     fn dg(&self) -> &DiskGroup {
         self.rig.dg()
+    }
+
+    /// Adds what this opening of the group rotated to the run's count (before it ends: the
+    /// counters are the opening's).
+    fn count_rotation(&mut self) {
+        let c = &self.dg().sh.counters;
+        self.rotated_batches += c.rotated_batches.load(Ordering::Relaxed);
     }
 
     fn id(&self, view: &str) -> VolumeId {
@@ -101,7 +124,11 @@ impl FullRun {
     }
 
     fn step(&mut self, what: &str) {
-        match self.rng.gen_range(0..100) {
+        let op = self.rng.gen_range(0..100);
+        if std::env::var("STRATA_TEST_TRACE").is_ok() {
+            eprintln!("{what}: op {op}");
+        }
+        match op {
             0..=27 => self.write(what),
             28..=33 => self.fill(what),
             34..=45 => self.zero(what),
@@ -115,7 +142,8 @@ impl FullRun {
             71..=73 => self.rollback(what),
             74..=78 => self.wait_for_destager(),
             79..=82 => self.power_cut(what),
-            83..=86 => self.cut_after_full_trim(what),
+            83..=84 => self.cut_after_full_trim(what),
+            85..=86 => self.cut_during_rotation(what),
             87..=88 => self.clean_restart(what),
             89..=91 => self.space_back(what),
             _ => self.check_all(what),
@@ -309,7 +337,8 @@ impl FullRun {
             }
             Err(e) => panic!(
                 "{what}: zero {name} {off}+{len} (whole blocks: {whole}, full: {was_full}): \
-                 {e}: {:?}",
+                 {e}: {}: {:?}",
+                self.rotation_state(),
                 self.dg().stats()
             ),
         }
@@ -444,6 +473,7 @@ impl FullRun {
     }
 
     fn power_cut(&mut self, what: &str) {
+        self.count_rotation();
         self.rig.power_cut_and_restart();
         self.check_all(&format!("{what}: after a power cut"));
     }
@@ -469,15 +499,112 @@ impl FullRun {
             std::thread::sleep(Duration::from_millis(2));
         }
         self.cuts_after_full_trim += 1;
+        self.count_rotation();
         self.rig.power_cut_and_restart();
         self.check_all(&format!(
             "{what}: after a power cut {writes} writes after a trim"
         ));
     }
 
+    /// Trims single blocks whose only copy is in the log (data written since the capacity tier
+    /// filled) with the destager held, until trims have no log block left: the blocks they
+    /// made dead lie behind a tail the capacity tier cannot take, and only the log's rotation
+    /// gives room back (docs/FORMAT.md §4.7). The power then fails a few device writes after
+    /// a batch is retired while a rotation group is under way: the group's new copies written
+    /// or not, the checkpoint naming the new tail not written, or torn. (With no rotation to
+    /// make, the power fails once the destager has looked.)
+    fn cut_during_rotation(&mut self, what: &str) {
+        let sh = self.rig.group().sh.clone();
+        if !self.full || !sh.counters.capacity_full.load(Ordering::SeqCst) {
+            self.fill(what);
+        }
+        // The volume with the most data only in the log.
+        let names: Vec<String> = self.m.volumes.keys().cloned().collect();
+        let Some((mut blocks, name)) = names
+            .into_iter()
+            .map(|n| (self.log_only_blocks(&n), n))
+            .max_by_key(|(b, _)| b.len())
+        else {
+            return;
+        };
+        // Held only while the capacity tier takes nothing (else host batches would wait for
+        // the destager to make room).
+        sh.destager_held.store(true, Ordering::SeqCst);
+        while sh.counters.capacity_full.load(Ordering::SeqCst)
+            && trim_room(self.dg()) > 0
+            && !blocks.is_empty()
+        {
+            let b = blocks.swap_remove(self.rng.gen_range(0..blocks.len()));
+            self.zero_at(&name, b as usize * 4096, 4096, what);
+        }
+        let armed = Arc::new(AtomicBool::new(false));
+        let (armed_in, writes_left) = (armed.clone(), self.rig.writes_left.clone());
+        let weak = Arc::downgrade(&sh);
+        let writes = self.rng.gen_range(0..4);
+        *sh.before_apply.lock() = Some(Arc::new(move |_first| {
+            let Some(sh) = weak.upgrade() else { return };
+            let rotating = sh.log.lock().rotation_outstanding_blocks > 0;
+            if rotating && !armed_in.swap(true, Ordering::SeqCst) {
+                writes_left.store(writes, Ordering::SeqCst);
+            }
+        }));
+        let c = &sh.counters;
+        let plans = c.rotation_plans.load(Ordering::SeqCst);
+        sh.destager_held.store(false, Ordering::SeqCst);
+        sh.wake_destager();
+        // Until the cut, or until the destager has looked twice and has no rotation to make.
+        let deadline = Instant::now() + Duration::from_millis(500);
+        while !self.rig.power_is_off() && Instant::now() < deadline {
+            let idle = c.rotation_plans.load(Ordering::SeqCst) >= plans + 2
+                && c.rotation_goal_blocks.load(Ordering::SeqCst) == 0
+                && !armed.load(Ordering::SeqCst);
+            if idle {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.cuts_during_rotation += u64::from(armed.load(Ordering::SeqCst));
+        self.count_rotation();
+        drop(sh);
+        self.rig.power_cut_and_restart();
+        self.check_all(&format!(
+            "{what}: after a power cut {writes} writes after a batch during rotation"
+        ));
+    }
+
+    /// The log's rotation as it is now, for failure messages.
+    fn rotation_state(&self) -> String {
+        let c = &self.dg().sh.counters;
+        let log = self.dg().sh.log.lock();
+        format!(
+            "{} batches rotated, {} plans, goal {} blocks; {} free, {} outstanding, reserve {}",
+            c.rotated_batches.load(Ordering::Relaxed),
+            c.rotation_plans.load(Ordering::Relaxed),
+            c.rotation_goal_blocks.load(Ordering::Relaxed),
+            log.free_blocks(),
+            log.rotation_outstanding_blocks,
+            log.rotation_reserve_blocks
+        )
+    }
+
+    /// Blocks of a volume's head whose only copy is in the log.
+    fn log_only_blocks(&self, name: &str) -> Vec<u64> {
+        let id = self.id(name);
+        let idx = self.dg().sh.index.read();
+        let head = idx.volumes[&id].head;
+        let mut out = Vec::new();
+        for (lba, len, loc) in idx.layers[&head].fast.iter() {
+            if matches!(loc, Loc::Fast(_)) {
+                out.extend(lba..lba + len);
+            }
+        }
+        out
+    }
+
     /// A clean shutdown, where the destager has stopped: every sealed segment's live count
     /// matches the blocks the index points at in it. Then a restart.
     fn clean_restart(&mut self, what: &str) {
+        self.count_rotation();
         let dg = self.rig.dg.take().expect("running");
         dg.shutdown()
             .unwrap_or_else(|e| panic!("{what}: shutdown: {e}"));
@@ -594,16 +721,45 @@ impl FullRun {
     }
 }
 
-fn full_run(seed: u64, steps: usize) -> (u64, u64, u64) {
+/// Tries, from a run's middle on, at a power cut during rotation while the run has had none.
+const FORCED_CUTS_MAX: usize = 8;
+
+/// What a run did, for the assertions that it covered what it is for.
+#[derive(Default)]
+struct Figures {
+    no_space: u64,
+    full_trims: u64,
+    cuts_after_full_trim: u64,
+    rotated_batches: u64,
+    cuts_during_rotation: u64,
+}
+
+impl Figures {
+    fn add(&mut self, o: &Figures) {
+        self.no_space += o.no_space;
+        self.full_trims += o.full_trims;
+        self.cuts_after_full_trim += o.cuts_after_full_trim;
+        self.rotated_batches += o.rotated_batches;
+        self.cuts_during_rotation += o.cuts_during_rotation;
+    }
+}
+
+fn full_run(seed: u64, steps: usize) -> Figures {
     let mut run = FullRun::new(seed);
     let empty_used_bytes = {
         run.clean_restart("empty");
         run.dg().stats().capacity_used_bytes
     };
     let trace = std::env::var("STRATA_TEST_TRACE").is_ok();
+    let mut forced = 0;
     for step in 0..steps {
         let what = format!("seed {seed} step {step}");
         let started = Instant::now();
+        if step >= steps / 2 && run.cuts_during_rotation == 0 && forced < FORCED_CUTS_MAX {
+            // At least once a run, whatever the seed (the group may have no rotation to make).
+            forced += 1;
+            run.cut_during_rotation(&what);
+        }
         run.step(&what);
         if trace {
             let st = run.dg().stats();
@@ -616,7 +772,14 @@ fn full_run(seed: u64, steps: usize) -> (u64, u64, u64) {
             );
         }
     }
-    let figures = (run.no_space, run.full_trims, run.cuts_after_full_trim);
+    let rotated_now = run.dg().sh.counters.rotated_batches.load(Ordering::Relaxed);
+    let figures = Figures {
+        no_space: run.no_space,
+        full_trims: run.full_trims,
+        cuts_after_full_trim: run.cuts_after_full_trim,
+        rotated_batches: run.rotated_batches + rotated_now,
+        cuts_during_rotation: run.cuts_during_rotation,
+    };
     run.finish(empty_used_bytes);
     figures
 }
@@ -624,16 +787,29 @@ fn full_run(seed: u64, steps: usize) -> (u64, u64, u64) {
 #[test]
 fn model_full_group_trims_snapshots_deletes_and_power_cuts() {
     let seed = seed_for("model_full_group_trims_snapshots_deletes_and_power_cuts");
-    let (mut no_space, mut full_trims, mut cuts) = (0, 0, 0);
+    let mut all = Figures::default();
     for i in 0..3 {
-        let (n, t, c) = full_run(seed.wrapping_add(i), 120);
-        no_space += n;
-        full_trims += t;
-        cuts += c;
+        all.add(&full_run(seed.wrapping_add(i), 120));
     }
-    eprintln!("NoSpace {no_space}, trims of a full group {full_trims}, cuts after one {cuts}");
-    assert!(no_space > 0, "seed {seed}: the group never filled");
-    assert!(full_trims > 0, "seed {seed}: no trim of a full group");
+    eprintln!(
+        "NoSpace {}, trims of a full group {}, cuts after one {}, batches rotated {}, cuts \
+         during rotation {}",
+        all.no_space,
+        all.full_trims,
+        all.cuts_after_full_trim,
+        all.rotated_batches,
+        all.cuts_during_rotation
+    );
+    assert!(all.no_space > 0, "seed {seed}: the group never filled");
+    assert!(all.full_trims > 0, "seed {seed}: no trim of a full group");
+    assert!(
+        all.rotated_batches > 0,
+        "seed {seed}: the log was never rotated"
+    );
+    assert!(
+        all.cuts_during_rotation > 0,
+        "seed {seed}: no power cut during a rotation"
+    );
 }
 
 /// A full group whose volume had a snapshot: the snapshot deleted and the volume trimmed
