@@ -15,3 +15,18 @@ pub enum DeviceError {
     #[error("{0}: creation abandoned")]
     Abandoned(String),
 }
+
+impl DeviceError {
+    /// The device has no room for the write: the file system under a sparse device file is
+    /// full (ENOSPC) or its quota is used up (EDQUOT). Unlike a media error, nothing is wrong
+    /// with the place written: the same write succeeds once the file system has room again.
+    pub fn is_out_of_room(&self) -> bool {
+        match self {
+            DeviceError::Io { source, .. } => matches!(
+                source.raw_os_error(),
+                Some(libc::ENOSPC) | Some(libc::EDQUOT)
+            ),
+            _ => false,
+        }
+    }
+}

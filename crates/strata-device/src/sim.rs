@@ -105,6 +105,9 @@ struct SimState {
     fail_next_reads: u64,
     fail_next_writes: u64,
     fail_next_flushes: u64,
+    /// Blocks the device may hold content in (a sparse file on a file system with that much
+    /// room); None: no limit.
+    space_limit_blocks: Option<u64>,
 }
 
 /// An in-memory [`Device`] with a volatile write cache, crash simulation and fault injection.
@@ -150,6 +153,7 @@ impl MemDevice {
             fail_next_reads: 0,
             fail_next_writes: 0,
             fail_next_flushes: 0,
+            space_limit_blocks: None,
         };
         MemDevice {
             sim: Arc::new(Sim {
@@ -201,6 +205,15 @@ impl MemDevice {
     /// The next `n` flushes fail without making anything durable.
     pub fn fail_next_flushes(&self, n: u64) {
         self.state.lock().fail_next_flushes = n;
+    }
+
+    /// Models a sparse device file on a file system with `bytes` of room (None: no limit). A
+    /// write that needs room for blocks holding no content yet, beyond the limit, lands its
+    /// leading blocks that fit and fails with ENOSPC, as a file system that fills up does; a
+    /// discard gives its blocks' room back. Lowering the limit below what is held already
+    /// fails every write that needs a new block.
+    pub fn set_space_limit(&self, bytes: Option<u64>) {
+        self.state.lock().space_limit_blocks = bytes.map(|b| b / BLOCK);
     }
 
     /// Flips bit `bit` (0..8) of the byte at `offset_bytes` in the stored content, durable and
@@ -380,6 +393,32 @@ fn write_blocks(state: &mut SimState, buf: &[u8], offset: u64) {
     }
 }
 
+/// With a space limit, how many leading blocks of a write of `blocks` at block `first` fit
+/// when not all do; None when all do (or there is no limit).
+fn blocks_that_fit(state: &SimState, first: u64, blocks: u64) -> Option<u64> {
+    let limit = state.space_limit_blocks?;
+    let holds = |index: u64| match state.volatile.get(&index) {
+        Some(Pending::Data(_)) => true,
+        Some(Pending::Discarded) => false,
+        None => state.durable.contains_key(&index),
+    };
+    let mut held = state.durable.keys().filter(|&&i| holds(i)).count() as u64
+        + state
+            .volatile
+            .iter()
+            .filter(|(i, p)| matches!(p, Pending::Data(_)) && !state.durable.contains_key(i))
+            .count() as u64;
+    for i in 0..blocks {
+        if !holds(first + i) {
+            if held >= limit {
+                return Some(i);
+            }
+            held += 1;
+        }
+    }
+    None
+}
+
 fn make_durable(durable: &mut BTreeMap<u64, Block>, index: u64, pending: Pending) {
     match pending {
         Pending::Data(block) => durable.insert(index, block),
@@ -459,6 +498,13 @@ impl Device for MemDevice {
             let landed_bytes = landed_blocks as usize * BLOCK_SIZE;
             write_blocks(&mut state, &buf[..landed_bytes], offset);
             return Err(self.injected(offset, "write"));
+        }
+        if let Some(fit) = blocks_that_fit(&state, offset / BLOCK, blocks) {
+            write_blocks(&mut state, &buf[..fit as usize * BLOCK_SIZE], offset);
+            drop(state);
+            self.counters.record_error();
+            let source = io::Error::from_raw_os_error(libc::ENOSPC);
+            return Err(io_error(&self.name, offset, source));
         }
         write_blocks(&mut state, buf, offset);
         drop(state);

@@ -303,3 +303,38 @@ fn set_faults_reseeds() {
     assert_eq!(outcomes[0], outcomes[1]);
     assert_eq!(dev.faults(), faults);
 }
+
+#[test]
+fn a_space_limit_fails_writes_that_need_room_with_enospc_and_a_discard_gives_room_back() {
+    let dev = MemDevice::new("sparse", 8 * MIB);
+    dev.write_at(&pattern(2, 1), 0).unwrap();
+    dev.set_space_limit(Some(4 * BLOCK));
+    // Overwriting blocks that hold content needs no room.
+    dev.write_at(&pattern(2, 2), 0).unwrap();
+    // Three new blocks where two fit: the two land, the write fails with ENOSPC.
+    let err = dev.write_at(&pattern(3, 3), 4 * BLOCK).unwrap_err();
+    assert!(err.is_out_of_room(), "{err}");
+    assert!(err.to_string().contains("No space left on device"), "{err}");
+    assert_eq!(
+        &read_block(&dev, 4 * BLOCK)[..],
+        &pattern(3, 3)[..BLOCK_SIZE]
+    );
+    assert_eq!(&read_block(&dev, 6 * BLOCK)[..], &[0u8; BLOCK_SIZE][..]);
+    assert_eq!(dev.stored_bytes(), 4 * BLOCK);
+    // Room given back by a discard is taken again, flushed or not.
+    dev.discard(0, BLOCK).unwrap();
+    dev.write_at(&pattern(1, 4), 6 * BLOCK).unwrap();
+    dev.flush().unwrap();
+    assert!(dev
+        .write_at(&pattern(1, 5), 7 * BLOCK)
+        .unwrap_err()
+        .is_out_of_room());
+    dev.set_space_limit(None);
+    dev.write_at(&pattern(1, 5), 7 * BLOCK).unwrap();
+    // An injected EIO is not out of room.
+    dev.fail_next_writes(1);
+    assert!(!dev
+        .write_at(&pattern(1, 6), 0)
+        .unwrap_err()
+        .is_out_of_room());
+}

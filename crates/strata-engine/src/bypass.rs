@@ -63,6 +63,7 @@ pub fn wanted(sh: &Shared, p: &Policy, stream_bytes: u64, len: u64) -> bool {
         && p.sequential_write_cutoff_bytes > 0
         && stream_bytes >= p.sequential_write_cutoff_bytes
         && len >= BYPASS_MIN_BYTES
+        && !sh.counters.capacity_out_of_room.load(Ordering::Relaxed)
         && sh.segs.lock().free_count() > 2 * gc_trigger(sh)
 }
 
@@ -120,8 +121,9 @@ impl Destager {
             Err(e) => return answer(jobs, &Err(e)),
         };
         if let Err(e) = write_stripe(&self.sh, &placed) {
-            // Like a failed destage: the segments stay set aside until the next open.
-            tracing::error!("bypass segment write failed: {e}");
+            // Like a failed destage (the jobs go through the log instead).
+            let segs: Vec<u32> = placed.iter().map(|p| p.0).collect();
+            crate::room::failed_segment_write(&self.sh, &segs, &e, "a bypass write");
             return answer(jobs, &Err(e));
         }
         let r = self.commit_bypass(&placed, &jobs);

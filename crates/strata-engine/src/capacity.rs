@@ -730,6 +730,7 @@ pub fn write_segment(sh: &Shared, seg: u32, b: &Builder, seq: u64) -> Result<(),
     }
     drop(crcs);
     sh.summaries.lock().insert(seg, Arc::new(summary));
+    crate::room::note_success(sh, crate::room::Write::Segment);
     Ok(())
 }
 

@@ -185,7 +185,15 @@ impl Destager {
                 continue;
             }
             self.run_bypass();
+            // A capacity device out of room: its writes wait (room.rs).
+            if let Some(wait) = crate::room::paused_for(&self.sh) {
+                self.idle(wait);
+                continue;
+            }
             if let Err(e) = self.housekeeping() {
+                if crate::room::note_failure(&self.sh, &e, crate::room::Write::Other) {
+                    continue;
+                }
                 tracing::error!("index housekeeping: {e}");
                 self.idle(Duration::from_millis(200));
             }
@@ -229,12 +237,16 @@ impl Destager {
                         self.idle(Duration::from_millis(100));
                     }
                     Err(e) => {
-                        tracing::error!("making room on the capacity tier: {e}");
+                        if !crate::room::note_failure(&self.sh, &e, crate::room::Write::Other) {
+                            tracing::error!("making room on the capacity tier: {e}");
+                        }
                         self.idle(Duration::from_millis(200));
                     }
                 },
                 Err(e) => {
-                    tracing::error!("destage: {e}");
+                    if !crate::room::note_failure(&self.sh, &e, crate::room::Write::Other) {
+                        tracing::error!("destage: {e}");
+                    }
                     self.idle(Duration::from_millis(200));
                 }
             }
@@ -269,7 +281,9 @@ impl Destager {
     fn housekeeping(&mut self) -> Result<(), EngineError> {
         if self.gc_needed() {
             if let Err(e) = self.gc_step() {
-                tracing::error!("garbage collection: {e}");
+                if !crate::room::note_failure(&self.sh, &e, crate::room::Write::Other) {
+                    tracing::error!("garbage collection: {e}");
+                }
             }
         }
         crate::maint::run(self)
@@ -637,10 +651,12 @@ impl Destager {
                 }
                 skip = taken;
                 let placed = self.place(stripe)?;
+                let segs = placed.iter().map(|p| p.0).collect();
                 let sh = &*self.sh;
                 let handle = scope.spawn(move || write_stripe(sh, &placed).map(|()| placed));
                 inflight = Some(Inflight {
                     handle,
+                    segs,
                     taken,
                     moved,
                 });
@@ -781,12 +797,10 @@ impl Destager {
         let placed = match f.handle.join() {
             Ok(Ok(placed)) => placed,
             Ok(Err(e)) => {
-                // A summary may have reached the device; such a segment is never reused before
-                // the next open (it is not in any checkpoint's recent list, so recovery
-                // ignores it).
-                tracing::error!(
-                    "segment write failed; its segments are set aside until restart: {e}"
-                );
+                // A summary may have reached the device: unless the write failed for want of
+                // room, such a segment is never reused before the next open (it is not in any
+                // checkpoint's recent list, so recovery ignores it).
+                crate::room::failed_segment_write(&self.sh, &f.segs, &e, "a destage write");
                 return Err(e);
             }
             Err(_) => return Err(EngineError::Failed("segment writer panicked".into())),
@@ -1532,10 +1546,7 @@ impl Destager {
                 (seg, seq)
             };
             if let Err(e) = write_segment(&self.sh, seg, builder, seq) {
-                self.sh.segs.lock().set_aside(seg);
-                tracing::error!(
-                    "GC segment write failed; segment {seg} is set aside until restart: {e}"
-                );
+                crate::room::failed_segment_write(&self.sh, &[seg], &e, "a GC write");
                 return Err(e);
             }
             commit_relocation(&self.sh, seg, builder)?;
@@ -1606,6 +1617,8 @@ type Placed = (u32, Builder, u64);
 /// A stripe being written by a scoped thread, and the log batches it empties.
 struct Inflight<'s> {
     handle: std::thread::ScopedJoinHandle<'s, Result<Vec<Placed>, EngineError>>,
+    /// The segments it writes.
+    segs: Vec<u32>,
     taken: usize,
     moved: Vec<Moved>,
 }

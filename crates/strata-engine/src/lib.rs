@@ -29,6 +29,7 @@ mod rangelock;
 mod read_async;
 mod replay;
 mod resolve;
+mod room;
 mod runtime;
 mod scrub;
 mod shared;
@@ -51,6 +52,8 @@ mod tests_model_policy;
 mod tests_panics;
 #[cfg(test)]
 mod tests_read_async;
+#[cfg(test)]
+mod tests_room;
 #[cfg(test)]
 mod tests_rotate;
 #[cfg(test)]
@@ -197,6 +200,16 @@ pub struct Extent {
     pub kind: ExtentKind,
 }
 
+/// A capacity device out of room, as `EngineStats` reports it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct OutOfRoomStats {
+    /// The last failed write's error (device, offset, the system's message).
+    pub error: String,
+    pub since_s: f64,
+    /// Writes that failed for want of room since it began.
+    pub failed_writes: u64,
+}
+
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct EngineStats {
     pub io_backend: String,
@@ -217,6 +230,9 @@ pub struct EngineStats {
     /// high mark and a host batch was placed there).
     pub admission_throttled: bool,
     pub capacity_full: bool,
+    /// A capacity device had no room for a write (its file system is full): capacity writes
+    /// pause and the tier counts as full until one succeeds again (room.rs). None otherwise.
+    pub capacity_out_of_room: Option<OutOfRoomStats>,
     /// The destager thread's nice value: 19 while it works ahead of need (when the daemon may
     /// raise it again), its starting value while the log needs room.
     pub destager_nice: i64,
@@ -1131,6 +1147,11 @@ impl DiskGroup {
             admission_throttled: c.throttled.load(Ordering::Relaxed)
                 && fill > sh.cfg.fill_ratio_high,
             capacity_full: c.capacity_full.load(Ordering::Relaxed),
+            capacity_out_of_room: c.out_of_room.lock().as_ref().map(|o| OutOfRoomStats {
+                error: o.error.clone(),
+                since_s: o.since.elapsed().as_secs_f64(),
+                failed_writes: o.failed_writes,
+            }),
             destager_nice: c.destager_nice.load(Ordering::Relaxed),
             fast_resident_bytes: c.fast_live_blocks.load(Ordering::Relaxed) * BLOCK_U64,
             capacity_total_bytes: seg_total * sh.layout.segment_size_bytes,

@@ -247,6 +247,9 @@ pub fn flush_index(sh: &Shared) -> Result<(), EngineError> {
     sh.counters
         .index_pages_written
         .fetch_add(writes.pages.len() as u64, Ordering::Relaxed);
+    if !writes.pages.is_empty() {
+        crate::room::note_success(sh, crate::room::Write::Other);
+    }
     tracing::debug!(
         pages = writes.pages.len(),
         ms = started.elapsed().as_millis() as u64,

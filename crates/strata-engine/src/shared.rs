@@ -210,6 +210,10 @@ pub struct Counters {
     /// The last destage found no segment to write: the log is freed only by compaction
     /// (`Destager::compact_tail`) until it does, so host writes leave it room.
     pub capacity_blocked: AtomicBool,
+    /// A capacity device had no room for a write (its file system is full): `out_of_room`
+    /// says since when and why (room.rs).
+    pub capacity_out_of_room: AtomicBool,
+    pub out_of_room: Mutex<Option<crate::room::OutOfRoom>>,
     pub index_flushes: AtomicU64,
     pub index_pages_written: AtomicU64,
     pub index_page_reads: AtomicU64,
@@ -447,6 +451,10 @@ impl Shared {
         let c = &self.counters;
         if !c.capacity_full.load(Ordering::Relaxed) {
             return false;
+        }
+        // A capacity device out of room pauses the destager, rotation too (room.rs).
+        if c.capacity_out_of_room.load(Ordering::Relaxed) {
+            return true;
         }
         // A plan counted two after this one was begun after this request came: it saw the
         // log as this request does, or emptier.

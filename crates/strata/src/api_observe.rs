@@ -157,7 +157,14 @@ pub fn warnings(
             stats.fill_ratio_high * 100.0
         ));
     }
-    if stats.capacity_full {
+    if let Some(o) = &stats.capacity_out_of_room {
+        out.push(format!(
+            "the capacity tier is out of room for {:.0} s, its file system full ({}): destaging \
+             pauses and writes fail with ENOSPC once the log fills; make room on that file \
+             system and destaging goes on by itself",
+            o.since_s, o.error
+        ));
+    } else if stats.capacity_full {
         out.push("the capacity tier is full: writes fail with ENOSPC once the log fills".into());
     } else if stats.capacity_total_bytes > 0 {
         let used = stats.capacity_used_bytes as f64 / stats.capacity_total_bytes as f64;
@@ -213,6 +220,7 @@ pub struct DiskGroupJson {
     pub capacity_used_bytes: u64,
     pub capacity_live_bytes: u64,
     pub capacity_full: bool,
+    pub capacity_out_of_room: Option<strata_engine::OutOfRoomStats>,
     pub segments_total: u64,
     pub segments_free: u64,
     pub gc_segments_cleaned_total: u64,
@@ -260,6 +268,7 @@ fn disk_group_json(e: &EngineStats, scrub: ScrubSummaryJson) -> DiskGroupJson {
         capacity_used_bytes: e.capacity_used_bytes,
         capacity_live_bytes: e.capacity_live_bytes,
         capacity_full: e.capacity_full,
+        capacity_out_of_room: e.capacity_out_of_room.clone(),
         segments_total: e.segments_total,
         segments_free: e.segments_free,
         gc_segments_cleaned_total: e.gc_segments_cleaned_total,

@@ -15,7 +15,7 @@ use strata_device::{
 };
 use strata_engine::format::Role;
 
-use crate::config::{IoBackendChoice, ServeConfig};
+use crate::config::{format_size, IoBackendChoice, ServeConfig};
 
 pub struct OpenedDevices {
     pub fast: Arc<dyn Device>,
@@ -94,10 +94,43 @@ fn open_all(cfg: &ServeConfig, created: &mut Created, abandon: &Arc<AtomicBool>)
             let size = cfg.capacity_size_bytes;
             let device = open_one(path, size, false, cfg, created, abandon)?;
             warn_unused_size(&device, size, cfg.capacity_size_given, "capacity-size");
+            if let Some(note) = unbacked_capacity_file(path, device.size_bytes()) {
+                tracing::warn!(path = %path.display(), "{note}");
+            }
             Ok(emulate(device, cfg.emulation.capacity.as_ref()))
         })
         .collect::<Result<Vec<_>>>()?;
     Ok((fast, capacity, io_backend))
+}
+
+/// A sparse capacity file whose file system has less room than the file may still take: once
+/// it is used, capacity writes fail with ENOSPC (the engine pauses destaging until there is
+/// room again, and host writes fail once the write log fills). None for a block device, a
+/// file allocated in full, or a file system with room enough.
+pub fn unbacked_capacity_file(path: &Path, size_bytes: u64) -> Option<String> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok().filter(|m| m.is_file())?;
+    let unallocated = size_bytes.saturating_sub(meta.blocks() * 512);
+    let name = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a zeroed statvfs is a valid value for the kernel to fill.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statvfs reads the NUL-terminated path and writes one statvfs through the
+    // pointer, which points to `st`.
+    if unsafe { libc::statvfs(name.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    let free = st.f_bavail.saturating_mul(st.f_frsize);
+    (unallocated > free).then(|| {
+        format!(
+            "capacity file {} is {} but its file system has only {} free: once that is used, \
+             destaging pauses and writes fail with ENOSPC until there is room again (make room \
+             there, or give the capacity tier a file system or device of its own)",
+            path.display(),
+            format_size(size_bytes),
+            format_size(free)
+        )
+    })
 }
 
 /// A fast device of an existing group names how many capacity devices the group has: a start

@@ -282,7 +282,7 @@ fn render_wear(e: &mut Exposition, devices: &[DeviceJson]) {
 }
 
 fn render_engine(e: &mut Exposition, s: &EngineStats) {
-    let gauges: [(&str, &str, f64); 17] = [
+    let gauges: [(&str, &str, f64); 18] = [
         ("strata_log_fill_ratio", "Fill of the write buffer: log space in use besides the read cache's copies, against the log less what the read cache holds; the destage marks apply to it.", s.log_fill_ratio),
         ("strata_log_fill_ratio_low", "Fill below which the destager idles.", s.fill_ratio_low),
         ("strata_log_fill_ratio_high", "Fill above which the destager runs flat out and admission follows it.", s.fill_ratio_high),
@@ -298,6 +298,7 @@ fn render_engine(e: &mut Exposition, s: &EngineStats) {
         ("strata_capacity_live_bytes", "Live data on the capacity tier.", s.capacity_live_bytes as f64),
         ("strata_capacity_segments_free", "Free capacity segments.", s.segments_free as f64),
         ("strata_capacity_full", "1 when the capacity tier has no free segment.", if s.capacity_full { 1.0 } else { 0.0 }),
+        ("strata_capacity_out_of_room", "1 while a capacity device has no room for writes (the file system under a capacity file is full): destaging pauses until one succeeds.", if s.capacity_out_of_room.is_some() { 1.0 } else { 0.0 }),
         ("strata_log_rotating", "1 while the destager rotates a full write log (both tiers full) so that trims and overwrites give space back.", if s.log_rotating { 1.0 } else { 0.0 }),
         ("strata_destager_nice", "Nice value of the destager thread: 19 while it works ahead of need, its own while the log needs room.", s.destager_nice as f64),
     ];

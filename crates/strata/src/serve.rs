@@ -239,7 +239,14 @@ async fn close_group(group: Arc<DiskGroup>) -> Result<()> {
     tokio::task::spawn_blocking(move || group.shutdown())
         .await
         .context("engine shutdown task failed")?
-        .map_err(|e| anyhow!("shutting down the disk group failed: {e}"))
+        .map_err(|e| match e {
+            strata_engine::EngineError::Device(d) if d.is_out_of_room() => anyhow!(
+                "shutting down the disk group failed: the capacity tier is out of room ({d}): \
+                 its index could not be written; everything acknowledged is in the write \
+                 log, which the next start replays (make room on that file system first)"
+            ),
+            e => anyhow!("shutting down the disk group failed: {e}"),
+        })
 }
 
 /// Resolves once shutdown has been asked for.

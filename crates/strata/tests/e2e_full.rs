@@ -470,3 +470,158 @@ fn a_burst_larger_than_the_fast_tier_all_succeeds() {
     let group = disk_group(&daemon);
     assert_eq!(group["capacity_full"], Value::Bool(false), "{group}");
 }
+
+/// A small ext4 file system on a loop device, mounted at `dir`; unmounted on drop.
+struct SmallFs {
+    dir: std::path::PathBuf,
+}
+
+impl SmallFs {
+    /// None (after a loud message) where this process may not make one: not root, or no loop
+    /// devices. CI runs as root.
+    fn mount(scratch: &std::path::Path, size_mib: u64) -> Option<SmallFs> {
+        let why = if !is_root() {
+            Some("not running as root")
+        } else if !std::path::Path::new("/dev/loop-control").exists() {
+            Some("no loop devices")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            assert!(
+                !tools_are_mandatory(),
+                "a full file system needs root and loop devices: {why}"
+            );
+            eprintln!("\n!!!!!!!! SKIPPING the full file system test: {why} !!!!!!!!\n");
+            return None;
+        }
+        if !require_tools(&["mkfs.ext4", "mount", "umount", "fallocate"]) {
+            return None;
+        }
+        let image = scratch.join("fs.img");
+        let file = std::fs::File::create(&image).expect("fs image");
+        file.set_len(size_mib * MIB).expect("fs image size");
+        let image = image.to_str().expect("utf-8");
+        run_ok(&mut cmd("mkfs.ext4", &["-q", "-F", image]));
+        let dir = scratch.join("fs");
+        std::fs::create_dir_all(&dir).expect("mount point");
+        run_ok(&mut cmd(
+            "mount",
+            &["-o", "loop", image, dir.to_str().expect("utf-8")],
+        ));
+        Some(SmallFs { dir })
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = run_timeout(
+            &mut cmd("umount", &["-l", self.dir.to_str().unwrap_or_default()]),
+            CMD_TIMEOUT,
+        );
+    }
+}
+
+fn run_ok(c: &mut std::process::Command) {
+    let out = run_timeout(c, CMD_TIMEOUT);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The capacity file on a file system that fills up (a sparse file promising more than its
+/// file system has): writes are refused with ENOSPC once the log is full, the tier reports
+/// itself out of room, and once room is made on that file system, writes succeed again with
+/// no restart; a SIGKILL after all that loses nothing.
+#[test]
+fn a_full_file_system_under_the_capacity_file_refuses_writes_until_room_is_made() {
+    let scratch = tempfile::Builder::new()
+        .prefix("strata-e2e-fs-")
+        .tempdir()
+        .expect("tempdir");
+    // Room for more than the volume once the ballast is gone, for less while it is there.
+    let Some(fs) = SmallFs::mount(scratch.path(), 96) else {
+        return;
+    };
+    // What the capacity file may take: the file system's room less a ballast, given back
+    // later.
+    let ballast = fs.dir.join("ballast");
+    let ballast_path = ballast.to_str().expect("utf-8");
+    run_ok(&mut cmd("fallocate", &["-l", "40M", ballast_path]));
+    let capacity = fs.dir.join("capacity.img");
+    let mut daemon = Daemon::start(DaemonOpts {
+        fast_size: "16M".into(),
+        capacity_size: "256M".into(),
+        extra_args: [
+            "--segment-size",
+            "1M",
+            "--max-batch-size",
+            "256K",
+            "--default-volume-size",
+            "0",
+            "--capacity-device",
+            capacity.to_str().expect("utf-8"),
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..DaemonOpts::default()
+    });
+    let log = daemon.stderr_log();
+    assert!(
+        log.contains("its file system has only"),
+        "no warning that the capacity file may not fit its file system:\n{log}"
+    );
+    daemon.create_volume("a", "64M");
+    let mut a = Image::new("a", 1);
+    let mut ca = connect(&daemon, "a");
+    let refused = fill_until_enospc(&mut ca, &mut a, 0, 1);
+    let group = poll_group(&daemon, "out of room reported", |g| {
+        g["capacity_out_of_room"].is_object()
+    });
+    let why = group["capacity_out_of_room"]["error"].to_string();
+    assert!(why.contains("No space left on device"), "{group}");
+    let status = http::get_json(&format!("{}/api/v1/status", daemon.http_url()));
+    let warnings = status["warnings"].to_string();
+    assert!(
+        warnings.contains("out of room"),
+        "no out-of-room warning: {warnings}"
+    );
+    // Failed writes give their segments back: the free ones are not used up.
+    std::thread::sleep(Duration::from_secs(3));
+    let group = disk_group(&daemon);
+    let (free, total) = (
+        figure(&group, "segments_free"),
+        figure(&group, "segments_total"),
+    );
+    assert!(
+        free * 2 > total,
+        "{free} of {total} segments free after 3 s out of room"
+    );
+    assert_eq!(write_chunk(&mut ca, &a, refused, 1), Err(nbd::ENOSPC));
+
+    std::fs::remove_file(&ballast).expect("remove the ballast");
+    let group = poll_group(&daemon, "room back", |g| {
+        g["capacity_out_of_room"].is_null() && g["capacity_full"] == Value::Bool(false)
+    });
+    eprintln!("room back: {group}");
+    // Writes go on where they were refused, with no restart (retried while the log drains).
+    let deadline = Instant::now() + SPACE_TIMEOUT;
+    while write_chunk(&mut ca, &a, refused, 2).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "writes still refused {SPACE_TIMEOUT:?} after room came back"
+        );
+        std::thread::sleep(POLL_INTERVAL);
+    }
+    a.acked(refused, 2);
+    write_all_ok(&mut ca, &mut a, refused + 1, 96, 2, "after room came back");
+    ca.disconnect();
+    a.verify(&daemon, "after room came back");
+    daemon.kill9();
+    daemon.restart();
+    a.verify(&daemon, "after SIGKILL and a restart");
+    drop(daemon);
+    drop(fs);
+}

@@ -1,0 +1,176 @@
+//! A capacity device out of room (the file system under a sparse capacity file full, room.rs):
+//! host writes fill the log and are then refused with ENOSPC, not left waiting; the free
+//! segments are not used up by failed writes; everything acknowledged reads back, across a
+//! power cut too; and once there is room again, destage and host writes go on without a
+//! restart.
+
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::tests::{seed_for, small_cfg, Rig, MIB};
+use crate::tests_full_gaps::check_blocks;
+use crate::*;
+
+const BLOCK: u64 = 4096;
+const VOLUME_BLOCKS: u64 = 40 * MIB / BLOCK;
+
+/// Writes 16-block chunks of fresh content at random places from another thread until one is
+/// refused; panics if a write neither completes nor fails within 30 s. Returns the refusal.
+fn write_until_refused(
+    dg: &Arc<DiskGroup>,
+    v: VolumeId,
+    rng: &mut StdRng,
+    model: &mut [u8],
+) -> EngineError {
+    loop {
+        let at = rng.gen_range(0..VOLUME_BLOCKS / 16) * 16;
+        let fill = rng.gen_range(1..=255u8);
+        let (tx, rx) = mpsc::channel();
+        let writer = dg.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(writer.write(v, at * BLOCK, &vec![fill; 16 * BLOCK as usize]));
+        });
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(Ok(())) => model[at as usize..(at + 16) as usize].fill(fill),
+            Ok(Err(e)) => return e,
+            Err(_) => panic!("a write at block {at} neither completed nor failed in 30 s"),
+        }
+    }
+}
+
+#[test]
+fn a_capacity_device_out_of_room_refuses_writes_and_resumes_once_room_is_back() {
+    let seed =
+        seed_for("a_capacity_device_out_of_room_refuses_writes_and_resumes_once_room_is_back");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut rig = Rig::new(16 * MIB, &[96 * MIB], small_cfg(), seed);
+    let v = rig
+        .dg()
+        .create_volume("v", VOLUME_BLOCKS * BLOCK)
+        .unwrap()
+        .id;
+    let mut model = vec![0u8; VOLUME_BLOCKS as usize];
+    let cap = rig.caps[0].clone();
+    let segments = rig.dg().stats().segments_total;
+    // Room for a few segments more than the capacity device holds now.
+    cap.set_space_limit(Some(cap.stored_bytes() + 6 * MIB));
+    let dg = rig.group().clone();
+    let refused = write_until_refused(&dg, v, &mut rng, &mut model);
+    assert!(
+        matches!(refused, EngineError::NoSpace),
+        "a write was refused with {refused}"
+    );
+    let out = dg
+        .stats()
+        .capacity_out_of_room
+        .expect("the tier is not reported out of room");
+    assert!(
+        out.error.contains("No space left on device"),
+        "{}",
+        out.error
+    );
+    check_blocks(&dg, v, &model);
+    // Out of room for a while: the destager tries again after 1 s, 2 s, 4 s..., and each try
+    // gives its segments back.
+    std::thread::sleep(Duration::from_secs(2));
+    let s = dg.stats();
+    let errors = s.capacity_devices[0].errors;
+    assert!(
+        errors <= 6,
+        "{errors} capacity writes failed in about 2 s out of room"
+    );
+    // The device has room for 6 MiB more than it had: no more than that many segments (and
+    // a few index segments) may have left the free list.
+    assert!(
+        s.segments_free + 12 >= segments,
+        "failed writes used up the free segments: {} of {segments} free",
+        s.segments_free
+    );
+    assert!(matches!(
+        dg.write(v, 0, &vec![1u8; 16 * BLOCK as usize]),
+        Err(EngineError::NoSpace)
+    ));
+
+    // Room again: destage goes on, and so do host writes, with no restart.
+    cap.set_space_limit(None);
+    let began = Instant::now();
+    loop {
+        match dg.write(v, 0, &vec![0x5a; 16 * BLOCK as usize]) {
+            Ok(()) => break,
+            Err(EngineError::NoSpace) if began.elapsed() < Duration::from_secs(30) => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => panic!(
+                "writes still fail {:?} after room came back: {e}",
+                began.elapsed()
+            ),
+        }
+    }
+    model[..16].fill(0x5a);
+    let s = dg.stats();
+    assert!(
+        s.capacity_out_of_room.is_none(),
+        "still out of room: {:?}",
+        s.capacity_out_of_room
+    );
+    for _ in 0..200 {
+        let at = rng.gen_range(0..VOLUME_BLOCKS / 16) * 16;
+        let fill = rng.gen_range(1..=255u8);
+        dg.write(v, at * BLOCK, &vec![fill; 16 * BLOCK as usize])
+            .unwrap();
+        model[at as usize..(at + 16) as usize].fill(fill);
+    }
+    check_blocks(&dg, v, &model);
+    drop(dg);
+    rig.power_cut_and_restart();
+    check_blocks(rig.dg(), v, &model);
+}
+
+/// The group stopped while out of room, by a power cut or (half the seeds) a clean stop,
+/// which cannot write the index to the capacity tier and says so; either way it opens again
+/// with the file system still full and loses nothing.
+#[test]
+fn a_stop_while_out_of_room_loses_nothing_and_the_group_opens() {
+    let seed = seed_for("a_stop_while_out_of_room_loses_nothing_and_the_group_opens");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut rig = Rig::new(16 * MIB, &[96 * MIB], small_cfg(), seed);
+    let v = rig
+        .dg()
+        .create_volume("v", VOLUME_BLOCKS * BLOCK)
+        .unwrap()
+        .id;
+    let mut model = vec![0u8; VOLUME_BLOCKS as usize];
+    let cap = rig.caps[0].clone();
+    cap.set_space_limit(Some(cap.stored_bytes() + 4 * MIB));
+    let dg = rig.group().clone();
+    write_until_refused(&dg, v, &mut rng, &mut model);
+    std::thread::sleep(Duration::from_millis(rng.gen_range(0..2500)));
+    drop(dg);
+    if rng.gen_bool(0.5) {
+        let dg = rig.dg.take().expect("running");
+        if let Err(e) = dg.shutdown() {
+            assert!(
+                crate::room::is_out_of_room(&e),
+                "a stop while out of room failed with {e}"
+            );
+        }
+        drop(dg);
+        rig.power_cut();
+    }
+    // The file system is still full when the group opens again.
+    rig.power_cut_and_restart();
+    check_blocks(rig.dg(), v, &model);
+    let dg = rig.group().clone();
+    let refused = write_until_refused(&dg, v, &mut rng, &mut model);
+    assert!(
+        matches!(refused, EngineError::NoSpace),
+        "a write was refused with {refused}"
+    );
+    cap.set_space_limit(None);
+    drop(dg);
+    rig.clean_restart();
+    check_blocks(rig.dg(), v, &model);
+}
