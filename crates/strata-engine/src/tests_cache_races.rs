@@ -1,11 +1,13 @@
 //! The read cache against what reuses the blocks its copies live in: a cached copy is served
 //! only while the log still holds it, whatever the log writer puts in its place afterwards.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 use crate::format::RecordKind;
 use crate::map::Loc;
@@ -178,5 +180,217 @@ fn a_copy_the_tail_passed_is_not_served_from_blocks_a_new_batch_took() {
             "{how} read of block 10 after the tail passed its cached copy: tag {:#x}, not 0x4",
             read[4095]
         );
+    }
+}
+
+const RACE_BLOCKS: u64 = 1024;
+
+/// Block `lba` at `version` (never 0): both in its first 16 bytes, the rest derived from them.
+fn versioned(lba: u64, version: u64) -> Vec<u8> {
+    let mut b = vec![0u8; 4096];
+    b[..8].copy_from_slice(&lba.to_le_bytes());
+    b[8..16].copy_from_slice(&version.to_le_bytes());
+    for (i, x) in b[16..].iter_mut().enumerate() {
+        *x = (lba as u8).wrapping_mul(31) ^ (version as u8).wrapping_add(i as u8);
+    }
+    b
+}
+
+/// The versions of one block: the newest acknowledged, the newest started, and those that
+/// zeroed it (a trim or write-zeroes; version 0, never written, reads as zeros too).
+#[derive(Default)]
+struct Versions {
+    acked: AtomicU64,
+    issued: AtomicU64,
+    zeroed: Mutex<Vec<u64>>,
+}
+
+/// What a read of `lba` returned (`b`) must be: a version within `[floor, ceiling]`.
+fn check_version(what: &str, lba: u64, b: &[u8], v: &Versions, floor: u64, ceiling: u64) {
+    if b.iter().all(|&x| x == 0) {
+        let zeroed = v.zeroed.lock();
+        assert!(
+            std::iter::once(&0)
+                .chain(zeroed.iter())
+                .any(|&z| floor <= z && z <= ceiling),
+            "{what}: block {lba} read zeros, but no version in {floor}..={ceiling} zeroed it ({zeroed:?})"
+        );
+        return;
+    }
+    let version = u64::from_le_bytes(b[8..16].try_into().unwrap());
+    assert!(
+        b == &versioned(lba, version)[..],
+        "{what}: block {lba} holds no block written to it (lba {}, version {version})",
+        u64::from_le_bytes(b[..8].try_into().unwrap())
+    );
+    assert!(
+        floor <= version && version <= ceiling,
+        "{what}: block {lba} read version {version}, acknowledged {floor}, issued {ceiling}"
+    );
+}
+
+/// Reads racing every change the read cache's copies must not outlive: two writers (each
+/// owning half the volume, so a block's versions only grow) write, trim and write-zeroes runs
+/// of blocks while readers (blocking and asynchronous) read a hot quarter of it through a
+/// read cache a twentieth of the log, so the log tail keeps passing copies and promotions keep
+/// coming; snapshots are taken and deleted (their layers merged) meanwhile and read against
+/// what was acknowledged around their creation. The destager destages, keeps hot data and
+/// cleans segments all along. Every read returns a version of its own block no older than the
+/// newest acknowledged when it began. Then a power cut: every block is its last version.
+#[test]
+fn reads_racing_overwrites_trims_snapshots_and_eviction_see_acknowledged_data() {
+    let seed =
+        seed_for("reads_racing_overwrites_trims_snapshots_and_eviction_see_acknowledged_data");
+    let cfg = EngineConfig {
+        fill_ratio_low: 0.05,
+        fill_ratio_high: 0.3,
+        read_cache_ratio: 0.05,
+        ..small_cfg()
+    };
+    let mut rig = Rig::new(16 * MIB, &[20 * MIB], cfg, seed);
+    let dg = rig.group().clone();
+    let promote = Policy {
+        promote_after_reads: 1,
+        ..Policy::default()
+    };
+    let v = dg
+        .create_volume_with_policy("race", RACE_BLOCKS * 4096, &promote)
+        .unwrap()
+        .id;
+    let blocks: Vec<Versions> = (0..RACE_BLOCKS).map(|_| Versions::default()).collect();
+    let stop = AtomicBool::new(false);
+    let deadline = std::time::Instant::now() + Duration::from_millis(2000);
+    let reads = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        let writers: Vec<_> = (0..2u64)
+            .map(|t| {
+                let (dg, blocks) = (&dg, &blocks);
+                s.spawn(move || {
+                    let mut rng = StdRng::seed_from_u64(seed ^ t);
+                    let half = RACE_BLOCKS / 2;
+                    while std::time::Instant::now() < deadline {
+                        let n = rng.gen_range(1..=8u64);
+                        let lba = t * half + rng.gen_range(0..half - n);
+                        let range = lba as usize..(lba + n) as usize;
+                        let versions: Vec<u64> = blocks[range.clone()]
+                            .iter()
+                            .map(|b| b.issued.fetch_add(1, Ordering::SeqCst) + 1)
+                            .collect();
+                        let zeroing = rng.gen_bool(0.2);
+                        if zeroing {
+                            for (b, &ver) in blocks[range.clone()].iter().zip(&versions) {
+                                b.zeroed.lock().push(ver);
+                            }
+                            let (off, len) = (lba * 4096, n * 4096);
+                            match rng.gen_bool(0.5) {
+                                true => dg.discard(v, off, len),
+                                false => dg.write_zeroes(v, off, len),
+                            }
+                            .expect("zeroing");
+                        } else {
+                            let data: Vec<u8> = (lba..lba + n)
+                                .zip(&versions)
+                                .flat_map(|(l, &ver)| versioned(l, ver))
+                                .collect();
+                            dg.write(v, lba * 4096, &data).expect("write");
+                        }
+                        for (b, &ver) in blocks[range].iter().zip(&versions) {
+                            b.acked.store(ver, Ordering::SeqCst);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for r in 0..2u64 {
+            let (dg, blocks, stop, reads) = (&dg, &blocks, &stop, &reads);
+            s.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed ^ (r + 100));
+                while !stop.load(Ordering::SeqCst) {
+                    let n = rng.gen_range(1..=4u64);
+                    let lba = match rng.gen_bool(0.7) {
+                        true => rng.gen_range(0..RACE_BLOCKS / 4),
+                        false => rng.gen_range(0..RACE_BLOCKS - n),
+                    };
+                    let range = lba as usize..(lba + n) as usize;
+                    let floors: Vec<u64> = blocks[range.clone()]
+                        .iter()
+                        .map(|b| b.acked.load(Ordering::SeqCst))
+                        .collect();
+                    let mut taken = 0;
+                    let got =
+                        read_either(dg, v, lba * 4096, (n * 4096) as usize, r == 0, &mut taken)
+                            .unwrap_or_else(|e| panic!("read of {lba}+{n}: {e}"));
+                    for (k, b) in blocks[range].iter().enumerate() {
+                        let ceiling = b.issued.load(Ordering::SeqCst);
+                        let block = &got[k * 4096..(k + 1) * 4096];
+                        check_version("read", lba + k as u64, block, b, floors[k], ceiling);
+                    }
+                    reads.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        {
+            let (dg, blocks, stop) = (&dg, &blocks, &stop);
+            s.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed ^ 200);
+                let mut older: Option<String> = None;
+                for i in 0u64.. {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(40));
+                    let floors: Vec<u64> = blocks
+                        .iter()
+                        .map(|b| b.acked.load(Ordering::SeqCst))
+                        .collect();
+                    let name = format!("s{i}");
+                    let snap = dg.create_snapshot("race", &name).expect("snapshot");
+                    let ceilings: Vec<u64> = blocks
+                        .iter()
+                        .map(|b| b.issued.load(Ordering::SeqCst))
+                        .collect();
+                    if let Some(old) = older.replace(name) {
+                        dg.delete_snapshot("race", &old).expect("delete snapshot");
+                    }
+                    for _ in 0..32 {
+                        let lba = rng.gen_range(0..RACE_BLOCKS / 4);
+                        let mut b = vec![0u8; 4096];
+                        dg.read(snap.id, lba * 4096, &mut b)
+                            .unwrap_or_else(|e| panic!("snapshot read of {lba}: {e}"));
+                        let (fl, ce) = (floors[lba as usize], ceilings[lba as usize]);
+                        check_version("snapshot", lba, &b, &blocks[lba as usize], fl, ce);
+                    }
+                }
+            });
+        }
+        for w in writers {
+            w.join().unwrap();
+        }
+        stop.store(true, Ordering::SeqCst);
+    });
+    let st = dg.stats();
+    eprintln!(
+        "destaged {} MiB, kept {} MiB, GC cleaned {} segments, {} reads, {} KiB read from the cache, {} KiB promoted, {} KiB evicted",
+        st.destaged_bytes_total / MIB,
+        st.hot_kept_bytes_total / MIB,
+        st.gc_segments_cleaned_total,
+        reads.load(Ordering::Relaxed),
+        st.read_cached_bytes_total / 1024,
+        st.promoted_bytes_total / 1024,
+        st.evicted_bytes_total / 1024,
+    );
+    assert!(
+        st.read_cached_bytes_total > 0,
+        "no read was served from the cache: {st:?}"
+    );
+    assert!(st.evicted_bytes_total > 0, "nothing was evicted: {st:?}");
+    assert_eq!(st.checksum_errors_total, 0);
+    drop(dg);
+    rig.power_cut_and_restart();
+    let mut b = vec![0u8; 4096];
+    for (lba, ver) in (0..RACE_BLOCKS).zip(&blocks) {
+        rig.dg().read(v, lba * 4096, &mut b).unwrap();
+        let last = ver.acked.load(Ordering::SeqCst);
+        check_version("after the power cut", lba, &b, ver, last, last);
     }
 }
