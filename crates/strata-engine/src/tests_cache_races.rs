@@ -394,3 +394,66 @@ fn reads_racing_overwrites_trims_snapshots_and_eviction_see_acknowledged_data() 
         check_version("after the power cut", lba, &b, ver, last, last);
     }
 }
+
+/// A Cache record's layer field names a capacity segment and its offset a block of it, and
+/// segment numbers and layer ids are counted apart: the same number can name both. Neither
+/// the log writer nor replay may map such a record into a layer. Here volume c's head layer
+/// and the segment its data lives in are both number 2, and the cached copy of its block 110
+/// (segment block 10) is written after a host write of its block 10: mapped, the copy would
+/// hide that write, at once or after a power cut.
+#[test]
+fn a_cached_copy_never_stands_for_the_block_its_segment_address_names() {
+    let seed = seed_for("a_cached_copy_never_stands_for_the_block_its_segment_address_names");
+    let cfg = EngineConfig {
+        read_cache_ratio: 0.5,
+        fill_ratio_low: 0.9,
+        fill_ratio_high: 0.95,
+        ..small_cfg()
+    };
+    let mut rig = Rig::new(16 * MIB, &[48 * MIB], cfg, seed);
+    let promote = Policy {
+        promote_after_reads: 1,
+        ..Policy::default()
+    };
+    let dg = rig.dg();
+    let c = dg
+        .create_volume_with_policy("c", 4 * MIB, &promote)
+        .unwrap()
+        .id;
+    let data: Vec<u8> = (100..164).flat_map(|l| block_of(l, 4)).collect();
+    dg.write(c, 100 * 4096, &data).unwrap();
+    assert!(dg.destage_all(Duration::from_secs(20)));
+    let (seg, block) = capacity_block(dg, c, 110);
+    let head = dg.sh.index.read().volumes[&c].head;
+    assert_eq!(
+        (seg, block),
+        (head, 10),
+        "setup: block 110 of c is block 10 of the segment numbered as c's head layer"
+    );
+    // A promotion by a read, then a host write of block 10, then a copy of block 110 queued
+    // after it (as a promotion whose read raced the write would be).
+    let mut b = vec![0u8; 4096];
+    dg.read(c, 110 * 4096, &mut b).unwrap();
+    promotions_retired(dg);
+    assert!(dg.sh.cache.lock().lookup(seg, block).is_some(), "promoted");
+    dg.write(c, 10 * 4096, &block_of(10, 9)).unwrap();
+    let gen = dg.sh.cache.lock().gen_of(seg);
+    let rt = dg.sh.runtime(c).unwrap();
+    dg.promote(Some(&rt), seg, block, gen, &block_of(110, 4));
+    promotions_retired(dg);
+    let check = |dg: &DiskGroup, when: &str| {
+        let mut b = vec![0u8; 4096];
+        for (lba, want) in [(10, block_of(10, 9)), (110, block_of(110, 4))] {
+            dg.read(c, lba * 4096, &mut b).unwrap();
+            assert!(
+                b == want,
+                "{when}: block {lba} of c holds lba {} tag {:#x}",
+                u64::from_le_bytes(b[..8].try_into().unwrap()),
+                b[4095]
+            );
+        }
+    };
+    check(dg, "before the power cut");
+    rig.power_cut_and_restart();
+    check(rig.dg(), "after the power cut");
+}
