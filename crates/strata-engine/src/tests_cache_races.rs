@@ -196,6 +196,18 @@ fn versioned(lba: u64, version: u64) -> Vec<u8> {
     b
 }
 
+/// Sets the flag when the thread holding it panics: the threads that wait for it stop too,
+/// and the test fails instead of hanging.
+struct StopOnPanic<'a>(&'a AtomicBool);
+
+impl Drop for StopOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
 /// The versions of one block: the newest acknowledged, the newest started, and those that
 /// zeroed it (a trim or write-zeroes; version 0, never written, reads as zeros too).
 #[derive(Default)]
@@ -233,9 +245,10 @@ fn check_version(what: &str, lba: u64, b: &[u8], v: &Versions, floor: u64, ceili
 /// owning half the volume, so a block's versions only grow) write, trim and write-zeroes runs
 /// of blocks while readers (blocking and asynchronous) read a hot quarter of it through a
 /// read cache a twentieth of the log, so the log tail keeps passing copies and promotions keep
-/// coming; snapshots are taken and deleted (their layers merged) meanwhile and read against
-/// what was acknowledged around their creation. The destager destages, keeps hot data and
-/// cleans segments all along. Every read returns a version of its own block no older than the
+/// coming; snapshots are taken and deleted (their layers merged) meanwhile, some cloned (the
+/// clone kept until the next), and both read against what was acknowledged around the
+/// snapshot's creation; the volume's policy changes (promotion, cache or tier mode). The
+/// destager destages, keeps hot data and cleans segments all along. Every read returns a version of its own block no older than the
 /// newest acknowledged when it began. Then a power cut: every block is its last version.
 #[test]
 fn reads_racing_overwrites_trims_snapshots_and_eviction_see_acknowledged_data() {
@@ -247,7 +260,9 @@ fn reads_racing_overwrites_trims_snapshots_and_eviction_see_acknowledged_data() 
         read_cache_ratio: 0.05,
         ..small_cfg()
     };
-    let mut rig = Rig::new(16 * MIB, &[20 * MIB], cfg, seed);
+    // A capacity tier seven times the volume: snapshots and a clone pin older versions (with
+    // 20 MiB a run was refused NoSpace), and GC still cleans segments, which it then reuses.
+    let mut rig = Rig::new(16 * MIB, &[28 * MIB], cfg, seed);
     let dg = rig.group().clone();
     let promote = Policy {
         promote_after_reads: 1,
@@ -264,11 +279,12 @@ fn reads_racing_overwrites_trims_snapshots_and_eviction_see_acknowledged_data() 
     std::thread::scope(|s| {
         let writers: Vec<_> = (0..2u64)
             .map(|t| {
-                let (dg, blocks) = (&dg, &blocks);
+                let (dg, blocks, stop) = (&dg, &blocks, &stop);
                 s.spawn(move || {
+                    let _stop = StopOnPanic(stop);
                     let mut rng = StdRng::seed_from_u64(seed ^ t);
                     let half = RACE_BLOCKS / 2;
-                    while std::time::Instant::now() < deadline {
+                    while std::time::Instant::now() < deadline && !stop.load(Ordering::SeqCst) {
                         let n = rng.gen_range(1..=8u64);
                         let lba = t * half + rng.gen_range(0..half - n);
                         let range = lba as usize..(lba + n) as usize;
@@ -304,6 +320,7 @@ fn reads_racing_overwrites_trims_snapshots_and_eviction_see_acknowledged_data() 
         for r in 0..2u64 {
             let (dg, blocks, stop, reads) = (&dg, &blocks, &stop, &reads);
             s.spawn(move || {
+                let _stop = StopOnPanic(stop);
                 let mut rng = StdRng::seed_from_u64(seed ^ (r + 100));
                 while !stop.load(Ordering::SeqCst) {
                     let n = rng.gen_range(1..=4u64);
@@ -332,8 +349,11 @@ fn reads_racing_overwrites_trims_snapshots_and_eviction_see_acknowledged_data() 
         {
             let (dg, blocks, stop) = (&dg, &blocks, &stop);
             s.spawn(move || {
+                let _stop = StopOnPanic(stop);
                 let mut rng = StdRng::seed_from_u64(seed ^ 200);
                 let mut older: Option<String> = None;
+                // The clone of an earlier snapshot, and the bounds of what it holds.
+                let mut clone: Option<(String, VolumeId, Vec<u64>, Vec<u64>)> = None;
                 for i in 0u64.. {
                     if stop.load(Ordering::SeqCst) {
                         break;
@@ -349,6 +369,14 @@ fn reads_racing_overwrites_trims_snapshots_and_eviction_see_acknowledged_data() 
                         .iter()
                         .map(|b| b.issued.load(Ordering::SeqCst))
                         .collect();
+                    if i % 4 == 0 {
+                        let k = format!("k{i}");
+                        let id = dg.clone_snapshot("race", &name, &k).expect("clone").id;
+                        let made = (k, id, floors.clone(), ceilings.clone());
+                        if let Some((old, ..)) = clone.replace(made) {
+                            dg.delete_volume(&old, false).expect("delete clone");
+                        }
+                    }
                     if let Some(old) = older.replace(name) {
                         dg.delete_snapshot("race", &old).expect("delete snapshot");
                     }
@@ -359,7 +387,35 @@ fn reads_racing_overwrites_trims_snapshots_and_eviction_see_acknowledged_data() 
                             .unwrap_or_else(|e| panic!("snapshot read of {lba}: {e}"));
                         let (fl, ce) = (floors[lba as usize], ceilings[lba as usize]);
                         check_version("snapshot", lba, &b, &blocks[lba as usize], fl, ce);
+                        let Some((_, id, fl, ce)) = &clone else {
+                            continue;
+                        };
+                        dg.read(*id, lba * 4096, &mut b)
+                            .unwrap_or_else(|e| panic!("clone read of {lba}: {e}"));
+                        let (fl, ce) = (fl[lba as usize], ce[lba as usize]);
+                        check_version("clone", lba, &b, &blocks[lba as usize], fl, ce);
                     }
+                }
+            });
+        }
+        {
+            // The volume's policy changes all along: promotion on and off, cache and tier
+            // mode (young tier data stays in the log until the log needs room).
+            let (dg, stop) = (&dg, &stop);
+            s.spawn(move || {
+                let _stop = StopOnPanic(stop);
+                let mut rng = StdRng::seed_from_u64(seed ^ 300);
+                while !stop.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(25));
+                    let p = Policy {
+                        mode: match rng.gen_bool(0.3) {
+                            true => Mode::Tier,
+                            false => Mode::Cache,
+                        },
+                        promote_after_reads: rng.gen_range(0..=2),
+                        ..Policy::default()
+                    };
+                    dg.set_policy("race", &p).expect("set policy");
                 }
             });
         }
