@@ -136,7 +136,9 @@ fn a_copy_the_tail_passed_is_not_served_from_blocks_a_new_batch_took() {
         dg.write(w, at * 4096, &data).unwrap();
     }
     let fired = Arc::new(AtomicBool::new(false));
-    let seen: Arc<Mutex<Option<Result<Vec<Vec<u8>>, String>>>> = Arc::default();
+    // What the hook's reads returned (blocking, then asynchronous), or why it could not read.
+    type Seen = Option<Result<Vec<Vec<u8>>, String>>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
     let group = Arc::downgrade(&dg);
     let (fired2, seen2) = (fired.clone(), seen.clone());
     *dg.sh.after_tail_freed.lock() = Some(Arc::new(move || {
