@@ -1261,7 +1261,7 @@ impl Destager {
         if let Some(hook) = self.sh.after_tail_checkpoint.lock().as_ref() {
             hook(tail);
         }
-        let _excl = self.sh.reclaim.write();
+        let excl = self.sh.reclaim.write();
         let mut log = self.sh.log.lock();
         // A rotation's group ends here: the blocks it took count for every batch again, as
         // the tail's it frees do (see `LogState::rotation_outstanding_blocks`).
@@ -1280,7 +1280,17 @@ impl Destager {
         }
         drop(log);
         drop(d);
+        // Still shut out of the log's blocks, readers must not find these copies afterwards:
+        // one would read whatever batch takes their blocks next, checksums and all.
         self.forget_cached(&cached);
+        drop(excl);
+        #[cfg(test)]
+        {
+            let hook = self.sh.after_tail_freed.lock().clone();
+            if let Some(hook) = hook {
+                hook();
+            }
+        }
         self.sh.log_space_freed();
         self.sh
             .counters

@@ -39,6 +39,8 @@ mod tests;
 #[cfg(test)]
 mod tests_bypass;
 #[cfg(test)]
+mod tests_cache_races;
+#[cfg(test)]
 mod tests_damage;
 #[cfg(test)]
 mod tests_full_gaps;

@@ -454,6 +454,8 @@ fn new_shared(
         #[cfg(test)]
         after_rotation_read: Mutex::new(None),
         #[cfg(test)]
+        after_tail_freed: Mutex::new(None),
+        #[cfg(test)]
         before_page_load: Mutex::new(None),
         heat: Mutex::new(crate::heat::Heat::new(layout_log_blocks)),
         cache: Mutex::new(crate::cache::ReadCache::new(seg_gen, layout_log_blocks)),

@@ -356,6 +356,12 @@ pub struct Shared {
     #[cfg(test)]
     #[allow(clippy::type_complexity)]
     pub after_rotation_read: Mutex<Option<Arc<dyn Fn(&[(u32, u64, u64)]) + Send + Sync>>>,
+    /// Tests only: called by the destager once it has freed log space at the tail (the
+    /// batches are gone from the log, and new batches may take their blocks), with no lock
+    /// held.
+    #[cfg(test)]
+    #[allow(clippy::type_complexity)]
+    pub after_tail_freed: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
     /// Tests only: called before an index page missing from memory is read from its device.
     #[cfg(test)]
     #[allow(clippy::type_complexity)]
