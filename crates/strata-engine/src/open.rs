@@ -18,6 +18,7 @@ use crate::layout::*;
 use crate::log::LogState;
 use crate::map::{ExtentMap, Loc};
 use crate::meta;
+use crate::open_control::{OpenControl, OpenStep};
 use crate::replay::replay;
 use crate::shared::*;
 use crate::EngineConfig;
@@ -43,12 +44,18 @@ pub struct OpenReport {
     pub format_version: u32,
 }
 
+/// Identifies (or formats) the devices and recovers the group, stopping with
+/// `EngineError::Cancelled` at `ctl`'s request while nothing it wrote matters (module
+/// open_control.rs; docs/FORMAT.md §5.1).
 pub fn open_shared(
     fast: Arc<dyn Device>,
     caps: Vec<Arc<dyn Device>>,
     cfg: EngineConfig,
     create_if_blank: bool,
+    ctl: &OpenControl,
 ) -> Result<(Arc<Shared>, OpenReport), EngineError> {
+    ctl.progress.enter(OpenStep::Reading);
+    ctl.check()?;
     if caps.is_empty() {
         return Err(EngineError::InvalidArgument(
             "a disk group needs at least one capacity device".into(),
@@ -101,16 +108,26 @@ pub fn open_shared(
         }
     };
     report.segment_size_bytes = layout.segment_size_bytes;
+    ctl.progress
+        .set_log_area_bytes(layout.log_blocks * BLOCK_U64);
     let sh = Arc::new(new_shared(fast, caps, cfg, layout, &checkpoint));
-    load_segment_table(&sh, &checkpoint)?;
-    recount_index_pages(&sh, &checkpoint)?;
-    report.recent_segments = apply_recent(&sh, &checkpoint.recent)?;
+    // Up to the end of the replay, open writes nothing but what is done already: a format
+    // (whole, the fast superblock last: §5.1 step 1) or a checkpoint repair (both copies the
+    // same winner: step 2). Steps 3 to 7 only read and build state in memory, so an open
+    // stopped anywhere in them leaves the devices as the next open found them, and that open
+    // recovers every acknowledged write as this one would have. From step 8 on it writes, and
+    // runs to its end: nothing later checks `ctl`.
+    load_segment_table(&sh, &checkpoint, ctl)?;
+    recount_index_pages(&sh, &checkpoint, ctl)?;
+    report.recent_segments = apply_recent(&sh, &checkpoint.recent, ctl)?;
     let r = replay(
         &sh,
         checkpoint.log_tail_offset / BLOCK_U64,
         checkpoint.log_tail_seq,
         checkpoint.log_end_seq,
+        ctl,
     )?;
+    ctl.progress.enter(OpenStep::Writing);
     for &(b, c) in &r.crcs {
         sh.fast_crcs[b as usize].store(c, Ordering::Relaxed);
     }
@@ -473,7 +490,7 @@ fn new_shared(
 }
 
 /// Reads the segment table pages the checkpoint names.
-fn load_segment_table(sh: &Shared, cp: &Checkpoint) -> Result<(), EngineError> {
+fn load_segment_table(sh: &Shared, cp: &Checkpoint, ctl: &OpenControl) -> Result<(), EngineError> {
     let mut segs = sh.segs.lock();
     if cp.segtab.len() > segs.page_count() {
         return Err(EngineError::Format(format!(
@@ -484,6 +501,7 @@ fn load_segment_table(sh: &Shared, cp: &Checkpoint) -> Result<(), EngineError> {
     }
     for (page, ptr) in cp.segtab.iter().enumerate() {
         let Some(ptr) = ptr else { continue };
+        ctl.check()?;
         match meta::read_page(sh, *ptr)? {
             PageBody::SegTable(records) => segs.load_page(page, &records),
             _ => {
@@ -499,8 +517,12 @@ fn load_segment_table(sh: &Shared, cp: &Checkpoint) -> Result<(), EngineError> {
 
 /// Index segments' live page counts are not stored: they are counted from the index (every
 /// inner node is read, which also tells where every leaf lives) and the segment table.
-fn recount_index_pages(sh: &Shared, cp: &Checkpoint) -> Result<(), EngineError> {
-    meta::with_tree(sh, |t| t.redirty(&|_| false))?;
+fn recount_index_pages(sh: &Shared, cp: &Checkpoint, ctl: &OpenControl) -> Result<(), EngineError> {
+    // Stoppable between the pages it reads (each miss is a page read, then a try again).
+    meta::with_tree(sh, |t| match ctl.check() {
+        Ok(()) => t.redirty(&|_| false).map(|_| Ok(())),
+        Err(stop) => Ok(Err(stop)),
+    })??;
     let mut pages = Vec::new();
     sh.tree.read().known_pages(&mut pages);
     pages.extend(cp.segtab.iter().flatten().copied());
@@ -521,9 +543,10 @@ fn recount_index_pages(sh: &Shared, cp: &Checkpoint) -> Result<(), EngineError> 
 /// Applies the summaries of segments sealed after the durable index, oldest record first
 /// (by record sequence, then segment sequence, so a relocated copy wins over the copy it was
 /// moved from). Returns how many segments were applied.
-fn apply_recent(sh: &Shared, recent: &[u32]) -> Result<usize, EngineError> {
+fn apply_recent(sh: &Shared, recent: &[u32], ctl: &OpenControl) -> Result<usize, EngineError> {
     let mut all = Vec::new();
     for &seg in recent {
+        ctl.check()?;
         if seg >= sh.layout.segment_count() {
             return Err(EngineError::Format(format!(
                 "the checkpoint names segment {seg}, which does not exist"
@@ -553,6 +576,7 @@ fn apply_recent(sh: &Shared, recent: &[u32]) -> Result<usize, EngineError> {
     }
     all.sort_by_key(|&(seq, sseq, _, _)| (seq, sseq));
     for (_, _, seg, e) in all {
+        ctl.check()?;
         let (live, parent) = {
             let idx = sh.index.read();
             (idx.layer_live(e.layer), idx.has_parent(e.layer))
