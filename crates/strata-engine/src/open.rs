@@ -8,7 +8,7 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex, RwLock};
 use strata_device::Device;
 
-use crate::capacity::{read_summary, SegTable};
+use crate::capacity::{copy_name, summary_or_missing, Missing, SegTable};
 use crate::ctree::page::PageBody;
 use crate::ctree::CTree;
 use crate::destage::{apply_tree_sets, TreeSet};
@@ -559,11 +559,11 @@ fn apply_recent(sh: &Shared, recent: &[u32], ctl: &OpenControl) -> Result<usize,
                 "the summary of capacity segment {seg}, sealed after the last index write, {why}: data written since may be lost; refusing to open"
             ))
         };
-        let s = match read_summary(sh, seg) {
-            Ok(Some(s)) => s,
-            Ok(None) => {
+        let s = match summary_or_missing(sh, seg) {
+            Ok(Ok(s)) => s,
+            Ok(Err(missing)) => {
                 sh.checksum_error(sh.seg_device(seg), 1);
-                return Err(refuse(format!("is damaged ({})", copies_word(sh))));
+                return Err(refuse(why_no_summary(sh, &missing)));
             }
             Err(e) => return Err(refuse(format!("cannot be read ({e})"))),
         };
@@ -607,6 +607,38 @@ fn apply_recent(sh: &Shared, recent: &[u32], ctl: &OpenControl) -> Result<usize,
         )?;
     }
     Ok(recent.len())
+}
+
+/// Why a recent segment's summary could not be had, as open's refusal says it.
+fn why_no_summary(sh: &Shared, missing: &Missing) -> String {
+    match missing {
+        Missing::Damaged => format!("is damaged ({})", copies_word(sh)),
+        Missing::EarlierUse { copies } => {
+            let all = sh.layout.geo.summary_copies as usize;
+            let name = |c: usize| format!("copy {}", copy_name(c as u32));
+            let which = match copies.len() == all {
+                true => copies_word(sh).to_string(),
+                false => {
+                    let damaged = (0..all).filter(|c| !copies.contains(c)).map(name);
+                    let earlier = copies.iter().map(|&c| name(c));
+                    format!(
+                        "{}; {} damaged",
+                        earlier.collect::<Vec<_>>().join(" and "),
+                        damaged.collect::<Vec<_>>().join(" and ")
+                    )
+                }
+            };
+            format!(
+                "holds an earlier use of the segment ({which}): the device lost the writes of \
+                 its current use, which it had acknowledged"
+            )
+        }
+        Missing::Undecided => format!(
+            "cannot be told from an earlier use of the segment ({}: copies that check differ, \
+             and nothing tells which holds its current use)",
+            copies_word(sh)
+        ),
+    }
 }
 
 /// How many summary copies a segment has, as a refusal names them.
