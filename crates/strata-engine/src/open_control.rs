@@ -19,9 +19,10 @@ pub struct OpenControl {
     pub abandon: Arc<AtomicBool>,
     /// Where the open is.
     pub progress: Arc<OpenProgress>,
-    /// Called after each batch replayed with how many were (tests stop opens with it).
+    /// Called after each batch replayed, and on reaching the probe past the log's end, with
+    /// the step and how many batches were replayed (tests stop opens with it).
     #[cfg(test)]
-    pub(crate) after_batch: Option<Arc<dyn Fn(usize) + Send + Sync>>,
+    pub(crate) hook: Option<Arc<dyn Fn(OpenStep, usize) + Send + Sync>>,
 }
 
 /// What the open is doing.
@@ -92,13 +93,14 @@ impl OpenControl {
         }
     }
 
+    /// The replay is at `step`, `batches` replayed (for `OpenControl::hook`).
     #[cfg(test)]
-    pub(crate) fn batch_replayed(&self, batches: usize) {
-        if let Some(hook) = &self.after_batch {
-            hook(batches);
+    pub(crate) fn reached(&self, step: OpenStep, batches: usize) {
+        if let Some(hook) = &self.hook {
+            hook(step, batches);
         }
     }
 
     #[cfg(not(test))]
-    pub(crate) fn batch_replayed(&self, _batches: usize) {}
+    pub(crate) fn reached(&self, _step: OpenStep, _batches: usize) {}
 }

@@ -119,9 +119,10 @@ pub fn replay(
         state.push(meta);
         ctl.progress
             .set_log_replayed_bytes(state.used_blocks * BLOCK_U64);
-        ctl.batch_replayed(out.batches);
+        ctl.reached(OpenStep::Replaying, out.batches);
     }
     ctl.progress.enter(OpenStep::CheckingEnd);
+    ctl.reached(OpenStep::CheckingEnd, out.batches);
     if let Some(later) = probe_beyond(sh, state.head, state.next_seq, epoch, ctl)? {
         return Err(EngineError::Corrupt(format!(
             "the write log is damaged: the batch expected at sequence {} cannot be read, but a batch with sequence {later} follows it; refusing to open rather than lose acknowledged writes",

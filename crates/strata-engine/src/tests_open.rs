@@ -65,8 +65,9 @@ fn churn(dg: &DiskGroup, v: VolumeId, model: &mut [u8], rng: &mut StdRng, ops: u
 
 /// A log of a few hundred batches (the destager kept idle by its marks) over data already on
 /// the capacity tier, and a power cut in the middle of a write. Each open but the last is
-/// stopped after a random number of batches replayed (or before it begins); none writes a byte,
-/// and the last open then recovers every acknowledged write. Seeded (`STRATA_TEST_SEED`).
+/// stopped after a random number of batches replayed, in the probe past the log's end, or
+/// before it begins; none writes a byte, and the last open then recovers every acknowledged
+/// write. Seeded (`STRATA_TEST_SEED`).
 #[test]
 fn an_open_stopped_during_replay_writes_nothing_and_the_next_loses_nothing() {
     let seed = seed_for("an_open_stopped_during_replay_writes_nothing_and_the_next_loses_nothing");
@@ -104,19 +105,20 @@ fn an_open_stopped_during_replay_writes_nothing_and_the_next_loses_nothing() {
     drop(dg);
     rig.power_cut();
 
-    let mut stopped_at = Vec::new();
+    let mut stops = Vec::new();
     for round in 0..rng.gen_range(2..6) {
         let mut ctl = OpenControl::default();
-        let stop_after = match rng.gen_ratio(1, 5) {
-            true => {
-                ctl.abandon.store(true, Ordering::Relaxed);
-                0
-            }
-            false => rng.gen_range(1..=ops * 9 / 10),
+        let stop = match rng.gen_range(0..10) {
+            0..=1 => Stop::Before,
+            2..=3 => Stop::AtProbe,
+            _ => Stop::AfterBatches(rng.gen_range(1..=ops * 9 / 10)),
         };
-        let seen = watch_batches(&mut ctl, Some(stop_after));
+        if stop == Stop::Before {
+            ctl.abandon.store(true, Ordering::Relaxed);
+        }
+        let seen = watch(&mut ctl, stop);
         let before = bytes_written(&rig);
-        let what = format!("seed {seed} round {round} (stopped after {stop_after} batches)");
+        let what = format!("seed {seed} round {round} (stopped {stop:?})");
         match rig.start_with(&ctl) {
             Err(EngineError::Cancelled(_)) => {}
             Err(e) => panic!("{what}: {e}"),
@@ -127,34 +129,40 @@ fn an_open_stopped_during_replay_writes_nothing_and_the_next_loses_nothing() {
             before,
             "{what}: the stopped open wrote"
         );
-        let (batches, bytes) = *seen.lock();
-        assert_eq!(batches, stop_after, "{what}");
+        let seen = *seen.lock();
         let progress = &ctl.progress;
-        assert_eq!(progress.log_replayed_bytes(), bytes, "{what}");
-        if stop_after > 0 {
-            assert_eq!(progress.step(), OpenStep::Replaying, "{what}");
-            assert!(
-                bytes > 0 && bytes <= progress.log_area_bytes(),
-                "{what}: {bytes}"
-            );
-        }
-        stopped_at.push(stop_after);
+        assert_eq!(progress.log_replayed_bytes(), seen.bytes, "{what}");
+        let (step, batches) = match stop {
+            Stop::Before => (OpenStep::Reading, 0),
+            Stop::AfterBatches(n) => (OpenStep::Replaying, n),
+            _ => (OpenStep::CheckingEnd, seen.batches),
+        };
+        assert_eq!((progress.step(), seen.batches), (step, batches), "{what}");
+        assert_eq!(seen.probed, stop == Stop::AtProbe, "{what}");
+        assert!(seen.bytes <= progress.log_area_bytes(), "{what}: {seen:?}");
+        stops.push((stop, seen.batches));
     }
 
     let mut ctl = OpenControl::default();
-    let seen = watch_batches(&mut ctl, None);
+    let seen = watch(&mut ctl, Stop::Never);
     rig.start_with(&ctl)
         .unwrap_or_else(|e| panic!("seed {seed}: the open after the stopped ones: {e}"));
     let dg = rig.group().clone();
     let replayed = dg.open_report().replayed_batches;
-    let (batches, bytes) = *seen.lock();
-    assert_eq!(batches, replayed, "seed {seed}");
-    assert!(
-        stopped_at.iter().all(|&n| n < replayed),
-        "seed {seed}: stopped after {stopped_at:?} of {replayed} batches"
-    );
+    let seen = *seen.lock();
+    assert_eq!(seen.batches, replayed, "seed {seed}");
+    for &(stop, batches) in &stops {
+        let partway = match stop {
+            Stop::AtProbe => batches == replayed,
+            _ => batches < replayed,
+        };
+        assert!(
+            partway,
+            "seed {seed}: {stop:?} at {batches} of {replayed} batches"
+        );
+    }
     assert_eq!(ctl.progress.step(), OpenStep::Writing, "seed {seed}");
-    assert_eq!(ctl.progress.log_replayed_bytes(), bytes, "seed {seed}");
+    assert_eq!(ctl.progress.log_replayed_bytes(), seen.bytes, "seed {seed}");
 
     let mut got = vec![0u8; torn_range.len()];
     dg.read(v, torn_range.start as u64, &mut got).expect("read");
@@ -187,21 +195,50 @@ fn an_open_stopped_during_replay_writes_nothing_and_the_next_loses_nothing() {
     );
 }
 
-/// Watches an open's replay: (batches replayed, bytes of log replayed) as of the last batch,
-/// each batch holding the bytes strictly growing; with `stop_after`, the open is asked to stop
-/// once that many batches are replayed.
-fn watch_batches(ctl: &mut OpenControl, stop_after: Option<usize>) -> Arc<Mutex<(usize, u64)>> {
-    let seen = Arc::new(Mutex::new((0, 0)));
+/// Where a test stops an open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// Asked before it begins.
+    Before,
+    /// Once this many batches are replayed.
+    AfterBatches(usize),
+    /// Once the replay reaches the probe past the log's end.
+    AtProbe,
+    Never,
+}
+
+/// What an open's replay showed its hook.
+#[derive(Debug, Clone, Copy, Default)]
+struct Seen {
+    batches: usize,
+    /// Bytes of log replayed, as of the last batch.
+    bytes: u64,
+    /// Whether it reached the probe past the log's end.
+    probed: bool,
+}
+
+/// Watches an open's replay (each batch must make the bytes replayed grow) and asks it to stop
+/// where `stop` says.
+fn watch(ctl: &mut OpenControl, stop: Stop) -> Arc<Mutex<Seen>> {
+    let seen = Arc::new(Mutex::new(Seen::default()));
     let (abandon, progress, seen2) = (ctl.abandon.clone(), ctl.progress.clone(), seen.clone());
-    ctl.after_batch = Some(Arc::new(move |batches| {
-        let bytes = progress.log_replayed_bytes();
+    ctl.hook = Some(Arc::new(move |step, batches| {
         let mut s = seen2.lock();
+        if step == OpenStep::CheckingEnd {
+            assert_eq!(batches, s.batches);
+            s.probed = true;
+            if stop == Stop::AtProbe {
+                abandon.store(true, Ordering::Relaxed);
+            }
+            return;
+        }
+        let bytes = progress.log_replayed_bytes();
         assert!(
-            batches == s.0 + 1 && bytes > s.1,
+            batches == s.batches + 1 && bytes > s.bytes,
             "{batches} batches, {bytes} bytes after {s:?}"
         );
-        *s = (batches, bytes);
-        if Some(batches) == stop_after {
+        (s.batches, s.bytes) = (batches, bytes);
+        if stop == Stop::AfterBatches(batches) {
             abandon.store(true, Ordering::Relaxed);
         }
     }));
