@@ -55,6 +55,7 @@ pub fn open_shared(
     ctl: &OpenControl,
 ) -> Result<(Arc<Shared>, OpenReport), EngineError> {
     ctl.progress.enter(OpenStep::Reading);
+    ctl.progress.set_log_replayed_bytes(0);
     ctl.check()?;
     if caps.is_empty() {
         return Err(EngineError::InvalidArgument(

@@ -30,14 +30,14 @@ pub struct OpenControl {
 pub enum OpenStep {
     /// Identifying the devices (or formatting them), reading the checkpoint, the segment
     /// table, the index's inner pages and the recent segments' summaries.
-    Reading,
+    Reading = 0,
     /// Replaying the write log (`OpenProgress::log_replayed_bytes`).
-    Replaying,
+    Replaying = 1,
     /// Reading past the replayed log's end, for a later batch that would prove it damaged.
-    CheckingEnd,
+    CheckingEnd = 2,
     /// Writing: the log's end cleared, the new epoch's index and checkpoint, the stamps. No
     /// longer stopped by `OpenControl::abandon`.
-    Writing,
+    Writing = 3,
 }
 
 /// Where an open is; cheap to read at any time from any thread.
