@@ -21,7 +21,7 @@ use crate::map::Loc;
 use crate::shared::{Shared, TwoGen};
 
 mod summary;
-pub use summary::{assess, read_summary, Holds, Part};
+pub use summary::{assess, read_summary, summary_or_missing, Holds, Missing, Part};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SegState {

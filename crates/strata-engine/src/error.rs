@@ -28,7 +28,7 @@ pub enum EngineError {
     InUse(String),
     #[error("the disk group is shutting down")]
     ShuttingDown,
-    /// A long task (a scrub) stopped because its caller asked it to.
+    /// A long task (a scrub, an open) stopped because its caller asked it to.
     #[error("{0} was cancelled")]
     Cancelled(&'static str),
     #[error("the disk group is offline: {0}")]

@@ -23,6 +23,7 @@ mod maint;
 mod map;
 mod meta;
 mod open;
+mod open_control;
 mod policy;
 mod queue;
 mod rangelock;
@@ -50,6 +51,8 @@ mod tests_log_full;
 mod tests_model_full;
 #[cfg(test)]
 mod tests_model_policy;
+#[cfg(test)]
+mod tests_open;
 #[cfg(test)]
 mod tests_panics;
 #[cfg(test)]
@@ -90,6 +93,7 @@ pub use layout::{check_blank, read_superblock};
 pub use maint::MIN_INDEX_CACHE_BYTES;
 pub use map::{ExtentMap, Loc};
 pub use open::OpenReport;
+pub use open_control::{OpenControl, OpenProgress, OpenStep};
 pub use policy::{Clock, ManualClock, Mode, Policy, SystemClock};
 pub use read_async::{ReadDone, MAX_ASYNC_READ_BYTES};
 pub use runtime::VolumeFigures;
@@ -316,7 +320,27 @@ impl DiskGroup {
         cfg: EngineConfig,
         create_if_blank: bool,
     ) -> Result<Arc<DiskGroup>, EngineError> {
-        let (sh, report) = open::open_shared(fast, capacity, cfg, create_if_blank)?;
+        Self::open_with(
+            fast,
+            capacity,
+            cfg,
+            create_if_blank,
+            &OpenControl::default(),
+        )
+    }
+
+    /// [`DiskGroup::open`], watched through `ctl.progress` and stopped by setting
+    /// `ctl.abandon`: until the log's replay has ended, the open then fails with
+    /// `EngineError::Cancelled` at its next safe point, the devices left as the next open
+    /// recovers them with nothing acknowledged lost; after it, the open runs to its end.
+    pub fn open_with(
+        fast: Arc<dyn Device>,
+        capacity: Vec<Arc<dyn Device>>,
+        cfg: EngineConfig,
+        create_if_blank: bool,
+        ctl: &OpenControl,
+    ) -> Result<Arc<DiskGroup>, EngineError> {
+        let (sh, report) = open::open_shared(fast, capacity, cfg, create_if_blank, ctl)?;
         let queue::Queues {
             host: tx,
             hot: tx_hot,

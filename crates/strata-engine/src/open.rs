@@ -8,7 +8,7 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex, RwLock};
 use strata_device::Device;
 
-use crate::capacity::{read_summary, SegTable};
+use crate::capacity::{copy_name, summary_or_missing, Missing, SegTable};
 use crate::ctree::page::PageBody;
 use crate::ctree::CTree;
 use crate::destage::{apply_tree_sets, TreeSet};
@@ -18,6 +18,7 @@ use crate::layout::*;
 use crate::log::LogState;
 use crate::map::{ExtentMap, Loc};
 use crate::meta;
+use crate::open_control::{OpenControl, OpenStep};
 use crate::replay::replay;
 use crate::shared::*;
 use crate::EngineConfig;
@@ -43,12 +44,19 @@ pub struct OpenReport {
     pub format_version: u32,
 }
 
+/// Identifies (or formats) the devices and recovers the group, stopping with
+/// `EngineError::Cancelled` at `ctl`'s request while nothing it wrote matters (module
+/// open_control.rs; docs/FORMAT.md §5.1).
 pub fn open_shared(
     fast: Arc<dyn Device>,
     caps: Vec<Arc<dyn Device>>,
     cfg: EngineConfig,
     create_if_blank: bool,
+    ctl: &OpenControl,
 ) -> Result<(Arc<Shared>, OpenReport), EngineError> {
+    ctl.progress.enter(OpenStep::Reading);
+    ctl.progress.set_log_replayed_bytes(0);
+    ctl.check()?;
     if caps.is_empty() {
         return Err(EngineError::InvalidArgument(
             "a disk group needs at least one capacity device".into(),
@@ -101,16 +109,26 @@ pub fn open_shared(
         }
     };
     report.segment_size_bytes = layout.segment_size_bytes;
+    ctl.progress
+        .set_log_area_bytes(layout.log_blocks * BLOCK_U64);
     let sh = Arc::new(new_shared(fast, caps, cfg, layout, &checkpoint));
-    load_segment_table(&sh, &checkpoint)?;
-    recount_index_pages(&sh, &checkpoint)?;
-    report.recent_segments = apply_recent(&sh, &checkpoint.recent)?;
+    // Up to the end of the replay, open writes nothing but what is done already: a format
+    // (whole, the fast superblock last: §5.1 step 1) or a checkpoint repair (both copies the
+    // same winner: step 2). Steps 3 to 7 only read and build state in memory, so an open
+    // stopped anywhere in them leaves the devices as the next open found them, and that open
+    // recovers every acknowledged write as this one would have. From step 8 on it writes, and
+    // runs to its end: nothing later checks `ctl`.
+    load_segment_table(&sh, &checkpoint, ctl)?;
+    recount_index_pages(&sh, &checkpoint, ctl)?;
+    report.recent_segments = apply_recent(&sh, &checkpoint.recent, ctl)?;
     let r = replay(
         &sh,
         checkpoint.log_tail_offset / BLOCK_U64,
         checkpoint.log_tail_seq,
         checkpoint.log_end_seq,
+        ctl,
     )?;
+    ctl.progress.enter(OpenStep::Writing);
     for &(b, c) in &r.crcs {
         sh.fast_crcs[b as usize].store(c, Ordering::Relaxed);
     }
@@ -475,7 +493,7 @@ fn new_shared(
 }
 
 /// Reads the segment table pages the checkpoint names.
-fn load_segment_table(sh: &Shared, cp: &Checkpoint) -> Result<(), EngineError> {
+fn load_segment_table(sh: &Shared, cp: &Checkpoint, ctl: &OpenControl) -> Result<(), EngineError> {
     let mut segs = sh.segs.lock();
     if cp.segtab.len() > segs.page_count() {
         return Err(EngineError::Format(format!(
@@ -486,6 +504,7 @@ fn load_segment_table(sh: &Shared, cp: &Checkpoint) -> Result<(), EngineError> {
     }
     for (page, ptr) in cp.segtab.iter().enumerate() {
         let Some(ptr) = ptr else { continue };
+        ctl.check()?;
         match meta::read_page(sh, *ptr)? {
             PageBody::SegTable(records) => segs.load_page(page, &records),
             _ => {
@@ -501,8 +520,12 @@ fn load_segment_table(sh: &Shared, cp: &Checkpoint) -> Result<(), EngineError> {
 
 /// Index segments' live page counts are not stored: they are counted from the index (every
 /// inner node is read, which also tells where every leaf lives) and the segment table.
-fn recount_index_pages(sh: &Shared, cp: &Checkpoint) -> Result<(), EngineError> {
-    meta::with_tree(sh, |t| t.redirty(&|_| false))?;
+fn recount_index_pages(sh: &Shared, cp: &Checkpoint, ctl: &OpenControl) -> Result<(), EngineError> {
+    // Stoppable between the pages it reads (each miss is a page read, then a try again).
+    meta::with_tree(sh, |t| match ctl.check() {
+        Ok(()) => t.redirty(&|_| false).map(|_| Ok(())),
+        Err(stop) => Ok(Err(stop)),
+    })??;
     let mut pages = Vec::new();
     sh.tree.read().known_pages(&mut pages);
     pages.extend(cp.segtab.iter().flatten().copied());
@@ -523,9 +546,10 @@ fn recount_index_pages(sh: &Shared, cp: &Checkpoint) -> Result<(), EngineError> 
 /// Applies the summaries of segments sealed after the durable index, oldest record first
 /// (by record sequence, then segment sequence, so a relocated copy wins over the copy it was
 /// moved from). Returns how many segments were applied.
-fn apply_recent(sh: &Shared, recent: &[u32]) -> Result<usize, EngineError> {
+fn apply_recent(sh: &Shared, recent: &[u32], ctl: &OpenControl) -> Result<usize, EngineError> {
     let mut all = Vec::new();
     for &seg in recent {
+        ctl.check()?;
         if seg >= sh.layout.segment_count() {
             return Err(EngineError::Format(format!(
                 "the checkpoint names segment {seg}, which does not exist"
@@ -538,11 +562,11 @@ fn apply_recent(sh: &Shared, recent: &[u32]) -> Result<usize, EngineError> {
                 "the summary of capacity segment {seg}, sealed after the last index write, {why}: data written since may be lost; refusing to open"
             ))
         };
-        let s = match read_summary(sh, seg) {
-            Ok(Some(s)) => s,
-            Ok(None) => {
+        let s = match summary_or_missing(sh, seg) {
+            Ok(Ok(s)) => s,
+            Ok(Err(missing)) => {
                 sh.checksum_error(sh.seg_device(seg), 1);
-                return Err(refuse(format!("is damaged ({})", copies_word(sh))));
+                return Err(refuse(why_no_summary(sh, &missing)));
             }
             Err(e) => return Err(refuse(format!("cannot be read ({e})"))),
         };
@@ -555,6 +579,7 @@ fn apply_recent(sh: &Shared, recent: &[u32]) -> Result<usize, EngineError> {
     }
     all.sort_by_key(|&(seq, sseq, _, _)| (seq, sseq));
     for (_, _, seg, e) in all {
+        ctl.check()?;
         let (live, parent) = {
             let idx = sh.index.read();
             (idx.layer_live(e.layer), idx.has_parent(e.layer))
@@ -585,6 +610,38 @@ fn apply_recent(sh: &Shared, recent: &[u32]) -> Result<usize, EngineError> {
         )?;
     }
     Ok(recent.len())
+}
+
+/// Why a recent segment's summary could not be had, as open's refusal says it.
+fn why_no_summary(sh: &Shared, missing: &Missing) -> String {
+    match missing {
+        Missing::Damaged => format!("is damaged ({})", copies_word(sh)),
+        Missing::EarlierUse { copies } => {
+            let all = sh.layout.geo.summary_copies as usize;
+            let name = |c: usize| format!("copy {}", copy_name(c as u32));
+            let which = match copies.len() == all {
+                true => copies_word(sh).to_string(),
+                false => {
+                    let damaged = (0..all).filter(|c| !copies.contains(c)).map(name);
+                    let earlier = copies.iter().map(|&c| name(c));
+                    format!(
+                        "{}; {} damaged",
+                        earlier.collect::<Vec<_>>().join(" and "),
+                        damaged.collect::<Vec<_>>().join(" and ")
+                    )
+                }
+            };
+            format!(
+                "holds an earlier use of the segment ({which}): the device lost the writes of \
+                 its current use, which it had acknowledged"
+            )
+        }
+        Missing::Undecided => format!(
+            "cannot be told from an earlier use of the segment ({}: copies that check differ, \
+             and nothing tells which holds its current use)",
+            copies_word(sh)
+        ),
+    }
 }
 
 /// How many summary copies a segment has, as a refusal names them.

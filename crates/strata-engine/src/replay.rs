@@ -22,6 +22,7 @@ use strata_device::AlignedBuf;
 use crate::error::EngineError;
 use crate::format::*;
 use crate::log::{apply_records, BatchMeta, LogState, RecMeta};
+use crate::open_control::{OpenControl, OpenStep};
 use crate::shared::Shared;
 
 /// What log replay found.
@@ -50,13 +51,16 @@ struct Found {
 }
 
 /// Replays the log from `tail_block`/`tail_seq`. `end_seq` (0: unknown) is where a clean
-/// shutdown said the log ends; finding less is an error, not a silent loss.
+/// shutdown said the log ends; finding less is an error, not a silent loss. Replay only reads
+/// (and fills the fast maps in memory), so `ctl` may stop it between any two reads.
 pub fn replay(
     sh: &Shared,
     tail_block: u64,
     tail_seq: u64,
     end_seq: u64,
+    ctl: &OpenControl,
 ) -> Result<Replay, EngineError> {
+    ctl.progress.enter(OpenStep::Replaying);
     let l = sh.layout.log_blocks;
     let mut state = LogState::new(l, tail_block % l, tail_seq);
     let mut out = Replay {
@@ -68,7 +72,11 @@ pub fn replay(
         stale_copies: Vec::new(),
     };
     let mut epoch = 0;
-    while let Some(mut f) = find(sh, state.head, state.next_seq, epoch)? {
+    loop {
+        ctl.check()?;
+        let Some(mut f) = find(sh, state.head, state.next_seq, epoch)? else {
+            break;
+        };
         let blocks = u64::from(f.header.total_blocks);
         if state.used_blocks + blocks + f.skip > l {
             break;
@@ -109,8 +117,13 @@ pub fn replay(
         // Live counts are recomputed after replay, so what this displaced needs no accounting.
         let _ = apply_records(sh, &meta.records);
         state.push(meta);
+        ctl.progress
+            .set_log_replayed_bytes(state.used_blocks * BLOCK_U64);
+        ctl.reached(OpenStep::Replaying, out.batches);
     }
-    if let Some(later) = probe_beyond(sh, state.head, state.next_seq, epoch)? {
+    ctl.progress.enter(OpenStep::CheckingEnd);
+    ctl.reached(OpenStep::CheckingEnd, out.batches);
+    if let Some(later) = probe_beyond(sh, state.head, state.next_seq, epoch, ctl)? {
         return Err(EngineError::Corrupt(format!(
             "the write log is damaged: the batch expected at sequence {} cannot be read, but a batch with sequence {later} follows it; refusing to open rather than lose acknowledged writes",
             state.next_seq
@@ -208,6 +221,9 @@ fn without_last(mut f: Found) -> Found {
     f
 }
 
+/// How many blocks `probe_beyond` reads between two looks at whether the open was stopped.
+const PROBE_BLOCKS_PER_CHECK: usize = 64;
+
 /// After replay stopped at `head`: a valid batch a little further on that records the missing
 /// batch as acknowledged means it was damaged, not torn.
 fn probe_beyond(
@@ -215,6 +231,7 @@ fn probe_beyond(
     head: u64,
     seq: u64,
     min_epoch: u32,
+    ctl: &OpenControl,
 ) -> Result<Option<u64>, EngineError> {
     let l = sh.layout.log_blocks;
     // Up to the pipeline's depth of whole batches lie between a batch and the first one that
@@ -228,7 +245,11 @@ fn probe_beyond(
         .map(|k| head + k)
         .filter(|&p| p < l)
         .chain(0..span.min(head));
-    for p in starts {
+    for (i, p) in starts.enumerate() {
+        // Thousands of blocks, read one by one.
+        if i % PROBE_BLOCKS_PER_CHECK == 0 {
+            ctl.check()?;
+        }
         sh.fast.read_at(&mut hb, sh.layout.log_byte(p))?;
         if let Some(h) = BatchHeader::decode(&hb, &sh.layout.group) {
             if h.first_seq > seq

@@ -155,8 +155,19 @@ impl Rig {
     }
 
     pub fn start(&mut self) -> Result<(), EngineError> {
+        self.start_with(&OpenControl::default())
+    }
+
+    /// `start`, the open watched and stopped through `ctl`.
+    pub fn start_with(&mut self, ctl: &OpenControl) -> Result<(), EngineError> {
         let (fast, caps) = self.devices();
-        self.dg = Some(DiskGroup::open(fast, caps, self.cfg.clone(), true)?);
+        self.dg = Some(DiskGroup::open_with(
+            fast,
+            caps,
+            self.cfg.clone(),
+            true,
+            ctl,
+        )?);
         Ok(())
     }
 

@@ -6,8 +6,11 @@
 //!
 //! The handlers are installed before anything slow. A signal while the devices are opened
 //! stops the creation of a fast-tier file (its temporary file, and whatever else the start
-//! created, is removed); one while the disk group opens (log replay may take seconds) lets the
-//! open finish, then closes the group cleanly. Either way the daemon exits 0 without serving.
+//! created, is removed); one while the disk group opens (log replay may take seconds) stops
+//! the open at its next safe point (`OpenControl::abandon`: the devices are left as the next
+//! start recovers them, nothing acknowledged lost), or, once the open is past its replay and
+//! writing, lets it finish and closes the group cleanly. Either way the daemon exits 0
+//! without serving.
 //! Meanwhile the admin port answers every request with 503 and how far the start is
 //! (startup.rs), from the moment it is bound.
 //!
@@ -23,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
-use strata_engine::DiskGroup;
+use strata_engine::{DiskGroup, EngineError, OpenControl};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::watch;
@@ -92,7 +95,8 @@ type Opened = (Arc<DiskGroup>, String, ReadCacheDecision);
 
 /// Opens devices and the disk group (recovery may take a while: it runs off the runtime),
 /// telling `startup` how far it is. Setting `abandon` stops the creation of a fast-tier file
-/// ([`devices::open_devices`]).
+/// ([`devices::open_devices`]) and the group's open until its replay ends (the error then
+/// satisfies [`open_stopped`]).
 async fn open_group(
     cfg: &ServeConfig,
     abandon: Arc<AtomicBool>,
@@ -118,16 +122,23 @@ async fn open_group(
             ..cfg.engine.clone()
         };
         let created = devs.created;
+        let ctl = OpenControl {
+            abandon: abandon.clone(),
+            ..OpenControl::default()
+        };
         startup.enter(Stage::OpeningGroup {
-            read_before_bytes: devs.fast.stats().read_bytes,
-            fast: devs.fast.clone(),
+            progress: ctl.progress.clone(),
         });
         tracing::info!(fast = %fast_name, "opening the disk group (replaying its write log)");
-        let group = DiskGroup::open(devs.fast, devs.capacity, engine, true).map_err(|e| {
-            // The devices are closed again by now.
-            created.remove();
-            anyhow!("cannot open the disk group on {fast_name}: {e}")
-        })?;
+        let group = DiskGroup::open_with(devs.fast, devs.capacity, engine, true, &ctl)
+            .map_err(|e| {
+                // The devices are closed again by now.
+                created.remove();
+                match e {
+                    EngineError::Cancelled(_) => anyhow::Error::new(e),
+                    e => anyhow!("cannot open the disk group on {fast_name}: {e}"),
+                }
+            })?;
         let formatted = group.open_report().segment_size_bytes;
         if let Some(note) = crate::devices::unused_segment_size(&cfg, formatted) {
             tracing::warn!(asked_bytes = cfg.engine.segment_size_bytes, segment_size_bytes = formatted, "{note}");
@@ -202,9 +213,15 @@ impl Signals {
     }
 }
 
+/// Whether the group's open failed because `abandon` stopped it.
+fn open_stopped(e: &anyhow::Error) -> bool {
+    matches!(e.downcast_ref(), Some(EngineError::Cancelled(_)))
+}
+
 /// Opens the disk group, or stops cleanly if a signal comes first: the creation of a
-/// fast-tier file is abandoned, an open under way is let finish and the group closed. None
-/// when stopped (the daemon then exits 0), else the group and the signals, still armed.
+/// fast-tier file is abandoned, an open under way is stopped (or, past its replay, let finish
+/// and the group closed). None when stopped (the daemon then exits 0), else the group and the
+/// signals, still armed.
 async fn open_or_stop(
     cfg: &ServeConfig,
     mut signals: Signals,
@@ -217,7 +234,7 @@ async fn open_or_stop(
         opened = &mut open => return Ok(Some((opened?, signals))),
         name = signals.next() => name,
     };
-    tracing::info!(signal = name, "stopping during start-up: a fast-tier file being created is abandoned; a disk group being opened is closed once open");
+    tracing::info!(signal = name, "stopping during start-up: a fast-tier file being created is abandoned; a disk group being opened stops opening (or, past its log's replay, is closed once open)");
     startup.enter(Stage::Stopping);
     abandon.store(true, Ordering::Relaxed);
     signals.force_exit_on_another(Some(Instant::now()), "start-up");
@@ -228,6 +245,9 @@ async fn open_or_stop(
         }
         Err(e) if devices::is_abandoned(&e) => {
             tracing::info!(reason = %e, "stopped before serving; the files this start created were removed");
+        }
+        Err(e) if open_stopped(&e) => {
+            tracing::info!("stopped during start-up: the disk group's open was stopped before its log's replay ended, leaving the devices as the next start recovers them (the log replayed again, nothing acknowledged lost)");
         }
         Err(e) => return Err(e),
     }

@@ -5,9 +5,10 @@
 //! `starting` in that answer and wait for the node (client.rs); scripts get a clear status. Once
 //! the node is ready, requests go to the admin API's router; the gate never answers again.
 //!
-//! How far the start has come is cheap to tell without the engine's help: the phase, the time
-//! since start, and while the group opens, the bytes read from the fast device (replay reads
-//! every batch of the log from the checkpoint's tail).
+//! How far the start has come is cheap to tell: the phase, the time since start, and while the
+//! group opens, the engine's `OpenProgress`: what the open is doing, and during the replay how
+//! much of the log it has read from the checkpoint's tail, against the log area's size (the
+//! most it can read: nothing on the devices says how full the log was before it is read).
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -16,7 +17,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use parking_lot::Mutex;
-use strata_device::Device;
+use strata_engine::{OpenProgress, OpenStep};
 use tower::ServiceExt;
 
 use crate::config::format_size;
@@ -29,10 +30,9 @@ pub enum Stage {
     OpeningDevices,
     /// Writing a new fast-tier file with zeros, once, on the first start.
     CreatingFastFile,
-    /// `DiskGroup::open`: recovery, mostly the log's replay. `fast` is read for progress.
+    /// `DiskGroup::open_with`: recovery, mostly the log's replay.
     OpeningGroup {
-        fast: Arc<dyn Device>,
-        read_before_bytes: u64,
+        progress: Arc<OpenProgress>,
     },
     CreatingDefaultVolume,
     /// A signal came during the start: the daemon exits without serving. Final.
@@ -46,19 +46,33 @@ impl Stage {
             Stage::CreatingFastFile => {
                 "writing its new fast-tier file with zeros (once, on the first start)".into()
             }
-            Stage::OpeningGroup {
-                fast,
-                read_before_bytes,
-            } => {
-                let read = fast.stats().read_bytes.saturating_sub(*read_before_bytes);
-                format!(
-                    "opening its disk group, replaying its write log: {} of the fast device read",
-                    format_size(read)
-                )
-            }
+            Stage::OpeningGroup { progress } => opening_phase(
+                progress.step(),
+                progress.log_replayed_bytes(),
+                progress.log_area_bytes(),
+            ),
             Stage::CreatingDefaultVolume => "creating the default volume".into(),
             Stage::Stopping => "stopping".into(),
         }
+    }
+}
+
+/// The phase while the disk group opens, at `step`, `replayed_bytes` of the log replayed, the
+/// log area `log_bytes` long.
+fn opening_phase(step: OpenStep, replayed_bytes: u64, log_bytes: u64) -> String {
+    let replayed = format_size(replayed_bytes);
+    match step {
+        OpenStep::Reading => "opening its disk group: reading its metadata".into(),
+        OpenStep::Replaying => format!(
+            "opening its disk group, replaying its write log: {replayed} read, of at most {} (the log's size)",
+            format_size(log_bytes)
+        ),
+        OpenStep::CheckingEnd => format!(
+            "opening its disk group, replaying its write log: {replayed} read, looking past its end for later writes"
+        ),
+        OpenStep::Writing => format!(
+            "opening its disk group: its write log replayed ({replayed}), writing its new checkpoint"
+        ),
     }
 }
 
@@ -90,7 +104,7 @@ impl Startup {
     pub fn serve(&self, api: Router) {
         // Set once, by the one start-up; a second call would be a bug, and changes nothing.
         let _ = self.ready.set(api);
-        // Lets go of the fast device, should the stage still hold it.
+        // Lets go of what the stage holds (the open's progress): nothing reads it any more.
         self.enter(Stage::OpeningDevices);
     }
 
@@ -138,7 +152,6 @@ async fn gate(State(startup): State<Arc<Startup>>, request: Request) -> Response
 mod tests {
     use super::*;
     use axum::body::Body;
-    use strata_device::{Device, MemDevice};
 
     async fn get(router: &Router, path: &str) -> (StatusCode, Option<String>, serde_json::Value) {
         let request = Request::builder().uri(path).body(Body::empty()).unwrap();
@@ -167,18 +180,13 @@ mod tests {
         assert_eq!(retry.as_deref(), Some("1"));
         assert_eq!(body["starting"]["phase"], "opening its devices", "{body}");
 
-        let fast: Arc<dyn Device> = Arc::new(MemDevice::new("fast", 1 << 20));
-        let before = fast.stats().read_bytes;
         startup.enter(Stage::OpeningGroup {
-            fast: fast.clone(),
-            read_before_bytes: before,
+            progress: Arc::new(OpenProgress::default()),
         });
-        let mut buf = strata_device::AlignedBuf::new_zeroed(8192);
-        fast.read_at(&mut buf, 0).unwrap();
         let (_, _, body) = get(&router, "/anything").await;
         let phase = body["starting"]["phase"].as_str().unwrap_or_default();
-        assert!(
-            phase.contains("replaying its write log: 8 KiB of the fast device read"),
+        assert_eq!(
+            phase, "opening its disk group: reading its metadata",
             "{body}"
         );
         assert!(
@@ -203,13 +211,26 @@ mod tests {
         );
     }
 
+    /// While the log replays, how much of it is read, against the most there can be.
+    #[test]
+    fn the_replay_is_told_in_bytes_of_the_log_read_of_its_size() {
+        let replaying = opening_phase(OpenStep::Replaying, 120 << 20, 1 << 30);
+        assert_eq!(
+            replaying,
+            "opening its disk group, replaying its write log: 120 MiB read, of at most 1 GiB (the log's size)"
+        );
+        let end = opening_phase(OpenStep::CheckingEnd, 600 << 20, 1 << 30);
+        assert!(end.contains("600 MiB read, looking past its end"), "{end}");
+        let writing = opening_phase(OpenStep::Writing, 600 << 20, 1 << 30);
+        assert!(writing.contains("replayed (600 MiB), writing"), "{writing}");
+    }
+
     #[tokio::test]
     async fn once_the_node_serves_the_api_answers() {
         let startup = Startup::new();
-        let fast: Arc<dyn Device> = Arc::new(MemDevice::new("fast", 1 << 20));
+        let progress = Arc::new(OpenProgress::default());
         startup.enter(Stage::OpeningGroup {
-            fast: fast.clone(),
-            read_before_bytes: 0,
+            progress: progress.clone(),
         });
         let router = startup.router();
         startup
@@ -221,9 +242,9 @@ mod tests {
         let response = router.clone().oneshot(request).await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(
-            Arc::strong_count(&fast),
+            Arc::strong_count(&progress),
             1,
-            "the gate still holds the fast device"
+            "the gate still holds the open's progress"
         );
     }
 }

@@ -49,6 +49,22 @@ pub struct Assessed {
     pub parts: Vec<Part>,
     /// The summary, when every part has a current copy.
     pub summary: Option<SegmentSummary>,
+    /// Why there is no summary (None when there is one).
+    pub missing: Option<Missing>,
+}
+
+/// Why no summary can be had from a segment's copies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Missing {
+    /// Some part is damaged or unreadable in every copy.
+    Damaged,
+    /// Every copy whose header checks holds an earlier use of the segment: numbered below the
+    /// floor of the opening that sealed the segment (what open knows of a recent segment), so
+    /// every write of the current use to those copies was lost. The copies so found, by
+    /// number; the others are damaged.
+    EarlierUse { copies: Vec<usize> },
+    /// Copies that check differ, and nothing tells which holds the current use.
+    Undecided,
 }
 
 impl Assessed {
@@ -190,11 +206,31 @@ pub fn assess(sh: &Shared, seg: u32) -> Result<Assessed, EngineError> {
         refresh_crc_cache(sh, seg, s, &parts);
     }
     parts.insert(0, head);
+    let missing = summary
+        .is_none()
+        .then(|| why_missing(&heads, known.seq_floor, &parts));
     Ok(Assessed {
         copies,
         parts,
         summary,
+        missing,
     })
+}
+
+/// Why no summary was had from copies whose headers decode as `heads` (None where damaged),
+/// weighed into `parts` (the header first), the opening that sealed the segment numbering
+/// from `floor` (0: not known).
+fn why_missing(heads: &[Option<SegmentSummary>], floor: u64, parts: &[Part]) -> Missing {
+    let checking: Vec<usize> = (0..heads.len()).filter(|&c| heads[c].is_some()).collect();
+    let earlier = |c: &usize| heads[*c].as_ref().is_some_and(|h| h.segment_seq < floor);
+    let no_header = parts.first().is_none_or(|p| p.current.is_none());
+    if no_header && !checking.is_empty() && checking.iter().all(earlier) {
+        return Missing::EarlierUse { copies: checking };
+    }
+    match parts.iter().find(|p| p.current.is_none()) {
+        Some(p) if p.holds.iter().all(|h| *h == Holds::Damaged) => Missing::Damaged,
+        _ => Missing::Undecided,
+    }
 }
 
 /// Crc blocks some copy holds other than the segment's current use wrote them (`parts`,
@@ -418,6 +454,14 @@ fn vote(
 /// when no copy could be read at all. A summary served despite a damaged or stale part is
 /// counted and logged (a scrub mends the copy).
 pub fn read_summary(sh: &Shared, seg: u32) -> Result<Option<SegmentSummary>, EngineError> {
+    Ok(summary_or_missing(sh, seg)?.ok())
+}
+
+/// [`read_summary`], saying why when there is no summary.
+pub fn summary_or_missing(
+    sh: &Shared,
+    seg: u32,
+) -> Result<Result<SegmentSummary, Missing>, EngineError> {
     let a = assess(sh, seg)?;
     if a.summary.is_none() {
         tracing::warn!(
@@ -428,7 +472,10 @@ pub fn read_summary(sh: &Shared, seg: u32) -> Result<Option<SegmentSummary>, Eng
     } else if a.imperfect() {
         other_copy_served(sh, seg, &a.why());
     }
-    Ok(a.summary)
+    match (a.summary, a.missing) {
+        (Some(s), _) => Ok(Ok(s)),
+        (None, missing) => Ok(Err(missing.unwrap_or(Missing::Undecided))),
+    }
 }
 
 /// After data blocks `[block, block+n)` failed their crcs (`used`, from the crc-block cache or

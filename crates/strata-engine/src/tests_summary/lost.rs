@@ -59,6 +59,45 @@ fn a_recent_segment_whose_every_write_was_lost_is_not_applied_at_open() {
                 .any(|s| refused.contains(&format!("capacity segment {s},"))),
         "{refused}"
     );
+    // Not damage: both copies check, and hold what the device had before the lost writes.
+    assert!(
+        refused.contains(
+            "sealed after the last index write, holds an earlier use of the segment (both \
+             copies): the device lost the writes of its current use, which it had acknowledged"
+        ),
+        "{refused}"
+    );
+}
+
+/// A recent segment's copy A left by an earlier opening's use (its write lost) and copy B's
+/// header damaged: no copy holds the current use's header. Open refuses, and says what each
+/// copy holds: an earlier use in one, damage in the other.
+#[test]
+fn a_recent_segment_with_one_copy_lost_and_the_other_damaged_is_refused_saying_so() {
+    let mut rig = Rig::new(32 * MIB, &[24 * MIB], small_cfg(), 86);
+    let r = reused(&mut rig, 0x60);
+    let dg = rig.group().clone();
+    let layout = dg.sh.layout.clone();
+    rig.power_cut();
+    let recent = durable_recent(&rig);
+    let seg = r.segs[0];
+    assert!(
+        recent.contains(&seg),
+        "segment {seg} is not recent: {recent:?}"
+    );
+    put_back(&rig, &layout, seg, 0, &r.first[0][0]);
+    flip(&rig, &dg, seg, 1, header(&dg));
+    drop(dg);
+    let refused = rig.start().expect_err("open refuses").to_string();
+    assert!(
+        refused.contains(&format!(
+            "the summary of capacity segment {seg}, sealed after the last index write, holds an \
+             earlier use of the segment (copy A; copy B damaged): the device lost the writes of \
+             its current use, which it had acknowledged: data written since may be lost; \
+             refusing to open"
+        )),
+        "{refused}"
+    );
 }
 
 /// A crc block cached from a stale copy A (a read keeps it when the blocks it reads match it:
