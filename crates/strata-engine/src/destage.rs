@@ -185,9 +185,12 @@ impl Destager {
                 continue;
             }
             self.run_bypass();
-            // A capacity device out of room: its writes wait (room.rs).
+            // A capacity device out of room: its writes wait (room.rs), and the log gets room
+            // only as a full capacity tier gives it, from its own dead blocks.
             if let Some(wait) = crate::room::paused_for(&self.sh) {
-                self.idle(wait);
+                if !self.make_log_room() {
+                    self.idle(wait.min(Duration::from_millis(100)));
+                }
                 continue;
             }
             if let Err(e) = self.housekeeping() {
@@ -543,6 +546,27 @@ impl Destager {
             return Ok(true);
         }
         self.rotate_tail()
+    }
+
+    /// While the capacity tier is out of room (room.rs): frees log space when the log needs it
+    /// by what writes no capacity device, compaction then rotation of its tail. Returns
+    /// whether any was freed.
+    fn make_log_room(&mut self) -> bool {
+        let fill = self.sh.log.lock().fill_ratio();
+        if fill < self.sh.cfg.fill_ratio_high {
+            return false;
+        }
+        let freed = self.compact_tail().and_then(|c| match c {
+            true => Ok(true),
+            false => self.rotate_tail(),
+        });
+        match freed {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::error!("making room in the write log: {e}");
+                false
+            }
+        }
     }
 
     /// Applies the log's zero records (trims, write-zeroes) still in effect to the capacity

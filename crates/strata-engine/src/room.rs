@@ -8,7 +8,9 @@
 //!   and leave the tier looking full until a restart;
 //! - the destager pauses its capacity writes (destage, GC, index flushes), trying again after
 //!   1 s, then after twice as long each time, up to `RETRY_MAX`: no error logged ten times a
-//!   second, no index-page places used up by flushes that fail;
+//!   second, no index-page places used up by flushes that fail; meanwhile it still makes room
+//!   in a full log as for a full capacity tier, by compaction and rotation, which write no
+//!   capacity device (`Destager::make_log_room`);
 //! - the tier counts as full meanwhile (`capacity_full`): host writes go on into the write log,
 //!   and once it fills they fail with ENOSPC instead of waiting (a VM pauses on it by default,
 //!   and resumes once room is back);

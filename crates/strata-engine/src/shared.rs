@@ -458,10 +458,6 @@ impl Shared {
         if !c.capacity_full.load(Ordering::Relaxed) {
             return false;
         }
-        // A capacity device out of room pauses the destager, rotation too (room.rs).
-        if c.capacity_out_of_room.load(Ordering::Relaxed) {
-            return true;
-        }
         // A plan counted two after this one was begun after this request came: it saw the
         // log as this request does, or emptier.
         let plans_seen = c.rotation_plans.load(Ordering::Acquire);
