@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use strata_device::MemDevice;
 
 use crate::tests::{seed_for, small_cfg, Rig, MIB};
 use crate::tests_full_gaps::check_blocks;
@@ -45,25 +46,58 @@ fn write_until_refused(
     }
 }
 
-#[test]
-fn a_capacity_device_out_of_room_refuses_writes_and_resumes_once_room_is_back() {
-    let seed =
-        seed_for("a_capacity_device_out_of_room_refuses_writes_and_resumes_once_room_is_back");
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut rig = Rig::new(16 * MIB, &[96 * MIB], small_cfg(), seed);
+/// A group, one volume on it and what it must read as.
+struct Setup {
+    rig: Rig,
+    /// The capacity device.
+    cap: Arc<MemDevice>,
+    v: VolumeId,
+    model: Vec<u8>,
+    /// The chunk `write_until_refused` writes next.
+    next: u64,
+    rng: StdRng,
+}
+
+/// A group whose capacity device has `room` bytes of room more than it holds at first (a
+/// sparse file on a file system with that much free), its volume written until a write is
+/// refused; with the refusal.
+fn out_of_room(test: &str, room: u64) -> (Setup, EngineError) {
+    let seed = seed_for(test);
+    let rig = Rig::new(16 * MIB, &[96 * MIB], small_cfg(), seed);
     let v = rig
         .dg()
         .create_volume("v", VOLUME_BLOCKS * BLOCK)
         .unwrap()
         .id;
-    let mut model = vec![0u8; VOLUME_BLOCKS as usize];
-    let mut next = 0;
     let cap = rig.caps[0].clone();
+    cap.set_space_limit(Some(cap.stored_bytes() + room));
+    let mut f = Setup {
+        rig,
+        cap,
+        v,
+        model: vec![0u8; VOLUME_BLOCKS as usize],
+        next: 0,
+        rng: StdRng::seed_from_u64(seed),
+    };
+    let dg = f.rig.group().clone();
+    let refused = write_until_refused(&dg, v, &mut f.next, &mut f.rng, &mut f.model);
+    (f, refused)
+}
+
+#[test]
+fn a_capacity_device_out_of_room_refuses_writes_and_resumes_once_room_is_back() {
+    let test = "a_capacity_device_out_of_room_refuses_writes_and_resumes_once_room_is_back";
+    let (f, refused) = out_of_room(test, 6 * MIB);
+    let Setup {
+        mut rig,
+        cap,
+        v,
+        mut model,
+        next,
+        mut rng,
+    } = f;
     let segments = rig.dg().stats().segments_total;
-    // Room for a few segments more than the capacity device holds now.
-    cap.set_space_limit(Some(cap.stored_bytes() + 6 * MIB));
     let dg = rig.group().clone();
-    let refused = write_until_refused(&dg, v, &mut next, &mut rng, &mut model);
     assert!(
         matches!(refused, EngineError::NoSpace),
         "a write was refused with {refused}"
@@ -184,20 +218,17 @@ fn a_capacity_device_out_of_room_refuses_writes_and_resumes_once_room_is_back() 
 /// with the file system still full and loses nothing.
 #[test]
 fn a_stop_while_out_of_room_loses_nothing_and_the_group_opens() {
-    let seed = seed_for("a_stop_while_out_of_room_loses_nothing_and_the_group_opens");
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut rig = Rig::new(16 * MIB, &[96 * MIB], small_cfg(), seed);
-    let v = rig
-        .dg()
-        .create_volume("v", VOLUME_BLOCKS * BLOCK)
-        .unwrap()
-        .id;
-    let mut model = vec![0u8; VOLUME_BLOCKS as usize];
-    let mut next = 0;
-    let cap = rig.caps[0].clone();
-    cap.set_space_limit(Some(cap.stored_bytes() + 4 * MIB));
+    let test = "a_stop_while_out_of_room_loses_nothing_and_the_group_opens";
+    let (f, _) = out_of_room(test, 4 * MIB);
+    let Setup {
+        mut rig,
+        cap,
+        v,
+        mut model,
+        mut next,
+        mut rng,
+    } = f;
     let dg = rig.group().clone();
-    write_until_refused(&dg, v, &mut next, &mut rng, &mut model);
     std::thread::sleep(Duration::from_millis(rng.gen_range(0..2500)));
     drop(dg);
     if rng.gen_bool(0.5) {

@@ -32,19 +32,23 @@ const SPACE_TIMEOUT: Duration = Duration::from_secs(30);
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
 
 fn small_daemon(capacity_size: &str) -> Daemon {
+    small_daemon_with(capacity_size, &[])
+}
+
+/// `small_daemon` with more flags.
+fn small_daemon_with(capacity_size: &str, more: &[&str]) -> Daemon {
+    let flags = [
+        "--segment-size",
+        "1M",
+        "--max-batch-size",
+        "256K",
+        "--default-volume-size",
+        "0",
+    ];
     Daemon::start(DaemonOpts {
         fast_size: "16M".into(),
         capacity_size: capacity_size.into(),
-        extra_args: [
-            "--segment-size",
-            "1M",
-            "--max-batch-size",
-            "256K",
-            "--default-volume-size",
-            "0",
-        ]
-        .map(String::from)
-        .to_vec(),
+        extra_args: flags.iter().chain(more).map(|f| f.to_string()).collect(),
         ..DaemonOpts::default()
     })
 }
@@ -551,23 +555,8 @@ fn a_full_file_system_under_the_capacity_file_refuses_writes_until_room_is_made(
     let ballast_path = ballast.to_str().expect("utf-8");
     run_ok(&mut cmd("fallocate", &["-l", "40M", ballast_path]));
     let capacity = fs.dir.join("capacity.img");
-    let mut daemon = Daemon::start(DaemonOpts {
-        fast_size: "16M".into(),
-        capacity_size: "256M".into(),
-        extra_args: [
-            "--segment-size",
-            "1M",
-            "--max-batch-size",
-            "256K",
-            "--default-volume-size",
-            "0",
-            "--capacity-device",
-            capacity.to_str().expect("utf-8"),
-        ]
-        .map(String::from)
-        .to_vec(),
-        ..DaemonOpts::default()
-    });
+    let capacity = capacity.to_str().expect("utf-8");
+    let mut daemon = small_daemon_with("256M", &["--capacity-device", capacity]);
     let log = daemon.stderr_log();
     assert!(
         log.contains("its file system has only"),
