@@ -180,15 +180,18 @@ impl Client {
                 })
             }
             VolumeCommand::Resize { name, size } => {
-                let path = format!("/api/v1/volumes/{}/resize", path_segment("volume", &name)?);
+                let volume = path_segment("volume", &name)?;
+                let path = format!("/api/v1/volumes/{volume}/resize");
+                let before = self.call("GET", &format!("/api/v1/volumes/{volume}"), None)?;
+                let was = before["size_bytes"].as_u64();
                 let v = self.call("POST", &path, Some(json!({ "size_bytes": size })))?;
                 self.print(&v, |v| {
                     let v: VolumeJson = serde_json::from_value(v.clone())?;
-                    println!(
-                        "resized volume {:?} to {}",
-                        v.name,
-                        format_size(v.size_bytes)
-                    );
+                    let size = format_size(v.size_bytes);
+                    match was == Some(v.size_bytes) {
+                        true => println!("volume {:?} is already {size}: unchanged", v.name),
+                        false => println!("resized volume {:?} to {size}", v.name),
+                    }
                     Ok(())
                 })
             }

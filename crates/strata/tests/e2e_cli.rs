@@ -80,6 +80,9 @@ fn volume_lifecycle_through_the_cli() {
         let img: Value = serde_json::from_slice(&out.stdout).expect("qemu-img JSON");
         assert_eq!(img["virtual-size"].as_u64(), Some(2 << 30), "{img:#}");
     }
+    // The same size again changes nothing, and says so.
+    let same = daemon.cli_ok(&["volume", "resize", "alpha", "--size", "2G"]);
+    assert!(same.contains("is already 2 GiB: unchanged"), "{same}");
     // Shrinking is refused and changes nothing.
     assert_one_line_reason(
         "shrink",
