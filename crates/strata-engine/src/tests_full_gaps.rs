@@ -117,7 +117,8 @@ fn trims_of_data_only_in_the_log_of_a_full_group_leave_room_for_a_trim() {
 
 /// A group of a 16 MiB fast tier and a 32 MiB capacity tier with a volume of `vol_mib` MiB
 /// written MiB by MiB until NoSpace (MiB `i` holds `i + 1`): the group, the volume, the byte
-/// each of its blocks holds, and the MiB written.
+/// each of its blocks holds (the refused MiB as read back: it may have placed some of its
+/// records), and the MiB written.
 pub(crate) fn full_group(seed: u64, vol_mib: u64) -> (Rig, VolumeId, Vec<u8>, u64) {
     let rig = Rig::new(16 * MIB, &[32 * MIB], small_cfg(), seed);
     let v = rig.dg().create_volume("v", vol_mib * MIB).unwrap().id;
@@ -126,6 +127,13 @@ pub(crate) fn full_group(seed: u64, vol_mib: u64) -> (Rig, VolumeId, Vec<u8>, u6
     for (i, m) in model.chunks_mut((MIB / BLOCK_BYTES) as usize).enumerate() {
         if (i as u64) < written {
             m.fill((i + 1) as u8);
+        }
+    }
+    if written < vol_mib {
+        let mut partial = vec![0u8; MIB as usize];
+        rig.dg().read(v, written * MIB, &mut partial).unwrap();
+        for (k, block) in partial.chunks(BLOCK_BYTES as usize).enumerate() {
+            model[(written * MIB / BLOCK_BYTES) as usize + k] = block[0];
         }
     }
     (rig, v, model, written)
@@ -251,9 +259,20 @@ pub(crate) fn trim_room(dg: &DiskGroup) -> u64 {
 /// With both tiers full and the destager held, trims distinct blocks of the newest log-only
 /// data (marking them zero in `model`) until trims have no log block left.
 pub(crate) fn trim_until_no_room(dg: &DiskGroup, v: VolumeId, rng: &mut StdRng, model: &mut [u8]) {
+    trim_until_room_is(dg, v, rng, model, 0);
+}
+
+/// Like `trim_until_no_room`, but leaves trims `room` blocks.
+pub(crate) fn trim_until_room_is(
+    dg: &DiskGroup,
+    v: VolumeId,
+    rng: &mut StdRng,
+    model: &mut [u8],
+    room: u64,
+) {
     let blocks = log_only_blocks(dg, v);
     let mut newest = blocks[blocks.len() / 2..].to_vec();
-    while trim_room(dg) > 0 {
+    while trim_room(dg) > room {
         let b = newest.swap_remove(rng.gen_range(0..newest.len()));
         dg.discard(v, b * BLOCK_BYTES, BLOCK_BYTES)
             .unwrap_or_else(|e| panic!("a trim of block {b} with room left: {e}"));
@@ -274,13 +293,7 @@ fn a_power_cut_during_rotation_loses_nothing() {
     let seed = seed_for("a_power_cut_during_rotation_loses_nothing");
     let mut rng = StdRng::seed_from_u64(seed);
     for round in 0..3u64 {
-        let (mut rig, v, mut model, written) = full_group(seed + round, 64);
-        // The refused write of MiB `written` may have placed some of its records.
-        let mut partial = vec![0u8; MIB as usize];
-        rig.dg().read(v, written * MIB, &mut partial).unwrap();
-        for (k, block) in partial.chunks(BLOCK_BYTES as usize).enumerate() {
-            model[(written * MIB / BLOCK_BYTES) as usize + k] = block[0];
-        }
+        let (mut rig, v, mut model, _) = full_group(seed + round, 64);
         rig.dg().sh.destager_held.store(true, Ordering::SeqCst);
         trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
         // Rotation writes a batch and a checkpoint (two copies) for each of the older half's

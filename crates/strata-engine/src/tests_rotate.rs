@@ -14,7 +14,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::tests::{seed_for, write_when_space, MIB};
 use crate::tests_full_gaps::{
-    check_blocks, full_group, log_only_blocks, trim_room, trim_until_no_room,
+    check_blocks, full_group, log_only_blocks, trim_until_no_room, trim_until_room_is,
 };
 use crate::*;
 
@@ -146,13 +146,7 @@ fn host_writes_racing_a_rotation_are_not_undone() {
     let seed = seed_for("host_writes_racing_a_rotation_are_not_undone");
     let mut rng = StdRng::seed_from_u64(seed);
     for round in 0..2u64 {
-        let (mut rig, v, mut model, written) = full_group(seed + round, 64);
-        // The refused write of MiB `written` may have placed some of its records.
-        let mut partial = vec![0u8; MIB as usize];
-        rig.dg().read(v, written * MIB, &mut partial).unwrap();
-        for (k, block) in partial.chunks(BLOCK_BYTES as usize).enumerate() {
-            model[(written * MIB / BLOCK_BYTES) as usize + k] = block[0];
-        }
+        let (mut rig, v, mut model, _) = full_group(seed + round, 64);
         let sh = rig.group().sh.clone();
         sh.destager_held.store(true, Ordering::SeqCst);
         trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
@@ -214,12 +208,7 @@ fn host_writes_racing_a_rotation_are_not_undone() {
 fn a_trim_between_rotations_read_and_its_claim_is_not_undone() {
     let seed = seed_for("a_trim_between_rotations_read_and_its_claim_is_not_undone");
     let mut rng = StdRng::seed_from_u64(seed);
-    let (mut rig, v, mut model, written) = full_group(seed, 64);
-    let mut partial = vec![0u8; MIB as usize];
-    rig.dg().read(v, written * MIB, &mut partial).unwrap();
-    for (k, block) in partial.chunks(BLOCK_BYTES as usize).enumerate() {
-        model[(written * MIB / BLOCK_BYTES) as usize + k] = block[0];
-    }
+    let (mut rig, v, mut model, _) = full_group(seed, 64);
     let sh = rig.group().sh.clone();
     let head = sh.index.read().volumes[&v].head;
     sh.destager_held.store(true, Ordering::SeqCst);
@@ -282,18 +271,6 @@ const ROTATION_PAUSE: Duration = Duration::from_secs(30);
 /// Trims made while rotation reads the tail (each takes a log block).
 const TRIMS_DURING_ROTATION: usize = 4;
 
-/// Like `trim_until_no_room`, but leaves trims `room` blocks.
-fn trim_until_room_is(dg: &DiskGroup, v: VolumeId, rng: &mut StdRng, model: &mut [u8], room: u64) {
-    let blocks = log_only_blocks(dg, v);
-    let mut newest = blocks[blocks.len() / 2..].to_vec();
-    while trim_room(dg) > room {
-        let b = newest.swap_remove(rng.gen_range(0..newest.len()));
-        dg.discard(v, b * BLOCK_BYTES, BLOCK_BYTES)
-            .unwrap_or_else(|e| panic!("a trim of block {b} with room left: {e}"));
-        model[b as usize] = 0;
-    }
-}
-
 /// With both tiers full, the newest log data trimmed a block at a time (trims then wait for
 /// the log's rotation) and a snapshot taken of the volume, the destager is let go. While the
 /// first batch of its rotation (the snapshot's layer's data among what it writes again),
@@ -307,12 +284,7 @@ fn layers_changed_during_a_rotation_lose_nothing() {
     let seed = seed_for("layers_changed_during_a_rotation_lose_nothing");
     let mut rng = StdRng::seed_from_u64(seed);
     for round in 0..3u64 {
-        let (mut rig, v, mut model, written) = full_group(seed + round, 64);
-        let mut partial = vec![0u8; MIB as usize];
-        rig.dg().read(v, written * MIB, &mut partial).unwrap();
-        for (k, block) in partial.chunks(BLOCK_BYTES as usize).enumerate() {
-            model[(written * MIB / BLOCK_BYTES) as usize + k] = block[0];
-        }
+        let (mut rig, v, mut model, _) = full_group(seed + round, 64);
         let sh = rig.group().sh.clone();
         sh.destager_held.store(true, Ordering::SeqCst);
         trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
@@ -409,12 +381,7 @@ const TRIM_BACK_WAIT: Duration = Duration::from_secs(10);
 fn a_transient_read_error_does_not_stop_rotation_for_good() {
     let seed = seed_for("a_transient_read_error_does_not_stop_rotation_for_good");
     let mut rng = StdRng::seed_from_u64(seed);
-    let (mut rig, v, mut model, written) = full_group(seed, 64);
-    let mut partial = vec![0u8; MIB as usize];
-    rig.dg().read(v, written * MIB, &mut partial).unwrap();
-    for (k, block) in partial.chunks(BLOCK_BYTES as usize).enumerate() {
-        model[(written * MIB / BLOCK_BYTES) as usize + k] = block[0];
-    }
+    let (mut rig, v, mut model, _) = full_group(seed, 64);
     let sh = rig.group().sh.clone();
     sh.destager_held.store(true, Ordering::SeqCst);
     trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
