@@ -1169,9 +1169,11 @@ impl DiskGroup {
             host_write_bytes_total: c.host_write_bytes.load(Ordering::Relaxed),
             host_read_bytes_total: c.host_read_bytes.load(Ordering::Relaxed),
             // The flag is set as host batches are placed; with none since the destager
-            // brought the fill under the high mark, nothing is paced any more.
+            // brought the fill under the high mark, nothing is paced any more. Out of room,
+            // nothing is paced either: writes fit the log or are refused (`host_wait`).
             admission_throttled: c.throttled.load(Ordering::Relaxed)
-                && fill > sh.cfg.fill_ratio_high,
+                && fill > sh.cfg.fill_ratio_high
+                && !c.capacity_out_of_room.load(Ordering::Relaxed),
             capacity_full: c.capacity_full.load(Ordering::Relaxed),
             capacity_out_of_room: c.out_of_room.lock().as_ref().map(|o| OutOfRoomStats {
                 error: o.error.clone(),

@@ -241,7 +241,7 @@ async fn open_or_stop(
     match open.await {
         Ok((group, ..)) => {
             close_group(group).await?;
-            tracing::info!("stopped before serving; the disk group was closed cleanly");
+            tracing::info!("stopped before serving");
         }
         Err(e) if devices::is_abandoned(&e) => {
             tracing::info!(reason = %e, "stopped before serving; the files this start created were removed");
@@ -255,18 +255,28 @@ async fn open_or_stop(
 }
 
 /// Makes everything durable and closes the group (off the runtime: it waits for the engine).
+/// A capacity tier out of room cannot take the index: the group stops as after a crash, with
+/// everything acknowledged in its write log (durable there before it was acknowledged), which
+/// the next start replays. That is still a stop that lost nothing, so it is no error.
 async fn close_group(group: Arc<DiskGroup>) -> Result<()> {
-    tokio::task::spawn_blocking(move || group.shutdown())
+    let closed = tokio::task::spawn_blocking(move || group.shutdown())
         .await
-        .context("engine shutdown task failed")?
-        .map_err(|e| match e {
-            strata_engine::EngineError::Device(d) if d.is_out_of_room() => anyhow!(
-                "shutting down the disk group failed: the capacity tier is out of room ({d}): \
-                 its index could not be written; everything acknowledged is in the write \
-                 log, which the next start replays (make room on that file system first)"
-            ),
-            e => anyhow!("shutting down the disk group failed: {e}"),
-        })
+        .context("engine shutdown task failed")?;
+    match closed {
+        Ok(()) => {
+            tracing::info!("shut down cleanly; everything acknowledged is durable");
+            Ok(())
+        }
+        Err(strata_engine::EngineError::Device(d)) if d.is_out_of_room() => {
+            tracing::warn!(
+                "stopped without writing the index: the capacity tier is out of room ({d}). \
+                 Everything acknowledged is durable in the write log, which the next start \
+                 replays, as after a crash; make room on that file system"
+            );
+            Ok(())
+        }
+        Err(e) => Err(anyhow!("shutting down the disk group failed: {e}")),
+    }
 }
 
 /// Resolves once shutdown has been asked for.
@@ -413,7 +423,6 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
     sampler_stop.store(true, Ordering::Relaxed);
     let _ = tokio::task::spawn_blocking(move || sampler.join()).await;
     close_group(group).await?;
-    tracing::info!("shut down cleanly; everything acknowledged is durable");
     match failure {
         Some(e) => Err(e),
         None => Ok(()),

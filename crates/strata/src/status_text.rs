@@ -161,6 +161,8 @@ fn disk_group(g: &Value) -> String {
     let used_ratio = (total > 0.0).then(|| used / total);
     let admission = if g["admission_throttled"].as_bool() == Some(true) {
         "THROTTLED (writes paced to the destage rate)"
+    } else if g["capacity_full"].as_bool() == Some(true) {
+        "open until the log fills, then writes fail (the capacity tier takes nothing)"
     } else {
         "open"
     };
@@ -387,6 +389,18 @@ mod tests {
                             "metadata_damaged_total": 0, "clean": false}
         });
         v
+    }
+
+    #[test]
+    fn a_full_capacity_tier_says_when_writes_fail() {
+        let mut v = status();
+        v["disk_groups"][0]["admission_throttled"] = json!(false);
+        v["disk_groups"][0]["capacity_full"] = json!(true);
+        let page = render(&v);
+        let want = "admission open until the log fills, then writes fail";
+        assert!(page.contains(want), "missing {want:?} in\n{page}");
+        v["disk_groups"][0]["capacity_full"] = json!(false);
+        assert!(render(&v).contains("admission open\n"), "{}", render(&v));
     }
 
     #[test]

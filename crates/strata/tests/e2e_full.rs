@@ -577,6 +577,8 @@ fn a_full_file_system_under_the_capacity_file_refuses_writes_until_room_is_made(
         warnings.contains("out of room"),
         "no out-of-room warning: {warnings}"
     );
+    // The log is full, but nothing is paced: writes fit or are refused at once.
+    assert_eq!(group["admission_throttled"], Value::Bool(false), "{group}");
     // Failed writes give their segments back: the free ones are not used up.
     std::thread::sleep(Duration::from_secs(3));
     let group = disk_group(&daemon);
@@ -589,6 +591,21 @@ fn a_full_file_system_under_the_capacity_file_refuses_writes_until_room_is_made(
         "{free} of {total} segments free after 3 s out of room"
     );
     assert_eq!(write_chunk(&mut ca, &a, refused, 1), Err(nbd::ENOSPC));
+    // A clean stop while out of room exits 0 and loses nothing: it writes the index when
+    // the pages fit (the discards of failed writes gave some room back), or stops without it
+    // and the next start replays the log, as after a crash.
+    ca.disconnect();
+    daemon.terminate();
+    let log = daemon.last_stderr();
+    let wrote_index = log.contains("shut down cleanly");
+    assert!(
+        wrote_index || log.contains("stopped without writing the index"),
+        "{log}"
+    );
+    eprintln!("a stop while out of room wrote the index: {wrote_index}");
+    daemon.restart();
+    a.verify(&daemon, "after a clean stop out of room");
+    let mut ca = connect(&daemon, "a");
 
     std::fs::remove_file(&ballast).expect("remove the ballast");
     let group = poll_group(&daemon, "room back", |g| {
