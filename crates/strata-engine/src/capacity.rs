@@ -695,6 +695,20 @@ impl Builder {
 /// and copy A (at its tail) after it: both are durable before this returns, and so before
 /// any checkpoint can name the segment.
 pub fn write_segment(sh: &Shared, seg: u32, b: &Builder, seq: u64) -> Result<(), EngineError> {
+    let dev = sh.layout.seg_data_byte(seg, 0).0;
+    let written = write_segment_on(sh, seg, b, seq);
+    match &written {
+        Ok(()) => crate::room::note_success(sh, crate::room::Write::Segment, Some(dev)),
+        // Noted here, where the device is known; the caller gives the segments back.
+        Err(e) => {
+            let _ = crate::room::note_failure(sh, e, crate::room::Write::Segment, Some(dev));
+        }
+    }
+    written
+}
+
+/// `write_segment`'s writes.
+fn write_segment_on(sh: &Shared, seg: u32, b: &Builder, seq: u64) -> Result<(), EngineError> {
     let (dev, off) = sh.layout.seg_data_byte(seg, 0);
     let device = &sh.caps[dev];
     let summary = SegmentSummary {
@@ -730,7 +744,6 @@ pub fn write_segment(sh: &Shared, seg: u32, b: &Builder, seq: u64) -> Result<(),
     }
     drop(crcs);
     sh.summaries.lock().insert(seg, Arc::new(summary));
-    crate::room::note_success(sh, crate::room::Write::Segment);
     Ok(())
 }
 

@@ -194,7 +194,7 @@ impl Destager {
                 continue;
             }
             if let Err(e) = self.housekeeping() {
-                if crate::room::note_failure(&self.sh, &e, crate::room::Write::Other) {
+                if crate::room::note_failure(&self.sh, &e, crate::room::Write::Other, None) {
                     continue;
                 }
                 tracing::error!("index housekeeping: {e}");
@@ -240,14 +240,15 @@ impl Destager {
                         self.idle(Duration::from_millis(100));
                     }
                     Err(e) => {
-                        if !crate::room::note_failure(&self.sh, &e, crate::room::Write::Other) {
+                        if !crate::room::note_failure(&self.sh, &e, crate::room::Write::Other, None)
+                        {
                             tracing::error!("making room on the capacity tier: {e}");
                         }
                         self.idle(Duration::from_millis(200));
                     }
                 },
                 Err(e) => {
-                    if !crate::room::note_failure(&self.sh, &e, crate::room::Write::Other) {
+                    if !crate::room::note_failure(&self.sh, &e, crate::room::Write::Other, None) {
                         tracing::error!("destage: {e}");
                     }
                     self.idle(Duration::from_millis(200));
@@ -284,7 +285,7 @@ impl Destager {
     fn housekeeping(&mut self) -> Result<(), EngineError> {
         if self.gc_needed() {
             if let Err(e) = self.gc_step() {
-                if !crate::room::note_failure(&self.sh, &e, crate::room::Write::Other) {
+                if !crate::room::note_failure(&self.sh, &e, crate::room::Write::Other, None) {
                     tracing::error!("garbage collection: {e}");
                 }
             }

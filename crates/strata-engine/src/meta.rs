@@ -248,7 +248,7 @@ pub fn flush_index(sh: &Shared) -> Result<(), EngineError> {
         .index_pages_written
         .fetch_add(writes.pages.len() as u64, Ordering::Relaxed);
     if !writes.pages.is_empty() {
-        crate::room::note_success(sh, crate::room::Write::Other);
+        crate::room::note_success(sh, crate::room::Write::Other, None);
     }
     tracing::debug!(
         pages = writes.pages.len(),

@@ -14,8 +14,10 @@
 //! - the tier counts as full meanwhile (`capacity_full`): host writes go on into the write log,
 //!   and once it fills they fail with ENOSPC instead of waiting (a VM pauses on it by default,
 //!   and resumes once room is back);
-//! - the first write that succeeds again ends it; `strata status` and `/metrics` show it while
-//!   it lasts.
+//! - the first write that succeeds again ends it, but for a device whose segment writes found
+//!   no room only a segment write to that device (a stripe spans every device, and a
+//!   neighbour with room must not end the spell at each try); `strata status` and `/metrics`
+//!   show it while it lasts.
 //!
 //! Everything acknowledged is in the write log meanwhile (it was durable there before it was
 //! acknowledged), so nothing is lost, whatever stops first.
@@ -45,6 +47,9 @@ pub struct OutOfRoom {
     /// A segment write failed (not only index pages): only a segment write that succeeds
     /// ends it then, as a few index pages may fit where a segment does not.
     segments: bool,
+    /// The capacity devices (by index) whose segment writes found no room, not since written
+    /// to: the spell lasts until each has taken a segment again.
+    devices: std::collections::BTreeSet<usize>,
 }
 
 /// What a capacity write was.
@@ -62,9 +67,9 @@ pub fn is_out_of_room(e: &EngineError) -> bool {
 }
 
 /// A capacity write failed with `e`; returns whether for want of room (then noted: the
-/// destager pauses, the tier counts as full). The first such failure is logged as an error,
-/// the others only counted.
-pub fn note_failure(sh: &Shared, e: &EngineError, what: Write) -> bool {
+/// destager pauses, the tier counts as full). `device`: the capacity device written, when
+/// known. The first such failure is logged as an error, the others only counted.
+pub fn note_failure(sh: &Shared, e: &EngineError, what: Write, device: Option<usize>) -> bool {
     if !is_out_of_room(e) {
         return false;
     }
@@ -73,9 +78,13 @@ pub fn note_failure(sh: &Shared, e: &EngineError, what: Write) -> bool {
     match state.as_mut() {
         // The same failure seen again up the stack (a write's error is noted where it
         // failed, and again where the destager's step returns it).
-        Some(o) if now < o.retry_at => o.segments |= what == Write::Segment,
+        Some(o) if now < o.retry_at => {
+            o.segments |= what == Write::Segment;
+            o.devices.extend(device);
+        }
         Some(o) => {
             o.segments |= what == Write::Segment;
+            o.devices.extend(device);
             o.error = e.to_string();
             o.retry_at = now + o.backoff;
             o.backoff = (o.backoff * 2).min(RETRY_MAX);
@@ -95,6 +104,7 @@ pub fn note_failure(sh: &Shared, e: &EngineError, what: Write) -> bool {
                 backoff: RETRY_FIRST * 2,
                 failed_writes: 1,
                 segments: what == Write::Segment,
+                devices: device.into_iter().collect(),
             });
         }
     }
@@ -107,16 +117,20 @@ pub fn note_failure(sh: &Shared, e: &EngineError, what: Write) -> bool {
     true
 }
 
-/// A capacity write succeeded: ends an out-of-room spell (unless segment writes failed and
-/// this was not one). One load when there is none.
-pub fn note_success(sh: &Shared, what: Write) {
+/// A capacity write to `device` (when known) succeeded: ends an out-of-room spell, unless
+/// segment writes failed and this was not one, or a device whose segment write failed has
+/// not taken one since. One load when there is none.
+pub fn note_success(sh: &Shared, what: Write, device: Option<usize>) {
     if !sh.counters.capacity_out_of_room.load(Ordering::Relaxed) {
         return;
     }
     let mut state = sh.counters.out_of_room.lock();
+    if let (Some(o), Some(d), Write::Segment) = (state.as_mut(), device, what) {
+        o.devices.remove(&d);
+    }
     if state
         .as_ref()
-        .is_some_and(|o| o.segments && what != Write::Segment)
+        .is_some_and(|o| (o.segments && what != Write::Segment) || !o.devices.is_empty())
     {
         return;
     }
@@ -153,7 +167,7 @@ pub fn paused_for(sh: &Shared) -> Option<Duration> {
 /// file), and the failure noted. Otherwise the place may be bad: they stay set aside until
 /// the next open, as `Open` segments, which no one allocates or reads.
 pub fn failed_segment_write(sh: &Shared, segs: &[u32], e: &EngineError, what: &str) {
-    if note_failure(sh, e, Write::Segment) {
+    if note_failure(sh, e, Write::Segment, None) {
         // Not reusable while discarded; the destager is the only allocator and waits here.
         crate::capacity::discard_segments(sh, segs);
         let mut table = sh.segs.lock();

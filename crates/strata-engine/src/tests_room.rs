@@ -62,14 +62,20 @@ struct Setup {
 /// sparse file on a file system with that much free), its volume written until a write is
 /// refused; with the refusal.
 fn out_of_room(test: &str, room: u64) -> (Setup, EngineError) {
+    out_of_room_on(test, &[96 * MIB], room)
+}
+
+/// As `out_of_room`, for a group over capacity devices of sizes `caps`, the last of which is
+/// the one short of room.
+fn out_of_room_on(test: &str, caps: &[u64], room: u64) -> (Setup, EngineError) {
     let seed = seed_for(test);
-    let rig = Rig::new(16 * MIB, &[96 * MIB], small_cfg(), seed);
+    let rig = Rig::new(16 * MIB, caps, small_cfg(), seed);
     let v = rig
         .dg()
         .create_volume("v", VOLUME_BLOCKS * BLOCK)
         .unwrap()
         .id;
-    let cap = rig.caps[0].clone();
+    let cap = rig.caps.last().expect("a capacity device").clone();
     cap.set_space_limit(Some(cap.stored_bytes() + room));
     let mut f = Setup {
         rig,
@@ -208,6 +214,62 @@ fn a_capacity_device_out_of_room_refuses_writes_and_resumes_once_room_is_back() 
         model[at as usize..(at + 16) as usize].fill(fill);
     }
     check_blocks(&dg, v, &model);
+    drop(dg);
+    rig.power_cut_and_restart();
+    check_blocks(rig.dg(), v, &model);
+}
+
+/// Destage stripes span every capacity device: with one out of room and the other not, each
+/// try writes one segment and fails the other. That is one spell, not one ended and begun
+/// again at each try by the segment that fit (an error line each time, its age reset).
+#[test]
+fn one_full_device_of_two_is_one_spell_out_of_room() {
+    let test = "one_full_device_of_two_is_one_spell_out_of_room";
+    let (f, refused) = out_of_room_on(test, &[48 * MIB, 48 * MIB], 3 * MIB);
+    assert!(
+        matches!(refused, EngineError::NoSpace),
+        "a write was refused with {refused}"
+    );
+    let Setup {
+        mut rig,
+        cap,
+        v,
+        model,
+        ..
+    } = f;
+    let dg = rig.group().clone();
+    // Tries 1 and 2 s apart: one or more within 4.5 s, besides the first failure.
+    let began = Instant::now();
+    let mut last_since = 0.0;
+    let mut spell = None;
+    while began.elapsed() < Duration::from_millis(4500) {
+        let Some(o) = dg.stats().capacity_out_of_room else {
+            panic!(
+                "the spell ended after {:?} with no room made",
+                began.elapsed()
+            );
+        };
+        assert!(
+            o.since_s >= last_since,
+            "a new spell began after {:?}: {o:?}, the last one {last_since:.1} s old",
+            began.elapsed()
+        );
+        last_since = o.since_s;
+        spell = Some(o);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let spell = spell.expect("sampled");
+    assert!(spell.failed_writes >= 2, "{spell:?}");
+    check_blocks(&dg, v, &model);
+    cap.set_space_limit(None);
+    let began = Instant::now();
+    while let Some(o) = dg.stats().capacity_out_of_room {
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "still out of room 30 s after room came back: {o:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     drop(dg);
     rig.power_cut_and_restart();
     check_blocks(rig.dg(), v, &model);
