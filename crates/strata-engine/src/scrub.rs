@@ -96,6 +96,42 @@ impl DiskGroup {
         run(&self.sh, opts)
     }
 
+    /// Starts a scrub on a thread of its own and returns once it holds the scrub slot
+    /// ([`EngineError::InUse`] when another scrub runs). Nobody waits for it: it runs to its
+    /// end, until [`DiskGroup::cancel_scrub`], or until the group stops (which waits for it,
+    /// as for the background scrub), and its report becomes the last result, as a finished
+    /// scrub's always does. `opts.cancel` is the caller's, as for [`DiskGroup::scrub`].
+    pub fn start_scrub(&self, opts: ScrubOptions) -> Result<(), EngineError> {
+        let sh = self.sh.clone();
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let thread = std::thread::Builder::new()
+            .name("strata-scrub-api".into())
+            .spawn(move || {
+                let began = std::cell::Cell::new(false);
+                let result = run_then(&sh, &opts, || {
+                    began.set(true);
+                    let _ = tx.send(Ok(()));
+                });
+                match result {
+                    // Refused before it began: the caller says why.
+                    Err(e) if !began.get() => {
+                        let _ = tx.send(Err(e));
+                    }
+                    result => log_unattended("scrub started through the API", result),
+                }
+            })
+            .map_err(|e| EngineError::Failed(format!("cannot start a scrub thread: {e}")))?;
+        let mut threads = self.threads.lock();
+        threads.retain(|t| !t.is_finished());
+        threads.push(thread);
+        drop(threads);
+        rx.recv().unwrap_or_else(|_| {
+            Err(EngineError::Failed(
+                "the scrub thread ended before it began".into(),
+            ))
+        })
+    }
+
     /// Asks the running scrub, the background one included, to stop; it ends with
     /// [`EngineError::Cancelled`] within a chunk's read and leaves the last result as it was.
     /// False when no scrub is running.
@@ -136,27 +172,42 @@ pub fn background(sh: std::sync::Arc<Shared>, every: Duration) {
             std::thread::sleep(Duration::from_millis(100));
             continue;
         }
-        match run(&sh, &opts) {
-            Ok(r) if !r.clean() => tracing::error!(
-                bad_blocks = r.bad_blocks_total,
-                damaged_metadata = r.metadata_damaged.len(),
-                "background scrub found damage"
-            ),
-            Err(EngineError::Cancelled(_)) => tracing::info!("background scrub cancelled"),
-            Ok(_) | Err(EngineError::InUse(_)) | Err(EngineError::ShuttingDown) => {}
-            Err(e) => tracing::error!("background scrub: {e}"),
-        }
+        log_unattended("background scrub", run(&sh, &opts));
         next = Instant::now() + every;
     }
 }
 
+/// Logs how a scrub nobody waits for ended (`what`: which one).
+fn log_unattended(what: &str, result: Result<ScrubReport, EngineError>) {
+    match result {
+        Ok(r) if !r.clean() => tracing::error!(
+            bad_blocks = r.bad_blocks_total,
+            damaged_metadata = r.metadata_damaged.len(),
+            "{what} found damage"
+        ),
+        Err(EngineError::Cancelled(_)) => tracing::info!("{what} cancelled"),
+        Ok(_) | Err(EngineError::InUse(_)) | Err(EngineError::ShuttingDown) => {}
+        Err(e) => tracing::error!("{what}: {e}"),
+    }
+}
+
 fn run(sh: &Shared, opts: &ScrubOptions) -> Result<ScrubReport, EngineError> {
+    run_then(sh, opts, || {})
+}
+
+/// Runs a scrub; `began` is called once it holds the scrub slot.
+fn run_then(
+    sh: &Shared,
+    opts: &ScrubOptions,
+    began: impl FnOnce(),
+) -> Result<ScrubReport, EngineError> {
     {
         let _one = sh
             .scrub
             .running
             .try_lock()
             .ok_or_else(|| EngineError::InUse("a scrub is already running".into()))?;
+        began();
         // A cancel asked for before this scrub began was for an earlier one.
         sh.scrub.cancel_requested.store(false, Ordering::Relaxed);
         let mut s = Scrubber::new(sh, opts);

@@ -286,6 +286,63 @@ fn a_scrub_anyone_started_stops_when_the_group_is_asked_to_cancel_it() {
     assert_cancelled_then_free(dg, scrub);
 }
 
+/// A scrub started with nobody waiting for it holds the slot from the moment `start_scrub`
+/// returns, runs to its end with its report as the last result, can be cancelled, and a
+/// clean stop of the group waits for it to end rather than leave it reading.
+#[test]
+fn a_started_scrub_runs_on_its_own_and_stops_with_the_group() {
+    let mut rig = rig_with_b(46);
+    let dg = rig.dg();
+    let slow = ScrubOptions {
+        volume: Some("b".into()),
+        rate_bytes_per_s: 64 << 10,
+        cancel: None,
+    };
+    dg.start_scrub(slow.clone()).unwrap();
+    assert!(dg.scrub_status().running, "not running once started");
+    let again = dg.start_scrub(ScrubOptions::default());
+    assert!(matches!(again, Err(EngineError::InUse(_))), "{again:?}");
+    assert!(matches!(dg.scrub(&slow), Err(EngineError::InUse(_))));
+    // Cancelled: no result.
+    assert!(dg.cancel_scrub());
+    let began = std::time::Instant::now();
+    while dg.scrub_status().running {
+        assert!(began.elapsed() < Duration::from_secs(10), "not cancelled");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(dg.scrub_status().last.is_none());
+    // Unlimited, it ends by itself with its report.
+    dg.start_scrub(ScrubOptions {
+        volume: Some("b".into()),
+        ..ScrubOptions::default()
+    })
+    .unwrap();
+    let began = std::time::Instant::now();
+    let last = loop {
+        let status = dg.scrub_status();
+        if let (false, Some(last)) = (status.running, status.last) {
+            break last;
+        }
+        assert!(began.elapsed() < Duration::from_secs(30), "never ended");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(
+        last.clean() && last.data_bytes_verified >= 4 * MIB,
+        "{last:?}"
+    );
+    // A slow one again, then a clean stop: it ends with the group, promptly.
+    dg.start_scrub(slow).unwrap();
+    let dg = rig.dg.take().expect("running");
+    let began = std::time::Instant::now();
+    dg.shutdown().unwrap();
+    assert!(!dg.scrub_status().running, "still running after the stop");
+    assert!(
+        began.elapsed() < Duration::from_secs(10),
+        "the stop took {:?}",
+        began.elapsed()
+    );
+}
+
 /// Writes `n` single-block records, each in its own batch (one writer, one at a time).
 fn one_batch_per_block(dg: &DiskGroup, v: u32, n: u64) {
     for lba in 0..n {

@@ -8,6 +8,8 @@
 //! A scrub can take hours on a large disk group: it runs on the blocking pool and the request
 //! stays open until it ends (the CLI waits without a deadline for this one request). A client that
 //! goes away stops it, as nobody is left to read its report; `last` stays the previous one.
+//! With `"wait": false` the answer comes at once (202, the progress): the scrub runs on the
+//! daemon with nobody waiting, as the background one does, and its report becomes `last`.
 //! `DELETE /api/v1/scrub` stops the running scrub, whoever started it (the background one
 //! included). Shutdown of the daemon answers 503 at once and the scrub stops with the disk group.
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,6 +20,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use strata_engine::{ScrubOptions, ScrubReport, ScrubStatus};
@@ -53,6 +56,9 @@ pub struct ScrubRequest {
     /// Read rate limit (0: unlimited); absent: the daemon's `--scrub-rate`.
     #[serde(default)]
     pub rate_bytes_per_s: Option<u64>,
+    /// False: answer once the scrub has begun, not when it ends; absent: true.
+    #[serde(default)]
+    pub wait: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -218,8 +224,11 @@ async fn status(State(state): State<Arc<AppState>>) -> Json<ScrubStatusJson> {
 async fn run(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<ScrubReportJson>, ApiError> {
+) -> Result<Response, ApiError> {
     let req = parse_request(body)?;
+    if req.wait == Some(false) {
+        return start(state, req).await;
+    }
     // A client that goes away (Ctrl-C on `strata scrub`) drops this future: the guard then
     // stops the scrub, which would otherwise hold the scrub slot to its end with nobody to
     // read its report.
@@ -250,7 +259,7 @@ async fn run(
     let mut stopping = state.stopping.clone();
     tokio::select! {
         joined = task => match joined {
-            Ok(report) => Ok(Json(report?.into())),
+            Ok(report) => Ok(Json(ScrubReportJson::from(report?)).into_response()),
             Err(e) => {
                 tracing::error!(error = %e, "scrub task failed");
                 Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error"))
@@ -262,6 +271,32 @@ async fn run(
             "the daemon is shutting down; the scrub stops with it",
         )),
     }
+}
+
+/// A scrub nobody waits for: 202 and the progress once it holds the scrub slot (409 when
+/// another scrub runs).
+async fn start(state: Arc<AppState>, req: ScrubRequest) -> Result<Response, ApiError> {
+    let opts = ScrubOptions {
+        volume: req.volume,
+        rate_bytes_per_s: req.rate_bytes_per_s.unwrap_or(state.scrub.rate_bytes_per_s),
+        cancel: None,
+    };
+    tracing::info!(
+        scope = opts.volume.as_deref().unwrap_or("all"),
+        rate_bytes_per_s = opts.rate_bytes_per_s,
+        "scrub requested, not waited for"
+    );
+    let group = state.registry.group().clone();
+    // Quick (a thread starts and takes the slot), but it may wait for the slot's lock.
+    let started = tokio::task::spawn_blocking(move || group.start_scrub(opts))
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "scrub start task failed");
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
+        })?;
+    started?;
+    let status = status_json(state.registry.group().scrub_status(), &state.scrub);
+    Ok((StatusCode::ACCEPTED, Json(status)).into_response())
 }
 
 /// `DELETE /api/v1/scrub`: stops the running scrub and answers the status once it stopped

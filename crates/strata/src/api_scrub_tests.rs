@@ -101,6 +101,41 @@ async fn a_second_scrub_is_refused_while_one_runs() {
 }
 
 #[tokio::test]
+async fn a_scrub_not_waited_for_answers_at_once_and_runs_to_its_end() {
+    let (app, state) = app();
+    let (s, v) = call(&app, "POST", "/api/v1/scrub", Some(json!({"wait": "no"}))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    // At 1 KiB/s this scrub would take over a minute: it is still running when answered.
+    let slow = scrub_running(&app, &state, 1024).await;
+    let (s, v) = call(&app, "POST", "/api/v1/scrub", Some(json!({"wait": false}))).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    call(&app, "DELETE", "/api/v1/scrub", None).await;
+    let (s, _) = slow.await.unwrap();
+    assert_ne!(s, StatusCode::OK);
+    let body = json!({"wait": false, "volume": "v", "rate_bytes_per_s": 1024});
+    let (s, v) = call(&app, "POST", "/api/v1/scrub", Some(body)).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    assert_eq!(v["running"], true, "{v}");
+    assert!(v["last"].is_null(), "{v}");
+    let (s, v) = call(&app, "DELETE", "/api/v1/scrub", None).await;
+    assert_eq!((s, &v["running"]), (StatusCode::OK, &json!(false)), "{v}");
+    // Unlimited: it ends by itself and its report is the last one.
+    let (s, v) = call(&app, "POST", "/api/v1/scrub", Some(json!({"wait": false}))).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, v) = call(&app, "GET", "/api/v1/scrub", None).await;
+        if v["running"] == false {
+            assert_eq!(v["last"]["scope"], "all", "{v}");
+            assert_eq!(v["last"]["clean"], true, "{v}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the scrub never ended: {v}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
 async fn a_scrub_whose_client_went_away_stops() {
     let (app, state) = app();
     // At 1 KiB/s this scrub would take over a minute; the client leaves once it runs.

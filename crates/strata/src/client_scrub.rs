@@ -2,6 +2,8 @@
 //! page or `--json`. The request lasts as long as the scrub, so it goes without a deadline;
 //! meanwhile, on a terminal, the progress is polled and shown on stderr. Damage found ends the
 //! command with exit status 3 (after the report), so that scripts can tell it from a failure.
+//! `--detach` starts the scrub and returns at once (it runs on the daemon with nobody waiting,
+//! a closed terminal does not stop it); `--last` prints the last finished scrub's report.
 use std::io::{IsTerminal, Write};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -25,13 +27,32 @@ const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 pub struct DamageFound(pub String);
 
 impl Client {
-    pub fn scrub(&self, volume: Option<&str>, rate_bytes_per_s: Option<u64>) -> Result<()> {
+    pub fn scrub(
+        &self,
+        volume: Option<&str>,
+        rate_bytes_per_s: Option<u64>,
+        detach: bool,
+    ) -> Result<()> {
         let mut body = serde_json::Map::new();
         if let Some(v) = volume {
             body.insert("volume".into(), json!(v));
         }
         if let Some(r) = rate_bytes_per_s {
             body.insert("rate_bytes_per_s".into(), json!(r));
+        }
+        if detach {
+            body.insert("wait".into(), json!(false));
+            let answer = self.call("POST", "/api/v1/scrub", Some(Value::Object(body)))?;
+            return self.print(&answer, |_| {
+                let scope = volume.map_or_else(|| "all".to_string(), str::to_string);
+                println!(
+                    "scrub of {} started; it runs on the daemon: its progress in `strata status`, \
+                     its report with `strata scrub --last` once it ends, `strata scrub --cancel` \
+                     stops it",
+                    scope_text(&scope)
+                );
+                Ok(())
+            });
         }
         let answer = self.showing_progress(|| {
             self.call_on(&self.patient_agent, "POST", "/api/v1/scrub", Some(Value::Object(body)))
@@ -40,6 +61,33 @@ impl Client {
             .map_err(|e| anyhow!("unexpected answer from the daemon: {e}"))?;
         self.print(&answer, |_| {
             print!("{}", render(&report));
+            Ok(())
+        })?;
+        if report.clean {
+            return Ok(());
+        }
+        Err(DamageFound(damage_line(&report)).into())
+    }
+
+    /// `strata scrub --last`: the last finished scrub's report (since the daemon started), with
+    /// the exit status a scrub that found it would have had.
+    pub fn last_scrub(&self) -> Result<()> {
+        let answer = self.call("GET", "/api/v1/scrub", None)?;
+        let status: ScrubStatusJson = serde_json::from_value(answer.clone())
+            .map_err(|e| anyhow!("unexpected answer from the daemon: {e}"))?;
+        let running = status
+            .progress
+            .running
+            .then(|| progress_text(status.progress.progress_bytes, status.progress.total_bytes));
+        let Some(report) = status.last else {
+            let now = running.map_or_else(String::new, |r| format!(" (one runs: {r})"));
+            return Err(anyhow!("no scrub has ended since the daemon started{now}"));
+        };
+        self.print(&answer["last"], |_| {
+            print!("{}", render(&report));
+            if let Some(r) = running {
+                println!("(another scrub runs now: {r})");
+            }
             Ok(())
         })?;
         if report.clean {

@@ -87,7 +87,7 @@ pub enum Command {
     /// can take long on a large disk group: this waits until the scrub ends, showing progress
     /// when stderr is a terminal. One scrub runs at a time, the background one included.
     #[command(
-        after_help = "Exit status: 0 when nothing was wrong; 3 when the scrub found damage (bad data blocks, or metadata copies it repaired or could not repair); 1 when it could not run.\nWith --cancel: 0 once the running scrub stopped, 1 when none was running."
+        after_help = "Exit status: 0 when nothing was wrong; 3 when the scrub found damage (bad data blocks, or metadata copies it repaired or could not repair); 1 when it could not run.\nWith --detach: 0 once the scrub has begun. With --last: as for the scrub it reports, 1 when none ended yet.\nWith --cancel: 0 once the running scrub stopped, 1 when none was running."
     )]
     Scrub {
         /// Only this volume and its snapshots [default: everything].
@@ -95,8 +95,15 @@ pub enum Command {
         /// Read rate limit, bytes per second (e.g. 200M; 0 for no limit) [default: the daemon's --scrub-rate].
         #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
         rate: Option<u64>,
+        /// Start the scrub and return at once: it runs on the daemon to its end, whatever
+        /// happens to this terminal (see `strata status`, `--last`, `--cancel`).
+        #[arg(long)]
+        detach: bool,
+        /// Print the last finished scrub's report instead (since the daemon started).
+        #[arg(long, conflicts_with_all = ["volume", "rate", "detach"])]
+        last: bool,
         /// Stop the running scrub instead, whoever started it (the background one included).
-        #[arg(long, conflicts_with_all = ["volume", "rate"])]
+        #[arg(long, conflicts_with_all = ["volume", "rate", "detach", "last"])]
         cancel: bool,
     },
     /// Size a cluster for a workload: performance, endurance and capacity (no daemon needed).
@@ -423,12 +430,14 @@ fn main() -> ExitCode {
             .and_then(|c| c.snapshot(cmd)),
         Command::Status => api_client(&cli.server, cli.json, cli.token_file.as_deref())
             .and_then(|c| c.status()),
-        Command::Scrub { volume, rate, cancel } => {
+        Command::Scrub { volume, rate, detach, last, cancel } => {
             api_client(&cli.server, cli.json, cli.token_file.as_deref()).and_then(|c| {
                 if cancel {
                     c.cancel_scrub()
+                } else if last {
+                    c.last_scrub()
                 } else {
-                    c.scrub(volume.as_deref(), rate)
+                    c.scrub(volume.as_deref(), rate, detach)
                 }
             })
         }
@@ -717,12 +726,15 @@ mod tests {
     #[test]
     fn cli_parses_scrub() {
         let cli = Cli::try_parse_from(["strata", "scrub"]).unwrap();
-        assert!(matches!(cli.command, Command::Scrub { volume: None, rate: None, cancel: false }));
+        assert!(matches!(
+            cli.command,
+            Command::Scrub { volume: None, rate: None, detach: false, last: false, cancel: false }
+        ));
         let cli = Cli::try_parse_from(["strata", "--json", "scrub", "db", "--rate", "200M"]).unwrap();
         assert!(cli.json);
         assert!(matches!(
             cli.command,
-            Command::Scrub { volume: Some(ref v), rate: Some(r), cancel: false } if v == "db" && r == 200 << 20
+            Command::Scrub { volume: Some(ref v), rate: Some(r), cancel: false, .. } if v == "db" && r == 200 << 20
         ));
         let cli = Cli::try_parse_from(["strata", "scrub", "--rate", "0"]).unwrap();
         assert!(matches!(cli.command, Command::Scrub { rate: Some(0), .. }));
@@ -730,10 +742,18 @@ mod tests {
         assert!(Cli::try_parse_from(["strata", "scrub", "a", "b"]).is_err());
         let cli = Cli::try_parse_from(["strata", "scrub", "--cancel"]).unwrap();
         assert!(matches!(cli.command, Command::Scrub { cancel: true, .. }));
+        let cli = Cli::try_parse_from(["strata", "scrub", "db", "--detach"]).unwrap();
+        assert!(matches!(cli.command, Command::Scrub { detach: true, last: false, .. }));
+        let cli = Cli::try_parse_from(["strata", "scrub", "--last"]).unwrap();
+        assert!(matches!(cli.command, Command::Scrub { last: true, detach: false, .. }));
         for other in [["db", "--cancel"], ["--rate", "1M"]] {
             let mut args = vec!["strata", "scrub", "--cancel"];
             args.extend(other.iter().filter(|a| **a != "--cancel"));
             let e = Cli::try_parse_from(args).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict, "{e}");
+        }
+        for args in [["--last", "db"], ["--last", "--detach"], ["--cancel", "--detach"]] {
+            let e = Cli::try_parse_from(["strata", "scrub", args[0], args[1]]).unwrap_err();
             assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict, "{e}");
         }
     }

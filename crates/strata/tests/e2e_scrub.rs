@@ -228,6 +228,10 @@ fn scrub_finds_damage_on_both_tiers_and_repairs_a_metadata_copy() {
     assert_eq!(again["metadata_repaired"], Value::Array(vec![]), "{again:#}");
     let after = checksum_failures(&daemon);
     assert_eq!((after.0 - before.0, after.1 - before.1), (1, 1));
+    // The last report again, with the same exit status.
+    let out = daemon.cli(&["scrub", "--last"]);
+    assert_eq!(out.status.code(), Some(EXIT_DAMAGE_FOUND), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("bad blocks   2"), "{out:?}");
 
     // One volume: only its blocks; the human report lists them as a table.
     let out = daemon.cli(&["scrub", "db", "--rate", "0"]);
@@ -280,6 +284,51 @@ fn scrub_refuses_an_unknown_volume_and_a_second_scrub() {
     assert!(report["data_bytes_verified"].as_u64() >= Some(16 * 4096), "{report:#}");
     let page = daemon.cli_ok(&["status"]);
     assert!(page.contains("scrub        clean: "), "{page}");
+}
+
+/// `strata scrub --detach` returns at once; the scrub runs on with nobody waiting, and
+/// `strata scrub --last` prints its report once it ended.
+#[test]
+fn a_detached_scrub_runs_on_and_its_report_is_the_last() {
+    if !require_tools(&["qemu-io"]) {
+        return;
+    }
+    let daemon = Daemon::start(DaemonOpts {
+        extra_args: vec!["--scrub-interval".into(), "off".into()],
+        ..Default::default()
+    });
+    daemon.create_volume("web", "64M");
+    let writes: Vec<String> = (0..16).map(|i| format!("write -P 0x3c {}M 4k", i * 4)).collect();
+    qemu_io_ok(&daemon.nbd_uri("web"), &writes.iter().map(String::as_str).collect::<Vec<_>>());
+    let out = daemon.cli(&["scrub", "--last"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_one_line_reason("--last before any scrub", &out);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no scrub has ended"), "{out:?}");
+
+    // 64 KiB of data and the metadata at 32 KiB/s: a scrub of a few seconds.
+    let out = daemon.cli(&["scrub", "web", "--rate", "32K", "--detach"]);
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("scrub of volume web and its snapshots started"), "{said}");
+    // The command has ended; the scrub has not.
+    let status_url = format!("{}/api/v1/scrub", daemon.http_url());
+    let status = get_json(&status_url);
+    assert_eq!(status["running"], true, "{status}");
+    let out = daemon.cli(&["scrub", "--detach"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already running"), "{out:?}");
+    let out = daemon.cli(&["scrub", "--last"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("(one runs: scrubbing"), "{out:?}");
+
+    let ended = wait_until(Duration::from_secs(60), || get_json(&status_url)["running"] == false);
+    assert!(ended, "the detached scrub never ended");
+    let report = daemon.cli_json(&["scrub", "--last"]);
+    assert_eq!(report["scope"], "web", "{report:#}");
+    assert_eq!(report["clean"], true, "{report:#}");
+    assert!(report["data_bytes_verified"].as_u64() >= Some(16 * 4096), "{report:#}");
+    let page = daemon.cli_ok(&["scrub", "--last"]);
+    assert!(page.starts_with("scrub of volume web and its snapshots:"), "{page}");
 }
 
 #[test]
