@@ -361,4 +361,11 @@ fn scrub_operations(c: &mut Contract, daemon: &Daemon, t: Option<&str>) {
     let reply = slow.join().expect("the cancelled scrub's thread");
     assert_eq!(reply.status, 503, "{}", reply.body);
     c.check("POST", "/api/v1/scrub", &reply);
+
+    // Not waited for: 202 and the progress at once; the scrub runs on until cancelled.
+    let body = json!({"volume": "contract", "rate_bytes_per_s": 1024, "wait": false});
+    let started = c.call(&base, "POST", "/api/v1/scrub", Some(body), t, 202);
+    assert_eq!(started["running"], true, "{started}");
+    let stopped = c.call(&base, "DELETE", "/api/v1/scrub", None, t, 200);
+    assert_eq!(stopped["running"], false, "{stopped}");
 }
