@@ -207,9 +207,10 @@ fn run_then(
             .running
             .try_lock()
             .ok_or_else(|| EngineError::InUse("a scrub is already running".into()))?;
-        began();
         // A cancel asked for before this scrub began was for an earlier one.
         sh.scrub.cancel_requested.store(false, Ordering::Relaxed);
+        // (Not before: a cancel the caller asks for once told is for this one.)
+        began();
         let mut s = Scrubber::new(sh, opts);
         s.report.started_unix_s = unix_now_s();
         let layers = s.layers_in_scope()?;
