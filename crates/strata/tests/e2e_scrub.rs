@@ -243,20 +243,28 @@ fn scrub_finds_damage_on_both_tiers_and_repairs_a_metadata_copy() {
     assert!(!page.contains("web"), "{page}");
 }
 
-#[test]
-fn scrub_refuses_an_unknown_volume_and_a_second_scrub() {
+/// A daemon with no background scrub and a volume `web` with 16 blocks written 4 MiB apart:
+/// each is checked and paced on its own, so a slow scrub sleeps after every one and runs for
+/// seconds. None without qemu-io.
+fn daemon_with_web() -> Option<Daemon> {
     if !require_tools(&["qemu-io"]) {
-        return;
+        return None;
     }
     let daemon = Daemon::start(DaemonOpts {
         extra_args: vec!["--scrub-interval".into(), "off".into()],
         ..Default::default()
     });
     daemon.create_volume("web", "64M");
-    // Blocks apart: each run is checked and paced on its own, so at 1 byte/s the scrub
-    // sleeps after every one and runs for seconds.
     let writes: Vec<String> = (0..16).map(|i| format!("write -P 0x3c {}M 4k", i * 4)).collect();
     qemu_io_ok(&daemon.nbd_uri("web"), &writes.iter().map(String::as_str).collect::<Vec<_>>());
+    Some(daemon)
+}
+
+#[test]
+fn scrub_refuses_an_unknown_volume_and_a_second_scrub() {
+    let Some(daemon) = daemon_with_web() else {
+        return;
+    };
 
     let out = daemon.cli(&["scrub", "nope"]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
@@ -290,16 +298,9 @@ fn scrub_refuses_an_unknown_volume_and_a_second_scrub() {
 /// `strata scrub --last` prints its report once it ended.
 #[test]
 fn a_detached_scrub_runs_on_and_its_report_is_the_last() {
-    if !require_tools(&["qemu-io"]) {
+    let Some(daemon) = daemon_with_web() else {
         return;
-    }
-    let daemon = Daemon::start(DaemonOpts {
-        extra_args: vec!["--scrub-interval".into(), "off".into()],
-        ..Default::default()
-    });
-    daemon.create_volume("web", "64M");
-    let writes: Vec<String> = (0..16).map(|i| format!("write -P 0x3c {}M 4k", i * 4)).collect();
-    qemu_io_ok(&daemon.nbd_uri("web"), &writes.iter().map(String::as_str).collect::<Vec<_>>());
+    };
     let out = daemon.cli(&["scrub", "--last"]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert_one_line_reason("--last before any scrub", &out);
