@@ -17,6 +17,7 @@ mod history;
 mod metrics;
 mod metrics_page;
 mod metrics_tiering;
+mod notify;
 mod policy_args;
 mod read_cache;
 mod prom;

@@ -40,6 +40,7 @@ use crate::wear::{self, DeviceIdentity};
 use crate::api::{self, AppState};
 use crate::config::{self, ServeConfig};
 use crate::devices;
+use crate::notify;
 use crate::read_cache::ReadCacheDecision;
 use crate::startup::{Stage, Startup};
 use crate::ServeArgs;
@@ -236,6 +237,7 @@ async fn open_or_stop(
     };
     tracing::info!(signal = name, "stopping during start-up: a fast-tier file being created is abandoned; a disk group being opened stops opening (or, past its log's replay, is closed once open)");
     startup.enter(Stage::Stopping);
+    notify::stopping("stopping during start-up");
     abandon.store(true, Ordering::Relaxed);
     signals.force_exit_on_another(Some(Instant::now()), "start-up");
     match open.await {
@@ -342,8 +344,10 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
     // The admin port answers from here on: 503 with the start's progress until the node serves.
     let (stop_tx, stop_rx) = watch::channel(false);
     let startup = Startup::new();
+    let start_reporter = notify::report_while(notify::start_status(startup.clone()));
     let mut http_task = spawn_http(http_listener, startup.router(), stop_rx.clone());
     let opened = open_or_stop(&cfg, signals, &startup).await;
+    notify::stop_reporting(start_reporter);
     let Ok(Some(((group, io_backend, read_cache), mut signals))) = opened else {
         let _ = stop_tx.send(true);
         if let Err(e) = drain_http(http_task).await {
@@ -379,6 +383,10 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
     startup.serve(api::router(state));
     tracing::info!(%nbd_addr, %http_addr, volumes = group.volumes().len(), "serving");
     announce(&io_backend, nbd_addr, http_addr);
+    notify::ready(&format!(
+        "serving {} volume(s): NBD on {nbd_addr}, admin API on http://{http_addr}",
+        group.volumes().len()
+    ));
 
     // Until a signal, or until a server stops on its own (which is a failure).
     let mut failure: Option<anyhow::Error> = None;
@@ -395,6 +403,9 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
     let _ = stop_tx.send(true);
     wear_task.abort();
     signals.force_exit_on_another(signalled, "shutdown");
+    const STOPPING: &str = "stopping: finishing in-flight requests, then making everything durable";
+    notify::stopping(STOPPING);
+    let stop_reporter = notify::report_while(|| STOPPING.to_string());
 
     let drain = async {
         let mut results = Vec::new();
@@ -422,7 +433,9 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
 
     sampler_stop.store(true, Ordering::Relaxed);
     let _ = tokio::task::spawn_blocking(move || sampler.join()).await;
-    close_group(group).await?;
+    let closed = close_group(group).await;
+    notify::stop_reporting(stop_reporter);
+    closed?;
     match failure {
         Some(e) => Err(e),
         None => Ok(()),

@@ -108,6 +108,11 @@ impl Startup {
         self.enter(Stage::OpeningDevices);
     }
 
+    /// What the start is doing now, in words.
+    pub fn phase(&self) -> String {
+        self.stage.lock().phase()
+    }
+
     /// The router of the admin port, from the moment its listener is bound.
     pub fn router(self: &Arc<Startup>) -> Router {
         Router::new().fallback(gate).with_state(self.clone())

@@ -447,3 +447,52 @@ fn a_client_over_the_connection_limit_is_told_why() {
     });
     assert!(admitted, "not admitted once the first client left");
 }
+
+/// The datagrams a daemon sent to `sock` until one holds `until` (each as text), or panics
+/// after 10 s.
+fn notifications_until(sock: &std::os::unix::net::UnixDatagram, until: &str) -> Vec<String> {
+    let deadline = Instant::now() + LOG_TIMEOUT;
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    while !got.iter().any(|m: &String| m.lines().any(|l| l == until)) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "no {until} within {LOG_TIMEOUT:?}: {got:?}"
+        );
+        sock.set_read_timeout(Some(left)).expect("timeout");
+        match sock.recv(&mut buf) {
+            Ok(n) => got.push(String::from_utf8_lossy(&buf[..n]).into_owned()),
+            Err(e) => panic!("no {until} within {LOG_TIMEOUT:?} ({e}): {got:?}"),
+        }
+    }
+    got
+}
+
+/// Started by a service manager with `Type=notify` (systemd sets NOTIFY_SOCKET), the daemon
+/// says its start-up phase and pushes the start timeout back while it starts, READY=1 once
+/// it serves, and STOPPING=1 when told to stop.
+#[test]
+fn a_service_manager_is_told_the_start_ready_and_stopping() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("notify");
+    let sock = std::os::unix::net::UnixDatagram::bind(&path).expect("bind the notify socket");
+    let path = path.to_str().expect("utf-8").to_string();
+    let mut daemon = Daemon::start(DaemonOpts {
+        env: vec![("NOTIFY_SOCKET".into(), path)],
+        ..Default::default()
+    });
+    let got = notifications_until(&sock, "READY=1");
+    let first = got.first().expect("a message");
+    assert!(
+        first.contains("STATUS=starting: ") && first.contains("EXTEND_TIMEOUT_USEC=30000000"),
+        "{got:?}"
+    );
+    let ready = got.last().expect("READY=1");
+    let serving = format!("STATUS=serving 1 volume(s): NBD on {}", daemon.nbd_addr);
+    assert!(ready.contains(&serving), "{ready:?}");
+    daemon.terminate();
+    let got = notifications_until(&sock, "STOPPING=1");
+    let stopping = got.last().expect("STOPPING=1");
+    assert!(stopping.contains("STATUS=stopping"), "{got:?}");
+}
