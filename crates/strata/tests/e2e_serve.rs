@@ -496,3 +496,30 @@ fn a_service_manager_is_told_the_start_ready_and_stopping() {
     let stopping = got.last().expect("STOPPING=1");
     assert!(stopping.contains("STATUS=stopping"), "{got:?}");
 }
+
+/// The unit file in contrib/ is one systemd takes: `systemd-analyze verify` finds nothing
+/// wrong in it, run with the binary under test in its `ExecStart`.
+#[test]
+fn the_systemd_unit_file_verifies() {
+    if !require_tool("systemd-analyze") {
+        return;
+    }
+    let unit = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../contrib/systemd/strata.service"
+    );
+    let text = std::fs::read_to_string(unit).expect("the unit file");
+    let exec = "ExecStart=/usr/local/bin/strata ";
+    assert!(text.contains(exec), "no `{exec}` in {unit}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let copy = dir.path().join("strata.service");
+    let bin = std::fs::canonicalize(STRATA_BIN).expect("the binary under test");
+    let here = format!("ExecStart={} ", bin.display());
+    std::fs::write(&copy, text.replace(exec, &here)).expect("write the copy");
+    let out = run_timeout(
+        Command::new("systemd-analyze").arg("verify").arg(&copy),
+        Duration::from_secs(60),
+    );
+    let report = output_report("systemd-analyze verify", &out);
+    assert!(out.status.success() && out.stderr.is_empty(), "{report}");
+}

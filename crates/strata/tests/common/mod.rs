@@ -51,7 +51,7 @@ pub fn require_tool(name: &str) -> bool {
     }
     let msg = format!(
         "required tool `{name}` is not installed; ./scripts/test installs it \
-         (Debian packages qemu-utils libnbd-bin nbdfuse fio fuse3 e2fsprogs prometheus chromium chromium-driver)"
+         (Debian packages qemu-utils libnbd-bin nbdfuse fio fuse3 e2fsprogs prometheus chromium chromium-driver systemd)"
     );
     if tools_are_mandatory() {
         panic!("{msg}");
