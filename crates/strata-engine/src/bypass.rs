@@ -176,6 +176,7 @@ impl Destager {
             }
         }
         sh.release(&displaced);
+        sh.counters.own_changes.fetch_add(1, Ordering::Release);
         {
             let mut d = sh.durable.lock();
             let tail = sh.log.lock().tail();

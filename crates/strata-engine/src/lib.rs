@@ -17,6 +17,7 @@ mod destage;
 mod error;
 pub mod format;
 pub mod heat;
+mod hidden;
 mod layout;
 mod log;
 mod maint;
@@ -41,6 +42,8 @@ mod tests;
 mod tests_bypass;
 #[cfg(test)]
 mod tests_cache_races;
+#[cfg(test)]
+mod tests_clone_space;
 #[cfg(test)]
 mod tests_damage;
 #[cfg(test)]

@@ -1493,6 +1493,7 @@ pub fn apply_records(sh: &Shared, records: &[RecMeta]) -> Vec<(u64, u64, Loc)> {
     sh.counters
         .fast_live_blocks
         .fetch_add(added, Ordering::Relaxed);
+    sh.counters.own_changes.fetch_add(1, Ordering::Release);
     if !written.is_empty() {
         let mut heat = sh.heat.lock();
         for (layer, lba, n) in written {

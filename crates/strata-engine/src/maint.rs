@@ -4,6 +4,7 @@
 //! - keeping the resident leaves within the cache budget;
 //! - releasing the blocks of deleted layers, and merging a deleted snapshot's layer into its
 //!   only child; a layer record goes only after an index without its blocks is durable;
+//! - releasing the blocks of a deleted snapshot's layer that no reader sees (`hidden.rs`);
 //! - moving the live pages out of index segments that are mostly garbage.
 
 use std::time::{Duration, Instant};
@@ -14,6 +15,7 @@ use crate::ctree::Entry;
 use crate::destage::{apply_tree_sets, Destager, TreeSet};
 use crate::error::EngineError;
 use crate::format::{LAYER_DELETED, LAYER_MERGING};
+use crate::hidden;
 use crate::map::Loc;
 use crate::meta;
 use crate::resolve::layer_own;
@@ -77,6 +79,8 @@ pub struct Maint {
     last_cleaned: Option<(u32, Instant)>,
     /// Where `drop_hidden_capacity_data` goes on in each merging layer (the next lba).
     hidden_scan_from: std::collections::HashMap<u32, u64>,
+    /// Passes over deleted snapshots' layers that several layers read through.
+    pub(crate) forks: hidden::ForkScans,
     /// Index nodes (leaves and inner nodes) kept in memory.
     cache_nodes: usize,
     pub dirty_limit: usize,
@@ -92,6 +96,7 @@ impl Maint {
             last_flush: Instant::now(),
             last_cleaned: None,
             hidden_scan_from: std::collections::HashMap::new(),
+            forks: hidden::ForkScans::default(),
             cache_nodes,
             dirty_limit,
         }
@@ -101,6 +106,7 @@ impl Maint {
 pub fn run(d: &mut Destager) -> Result<(), EngineError> {
     reap_deleted(d)?;
     merge_layers(d)?;
+    hidden::release_in_forks(d)?;
     clean_index_segments(d)?;
     maybe_flush(d)?;
     let c = d.sh.tree.read().counts();
@@ -222,17 +228,19 @@ fn merge_layers(d: &mut Destager) -> Result<(), EngineError> {
     // the scan would be repeated at every step until destage empties the layer anyway.
     if d.sh.counters.capacity_full.load(std::sync::atomic::Ordering::Relaxed) {
         let waiting = merging_with_log_data(&d.sh);
-        for &(layer, child) in &waiting {
-            drop_hidden_log_data(&d.sh, layer, child)?;
+        let fam = hidden::Family::of(&d.sh.index.read());
+        for &layer in &waiting {
+            let mut from = Some(0);
+            while let Some(at) = from {
+                from = hidden::drop_hidden_log_data(&d.sh, &fam, layer, at)?;
+            }
             let from = d.maint.hidden_scan_from.get(&layer).copied().unwrap_or(0);
-            match drop_hidden_capacity_data(&d.sh, layer, child, from)? {
+            match hidden::drop_hidden_capacity_data(&d.sh, &fam, layer, from)? {
                 Some(next) => d.maint.hidden_scan_from.insert(layer, next),
                 None => d.maint.hidden_scan_from.remove(&layer),
             };
         }
-        d.maint
-            .hidden_scan_from
-            .retain(|l, _| waiting.iter().any(|w| w.0 == *l));
+        d.maint.hidden_scan_from.retain(|l, _| waiting.contains(l));
     }
     let merging: Vec<(u32, Option<u32>, bool)> = {
         let idx = d.sh.index.read();
@@ -270,96 +278,14 @@ fn merge_layers(d: &mut Destager) -> Result<(), EngineError> {
     Ok(())
 }
 
-/// Merging layers with data in the log, and their only child.
-fn merging_with_log_data(sh: &Shared) -> Vec<(u32, u32)> {
+/// Merging layers with data in the log.
+fn merging_with_log_data(sh: &Shared) -> Vec<u32> {
     let idx = sh.index.read();
     idx.layers
         .values()
         .filter(|l| l.rec.flags & LAYER_MERGING != 0 && !l.fast.is_empty())
-        .filter_map(|l| Some((l.rec.id, idx.only_live_child(l.rec.id)?)))
+        .map(|l| l.rec.id)
         .collect()
-}
-
-/// Drops from a merging layer's fast map what its child holds itself (data or zeros): the
-/// merge never gives the child those blocks, and nothing else reads the layer, so they need
-/// no destage. The merge waits for the layer's log data to be destaged; with the capacity
-/// tier full that never happened, even once the child's trims had hidden all of it, and the
-/// segments the layer held stayed full. The log records stay (replay puts them back while
-/// the layer is merging, and they are dropped again); the child only gains blocks of its
-/// own, so what it hides stays hidden.
-fn drop_hidden_log_data(sh: &Shared, layer: u32, child: u32) -> Result<(), EngineError> {
-    let runs: Vec<(u64, u64, Loc)> = match sh.index.read().layers.get(&layer) {
-        Some(l) => l.fast.iter().collect(),
-        None => return Ok(()),
-    };
-    let mut hidden = Vec::new();
-    for (lba, len, loc) in runs {
-        let own = meta::with_index_tree(sh, |idx, t| layer_own(idx, t, child, lba, len))?;
-        for (olba, olen, _) in own {
-            let (a, b) = (olba.max(lba), (olba + olen).min(lba + len));
-            if a < b {
-                hidden.push((a, b - a, loc.advance(a - lba)));
-            }
-        }
-    }
-    let mut fast_blocks = 0;
-    if let Some(l) = sh.index.write().layers.get_mut(&layer) {
-        for (lba, len, at) in hidden {
-            let removed = l.fast.remove_if_at(lba, len, at);
-            if matches!(at, Loc::Fast(_)) {
-                fast_blocks += removed;
-            }
-        }
-    }
-    sh.counters
-        .fast_live_blocks
-        .fetch_sub(fast_blocks, std::sync::atomic::Ordering::Relaxed);
-    Ok(())
-}
-
-/// Releases a merging layer's blocks on the capacity tier that its only child hides (holds
-/// data or zeros of its own there), one chunk of the layer's entries from `from_lba`; returns
-/// where the next chunk starts (None: the layer's end). While the layer's log data waits for
-/// destage, the merge waits too, and with the capacity tier full, destage waits for a segment
-/// that only these blocks can give back: a trim of part of the child freed nothing. The merge
-/// would drop these blocks anyway, and nothing else reads the layer. Safe at any moment: the
-/// child only gains blocks of its own, and what hides them is durable (its log records, or
-/// its index entries); an index flushed before a crash no longer names them, one not flushed
-/// still does and they are released again.
-fn drop_hidden_capacity_data(
-    sh: &Shared,
-    layer: u32,
-    child: u32,
-    from_lba: u64,
-) -> Result<Option<u64>, EngineError> {
-    let (_, end) = layer_range(layer);
-    let ents = meta::with_tree_read(sh, |t| {
-        let mut v = Vec::new();
-        t.first_entries(key_of(layer, from_lba), end, CHUNK_ENTRIES, &mut v)
-            .map(|()| v)
-    })?;
-    let Some(last) = ents.last() else {
-        return Ok(None);
-    };
-    let next_lba = split_key(last.key).1 + last.len;
-    let mut clear = Vec::new();
-    for e in ents.iter().filter(|e| matches!(e.loc, Loc::Cap { .. })) {
-        let (_, lba) = split_key(e.key);
-        let own = meta::with_index_tree(sh, |idx, t| layer_own(idx, t, child, lba, e.len))?;
-        for (olba, olen, _) in own {
-            let (a, b) = (olba.max(lba), (olba + olen).min(lba + e.len));
-            if a < b {
-                clear.push(TreeSet {
-                    layer,
-                    lba: a,
-                    len: b - a,
-                    loc: None,
-                });
-            }
-        }
-    }
-    apply_tree_sets(sh, &clear, false)?;
-    Ok(Some(next_lba))
 }
 
 /// Gives `child` the parts of `ents` (blocks of `layer`) it does not hold itself, and takes

@@ -162,6 +162,11 @@ impl ExtentMap {
         self.runs.iter().map(|(&k, &(l, loc))| (k, l, loc))
     }
 
+    /// The runs that start at `lba` or later, in order.
+    pub fn runs_from(&self, lba: u64) -> impl Iterator<Item = (u64, u64, Loc)> + '_ {
+        self.runs.range(lba..).map(|(&k, &(l, loc))| (k, l, loc))
+    }
+
     fn split_at(&mut self, at: u64) {
         let Some((&k, &(len, loc))) = self.runs.range(..at).next_back() else {
             return;

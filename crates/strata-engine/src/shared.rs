@@ -235,6 +235,10 @@ pub struct Counters {
     pub rotated_batches: AtomicU64,
     /// The destager thread's nice value (19 while it works ahead of need, when it may).
     pub destager_nice: AtomicI64,
+    /// Changes to what layers hold themselves (records applied to the fast maps, bypass
+    /// writes, volume-table changes), counted once made: the destager looks again for blocks
+    /// of a deleted snapshot's layer that every child now hides only after one (hidden.rs).
+    pub own_changes: AtomicU64,
 }
 
 impl Counters {

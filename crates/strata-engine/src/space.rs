@@ -10,7 +10,7 @@ use crate::error::EngineError;
 use crate::format::BLOCK_U64;
 use crate::map::Loc;
 use crate::meta;
-use crate::resolve::{layer_own, resolve_locked, Piece};
+use crate::resolve::{resolve_locked, Piece};
 use crate::shared::Index;
 use crate::{DiskGroup, VolumeId};
 
@@ -107,19 +107,6 @@ fn count_chunk(
 /// Blocks of the piece that every child layer holds itself (so no one below sees the
 /// piece's copy there).
 fn hidden_by_all(idx: &Index, t: &CTree, children: &[u32], p: &Piece) -> Result<u64, Miss> {
-    let mut covered = vec![(p.lba, p.lba + p.len)];
-    for &c in children {
-        let own = layer_own(idx, t, c, p.lba, p.len)?;
-        let mut next = Vec::new();
-        for &(a, b) in &covered {
-            for &(olba, olen, _) in &own {
-                let (s, e) = (a.max(olba), b.min(olba + olen));
-                if s < e {
-                    next.push((s, e));
-                }
-            }
-        }
-        covered = next;
-    }
-    Ok(covered.iter().map(|(a, b)| b - a).sum())
+    let covered = crate::hidden::hidden_by_all(idx, t, children, p.lba, p.len)?;
+    Ok(covered.iter().map(|(_, n)| n).sum())
 }

@@ -620,30 +620,16 @@ impl FullRun {
         self.check_all(&format!("{what}: after a clean restart"));
     }
 
-    /// Deletes every snapshot and clone and trims every other volume whole: a full group must
-    /// take writes again within a bounded wait. (The clones go too: a deleted snapshot that
-    /// clones still read through keeps its blocks, even where every layer reading through it
-    /// has trimmed them; README's "Volumes are thin" paragraph says so.)
+    /// Deletes every snapshot and trims every volume and clone whole: a full group must take
+    /// writes again within a bounded wait. (Clones used to be deleted too: a deleted snapshot
+    /// that clones still read through kept its blocks, even where every layer reading through
+    /// it had trimmed them.)
     fn space_back(&mut self, what: &str) {
         for full in std::mem::take(&mut self.m.snapshots).into_keys() {
             let (vol, snap) = full.split_once('@').expect("vol@snap");
             self.dg()
                 .delete_snapshot(vol, snap)
                 .unwrap_or_else(|e| panic!("{what}: delete {full}: {e}"));
-        }
-        let clones: Vec<String> = self
-            .m
-            .volumes
-            .keys()
-            .filter(|n| n.starts_with('c'))
-            .cloned()
-            .collect();
-        for clone in clones {
-            self.dg()
-                .delete_volume(&clone, true)
-                .unwrap_or_else(|e| panic!("{what}: delete {clone}: {e}"));
-            self.m.volumes.remove(&clone);
-            self.bypass.remove(&clone);
         }
         let names: Vec<String> = self.m.volumes.keys().cloned().collect();
         for name in &names {

@@ -219,6 +219,9 @@ impl Shared {
             idx.next_id = t.next_id;
         }
         self.release(&dropped);
+        self.counters
+            .own_changes
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
         self.rebuild_runtimes();
         if t.layers
             .values()
