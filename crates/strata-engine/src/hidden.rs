@@ -260,13 +260,14 @@ pub fn drop_hidden_log_data(
 
 /// Releases a layer's blocks on the capacity tier that no reader reaches (`hidden_below`),
 /// one chunk of the layer's index entries from `from_lba`; returns where the next chunk
-/// starts (None: the layer's end).
+/// starts (None: the layer's end), and whether it released anything (the segments emptied
+/// then wait for the next index flush to be reused).
 pub fn drop_hidden_capacity_data(
     sh: &Shared,
     fam: &Family,
     layer: u32,
     from_lba: u64,
-) -> Result<Option<u64>, EngineError> {
+) -> Result<(Option<u64>, bool), EngineError> {
     let end = key_of(layer, 0) + (1u128 << 64);
     let ents = meta::with_tree_read(sh, |t| {
         let mut v = Vec::new();
@@ -274,7 +275,7 @@ pub fn drop_hidden_capacity_data(
             .map(|()| v)
     })?;
     let Some(last) = ents.last() else {
-        return Ok(None);
+        return Ok((None, false));
     };
     let next_lba = split_key(last.key).1 + last.len;
     let mut clear = Vec::new();
@@ -290,7 +291,7 @@ pub fn drop_hidden_capacity_data(
         }));
     }
     apply_tree_sets(sh, &clear, false)?;
-    Ok(Some(next_lba))
+    Ok((Some(next_lba), !clear.is_empty()))
 }
 
 /// What a pass over a fork started from: when any of it changes, a block may have become
@@ -390,7 +391,11 @@ pub fn release_in_forks(d: &mut Destager) -> Result<(), EngineError> {
                     None => Some(Phase::Capacity(0)),
                 },
                 Phase::Capacity(from) => {
-                    drop_hidden_capacity_data(&d.sh, &fam, layer, from)?.map(Phase::Capacity)
+                    let (next, released) = drop_hidden_capacity_data(&d.sh, &fam, layer, from)?;
+                    // Space given back is free once an index without those blocks is durable:
+                    // flush soon, as after a snapshot delete, not at the next periodic flush.
+                    d.maint.want_flush |= released;
+                    next.map(Phase::Capacity)
                 }
             };
             scan.busy += started.elapsed();

@@ -235,7 +235,9 @@ fn merge_layers(d: &mut Destager) -> Result<(), EngineError> {
                 from = hidden::drop_hidden_log_data(&d.sh, &fam, layer, at)?;
             }
             let from = d.maint.hidden_scan_from.get(&layer).copied().unwrap_or(0);
-            match hidden::drop_hidden_capacity_data(&d.sh, &fam, layer, from)? {
+            let (next, released) = hidden::drop_hidden_capacity_data(&d.sh, &fam, layer, from)?;
+            d.maint.want_flush |= released;
+            match next {
                 Some(next) => d.maint.hidden_scan_from.insert(layer, next),
                 None => d.maint.hidden_scan_from.remove(&layer),
             };
