@@ -68,6 +68,8 @@ mod tests_scrub;
 #[cfg(test)]
 mod tests_snap;
 #[cfg(test)]
+mod tests_space;
+#[cfg(test)]
 mod tests_stamps;
 #[cfg(test)]
 mod tests_summary;
