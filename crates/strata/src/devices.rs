@@ -83,6 +83,7 @@ fn open_all(cfg: &ServeConfig, created: &mut Created, abandon: &Arc<AtomicBool>)
     let size = cfg.fast_size_bytes;
     let fast = open_one(&cfg.fast_device, size, true, cfg, created, abandon)?;
     warn_unused_size(&fast, cfg.fast_size_bytes, cfg.fast_size_given, "fast-size");
+    warn_grown(fast.as_ref());
     // Before any capacity file is made: one the group does not have would be made for nothing.
     check_capacity_count(fast.as_ref(), cfg.capacity_devices.len())?;
     let io_backend = fast.io_backend_name().to_string();
@@ -94,6 +95,7 @@ fn open_all(cfg: &ServeConfig, created: &mut Created, abandon: &Arc<AtomicBool>)
             let size = cfg.capacity_size_bytes;
             let device = open_one(path, size, false, cfg, created, abandon)?;
             warn_unused_size(&device, size, cfg.capacity_size_given, "capacity-size");
+            warn_grown(device.as_ref());
             if let Some(note) = unbacked_capacity_file(path, device.size_bytes()) {
                 tracing::warn!(path = %path.display(), "{note}");
             }
@@ -169,6 +171,34 @@ fn warn_unused_size(device: &Arc<dyn Device>, asked: u64, given: bool, key: &str
             "{key} is not applied: the device exists with another size, and Strata never resizes one"
         );
     }
+}
+
+fn warn_grown(device: &dyn Device) {
+    if let Some(note) = grown_device(device) {
+        tracing::warn!(
+            device = device.name(),
+            size_bytes = device.size_bytes(),
+            "{note}"
+        );
+    }
+}
+
+/// A device of a disk group that is larger than when the group was formatted on it (a LUN or
+/// a file grown since): the group keeps to the size in its superblock, so the rest stays
+/// unused, and the device tables show the device's own size. None for a blank device, one of
+/// its formatted size, or one the engine will refuse (unreadable; smaller).
+pub fn grown_device(device: &dyn Device) -> Option<String> {
+    let sb = strata_engine::read_superblock(device).ok()??;
+    let size = device.size_bytes() / 4096 * 4096;
+    (size > sb.device_size_bytes).then(|| {
+        format!(
+            "device {} is {}, but its disk group was formatted on the first {} of it and uses \
+             only those: a disk group never grows onto a larger device, so the rest stays unused",
+            device.name(),
+            format_size(device.size_bytes()),
+            format_size(sb.device_size_bytes)
+        )
+    })
 }
 
 /// What to tell a user whose `segment-size` differs from the size the disk group was formatted
@@ -493,6 +523,37 @@ mod tests {
                 "{what}: the file changed"
             );
         }
+    }
+
+    /// A device grown since its group was formatted on it is named at start, with both sizes
+    /// (it was used at its formatted size without a word, while the device tables showed
+    /// its new size).
+    #[test]
+    fn a_device_grown_since_it_was_formatted_is_named() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fast.img");
+        let file = std::fs::File::create(&path).unwrap();
+        // `superblock` says 16 MiB: first the file as formatted, then grown to 32 MiB.
+        file.set_len(16 << 20).unwrap();
+        file.write_all_at(&superblock(Role::Fast), 0).unwrap();
+        file.write_all_at(&superblock(Role::Fast), 4096).unwrap();
+        let cfg = merge(&args_in(dir.path()), Default::default()).unwrap();
+        let devs = open_devices(&cfg, &Default::default()).unwrap();
+        assert_eq!(grown_device(devs.fast.as_ref()), None);
+        assert_eq!(grown_device(devs.capacity[0].as_ref()), None, "blank");
+        drop(devs);
+        file.set_len(32 << 20).unwrap();
+        let devs = open_devices(&cfg, &Default::default()).unwrap();
+        let note = grown_device(devs.fast.as_ref()).expect("a note for the grown device");
+        assert!(
+            note.ends_with(
+                "fast.img is 32 MiB, but its disk group was formatted on the first 16 MiB of it \
+                 and uses only those: a disk group never grows onto a larger device, so the \
+                 rest stays unused"
+            ),
+            "{note}"
+        );
     }
 
     #[test]
