@@ -267,6 +267,9 @@ fn open_one(
         }
         tracing::info!(path = %path.display(), size_bytes = create_size_bytes, preallocate, "creating device file");
     }
+    if let Some(why) = read_only_block_device(Path::new("/sys"), path) {
+        return Err(anyhow!("cannot open device {}: {why}", path.display()));
+    }
     let device = if preallocate && !fresh && path.is_file() {
         open_existing_fast_file(path, create_size_bytes, cfg)?
     } else {
@@ -362,6 +365,27 @@ fn open_with(path: &Path, create_size_bytes: u64, how: How) -> Result<Arc<dyn De
             path.display(),
             crate::one_line(&e.to_string())
         ),
+    })
+}
+
+/// Why block device `path` cannot be written, when the kernel holds it read-only
+/// (`/sys/dev/block/MAJOR:MINOR/ro`: `blockdev --setro`, `losetup -r`, a write-protected
+/// disk). Such a device opens for writing and takes reads but fails every write, so a first
+/// start formatted the devices named before it and then failed on it ("Operation not
+/// permitted"), leaving them marked as part of a group that was never made. None for a file,
+/// or when sysfs does not say.
+fn read_only_block_device(sys_root: &Path, path: &Path) -> Option<String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.file_type().is_block_device() {
+        return None;
+    }
+    let (major, minor) = crate::read_cache::split_dev(meta.rdev());
+    let flag = std::fs::read_to_string(sys_root.join(format!("dev/block/{major}:{minor}/ro")));
+    (flag.ok()?.trim() == "1").then(|| {
+        "it is a read-only block device (the kernel refuses writes to it: `blockdev --setrw`, \
+         or a loop device attached without -r)"
+            .to_string()
     })
 }
 
@@ -732,6 +756,78 @@ mod tests {
 
     /// Device files on a read-only file system, there or still to be made, are refused as
     /// such: the device layer's open names O_DIRECT, which was not the trouble.
+    /// A loop device over a file, detached on drop; None where this process may not attach
+    /// one (not root, no loop devices, no losetup).
+    struct LoopDevice(String);
+
+    impl LoopDevice {
+        fn attach(file: &Path, read_only: bool) -> Option<LoopDevice> {
+            let mut cmd = std::process::Command::new("losetup");
+            if read_only {
+                cmd.arg("--read-only");
+            }
+            let out = cmd.args(["--find", "--show"]).arg(file).output().ok()?;
+            let device = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            (out.status.success() && device.starts_with("/dev/loop")).then_some(LoopDevice(device))
+        }
+    }
+
+    impl Drop for LoopDevice {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("losetup")
+                .args(["-d", &self.0])
+                .status();
+        }
+    }
+
+    /// A read-only block device as the fast device, a writable one as the capacity device: the
+    /// start is refused, naming why, before anything is written. It failed in the middle of
+    /// formatting ("device error: /dev/loopN: I/O error at offset 1048576: Operation not
+    /// permitted"), with the capacity device already marked as a member of a group that was
+    /// never made, so the next start, on a writable fast device, was refused too.
+    #[test]
+    fn a_read_only_block_device_is_refused_before_anything_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let (fast_file, cap_file) = (dir.path().join("fast.raw"), dir.path().join("cap.raw"));
+        for (file, len) in [(&fast_file, 32 << 20), (&cap_file, 64 << 20)] {
+            std::fs::File::create(file).unwrap().set_len(len).unwrap();
+        }
+        let (Some(fast), Some(cap)) = (
+            LoopDevice::attach(&fast_file, true),
+            LoopDevice::attach(&cap_file, false),
+        ) else {
+            eprintln!("SKIPPED: this process may not attach loop devices");
+            return;
+        };
+        let mut args = args_in(dir.path());
+        args.fast_device = Some(PathBuf::from(&fast.0));
+        args.capacity_devices = vec![PathBuf::from(&cap.0)];
+        let cfg = merge(&args, Default::default()).unwrap();
+        // As `strata serve` goes: the devices, then the group (formatted, as they are blank).
+        let opened = open_devices(&cfg, &Default::default()).and_then(|devs| {
+            let engine = strata_engine::EngineConfig::default();
+            strata_engine::DiskGroup::open(devs.fast, devs.capacity, engine, true)
+                .map(drop)
+                .map_err(|e| anyhow!("cannot open the disk group: {e}"))
+        });
+        let e = opened.expect_err("a read-only fast device").to_string();
+        let fast_name = fast.0.clone();
+        drop((fast, cap));
+        let written = std::fs::read(&cap_file).unwrap().iter().any(|&b| b != 0);
+        assert!(
+            !written,
+            "the capacity device was written; the start said: {e}"
+        );
+        assert_eq!(
+            e,
+            format!(
+                "cannot open device {}: it is a read-only block device (the kernel refuses \
+                 writes to it: `blockdev --setrw`, or a loop device attached without -r)",
+                fast_name
+            )
+        );
+    }
+
     #[test]
     fn a_read_only_file_system_is_named_as_the_reason() {
         let dir = tempfile::tempdir().unwrap();
