@@ -580,6 +580,38 @@ mod tests {
         );
     }
 
+    /// A capacity file shrunk since its group was made on it is refused, saying by how much
+    /// (the refusal named neither size).
+    #[test]
+    fn a_device_shrunk_since_it_was_formatted_is_refused_with_both_sizes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut args = args_in(dir.path());
+        args.capacity_size = Some(64 << 20);
+        let cfg = merge(&args, Default::default()).unwrap();
+        let open = || {
+            let devs = open_devices(&cfg, &Default::default()).unwrap();
+            let engine = strata_engine::EngineConfig::default();
+            strata_engine::DiskGroup::open(devs.fast, devs.capacity, engine, true)
+                .map(|group| group.shutdown().unwrap())
+        };
+        open().unwrap();
+        let capacity = dir.path().join("capacity-0.img");
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&capacity)
+            .unwrap();
+        file.set_len(32 << 20).unwrap();
+        let e = open().unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "device {} is smaller than when it was formatted: 33554432 bytes, where its \
+                 disk group was formatted on 67108864 bytes of it",
+                capacity.display()
+            )
+        );
+    }
+
     #[test]
     fn a_link_to_nothing_is_refused_as_such() {
         let dir = tempfile::tempdir().unwrap();
