@@ -71,6 +71,8 @@ mod tests_scrub;
 #[cfg(test)]
 mod tests_snap;
 #[cfg(test)]
+mod tests_space;
+#[cfg(test)]
 mod tests_stamps;
 #[cfg(test)]
 mod tests_summary;
@@ -117,6 +119,9 @@ pub type WriteDone = Box<dyn FnOnce(Result<(), EngineError>) + Send + 'static>;
 
 /// Largest volume Strata creates (256 TiB).
 pub const MAX_VOLUME_BYTES: u64 = 256 << 40;
+
+/// What a request cut off while it waited for its volume's limits was (`cut_limit_waits`).
+const LIMIT_WAIT: &str = "a request waiting for its volume's limits";
 pub const MAX_VOLUMES: usize = 4096;
 pub const MAX_SNAPSHOTS: usize = 16384;
 pub const MAX_VOLUME_NAME: usize = 64;
@@ -450,18 +455,24 @@ impl DiskGroup {
             return Ok(());
         }
         let rt = self.sh.runtime(view);
-        let host = rt.as_ref().map(|rt| {
-            let sequential_bytes = admitted.unwrap_or_else(|| {
-                let running = || self.sh.check_running().is_ok();
-                rt.admit(&*self.sh.cfg.clock, buf.len() as u64, &running);
-                rt.reads.lock().note(offset, buf.len() as u64)
-            });
-            HostRead {
+        let mut host = None;
+        if let Some(rt) = rt.as_ref() {
+            let sequential_bytes = match admitted {
+                Some(bytes) => bytes,
+                None => {
+                    let running = || self.sh.check_running().is_ok();
+                    if !rt.admit(&*self.sh.cfg.clock, buf.len() as u64, &running) {
+                        return Err(EngineError::Cancelled(LIMIT_WAIT));
+                    }
+                    rt.reads.lock().note(offset, buf.len() as u64)
+                }
+            };
+            host = Some(HostRead {
                 rt: rt.as_ref(),
                 head: top,
                 sequential_bytes,
-            }
-        });
+            });
+        }
         let (b0, b1) = block_span(offset, buf.len() as u64);
         let mut tmp = AlignedBuf::new_zeroed(((b1 - b0) * BLOCK_U64) as usize);
         self.read_view(view, b0, b1 - b0, &mut tmp, host.as_ref())?;
@@ -797,13 +808,27 @@ impl DiskGroup {
     }
 
     /// Waits until the volume's I/O limits admit a request (no wait without limits); an
-    /// error when the group stopped running meanwhile.
+    /// error when the group stopped running meanwhile, or the wait was cut off
+    /// (`cut_limit_waits`).
     fn admit(&self, vol: VolumeId, bytes: u64) -> Result<(), EngineError> {
         if let Some(rt) = self.sh.runtime(vol) {
             let running = || self.sh.check_running().is_ok();
-            rt.admit(&*self.sh.cfg.clock, bytes, &running);
+            if !rt.admit(&*self.sh.cfg.clock, bytes, &running) {
+                return Err(EngineError::Cancelled(LIMIT_WAIT));
+            }
         }
         self.sh.check_running()
+    }
+
+    /// Requests of volume `vol` now waiting for its IOPS or bandwidth limit give up at once
+    /// (`EngineError::Cancelled`) instead of when the limit admits them; later ones wait as
+    /// usual. For a change that must wait for the volume's requests in flight (a forced
+    /// delete or rollback), which would otherwise wait for every queued request's turn. No
+    /// effect on a volume without limits, or an unknown id.
+    pub fn cut_limit_waits(&self, vol: VolumeId) {
+        if let Some(rt) = self.sh.runtime(vol) {
+            rt.cut_waits();
+        }
     }
 
     fn submit(

@@ -158,6 +158,16 @@ impl ExtentMap {
         self.runs.is_empty()
     }
 
+    /// The first block at or after `lba` that the map holds (data or zeros), if any.
+    pub fn first_held_from(&self, lba: u64) -> Option<u64> {
+        if let Some((&k, &(len, _))) = self.runs.range(..=lba).next_back() {
+            if lba < k + len {
+                return Some(lba);
+            }
+        }
+        self.runs.range(lba..).next().map(|(&k, _)| k)
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (u64, u64, Loc)> + '_ {
         self.runs.iter().map(|(&k, &(l, loc))| (k, l, loc))
     }

@@ -341,20 +341,26 @@ fn identify(
             )));
         }
         if c.size_bytes() < sb.device_size_bytes {
-            return Err(EngineError::Format(format!(
-                "device {} is smaller than when it was formatted",
-                c.name()
-            )));
+            return Err(shrunk(c.as_ref(), &sb));
         }
         sbs.push(sb);
     }
     if fast.size_bytes() < fast_sb.device_size_bytes {
-        return Err(EngineError::Format(format!(
-            "device {} is smaller than when it was formatted",
-            fast.name()
-        )));
+        return Err(shrunk(fast, fast_sb));
     }
     Ok((layout_from(&sbs)?, sbs))
+}
+
+/// A device smaller now than its superblock says it was formatted: the group's structures
+/// past its end are gone (a LUN or file shrunk, or another device of the same name).
+fn shrunk(dev: &dyn Device, sb: &Superblock) -> EngineError {
+    EngineError::Format(format!(
+        "device {} is smaller than when it was formatted: {} bytes, where its disk group \
+         was formatted on {} bytes of it",
+        dev.name(),
+        dev.size_bytes(),
+        sb.device_size_bytes
+    ))
 }
 
 fn new_shared(

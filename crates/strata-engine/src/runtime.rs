@@ -264,6 +264,8 @@ pub struct VolRuntime {
     pub limiter: Mutex<Limiter>,
     pub reads: Mutex<SeqRun>,
     pub writes: Mutex<SeqRun>,
+    /// Bumped by `cut_waits`: a request waiting for the limits that sees it change gives up.
+    waits_cut: AtomicU64,
 }
 
 impl VolRuntime {
@@ -275,6 +277,7 @@ impl VolRuntime {
             limiter: Mutex::new(Limiter::default()),
             reads: Mutex::new(SeqRun::default()),
             writes: Mutex::new(SeqRun::default()),
+            waits_cut: AtomicU64::new(0),
         }
     }
 
@@ -286,21 +289,27 @@ impl VolRuntime {
     /// they are not failed). Returns at once without limits. The policy is read again at
     /// each look, so a change (a limit lifted) applies to the requests already waiting. Stops
     /// waiting once `running` says the group is no longer running (the caller then refuses
-    /// the request), so a slow limit does not hold a shutdown.
-    pub fn admit(&self, clock: &dyn Clock, bytes: u64, running: &dyn Fn() -> bool) {
+    /// the request), so a slow limit does not hold a shutdown. False when the wait was cut
+    /// off (`cut_waits`): the caller refuses the request.
+    pub fn admit(&self, clock: &dyn Clock, bytes: u64, running: &dyn Fn() -> bool) -> bool {
         let started = clock.now_ms();
+        let cut_at = self.waits_cut.load(Ordering::Acquire);
         let me = self.limiter.lock().new_waiter();
-        while running() {
+        let mut admitted = false;
+        while running() && self.waits_cut.load(Ordering::Acquire) == cut_at {
             let p = self.policy();
             let now = clock.now_ms();
             match self.limiter.lock().try_take_waiting(&p, bytes, now, me) {
-                Ok(()) => break,
+                Ok(()) => {
+                    admitted = true;
+                    break;
+                }
                 Err(wait_ms) => {
                     std::thread::sleep(std::time::Duration::from_millis(wait_ms.min(20)))
                 }
             }
         }
-        // Admitted, let through by a lifted limit, or given up at shutdown.
+        // Admitted, let through by a lifted limit, or given up at shutdown or when cut off.
         self.limiter.lock().stop_waiting(me);
         let waited = clock.now_ms().saturating_sub(started);
         if waited > 0 {
@@ -308,6 +317,13 @@ impl VolRuntime {
                 .limited_wait_ms
                 .fetch_add(waited, Ordering::Relaxed);
         }
+        admitted || self.waits_cut.load(Ordering::Acquire) == cut_at
+    }
+
+    /// Every request now waiting in `admit` gives up within its next look (20 ms at most);
+    /// those that come later wait as usual.
+    pub fn cut_waits(&self) {
+        self.waits_cut.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Admits a request only if that needs no waiting.

@@ -4,6 +4,7 @@
 
 use serde::Serialize;
 
+use crate::ctree::page::{key_of, split_key};
 use crate::ctree::CTree;
 use crate::ctree::Miss;
 use crate::error::EngineError;
@@ -30,9 +31,18 @@ pub struct SpaceReport {
 const CHUNK_BLOCKS: u64 = 1 << 10;
 
 impl DiskGroup {
-    /// What a view holds on each tier. Walks the view's whole map: for the admin API, not for
-    /// the I/O path.
+    /// What a view holds on each tier. Walks the view's map where its layers hold blocks: for
+    /// the admin API, not for the I/O path.
     pub fn space(&self, view: VolumeId) -> Result<SpaceReport, EngineError> {
+        self.space_walk(view, Walk::SkipHoles).map(|(r, _)| r)
+    }
+
+    /// The report, and how many rounds the walk took.
+    pub(crate) fn space_walk(
+        &self,
+        view: VolumeId,
+        walk: Walk,
+    ) -> Result<(SpaceReport, u64), EngineError> {
         let size_blocks = self
             .sh
             .index
@@ -41,21 +51,67 @@ impl DiskGroup {
             .size_bytes
             .div_ceil(BLOCK_U64);
         let mut r = SpaceReport::default();
-        let mut at = 0;
+        let (mut at, mut rounds) = (0, 0);
         while at < size_blocks {
+            rounds += 1;
             let n = CHUNK_BLOCKS.min(size_blocks - at);
             // As for a read: a flush may not free an index page this count is loading.
             let _shared = self.sh.reclaim.read();
-            meta::with_index_tree(&self.sh, |idx, t| {
+            let (part, next) = meta::with_index_tree(&self.sh, |idx, t| {
                 let mut part = SpaceReport::default();
                 count_chunk(idx, t, view, at, n, &mut part)?;
-                Ok(part)
-            })
-            .map(|part| add(&mut r, &part))?;
-            at += n;
+                let next = match walk {
+                    Walk::SkipHoles => next_held(idx, t, view, at + n, size_blocks)?,
+                    Walk::EveryBlock => at + n,
+                };
+                Ok((part, next))
+            })?;
+            add(&mut r, &part);
+            at = next;
         }
-        Ok(r)
+        Ok((r, rounds))
     }
+}
+
+/// How a space walk goes over a view's blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Walk {
+    /// Past every run of blocks no layer of the view holds (the only walk outside tests).
+    SkipHoles,
+    /// Round by round over every block: the reference the tests hold the other to.
+    #[cfg_attr(not(test), allow(dead_code))]
+    EveryBlock,
+}
+
+/// The first block at or after `from` (before `end`) that a layer of the view's chain holds,
+/// else `end`: the blocks between read as zeros and count nothing, so the walk skips them.
+/// Without the skip, an empty 256 TiB volume took 20 s of CPU in 1,024-block rounds.
+fn next_held(idx: &Index, t: &CTree, view: VolumeId, from: u64, end: u64) -> Result<u64, Miss> {
+    if from >= end {
+        return Ok(end);
+    }
+    let Ok(v) = idx.view(view) else {
+        return Ok(end);
+    };
+    let mut next = end;
+    for layer in &v.chain {
+        let fast = idx.layers.get(layer).map(|l| &l.fast);
+        if let Some(held) = fast.and_then(|f| f.first_held_from(from)) {
+            next = next.min(held);
+        }
+    }
+    let mut hits = Vec::new();
+    for &layer in &v.chain {
+        if next == from {
+            break;
+        }
+        hits.clear();
+        t.first_entries(key_of(layer, from), key_of(layer, next), 1, &mut hits)?;
+        if let Some(e) = hits.first() {
+            next = next.min(split_key(e.key).1);
+        }
+    }
+    Ok(next.max(from))
 }
 
 fn add(r: &mut SpaceReport, p: &SpaceReport) {

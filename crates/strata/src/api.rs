@@ -29,8 +29,8 @@ pub const MAX_BODY_BYTES: usize = 64 << 10;
 /// Most API requests handled at once (each may hold a blocking engine call).
 pub const MAX_CONCURRENT_REQUESTS: usize = 64;
 pub const MAX_VOLUME_NAME_LEN: usize = 64;
-/// Volumes are thin; this bounds what a typo can ask of the index.
-pub const MAX_VOLUME_SIZE_BYTES: u64 = 1 << 50;
+/// Volumes are thin; the engine's bound (256 TiB), checked here so the refusal names it.
+pub const MAX_VOLUME_SIZE_BYTES: u64 = strata_engine::MAX_VOLUME_BYTES;
 const VOLUME_SIZE_ALIGN_BYTES: u64 = 4096;
 
 pub struct AppState {
@@ -394,7 +394,9 @@ pub fn validate_size(size_bytes: u64) -> Result<(), ApiError> {
     }
     if size_bytes > MAX_VOLUME_SIZE_BYTES {
         return Err(ApiError::bad_request(format!(
-            "size ({size_bytes} bytes) is larger than the limit of 1 PiB"
+            "size ({size_bytes} bytes, {}) is larger than the limit of {}",
+            crate::config::format_size(size_bytes),
+            crate::config::format_size(MAX_VOLUME_SIZE_BYTES)
         )));
     }
     Ok(())

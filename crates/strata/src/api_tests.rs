@@ -516,3 +516,44 @@ async fn a_snapshot_named_where_a_volume_goes_is_no_volume_and_stays() {
     let (s, v) = call(&app, "GET", "/api/v1/volumes/db/snapshots/s2", None).await;
     assert_eq!(s, StatusCode::OK, "the snapshot is still there: {v}");
 }
+
+/// A size past the engine's 256 TiB is refused by the API, naming the limit and the size
+/// asked for in units (it let through up to 1 PiB, and the engine refused it as "must be a
+/// non-zero multiple of 512 bytes, at most 281474976710656").
+#[tokio::test]
+async fn a_size_over_the_largest_volume_is_refused_naming_the_limit() {
+    let (app, _) = app();
+    let max = strata_engine::MAX_VOLUME_BYTES;
+    let over = 300u64 << 40;
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/api/v1/volumes",
+        Some(json!({"name": "a", "size_bytes": over})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    let want = "size (329853488332800 bytes, 300 TiB) is larger than the limit of 256 TiB";
+    assert_eq!(v["error"], want);
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/api/v1/volumes",
+        Some(json!({"name": "a", "size_bytes": max})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/api/v1/volumes/a/resize",
+        Some(json!({"size_bytes": max + 4096})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    let error = v["error"].as_str().unwrap();
+    assert!(
+        error.ends_with("is larger than the limit of 256 TiB"),
+        "{error}"
+    );
+}

@@ -83,6 +83,7 @@ fn open_all(cfg: &ServeConfig, created: &mut Created, abandon: &Arc<AtomicBool>)
     let size = cfg.fast_size_bytes;
     let fast = open_one(&cfg.fast_device, size, true, cfg, created, abandon)?;
     warn_unused_size(&fast, cfg.fast_size_bytes, cfg.fast_size_given, "fast-size");
+    warn_grown(fast.as_ref());
     // Before any capacity file is made: one the group does not have would be made for nothing.
     check_capacity_count(fast.as_ref(), cfg.capacity_devices.len())?;
     let io_backend = fast.io_backend_name().to_string();
@@ -94,6 +95,7 @@ fn open_all(cfg: &ServeConfig, created: &mut Created, abandon: &Arc<AtomicBool>)
             let size = cfg.capacity_size_bytes;
             let device = open_one(path, size, false, cfg, created, abandon)?;
             warn_unused_size(&device, size, cfg.capacity_size_given, "capacity-size");
+            warn_grown(device.as_ref());
             if let Some(note) = unbacked_capacity_file(path, device.size_bytes()) {
                 tracing::warn!(path = %path.display(), "{note}");
             }
@@ -171,6 +173,34 @@ fn warn_unused_size(device: &Arc<dyn Device>, asked: u64, given: bool, key: &str
     }
 }
 
+fn warn_grown(device: &dyn Device) {
+    if let Some(note) = grown_device(device) {
+        tracing::warn!(
+            device = device.name(),
+            size_bytes = device.size_bytes(),
+            "{note}"
+        );
+    }
+}
+
+/// A device of a disk group that is larger than when the group was formatted on it (a LUN or
+/// a file grown since): the group keeps to the size in its superblock, so the rest stays
+/// unused, and the device tables show the device's own size. None for a blank device, one of
+/// its formatted size, or one the engine will refuse (unreadable; smaller).
+pub fn grown_device(device: &dyn Device) -> Option<String> {
+    let sb = strata_engine::read_superblock(device).ok()??;
+    let size = device.size_bytes() / 4096 * 4096;
+    (size > sb.device_size_bytes).then(|| {
+        format!(
+            "device {} is {}, but its disk group was formatted on the first {} of it and uses \
+             only those: a disk group never grows onto a larger device, so the rest stays unused",
+            device.name(),
+            format_size(device.size_bytes()),
+            format_size(sb.device_size_bytes)
+        )
+    })
+}
+
 /// What to tell a user whose `segment-size` differs from the size the disk group was formatted
 /// with: only a group's first start applies it, and a group's segments never change size.
 pub fn unused_segment_size(cfg: &ServeConfig, formatted_bytes: u64) -> Option<String> {
@@ -236,6 +266,9 @@ fn open_one(
             created.dirs.extend(missing.into_iter().rev());
         }
         tracing::info!(path = %path.display(), size_bytes = create_size_bytes, preallocate, "creating device file");
+    }
+    if let Some(why) = read_only_block_device(Path::new("/sys"), path) {
+        return Err(anyhow!("cannot open device {}: {why}", path.display()));
     }
     let device = if preallocate && !fresh && path.is_file() {
         open_existing_fast_file(path, create_size_bytes, cfg)?
@@ -332,6 +365,27 @@ fn open_with(path: &Path, create_size_bytes: u64, how: How) -> Result<Arc<dyn De
             path.display(),
             crate::one_line(&e.to_string())
         ),
+    })
+}
+
+/// Why block device `path` cannot be written, when the kernel holds it read-only
+/// (`/sys/dev/block/MAJOR:MINOR/ro`: `blockdev --setro`, `losetup -r`, a write-protected
+/// disk). Such a device opens for writing and takes reads but fails every write, so a first
+/// start formatted the devices named before it and then failed on it ("Operation not
+/// permitted"), leaving them marked as part of a group that was never made. None for a file,
+/// or when sysfs does not say.
+fn read_only_block_device(sys_root: &Path, path: &Path) -> Option<String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.file_type().is_block_device() {
+        return None;
+    }
+    let (major, minor) = crate::read_cache::split_dev(meta.rdev());
+    let flag = std::fs::read_to_string(sys_root.join(format!("dev/block/{major}:{minor}/ro")));
+    (flag.ok()?.trim() == "1").then(|| {
+        "it is a read-only block device (the kernel refuses writes to it: `blockdev --setrw`, \
+         or a loop device attached without -r)"
+            .to_string()
     })
 }
 
@@ -493,6 +547,69 @@ mod tests {
                 "{what}: the file changed"
             );
         }
+    }
+
+    /// A device grown since its group was formatted on it is named at start, with both sizes
+    /// (it was used at its formatted size without a word, while the device tables showed
+    /// its new size).
+    #[test]
+    fn a_device_grown_since_it_was_formatted_is_named() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fast.img");
+        let file = std::fs::File::create(&path).unwrap();
+        // `superblock` says 16 MiB: first the file as formatted, then grown to 32 MiB.
+        file.set_len(16 << 20).unwrap();
+        file.write_all_at(&superblock(Role::Fast), 0).unwrap();
+        file.write_all_at(&superblock(Role::Fast), 4096).unwrap();
+        let cfg = merge(&args_in(dir.path()), Default::default()).unwrap();
+        let devs = open_devices(&cfg, &Default::default()).unwrap();
+        assert_eq!(grown_device(devs.fast.as_ref()), None);
+        assert_eq!(grown_device(devs.capacity[0].as_ref()), None, "blank");
+        drop(devs);
+        file.set_len(32 << 20).unwrap();
+        let devs = open_devices(&cfg, &Default::default()).unwrap();
+        let note = grown_device(devs.fast.as_ref()).expect("a note for the grown device");
+        assert!(
+            note.ends_with(
+                "fast.img is 32 MiB, but its disk group was formatted on the first 16 MiB of it \
+                 and uses only those: a disk group never grows onto a larger device, so the \
+                 rest stays unused"
+            ),
+            "{note}"
+        );
+    }
+
+    /// A capacity file shrunk since its group was made on it is refused, saying by how much
+    /// (the refusal named neither size).
+    #[test]
+    fn a_device_shrunk_since_it_was_formatted_is_refused_with_both_sizes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut args = args_in(dir.path());
+        args.capacity_size = Some(64 << 20);
+        let cfg = merge(&args, Default::default()).unwrap();
+        let open = || {
+            let devs = open_devices(&cfg, &Default::default()).unwrap();
+            let engine = strata_engine::EngineConfig::default();
+            strata_engine::DiskGroup::open(devs.fast, devs.capacity, engine, true)
+                .map(|group| group.shutdown().unwrap())
+        };
+        open().unwrap();
+        let capacity = dir.path().join("capacity-0.img");
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&capacity)
+            .unwrap();
+        file.set_len(32 << 20).unwrap();
+        let e = open().unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "device {} is smaller than when it was formatted: 33554432 bytes, where its \
+                 disk group was formatted on 67108864 bytes of it",
+                capacity.display()
+            )
+        );
     }
 
     #[test]
@@ -671,6 +788,78 @@ mod tests {
 
     /// Device files on a read-only file system, there or still to be made, are refused as
     /// such: the device layer's open names O_DIRECT, which was not the trouble.
+    /// A loop device over a file, detached on drop; None where this process may not attach
+    /// one (not root, no loop devices, no losetup).
+    struct LoopDevice(String);
+
+    impl LoopDevice {
+        fn attach(file: &Path, read_only: bool) -> Option<LoopDevice> {
+            let mut cmd = std::process::Command::new("losetup");
+            if read_only {
+                cmd.arg("--read-only");
+            }
+            let out = cmd.args(["--find", "--show"]).arg(file).output().ok()?;
+            let device = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            (out.status.success() && device.starts_with("/dev/loop")).then_some(LoopDevice(device))
+        }
+    }
+
+    impl Drop for LoopDevice {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("losetup")
+                .args(["-d", &self.0])
+                .status();
+        }
+    }
+
+    /// A read-only block device as the fast device, a writable one as the capacity device: the
+    /// start is refused, naming why, before anything is written. It failed in the middle of
+    /// formatting ("device error: /dev/loopN: I/O error at offset 1048576: Operation not
+    /// permitted"), with the capacity device already marked as a member of a group that was
+    /// never made, so the next start, on a writable fast device, was refused too.
+    #[test]
+    fn a_read_only_block_device_is_refused_before_anything_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let (fast_file, cap_file) = (dir.path().join("fast.raw"), dir.path().join("cap.raw"));
+        for (file, len) in [(&fast_file, 32 << 20), (&cap_file, 64 << 20)] {
+            std::fs::File::create(file).unwrap().set_len(len).unwrap();
+        }
+        let (Some(fast), Some(cap)) = (
+            LoopDevice::attach(&fast_file, true),
+            LoopDevice::attach(&cap_file, false),
+        ) else {
+            eprintln!("SKIPPED: this process may not attach loop devices");
+            return;
+        };
+        let mut args = args_in(dir.path());
+        args.fast_device = Some(PathBuf::from(&fast.0));
+        args.capacity_devices = vec![PathBuf::from(&cap.0)];
+        let cfg = merge(&args, Default::default()).unwrap();
+        // As `strata serve` goes: the devices, then the group (formatted, as they are blank).
+        let opened = open_devices(&cfg, &Default::default()).and_then(|devs| {
+            let engine = strata_engine::EngineConfig::default();
+            strata_engine::DiskGroup::open(devs.fast, devs.capacity, engine, true)
+                .map(drop)
+                .map_err(|e| anyhow!("cannot open the disk group: {e}"))
+        });
+        let e = opened.expect_err("a read-only fast device").to_string();
+        let fast_name = fast.0.clone();
+        drop((fast, cap));
+        let written = std::fs::read(&cap_file).unwrap().iter().any(|&b| b != 0);
+        assert!(
+            !written,
+            "the capacity device was written; the start said: {e}"
+        );
+        assert_eq!(
+            e,
+            format!(
+                "cannot open device {}: it is a read-only block device (the kernel refuses \
+                 writes to it: `blockdev --setrw`, or a loop device attached without -r)",
+                fast_name
+            )
+        );
+    }
+
     #[test]
     fn a_read_only_file_system_is_named_as_the_reason() {
         let dir = tempfile::tempdir().unwrap();

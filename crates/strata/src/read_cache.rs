@@ -4,9 +4,9 @@
 //! saves no seek; a single virtual disk, which often reports itself rotational, is the common
 //! case). A device is rotational when the kernel says so in
 //! `/sys/dev/block/MAJOR:MINOR/queue/rotational`: for a block device its own number, for a
-//! regular file the device holding its filesystem, a partition answered by its disk. Anything
-//! unknown counts as not rotational. A capacity device slowed down by `--capacity-emulate`
-//! counts as a device of its own.
+//! regular file the device holding its filesystem, a partition answered by its disk, a loop
+//! device by the disk holding its backing file. Anything unknown counts as not rotational. A
+//! capacity device slowed down by `--capacity-emulate` counts as a device of its own.
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
@@ -160,18 +160,42 @@ pub fn probe(sys_root: &Path, path: &Path) -> Probe {
     }
 }
 
+/// Loop devices followed to their backing files' disks, at most this many deep.
+const MAX_LOOP_DEPTH: usize = 8;
+
 /// The sysfs directory of the whole disk holding `path` (a block device, or a file's filesystem).
 fn disk_of(sys_root: &Path, path: &Path) -> Result<PathBuf, String> {
+    disk_of_dev(sys_root, device_number(path)?, MAX_LOOP_DEPTH)
+}
+
+/// The device a path is (a block device) or lives on (a file).
+fn device_number(path: &Path) -> Result<u64, String> {
     let meta = std::fs::metadata(path).map_err(|e| crate::io_reason(&e))?;
-    let dev = if meta.file_type().is_block_device() {
+    Ok(if meta.file_type().is_block_device() {
         meta.rdev()
     } else {
         meta.dev()
-    };
+    })
+}
+
+/// The whole disk of device `dev`: a partition answers through its disk, and a loop device
+/// through the disk holding its backing file, so two loop devices backed by files on one disk
+/// (or one beside the other tier's file) share it, as the files would.
+fn disk_of_dev(sys_root: &Path, dev: u64, loops_left: usize) -> Result<PathBuf, String> {
     let (major, minor) = split_dev(dev);
     let link = sys_root.join(format!("dev/block/{major}:{minor}"));
     let dir = std::fs::canonicalize(&link)
         .map_err(|_| format!("no block device {major}:{minor} in sysfs"))?;
+    if let Ok(backing) = std::fs::read_to_string(dir.join("loop/backing_file")) {
+        let name = dir.file_name().unwrap_or_default().to_string_lossy();
+        if loops_left == 0 {
+            return Err(format!("{name}: loop devices nested too deep"));
+        }
+        let backing = Path::new(backing.trim_end_matches('\n'));
+        let dev = device_number(backing)
+            .map_err(|why| format!("{name}: backing file {}: {why}", backing.display()))?;
+        return disk_of_dev(sys_root, dev, loops_left - 1);
+    }
     if dir.join("partition").exists() {
         return dir
             .parent()
@@ -351,5 +375,47 @@ mod tests {
         let gone = probe(root.path(), &file);
         assert!(gone.rotational.unwrap_err().contains("no block device"));
         assert_eq!(gone.disk, None);
+    }
+
+    /// A fake sysfs: a loop device whose backing file lives on a partition of a disk answers
+    /// through that disk, the one a file beside the backing file answers through: the tiers
+    /// share it. It was taken for a disk of its own (a hybrid node: 70% of the log for a read
+    /// cache that only copies data within one disk).
+    #[test]
+    fn loop_devices_answer_through_their_backing_files_disk() {
+        let root = tempfile::tempdir().unwrap();
+        let backing = root.path().join("cap0.raw");
+        let fast = root.path().join("fast.img");
+        std::fs::write(&backing, b"x").unwrap();
+        std::fs::write(&fast, b"y").unwrap();
+        let (major, minor) = split_dev(std::fs::metadata(&backing).unwrap().dev());
+        let disk = root.path().join("devices/vda");
+        std::fs::create_dir_all(disk.join("queue")).unwrap();
+        std::fs::write(disk.join("queue/rotational"), "1\n").unwrap();
+        let loop_dir = root.path().join("devices/virtual/block/loop1");
+        std::fs::create_dir_all(loop_dir.join("loop")).unwrap();
+        std::fs::create_dir_all(loop_dir.join("queue")).unwrap();
+        std::fs::write(loop_dir.join("queue/rotational"), "1\n").unwrap();
+        let backing_line = format!("{}\n", backing.display());
+        std::fs::write(loop_dir.join("loop/backing_file"), backing_line).unwrap();
+        let links = root.path().join("dev/block");
+        std::fs::create_dir_all(&links).unwrap();
+        std::os::unix::fs::symlink(&disk, links.join(format!("{major}:{minor}"))).unwrap();
+        let loop_minor = 987_654;
+        std::os::unix::fs::symlink(&loop_dir, links.join(format!("7:{loop_minor}"))).unwrap();
+        let loop_dev = libc::makedev(7, loop_minor);
+
+        let found = disk_of_dev(root.path(), loop_dev, MAX_LOOP_DEPTH).unwrap();
+        assert_eq!(found, std::fs::canonicalize(&disk).unwrap());
+        assert_eq!(Some(found), probe(root.path(), &fast).disk);
+        // A backing file gone since (the kernel keeps it open): unknown, not the loop itself.
+        std::fs::remove_file(&backing).unwrap();
+        let deleted = format!("{} (deleted)\n", backing.display());
+        std::fs::write(loop_dir.join("loop/backing_file"), deleted).unwrap();
+        let gone = disk_of_dev(root.path(), loop_dev, MAX_LOOP_DEPTH).unwrap_err();
+        assert!(gone.contains("loop1: backing file"), "{gone}");
+        assert!(disk_of_dev(root.path(), loop_dev, 0)
+            .unwrap_err()
+            .contains("nested too deep"));
     }
 }

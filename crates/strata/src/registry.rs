@@ -8,11 +8,15 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
 use strata_engine::{DiskGroup, EngineError, SnapshotInfo, ViewInfo, VolumeId, VolumeInfo};
 
 use crate::metrics::IoMetrics;
+
+/// How often a change waiting for a view's requests cuts off those waiting for its limits.
+const CUT_LIMIT_WAITS_EVERY: Duration = Duration::from_millis(20);
 
 /// Per-view state shared by its open exports and the admin API.
 pub struct Gate {
@@ -239,6 +243,22 @@ impl Registry {
             .collect())
     }
 
+    /// Takes the gate of view `id` for a change, once the view's requests in flight are done.
+    /// Those waiting for the volume's IOPS or bandwidth limit are cut off (they fail with
+    /// ESHUTDOWN, as they would after the change), again every 20 ms for any that began
+    /// waiting meanwhile: a forced change must not wait for each queued request's turn under
+    /// the limit (32 requests at 1 IOPS held it, and with it every page that counts
+    /// connections, for half a minute). A forced change the engine then refuses has still
+    /// failed those requests.
+    fn close<'g>(&self, id: VolumeId, gate: &'g Gate) -> RwLockWriteGuard<'g, bool> {
+        loop {
+            self.group.cut_limit_waits(id);
+            if let Some(guard) = gate.alive.try_write_for(CUT_LIMIT_WAITS_EVERY) {
+                return guard;
+            }
+        }
+    }
+
     /// Runs `change` with the gates of the fence's views closed. Refused (and nothing changed)
     /// while any of them has open handles, unless forced; then those handles fail from now on.
     /// On success the views' gates are dropped, so clients that connect later get fresh ones.
@@ -248,14 +268,14 @@ impl Registry {
         fence: Fence<'_>,
         change: impl FnOnce() -> Result<T, EngineError>,
     ) -> Result<T, ChangeError> {
-        let held: Vec<Arc<Gate>> = fence
+        let held: Vec<(VolumeId, Arc<Gate>)> = fence
             .views
             .iter()
-            .filter_map(|(id, _)| gates.get(id).cloned())
+            .filter_map(|(id, _)| gates.get(id).map(|g| (*id, g.clone())))
             .collect();
         let connections: usize = held
             .iter()
-            .map(|g| g.open_handles.load(Ordering::Relaxed))
+            .map(|(_, g)| g.open_handles.load(Ordering::Relaxed))
             .sum();
         if connections > 0 && !fence.force {
             return Err(ChangeError::Busy {
@@ -264,7 +284,7 @@ impl Registry {
                 hint: fence.hint,
             });
         }
-        let mut alive: Vec<_> = held.iter().map(|g| g.alive.write()).collect();
+        let mut alive: Vec<_> = held.iter().map(|(id, g)| self.close(*id, g)).collect();
         for a in alive.iter_mut() {
             **a = false;
         }

@@ -1,9 +1,10 @@
 //! Space reports for the pages that show every view at once: `/metrics` and the volume list
 //! (which the dashboard asks for every two seconds).
 //!
-//! A space report walks the view's whole map (strata-engine's `space.rs`), so its cost grows
-//! with the data written and the view's size: 10-13 ms for 512 MiB written at random, 55 ms
-//! for an empty 1 TiB volume (docs/BENCHMARKS.md, thirteenth session). Asked for on every
+//! A space report walks the view's map where it holds data (strata-engine's `space.rs`), so
+//! its cost grows with the data written: 10-13 ms for 512 MiB written at random
+//! (docs/BENCHMARKS.md, thirteenth session; an empty 1 TiB volume took 55 ms then, before the
+//! walk skipped what no layer holds, and an empty 256 TiB one 20 s). Asked for on every
 //! scrape, by every scraper, that work has no bound. So a report whose walk took long is
 //! reused for a while: for `REUSE_FACTOR` times as long as the walk took, which keeps the
 //! walks of a view to about 1/`REUSE_FACTOR` of one CPU however often the pages are read.
