@@ -786,8 +786,6 @@ mod tests {
         }
     }
 
-    /// Device files on a read-only file system, there or still to be made, are refused as
-    /// such: the device layer's open names O_DIRECT, which was not the trouble.
     /// A loop device over a file, detached on drop; None where this process may not attach
     /// one (not root, no loop devices, no losetup).
     struct LoopDevice(String);
@@ -860,6 +858,8 @@ mod tests {
         );
     }
 
+    /// Device files on a read-only file system, there or still to be made, are refused as
+    /// such: the device layer's open names O_DIRECT, which was not the trouble.
     #[test]
     fn a_read_only_file_system_is_named_as_the_reason() {
         let dir = tempfile::tempdir().unwrap();
