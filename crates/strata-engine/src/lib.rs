@@ -455,6 +455,17 @@ impl DiskGroup {
             return Ok(());
         }
         let rt = self.sh.runtime(view);
+        if rt.is_none() && admitted.is_none() {
+            // A snapshot's reads wait for its volume's limits (they are not the volume's
+            // reads otherwise: no heat, hit ratio or promotion of its own).
+            if let Some(limits) = self.sh.snapshot_limits(view) {
+                let running = || self.sh.check_running().is_ok();
+                let (clock, bytes) = (&*self.sh.cfg.clock, buf.len() as u64);
+                if !limits.admit_snapshot_read(view, clock, bytes, &running) {
+                    return Err(EngineError::Cancelled(LIMIT_WAIT));
+                }
+            }
+        }
         let mut host = None;
         if let Some(rt) = rt.as_ref() {
             let sequential_bytes = match admitted {
@@ -828,6 +839,9 @@ impl DiskGroup {
     pub fn cut_limit_waits(&self, vol: VolumeId) {
         if let Some(rt) = self.sh.runtime(vol) {
             rt.cut_waits();
+        } else if let Some(limits) = self.sh.snapshot_limits(vol) {
+            // A snapshot's reads waiting for its volume's limits; the volume's own wait on.
+            limits.cut_view_waits(vol);
         }
     }
 

@@ -121,6 +121,11 @@ impl DiskGroup {
             Some(_) => return Err(done),
         };
         let rt = sh.runtime(view);
+        // A snapshot of a limited volume: its reads wait for the volume's limits, which the
+        // blocking read does.
+        if rt.is_none() && sh.snapshot_limits(view).is_some_and(|l| l.limited()) {
+            return Err(done);
+        }
         let mut sequential = 0;
         // Taken before the device may refuse the read: then put back as it was, since the
         // blocking read the caller falls back to admits and notes the same read again.

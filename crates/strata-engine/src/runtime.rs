@@ -266,6 +266,8 @@ pub struct VolRuntime {
     pub writes: Mutex<SeqRun>,
     /// Bumped by `cut_waits`: a request waiting for the limits that sees it change gives up.
     waits_cut: AtomicU64,
+    /// The same, for the reads of one snapshot of the volume (by view id: `cut_view_waits`).
+    view_waits_cut: Mutex<HashMap<u32, u64>>,
 }
 
 impl VolRuntime {
@@ -278,6 +280,7 @@ impl VolRuntime {
             reads: Mutex::new(SeqRun::default()),
             writes: Mutex::new(SeqRun::default()),
             waits_cut: AtomicU64::new(0),
+            view_waits_cut: Mutex::new(HashMap::new()),
         }
     }
 
@@ -292,11 +295,36 @@ impl VolRuntime {
     /// the request), so a slow limit does not hold a shutdown. False when the wait was cut
     /// off (`cut_waits`): the caller refuses the request.
     pub fn admit(&self, clock: &dyn Clock, bytes: u64, running: &dyn Fn() -> bool) -> bool {
+        self.admit_as(None, clock, bytes, running)
+    }
+
+    /// As `admit`, for a read of snapshot `view` of this volume: its reads count against
+    /// the volume's limits, and a forced delete of the snapshot cuts off those waiting
+    /// (`cut_view_waits`) without the volume's own.
+    pub fn admit_snapshot_read(
+        &self,
+        view: u32,
+        clock: &dyn Clock,
+        bytes: u64,
+        running: &dyn Fn() -> bool,
+    ) -> bool {
+        self.admit_as(Some(view), clock, bytes, running)
+    }
+
+    fn admit_as(
+        &self,
+        view: Option<u32>,
+        clock: &dyn Clock,
+        bytes: u64,
+        running: &dyn Fn() -> bool,
+    ) -> bool {
         let started = clock.now_ms();
-        let cut_at = self.waits_cut.load(Ordering::Acquire);
+        let view_cut = || view.map(|v| self.view_waits_cut.lock().get(&v).copied());
+        let cut_at = (self.waits_cut.load(Ordering::Acquire), view_cut());
+        let not_cut = || (self.waits_cut.load(Ordering::Acquire), view_cut()) == cut_at;
         let me = self.limiter.lock().new_waiter();
         let mut admitted = false;
-        while running() && self.waits_cut.load(Ordering::Acquire) == cut_at {
+        while running() && not_cut() {
             let p = self.policy();
             let now = clock.now_ms();
             match self.limiter.lock().try_take_waiting(&p, bytes, now, me) {
@@ -317,13 +345,24 @@ impl VolRuntime {
                 .limited_wait_ms
                 .fetch_add(waited, Ordering::Relaxed);
         }
-        admitted || self.waits_cut.load(Ordering::Acquire) == cut_at
+        admitted || not_cut()
     }
 
     /// Every request now waiting in `admit` gives up within its next look (20 ms at most);
     /// those that come later wait as usual.
     pub fn cut_waits(&self) {
         self.waits_cut.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// As `cut_waits`, for the reads of snapshot `view` only.
+    pub fn cut_view_waits(&self, view: u32) {
+        *self.view_waits_cut.lock().entry(view).or_insert(0) += 1;
+    }
+
+    /// Whether the volume has an IOPS or bandwidth limit.
+    pub fn limited(&self) -> bool {
+        let p = self.policy();
+        p.iops_limit > 0 || p.bandwidth_limit_bytes_per_s > 0
     }
 
     /// Admits a request only if that needs no waiting.

@@ -59,6 +59,13 @@ impl Shared {
         self.vols.read().by_volume.get(&vol).cloned()
     }
 
+    /// For a snapshot view, its volume's runtime: the snapshot's reads count against the
+    /// volume's limits (None for a volume or an unknown view).
+    pub fn snapshot_limits(&self, view: VolumeId) -> Option<Arc<VolRuntime>> {
+        let volume = self.index.read().snapshots.get(&view)?.volume;
+        self.runtime(volume)
+    }
+
     /// The runtime of the volume whose data this layer holds: its head layer, or a snapshot
     /// layer the volume reads through (None for a layer no volume reads).
     pub fn layer_runtime(&self, layer: u32) -> Option<Arc<VolRuntime>> {
