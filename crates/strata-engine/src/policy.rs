@@ -32,6 +32,7 @@ pub struct Policy {
     /// I/O operations per second allowed (0: no limit); requests over it wait.
     pub iops_limit: u64,
     /// Bytes per second allowed (0: no limit); requests over it wait.
+    /// 0, or at least [`MIN_BANDWIDTH_LIMIT`].
     pub bandwidth_limit_bytes_per_s: u64,
     /// Cache mode: writes of at least `BYPASS_MIN_BYTES` that continue a sequential stream
     /// already this long go straight to the capacity tier (0: never; see `bypass.rs`).
@@ -55,6 +56,9 @@ impl Default for Policy {
     }
 }
 
+/// The least bandwidth limit (bytes per second) taken: one below it would hold a client's
+/// every request for seconds (a limit of 100 given for 100 MB/s: 40 s per 4 KiB read).
+pub const MIN_BANDWIDTH_LIMIT: u64 = 64 << 10;
 /// Region whose reads are counted together for promotion (64 KiB).
 pub const PROMOTE_REGION_BLOCKS: u64 = 16;
 /// Version 2 added `sequential_write_cutoff_bytes` at the end; version 1 is still read.
@@ -71,6 +75,14 @@ impl Policy {
         }
         if self.tier_min_age_s > 10 * 365 * 86400 || self.promote_window_s > 30 * 86400 {
             return bad("tier_min_age_s is at most ten years and promote_window_s at most 30 days");
+        }
+        let bw = self.bandwidth_limit_bytes_per_s;
+        if bw > 0 && bw < MIN_BANDWIDTH_LIMIT {
+            return bad(&format!(
+                "a bandwidth limit of {bw} bytes/s would hold each request of a client for \
+                 seconds or hours: 0 for no limit, or at least {MIN_BANDWIDTH_LIMIT} \
+                 (64 KiB/s; sizes take units, as 100M)"
+            ));
         }
         Ok(())
     }
@@ -203,5 +215,18 @@ mod tests {
             ..Policy::default()
         };
         assert!(bad.validate().is_err());
+        // `--bandwidth-limit 100` meant as 100 MB/s: a 4 KiB request would wait 40 s.
+        for (bw, ok) in [(0, true), (100, false), (MIN_BANDWIDTH_LIMIT - 1, false)] {
+            let p = Policy {
+                bandwidth_limit_bytes_per_s: bw,
+                ..Policy::default()
+            };
+            assert_eq!(p.validate().is_ok(), ok, "{bw}: {:?}", p.validate());
+        }
+        let p = Policy {
+            bandwidth_limit_bytes_per_s: MIN_BANDWIDTH_LIMIT,
+            ..Policy::default()
+        };
+        assert!(p.validate().is_ok());
     }
 }

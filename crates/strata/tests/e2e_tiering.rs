@@ -75,6 +75,8 @@ fn policies_are_set_changed_checked_and_kept_across_a_restart() {
     refused(&daemon, "tiered", &["volume", "set-policy", "tiered", "--policy", "fast"], "invalid value 'fast'");
     refused(&daemon, "tiered", &["volume", "set-policy", "tiered", "--iops-limit", "-1"], "'-1'");
     refused(&daemon, "tiered", &["volume", "set-policy", "tiered", "--bandwidth-limit", "9Q"], "unknown unit");
+    // 100 meant as 100 MB/s: every 4 KiB request would wait 40 s.
+    refused(&daemon, "tiered", &["volume", "set-policy", "tiered", "--bandwidth-limit", "100"], "at least 65536");
     refused(&daemon, "tiered", &["volume", "set-policy", "tiered", "--tier-max-cold-heat", "256"], "256");
     refused(&daemon, "tiered", &["volume", "set-policy", "tiered", "--promote-window", "0"], "promote_window_s");
     refused(&daemon, "tiered", &["volume", "set-policy", "tiered", "--promote-after-reads", "5000"], "at most 1000");
