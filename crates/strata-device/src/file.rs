@@ -452,7 +452,8 @@ fn open_direct(path: &Path, mode: OpenMode, kind: Kind) -> Result<File, DeviceEr
     opened.map_err(|err| match err.raw_os_error() {
         Some(libc::EBUSY) => open_error(
             path,
-            "is in use (mounted, or opened exclusively by another program)",
+            "is in use (mounted, or opened exclusively by another program, such as a strata serve \
+             already running on it)",
         ),
         Some(libc::EINVAL) => open_error(
             path,

@@ -629,6 +629,8 @@ fn block_device_size_io_discard_and_exclusive_open() {
         test_util::check_discard_counted(&dev);
         let text = open_error_text(FileDevice::open(&loop_dev.path, &opts));
         assert!(text.contains("in use"), "{text}");
+        // The likeliest holder named too: a daemon already serving from the device.
+        assert!(text.contains("a strata serve already running on it"), "{text}");
     }
 }
 
