@@ -418,11 +418,7 @@ impl CloneRun {
         };
         self.names += 1;
         let snap = format!("s{}", self.names);
-        self.dg()
-            .create_snapshot(&vol, &snap)
-            .unwrap_or_else(|e| panic!("{what}: snapshot: {e}"));
-        let image = self.m.volumes[&vol].clone();
-        self.m.snapshots.insert(format!("{vol}@{snap}"), image);
+        self.m.snapshot(self.rig.dg(), &vol, &snap, what);
     }
 
     /// A clone of any snapshot, of a clone's too.
@@ -433,14 +429,9 @@ impl CloneRun {
         let Some(full) = pick(&mut self.rng, self.m.snapshots.keys()) else {
             return;
         };
-        let (vol, snap) = full.split_once('@').expect("vol@snap");
         self.names += 1;
         let clone = format!("c{}", self.names);
-        self.dg()
-            .clone_snapshot(vol, snap, &clone)
-            .unwrap_or_else(|e| panic!("{what}: clone: {e}"));
-        let image = self.m.snapshots[&full].clone();
-        self.m.volumes.insert(clone, image);
+        self.m.clone_snapshot(self.rig.dg(), &full, &clone, what);
         self.cloned.insert(full);
     }
 

@@ -394,11 +394,7 @@ impl FullRun {
         };
         self.names += 1;
         let snap = format!("s{}", self.names);
-        self.dg()
-            .create_snapshot(&vol, &snap)
-            .unwrap_or_else(|e| panic!("{what}: snapshot {vol}@{snap}: {e}"));
-        let image = self.m.volumes[&vol].clone();
-        self.m.snapshots.insert(format!("{vol}@{snap}"), image);
+        self.m.snapshot(self.rig.dg(), &vol, &snap, what);
     }
 
     /// A clone of a snapshot, with a write on it.
@@ -409,14 +405,9 @@ impl FullRun {
         let Some(full) = pick(&mut self.rng, self.m.snapshots.keys()) else {
             return;
         };
-        let (vol, snap) = full.split_once('@').expect("vol@snap");
         self.names += 1;
         let clone = format!("c{}", self.names);
-        self.dg()
-            .clone_snapshot(vol, snap, &clone)
-            .unwrap_or_else(|e| panic!("{what}: clone {full}: {e}"));
-        let image = self.m.snapshots[&full].clone();
-        self.m.volumes.insert(clone.clone(), image);
+        self.m.clone_snapshot(self.rig.dg(), &full, &clone, what);
         let len = self.random_len();
         let off = self.random_off(len);
         let data = vec![self.rng.gen::<u8>() | 1; len];

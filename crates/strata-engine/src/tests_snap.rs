@@ -21,6 +21,25 @@ pub(crate) struct Model {
     pub(crate) snapshots: BTreeMap<String, Vec<u8>>,
 }
 
+impl Model {
+    /// Takes snapshot `snap` of volume `vol`, on the group and in the model.
+    pub(crate) fn snapshot(&mut self, dg: &DiskGroup, vol: &str, snap: &str, what: &str) {
+        dg.create_snapshot(vol, snap)
+            .unwrap_or_else(|e| panic!("{what}: snapshot {vol}@{snap}: {e}"));
+        let image = self.volumes[vol].clone();
+        self.snapshots.insert(format!("{vol}@{snap}"), image);
+    }
+
+    /// Clones snapshot `full` ("vol@snap") as volume `clone`, on the group and in the model.
+    pub(crate) fn clone_snapshot(&mut self, dg: &DiskGroup, full: &str, clone: &str, what: &str) {
+        let (vol, snap) = full.split_once('@').expect("vol@snap");
+        dg.clone_snapshot(vol, snap, clone)
+            .unwrap_or_else(|e| panic!("{what}: clone {full}: {e}"));
+        let image = self.snapshots[full].clone();
+        self.volumes.insert(clone.to_string(), image);
+    }
+}
+
 /// Every view reads as its image, and there are no others.
 pub(crate) fn check_all(dg: &DiskGroup, m: &Model, what: &str) {
     for (name, image) in m.volumes.iter().chain(m.snapshots.iter()) {
@@ -98,11 +117,7 @@ fn snapshot_run(seed: u64, steps: usize) {
                     continue;
                 };
                 names += 1;
-                let snap = format!("s{names}");
-                dg.create_snapshot(&vol, &snap)
-                    .unwrap_or_else(|e| panic!("{what}: snapshot: {e}"));
-                let image = m.volumes[&vol].clone();
-                m.snapshots.insert(format!("{vol}@{snap}"), image);
+                m.snapshot(&dg, &vol, &format!("s{names}"), &what);
             }
             60..=65 => {
                 let Some(full) = pick(&mut rng, m.snapshots.keys()) else {
@@ -117,13 +132,8 @@ fn snapshot_run(seed: u64, steps: usize) {
                 let Some(full) = pick(&mut rng, m.snapshots.keys()) else {
                     continue;
                 };
-                let (vol, snap) = full.split_once('@').expect("vol@snap");
                 names += 1;
-                let clone = format!("c{names}");
-                dg.clone_snapshot(vol, snap, &clone)
-                    .unwrap_or_else(|e| panic!("{what}: clone: {e}"));
-                let image = m.snapshots[&full].clone();
-                m.volumes.insert(clone, image);
+                m.clone_snapshot(&dg, &full, &format!("c{names}"), &what);
             }
             71..=74 => {
                 let Some(full) = pick(&mut rng, m.snapshots.keys()) else {
