@@ -451,11 +451,7 @@ impl CloneRun {
                 None => return,
             },
         };
-        let (vol, snap) = full.split_once('@').expect("vol@snap");
-        self.dg()
-            .delete_snapshot(vol, snap)
-            .unwrap_or_else(|e| panic!("{what}: delete snapshot: {e}"));
-        self.m.snapshots.remove(&full);
+        self.m.delete_snapshot(self.rig.dg(), &full, what);
         if self.cloned.remove(&full) {
             self.forks_made += 1;
         }
@@ -465,12 +461,7 @@ impl CloneRun {
         let Some(full) = pick(&mut self.rng, self.m.snapshots.keys()) else {
             return;
         };
-        let (vol, snap) = full.split_once('@').expect("vol@snap");
-        self.dg()
-            .rollback_volume(vol, snap)
-            .unwrap_or_else(|e| panic!("{what}: rollback: {e}"));
-        let image = self.m.snapshots[&full].clone();
-        self.m.volumes.insert(vol.to_string(), image);
+        self.m.rollback(self.rig.dg(), &full, what);
     }
 
     /// A volume with its snapshots (clones of them stay).
@@ -481,12 +472,8 @@ impl CloneRun {
         let Some(vol) = pick(&mut self.rng, self.m.volumes.keys()) else {
             return;
         };
-        self.dg()
-            .delete_volume(&vol, true)
-            .unwrap_or_else(|e| panic!("{what}: delete volume: {e}"));
-        self.m.volumes.remove(&vol);
+        self.m.delete_volume(self.rig.dg(), &vol, what);
         let prefix = format!("{vol}@");
-        self.m.snapshots.retain(|k, _| !k.starts_with(&prefix));
         self.cloned.retain(|k| !k.starts_with(&prefix));
     }
 

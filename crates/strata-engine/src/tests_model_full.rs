@@ -418,11 +418,7 @@ impl FullRun {
         let Some(full) = pick(&mut self.rng, self.m.snapshots.keys()) else {
             return;
         };
-        let (vol, snap) = full.split_once('@').expect("vol@snap");
-        self.dg()
-            .delete_snapshot(vol, snap)
-            .unwrap_or_else(|e| panic!("{what}: delete {full}: {e}"));
-        self.m.snapshots.remove(&full);
+        self.m.delete_snapshot(self.rig.dg(), &full, what);
         self.check_all(what);
     }
 
@@ -430,13 +426,8 @@ impl FullRun {
         let Some(vol) = pick(&mut self.rng, self.m.volumes.keys()) else {
             return;
         };
-        self.dg()
-            .delete_volume(&vol, true)
-            .unwrap_or_else(|e| panic!("{what}: delete {vol}: {e}"));
-        self.m.volumes.remove(&vol);
+        self.m.delete_volume(self.rig.dg(), &vol, what);
         self.bypass.remove(&vol);
-        let prefix = format!("{vol}@");
-        self.m.snapshots.retain(|k, _| !k.starts_with(&prefix));
         self.check_all(what);
     }
 
@@ -444,12 +435,7 @@ impl FullRun {
         let Some(full) = pick(&mut self.rng, self.m.snapshots.keys()) else {
             return;
         };
-        let (vol, snap) = full.split_once('@').expect("vol@snap");
-        self.dg()
-            .rollback_volume(vol, snap)
-            .unwrap_or_else(|e| panic!("{what}: rollback to {full}: {e}"));
-        let image = self.m.snapshots[&full].clone();
-        self.m.volumes.insert(vol.to_string(), image);
+        self.m.rollback(self.rig.dg(), &full, what);
         self.check_all(what);
     }
 

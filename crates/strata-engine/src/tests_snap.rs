@@ -38,6 +38,33 @@ impl Model {
         let image = self.snapshots[full].clone();
         self.volumes.insert(clone.to_string(), image);
     }
+
+    /// Deletes snapshot `full` ("vol@snap"), on the group and in the model.
+    pub(crate) fn delete_snapshot(&mut self, dg: &DiskGroup, full: &str, what: &str) {
+        let (vol, snap) = full.split_once('@').expect("vol@snap");
+        dg.delete_snapshot(vol, snap)
+            .unwrap_or_else(|e| panic!("{what}: delete {full}: {e}"));
+        self.snapshots.remove(full);
+    }
+
+    /// Rolls volume "vol" back to snapshot `full` ("vol@snap"), on the group and in the model.
+    pub(crate) fn rollback(&mut self, dg: &DiskGroup, full: &str, what: &str) {
+        let (vol, snap) = full.split_once('@').expect("vol@snap");
+        dg.rollback_volume(vol, snap)
+            .unwrap_or_else(|e| panic!("{what}: rollback to {full}: {e}"));
+        let image = self.snapshots[full].clone();
+        self.volumes.insert(vol.to_string(), image);
+    }
+
+    /// Deletes volume `vol` with its snapshots (clones of them stay), on the group and in
+    /// the model.
+    pub(crate) fn delete_volume(&mut self, dg: &DiskGroup, vol: &str, what: &str) {
+        dg.delete_volume(vol, true)
+            .unwrap_or_else(|e| panic!("{what}: delete {vol}: {e}"));
+        self.volumes.remove(vol);
+        let prefix = format!("{vol}@");
+        self.snapshots.retain(|k, _| !k.starts_with(&prefix));
+    }
 }
 
 /// Every view reads as its image, and there are no others.
@@ -123,10 +150,7 @@ fn snapshot_run(seed: u64, steps: usize) {
                 let Some(full) = pick(&mut rng, m.snapshots.keys()) else {
                     continue;
                 };
-                let (vol, snap) = full.split_once('@').expect("vol@snap");
-                dg.delete_snapshot(vol, snap)
-                    .unwrap_or_else(|e| panic!("{what}: delete snapshot: {e}"));
-                m.snapshots.remove(&full);
+                m.delete_snapshot(&dg, &full, &what);
             }
             66..=70 if m.volumes.len() < 4 => {
                 let Some(full) = pick(&mut rng, m.snapshots.keys()) else {
@@ -139,11 +163,7 @@ fn snapshot_run(seed: u64, steps: usize) {
                 let Some(full) = pick(&mut rng, m.snapshots.keys()) else {
                     continue;
                 };
-                let (vol, snap) = full.split_once('@').expect("vol@snap");
-                dg.rollback_volume(vol, snap)
-                    .unwrap_or_else(|e| panic!("{what}: rollback: {e}"));
-                let image = m.snapshots[&full].clone();
-                m.volumes.insert(vol.to_string(), image);
+                m.rollback(&dg, &full, &what);
             }
             75..=77 if m.volumes.len() > 1 => {
                 let Some(vol) = pick(&mut rng, m.volumes.keys()) else {
@@ -160,11 +180,7 @@ fn snapshot_run(seed: u64, steps: usize) {
                     );
                     continue;
                 }
-                dg.delete_volume(&vol, true)
-                    .unwrap_or_else(|e| panic!("{what}: delete volume: {e}"));
-                m.volumes.remove(&vol);
-                m.snapshots
-                    .retain(|k, _| !k.starts_with(&format!("{vol}@")));
+                m.delete_volume(&dg, &vol, &what);
             }
             78..=85 => {
                 dg.destage_all(Duration::from_secs(20));
