@@ -348,6 +348,12 @@ pub fn forks(idx: &Index, fam: &Family) -> Vec<(u32, u32, Vec<u32>)> {
 pub fn release_in_forks(d: &mut Destager) -> Result<(), EngineError> {
     let (fam, forks) = {
         let idx = d.sh.index.read();
+        // Every layer named by a volume or a snapshot: no fork, and nothing to build (this
+        // runs between every two destager steps).
+        if idx.layers.len() <= idx.volumes.len() + idx.snapshots.len() {
+            d.maint.forks.scans.clear();
+            return Ok(());
+        }
         let fam = Family::of(&idx);
         let forks = forks(&idx, &fam);
         (fam, forks)
