@@ -387,6 +387,11 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
         "serving {} volume(s): NBD on {nbd_addr}, admin API on http://{http_addr}",
         group.volumes().len()
     ));
+    // From here on (systemd starts its watchdog at READY=1): the probe takes the engine's locks.
+    let watchdog = notify::spawn_watchdog({
+        let group = group.clone();
+        move || drop(group.stats())
+    });
 
     // Until a signal, or until a server stops on its own (which is a failure).
     let mut failure: Option<anyhow::Error> = None;
@@ -434,6 +439,7 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
     sampler_stop.store(true, Ordering::Relaxed);
     let _ = tokio::task::spawn_blocking(move || sampler.join()).await;
     let closed = close_group(group).await;
+    notify::stop_reporting(watchdog);
     notify::stop_reporting(stop_reporter);
     closed?;
     match failure {

@@ -471,7 +471,9 @@ fn notifications_until(sock: &std::os::unix::net::UnixDatagram, until: &str) -> 
 
 /// Started by a service manager with `Type=notify` (systemd sets NOTIFY_SOCKET), the daemon
 /// says its start-up phase and pushes the start timeout back while it starts, READY=1 once
-/// it serves, and STOPPING=1 when told to stop.
+/// it serves, and STOPPING=1 when told to stop. With a watchdog (`WatchdogSec=`: systemd sets
+/// WATCHDOG_USEC), it says WATCHDOG=1 while it serves, every half period, and not before
+/// READY=1 (systemd arms the watchdog then).
 #[test]
 fn a_service_manager_is_told_the_start_ready_and_stopping() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -479,7 +481,10 @@ fn a_service_manager_is_told_the_start_ready_and_stopping() {
     let sock = std::os::unix::net::UnixDatagram::bind(&path).expect("bind the notify socket");
     let path = path.to_str().expect("utf-8").to_string();
     let mut daemon = Daemon::start(DaemonOpts {
-        env: vec![("NOTIFY_SOCKET".into(), path)],
+        env: vec![
+            ("NOTIFY_SOCKET".into(), path),
+            ("WATCHDOG_USEC".into(), "200000".into()),
+        ],
         ..Default::default()
     });
     let got = notifications_until(&sock, "READY=1");
@@ -491,6 +496,14 @@ fn a_service_manager_is_told_the_start_ready_and_stopping() {
     let ready = got.last().expect("READY=1");
     let serving = format!("STATUS=serving 1 volume(s): NBD on {}", daemon.nbd_addr);
     assert!(ready.contains(&serving), "{ready:?}");
+    assert!(
+        !got.iter().any(|m| m.lines().any(|l| l == "WATCHDOG=1")),
+        "a watchdog ping before READY=1: {got:?}"
+    );
+    // Pings go on (each waits for `notifications_until`'s 10 s at most).
+    for _ in 0..4 {
+        notifications_until(&sock, "WATCHDOG=1");
+    }
     daemon.terminate();
     let got = notifications_until(&sock, "STOPPING=1");
     let stopping = got.last().expect("STOPPING=1");
