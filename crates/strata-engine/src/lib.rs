@@ -141,11 +141,16 @@ pub struct EngineConfig {
     /// Clean index leaves kept in memory (bytes of 4 KiB pages; the bound on the capacity
     /// index's RAM besides its inner nodes).
     pub index_cache_bytes: u64,
-    /// A background scrub of everything starts this long after the last one ended (and after
-    /// opening); None: no background scrub.
+    /// A background scrub of everything starts this long after the last scrub of everything
+    /// ended (one through the API too; before a restart too, with `scrub_record`), and at
+    /// most this long after opening; None: no background scrub.
     pub scrub_interval: Option<Duration>,
     /// Read rate of the background scrub, bytes per second (0: unlimited).
     pub scrub_rate_bytes_per_s: u64,
+    /// A file that keeps the last scrub's report across restarts (the daemon's data
+    /// directory), so that `scrub_interval` counts from the last scrub of everything, not from
+    /// the last start, and the last result survives a restart; None: memory only.
+    pub scrub_record: Option<std::path::PathBuf>,
     /// After the host has neither read nor written for this long, the destager frees the log
     /// down to the low mark, hot data or not; None: only the fill level and the load decide.
     pub idle_destage_after: Option<Duration>,
@@ -185,6 +190,7 @@ impl Default for EngineConfig {
             index_cache_bytes: 64 << 20,
             scrub_interval: None,
             scrub_rate_bytes_per_s: 64 << 20,
+            scrub_record: None,
             idle_destage_after: Some(Duration::from_secs(1)),
             read_cache_ratio: 0.0,
             log_runs: false,
@@ -366,6 +372,7 @@ impl DiskGroup {
             .name("strata-destage".into())
             .spawn(move || sh_destage.run_guarded("strata-destage", || destager.run()));
         let mut spawned = vec![t2];
+        scrub::restore(&sh);
         if let Some(every) = sh.cfg.scrub_interval {
             let sh2 = sh.clone();
             spawned.push(

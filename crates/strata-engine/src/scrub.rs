@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use strata_device::AlignedBuf;
 
 use crate::capacity::{assess, copy_name, load_summary, read_seg_blocks, Holds, Part, SegState};
@@ -40,16 +40,17 @@ pub struct ScrubOptions {
 }
 
 /// A data block whose checksum does not match (or could not be read).
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct BadBlock {
     /// The volume, `volume@snapshot`, or `layer #N` for blocks only a deleted snapshot holds.
     pub volume: String,
     pub offset: u64,
-    pub tier: &'static str,
+    /// `fast` or `capacity`.
+    pub tier: String,
     pub problem: String,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ScrubReport {
     pub scope: String,
     pub started_unix_s: u64,
@@ -88,6 +89,98 @@ pub struct ScrubState {
     pub progress_bytes: AtomicU64,
     pub total_bytes: AtomicU64,
     pub last: Mutex<Option<ScrubReport>>,
+    /// When the last scrub of everything ended (Unix seconds; 0: none known), this run's or
+    /// one before a restart (the record): the background scrub's schedule follows it.
+    pub all_finished_unix_s: AtomicU64,
+    /// The record could not be written (said once).
+    pub record_failed: AtomicBool,
+}
+
+/// What a scrub of everything is called in its report's `scope`.
+const ALL: &str = "all";
+
+/// The last report as kept in `EngineConfig::scrub_record`, with the disk group it is of.
+#[derive(Serialize, Deserialize)]
+struct Record {
+    group: String,
+    report: ScrubReport,
+}
+
+/// At open, before the background scrub starts: the last report from before the restart,
+/// if the record is this group's. A missing record is no news; an unreadable one, or one of
+/// another group (a data directory used with other devices), is logged and left alone.
+pub(crate) fn restore(sh: &Shared) {
+    let Some(path) = &sh.cfg.scrub_record else {
+        return;
+    };
+    let text = match std::fs::read(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), "cannot read the last scrub's record: {e}");
+            return;
+        }
+    };
+    let record: Record = match serde_json::from_slice(&text) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), "the last scrub's record is not one: {e}");
+            return;
+        }
+    };
+    if record.group != uuid_hex(&sh.layout.group) {
+        tracing::info!(path = %path.display(), group = record.group, "the last scrub's record is of another disk group: not used");
+        return;
+    }
+    note_finished(sh, &record.report);
+    *sh.scrub.last.lock() = Some(record.report);
+}
+
+/// A finished scrub's report becomes the last: in memory, and in the record.
+fn keep(sh: &Shared, report: &ScrubReport) {
+    *sh.scrub.last.lock() = Some(report.clone());
+    note_finished(sh, report);
+    let Some(path) = &sh.cfg.scrub_record else {
+        return;
+    };
+    let record = Record {
+        group: uuid_hex(&sh.layout.group),
+        report: report.clone(),
+    };
+    if let Err(e) = write_record(path, &record) {
+        if !sh.scrub.record_failed.swap(true, Ordering::Relaxed) {
+            tracing::warn!(path = %path.display(), "cannot keep the last scrub's report across a restart: {e}");
+        }
+    }
+}
+
+fn note_finished(sh: &Shared, report: &ScrubReport) {
+    if report.scope == ALL {
+        let at = report.finished_unix_s.max(1);
+        sh.scrub
+            .all_finished_unix_s
+            .fetch_max(at, Ordering::Relaxed);
+    }
+}
+
+/// Replaces the record whole (a new file, synced, renamed over the old one): a crash leaves
+/// the old record or the new one.
+fn write_record(path: &std::path::Path, record: &Record) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".new");
+    let new = dir.join(name);
+    let mut f = std::fs::File::create(&new)?;
+    f.write_all(&serde_json::to_vec_pretty(record).map_err(std::io::Error::other)?)?;
+    f.write_all(b"\n")?;
+    f.sync_all()?;
+    std::fs::rename(&new, path)?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 impl DiskGroup {
@@ -164,9 +257,19 @@ pub fn background(sh: std::sync::Arc<Shared>, every: Duration) {
         cancel: None,
     };
     let mut next = Instant::now() + every;
+    let mut seen = 0;
     loop {
         if sh.destager_stop.load(Ordering::Relaxed) || sh.abandon.load(Ordering::Relaxed) {
             return;
+        }
+        // A scrub of everything ended (here, through the API too, or before a restart, as
+        // the record says): the next is due `every` after it, and never later than `every`
+        // from now (a clock that was ahead does not put it off).
+        let finished = sh.scrub.all_finished_unix_s.load(Ordering::Relaxed);
+        if finished != seen {
+            seen = finished;
+            let ago = Duration::from_secs(unix_now_s().saturating_sub(finished));
+            next = Instant::now() + every.saturating_sub(ago);
         }
         if Instant::now() < next {
             std::thread::sleep(Duration::from_millis(100));
@@ -256,7 +359,7 @@ fn run_then(
             damaged = report.metadata_damaged.len(),
             "scrub finished"
         );
-        *sh.scrub.last.lock() = Some(report.clone());
+        keep(sh, &report);
         Ok(report)
     }
 }
@@ -271,7 +374,7 @@ struct Scrubber<'a> {
 
 impl<'a> Scrubber<'a> {
     fn new(sh: &'a Shared, opts: &'a ScrubOptions) -> Scrubber<'a> {
-        let scope = opts.volume.clone().unwrap_or_else(|| "all".into());
+        let scope = opts.volume.clone().unwrap_or_else(|| ALL.into());
         Scrubber {
             sh,
             opts,
@@ -376,7 +479,7 @@ impl<'a> Scrubber<'a> {
         }
     }
 
-    fn bad(&mut self, volume: &str, lba: u64, tier: &'static str, dev: usize, problem: String) {
+    fn bad(&mut self, volume: &str, lba: u64, tier: &str, dev: usize, problem: String) {
         self.report.bad_blocks_total += 1;
         self.sh.checksum_error(dev, 1);
         tracing::error!(
@@ -390,7 +493,7 @@ impl<'a> Scrubber<'a> {
             self.report.bad_blocks.push(BadBlock {
                 volume: volume.into(),
                 offset: lba * BLOCK_U64,
-                tier,
+                tier: tier.into(),
                 problem,
             });
         }

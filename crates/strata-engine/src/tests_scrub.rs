@@ -96,7 +96,7 @@ fn scrub_reports_every_bad_block_and_repairs_every_metadata_copy() {
     let mut bad: Vec<(String, u64, &str)> = report
         .bad_blocks
         .iter()
-        .map(|b| (b.volume.clone(), b.offset, b.tier))
+        .map(|b| (b.volume.clone(), b.offset, b.tier.as_str()))
         .collect();
     bad.sort();
     assert_eq!(
@@ -661,4 +661,99 @@ fn an_index_flush_waits_for_a_scrub_loading_an_index_page() {
         "an index flush committed while the scrub was loading a page it had named"
     );
     assert_eq!(report.data_bytes_verified, 1500 * 4096);
+}
+
+/// A config keeping the last scrub's report in `record`, scrubbing everything every hour.
+fn recorded_cfg(record: &std::path::Path) -> EngineConfig {
+    EngineConfig {
+        scrub_record: Some(record.to_path_buf()),
+        scrub_interval: Some(Duration::from_secs(3600)),
+        ..small_cfg()
+    }
+}
+
+fn scrub_all(dg: &DiskGroup) -> ScrubReport {
+    dg.scrub(&ScrubOptions::default()).expect("scrub")
+}
+
+/// The last report survives a restart (a clean one, and a power cut after the scrub), is the
+/// group's own (another group given the same record starts with none), and a record that is
+/// not one is ignored, not an error.
+#[test]
+fn the_last_scrub_is_kept_across_restarts_for_its_own_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("state").join("scrub-last.json");
+    let mut rig = Rig::new(32 * MIB, &[48 * MIB], recorded_cfg(&record), 61);
+    let b = rig.dg().create_volume("b", 4 * MIB).unwrap().id;
+    rig.dg().write(b, 0, &vec![2u8; 4 * MIB as usize]).unwrap();
+    let first = scrub_all(rig.dg());
+    assert!(first.clean() && first.data_bytes_verified > 0, "{first:?}");
+    rig.clean_restart();
+    assert_eq!(rig.dg().scrub_status().last, Some(first.clone()));
+    // A later scrub of one volume is the last one now, through a power cut too.
+    let one = rig
+        .dg()
+        .scrub(&ScrubOptions {
+            volume: Some("b".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    rig.power_cut_and_restart();
+    assert_eq!(rig.dg().scrub_status().last, Some(one));
+
+    let other = Rig::new(32 * MIB, &[48 * MIB], recorded_cfg(&record), 62);
+    assert_eq!(
+        other.dg().scrub_status().last,
+        None,
+        "another group's report"
+    );
+    other.dg().shutdown().unwrap();
+
+    rig.dg.take().unwrap().shutdown().unwrap();
+    std::fs::write(&record, b"{\"group\": 7").unwrap();
+    rig.start().expect("a bad record does not stop an open");
+    assert_eq!(rig.dg().scrub_status().last, None);
+}
+
+/// The background scrub is due `scrub_interval` after the last scrub of everything ended,
+/// before the restart too: a daemon restarted more often than the interval still scrubs.
+#[test]
+fn the_background_scrub_counts_from_the_last_scrub_not_from_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("scrub-last.json");
+    let mut rig = Rig::new(32 * MIB, &[48 * MIB], recorded_cfg(&record), 63);
+    let b = rig.dg().create_volume("b", 4 * MIB).unwrap().id;
+    rig.dg().write(b, 0, &vec![2u8; 4 * MIB as usize]).unwrap();
+    let done = scrub_all(rig.dg());
+    // Just scrubbed: a restart does not scrub again.
+    rig.clean_restart();
+    std::thread::sleep(Duration::from_millis(500));
+    let status = rig.dg().scrub_status();
+    assert!(
+        !status.running && status.last == Some(done.clone()),
+        "{status:?}"
+    );
+
+    // The record says the last scrub of everything ended two hours ago: due at once.
+    rig.dg.take().unwrap().shutdown().unwrap();
+    let mut text: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    let long_ago = done.finished_unix_s - 7200;
+    text["report"]["finished_unix_s"] = long_ago.into();
+    std::fs::write(&record, serde_json::to_vec(&text).unwrap()).unwrap();
+    rig.start().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let last = rig.dg().scrub_status().last.expect("a last scrub");
+        if last.finished_unix_s > long_ago {
+            assert_eq!(last.scope, "all");
+            assert_eq!(last.data_bytes_verified, done.data_bytes_verified);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no background scrub within 20 s of a start two hours after the last one"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -474,6 +474,9 @@ impl FileConfig {
     }
 }
 
+/// The file in the data directory that keeps the last scrub's report across restarts.
+pub const SCRUB_RECORD: &str = "scrub-last.json";
+
 pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
     let http_token = resolve_token(args, &file)?;
     let emulation = resolve_emulation(args, &file)?;
@@ -537,6 +540,7 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
             Some(DEFAULT_SCRUB_INTERVAL),
         )?,
         scrub_rate_bytes_per_s: size(args.scrub_rate, &file.scrub_rate, DEFAULT_SCRUB_RATE),
+        scrub_record: Some(data_dir.join(SCRUB_RECORD)),
         idle_destage_after: duration(
             args.idle_destage_after,
             &file.idle_destage_after,

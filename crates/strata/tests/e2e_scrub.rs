@@ -241,6 +241,22 @@ fn scrub_finds_damage_on_both_tiers_and_repairs_a_metadata_copy() {
     let row = page.lines().find(|l| l.trim_start().starts_with("db ")).unwrap_or_else(|| panic!("no row: {page}"));
     assert_eq!(row.split_whitespace().take(3).collect::<Vec<_>>(), ["db", "12288", "capacity"], "{page}");
     assert!(!page.contains("web"), "{page}");
+
+    // The last report outlives the daemon (kept in its data directory): after a restart the
+    // damage still shows, and `--last` prints the same report with the same exit status.
+    daemon.restart();
+    let out = daemon.cli(&["scrub", "--last"]);
+    assert_eq!(out.status.code(), Some(EXIT_DAMAGE_FOUND), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        page,
+        "not the same last report after a restart"
+    );
+    let status = daemon.cli_json(&["status"]);
+    assert_eq!(
+        status["disk_groups"][0]["scrub"]["last_result"]["scope"], "db",
+        "{status:#}"
+    );
 }
 
 /// A daemon with no background scrub and a volume `web` with 16 blocks written 4 MiB apart:
