@@ -143,6 +143,19 @@ fn state_warning(stats: &EngineStats) -> Option<String> {
     }
 }
 
+/// What admission control does to host writes now, when it holds them back.
+fn admission_warning(stats: &EngineStats) -> Option<&'static str> {
+    match stats.admission.as_str() {
+        "throttled" => Some("host writes are paced to the destage rate"),
+        "measuring" => Some(
+            "host writes will be paced to the destage rate once it is measured (the destager's \
+             first steps since the start); until then they wait whenever the log has no room",
+        ),
+        "waiting_for_room" => Some("host writes wait for the destager to free log space"),
+        _ => None,
+    }
+}
+
 pub fn warnings(
     stats: &EngineStats,
     devices: &[DeviceJson],
@@ -150,9 +163,9 @@ pub fn warnings(
 ) -> Vec<String> {
     let mut out = Vec::new();
     out.extend(state_warning(stats));
-    if stats.admission_throttled {
+    if let Some(how) = admission_warning(stats) {
         out.push(format!(
-            "the write log is {:.0}% full, above the high mark of {:.0}%: host writes are paced to the destage rate",
+            "the write log is {:.0}% full ({:.0}% is the high mark): {how}",
             stats.log_fill_ratio * 100.0,
             stats.fill_ratio_high * 100.0
         ));
@@ -212,9 +225,14 @@ pub struct DiskGroupJson {
     pub fill_ratio_high: f64,
     pub destage_rate_bytes_per_s: f64,
     pub destage_bandwidth_bytes_per_s: f64,
+    /// Live log data not destaged yet (`EngineStats::destage_backlog_bytes`).
     pub destage_backlog_bytes: u64,
+    /// Log space held by dead data (`EngineStats::log_dead_bytes`).
+    pub log_dead_bytes: u64,
     pub destaged_bytes_total: u64,
     pub admission_throttled: bool,
+    /// "open", "throttled", "measuring" or "waiting_for_room" (`EngineStats::admission`).
+    pub admission: String,
     pub fast_resident_bytes: u64,
     pub capacity_total_bytes: u64,
     pub capacity_used_bytes: u64,
@@ -261,8 +279,10 @@ fn disk_group_json(e: &EngineStats, scrub: ScrubSummaryJson) -> DiskGroupJson {
         destage_rate_bytes_per_s: e.destage_rate_bytes_per_s,
         destage_bandwidth_bytes_per_s: e.destage_bandwidth_bytes_per_s,
         destage_backlog_bytes: e.destage_backlog_bytes,
+        log_dead_bytes: e.log_dead_bytes,
         destaged_bytes_total: e.destaged_bytes_total,
         admission_throttled: e.admission_throttled,
+        admission: e.admission.clone(),
         fast_resident_bytes: e.fast_resident_bytes,
         capacity_total_bytes: e.capacity_total_bytes,
         capacity_used_bytes: e.capacity_used_bytes,
@@ -429,6 +449,7 @@ mod dashboard_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
+
 
     #[test]
     fn an_offline_group_is_warned_about_with_its_reason() {

@@ -178,3 +178,20 @@ fn sizes_just_short_of_a_unit_are_shown_in_the_next_one() {
     let want: Vec<&str> = cases.iter().map(|(_, s)| *s).collect();
     assert_eq!(text.lines().collect::<Vec<_>>(), want);
 }
+
+/// How admission holds writes back, as the disk group's pill and the fill card word it.
+#[test]
+fn admission_states_are_named() {
+    for (state, want) in [
+        ("measuring", "measuring"),
+        ("waiting_for_room", "waiting for room"),
+        ("throttled", "throttled"),
+    ] {
+        let Some(text) = shown(&format!("admissionWord({{admission: \"{state}\"}})")) else {
+            return;
+        };
+        assert_eq!(text, want);
+    }
+    // A daemon from before the state sends only the flag.
+    assert_eq!(shown("admissionWord({})").as_deref(), Some("throttled"));
+}
