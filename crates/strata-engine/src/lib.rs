@@ -425,6 +425,13 @@ impl DiskGroup {
         self.sh.device_wear()
     }
 
+    /// Each device's size when the group was formatted on it, the fast device first, in the
+    /// order of `device_wear`: what the group writes to. A device grown since is larger
+    /// (`Device::size_bytes`), and the rest of it is never written.
+    pub fn formatted_device_sizes(&self) -> Vec<u64> {
+        self.sh.layout.device_sizes_bytes.clone()
+    }
+
     /// Checks a view's range; returns (top layer, read_only).
     fn view_range(
         &self,

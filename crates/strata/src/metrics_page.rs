@@ -229,6 +229,12 @@ fn render_devices(e: &mut Exposition, devices: &[DeviceJson]) {
         let l = [("device", d.stats.name.as_str()), ("tier", d.tier)];
         e.sample("strata_device_size_bytes", &l, d.stats.size_bytes as f64);
     }
+    let name = "strata_device_formatted_size_bytes";
+    e.family(name, Type::Gauge, "The part of the device its disk group was formatted on and writes to (less than strata_device_size_bytes on a device grown since); drive writes per day are a share of it.");
+    for d in devices {
+        let l = [("device", d.stats.name.as_str()), ("tier", d.tier)];
+        e.sample(name, &l, d.wear.formatted_size_bytes as f64);
+    }
     let bounds: Vec<f64> = (0..IO_SIZE_BUCKETS - 1).map(|i| (1u64 << i) as f64).collect();
     for (name, help, read) in [
         ("strata_device_read_size_bytes", "Sizes of device reads.", true),
@@ -265,7 +271,7 @@ fn render_wear(e: &mut Exposition, devices: &[DeviceJson]) {
     }
     let gauges: [Family<WearJson, Option<f64>>; 6] = [
         ("strata_device_write_rate_average_bytes_per_second", "Lifetime average write rate.", |w| Some(w.write_bytes_per_s_avg)),
-        ("strata_device_drive_writes_per_day", "Drive writes per day at the average rate.", |w| Some(w.drive_writes_per_day)),
+        ("strata_device_drive_writes_per_day", "Drive writes per day at the average rate, of the formatted size (strata_device_formatted_size_bytes).", |w| Some(w.drive_writes_per_day)),
         ("strata_device_endurance_used_ratio", "Share of the rated endurance used (catalog devices only).", |w| w.endurance_used_ratio),
         ("strata_device_warranty_end_timestamp_seconds", "End of the warranty (catalog devices only).", |w| w.warranty_end_unix_s.map(|t| t as f64)),
         ("strata_device_projected_wear_out_timestamp_seconds", "When the rated endurance runs out at the average rate.", |w| w.projected_wear_out_unix_s.map(|t| t as f64)),
@@ -401,6 +407,7 @@ mod tests {
                 ..Default::default()
             },
             wear: WearJson {
+                formatted_size_bytes: 1 << 30,
                 bytes_written_total: 1 << 20,
                 first_use_unix_s: 1_700_000_000,
                 write_bytes_per_s_avg: 12.0,

@@ -250,6 +250,18 @@ fn wear_out(w: &Value) -> String {
     }
 }
 
+/// The device's size, and the part its disk group uses when that is less (a device grown
+/// since the group was formatted on it): drive writes per day are a share of that part.
+fn device_size(d: &Value) -> String {
+    let formatted = d["wear"]["formatted_size_bytes"].as_u64();
+    match (d["size_bytes"].as_u64(), formatted) {
+        (Some(size), Some(used)) if used < size => {
+            format!("{} ({} used)", format_size(size), format_size(used))
+        }
+        _ => bytes(&d["size_bytes"]),
+    }
+}
+
 fn devices(v: &Value) -> String {
     let rows: Vec<Vec<String>> = v["devices"]
         .as_array()
@@ -262,7 +274,7 @@ fn devices(v: &Value) -> String {
             vec![
                 name.to_string(),
                 text(&d["tier"]),
-                bytes(&d["size_bytes"]),
+                device_size(d),
                 rate(r.and_then(|r| r["read_bytes_per_s"].as_f64())),
                 rate(r.and_then(|r| r["write_bytes_per_s"].as_f64())),
                 bytes(&w["bytes_written_total"]),
@@ -433,6 +445,28 @@ mod tests {
             .remove("admission");
         v["disk_groups"][0]["admission_throttled"] = json!(true);
         assert!(render(&v).contains("admission THROTTLED"), "{}", render(&v));
+    }
+
+    /// A device grown since its group was formatted shows both sizes: the DWPD beside it is a
+    /// share of the smaller one.
+    #[test]
+    fn a_grown_device_shows_the_size_its_group_uses() {
+        let mut v = status();
+        v["devices"][0]["size_bytes"] = json!(512u64 << 20);
+        v["devices"][0]["wear"]["formatted_size_bytes"] = json!(256u64 << 20);
+        let page = render(&v);
+        let dev = page
+            .lines()
+            .find(|l| l.trim_start().starts_with("fast.img"))
+            .unwrap();
+        assert!(dev.contains("512 MiB (256 MiB used)"), "{dev}");
+        v["devices"][0]["wear"]["formatted_size_bytes"] = json!(512u64 << 20);
+        let page = render(&v);
+        let dev = page
+            .lines()
+            .find(|l| l.trim_start().starts_with("fast.img"))
+            .unwrap();
+        assert!(dev.contains("512 MiB") && !dev.contains("used)"), "{dev}");
     }
 
     #[test]
