@@ -171,7 +171,7 @@ fn disk_group(g: &Value) -> String {
         _ => "open",
     };
     format!(
-        "\nDISK GROUP {}  {}\n  write log    {} {} full ({} of {} in use, {} of it dead)  marks {:.0}% / {:.0}%\n  destage      {}, backlog {} (live data to write to the capacity tier), admission {}\n  capacity     {} of {} used ({}), {} of {} segments free\n  reads        {} from the fast tier\n  gc           {} segment(s) cleaned, {} relocated\n",
+        "\nDISK GROUP {}  {}\n  write log    {} {} full ({} of {} in use, {} of it dead)  marks {:.0}% / {:.0}%\n  destage      {}, backlog {} (live data to write to the capacity tier), admission {}\n  capacity     {} of {} used ({}, {} of it live data), {} of {} segments free\n  reads        {} from the fast tier\n  gc           {} segment(s) cleaned, {} relocated\n",
         text(&g["id"]),
         text(&g["state"]),
         fill_bar(num("log_fill_ratio"), num("fill_ratio_low"), num("fill_ratio_high")),
@@ -187,6 +187,7 @@ fn disk_group(g: &Value) -> String {
         bytes(&g["capacity_used_bytes"]),
         bytes(&g["capacity_total_bytes"]),
         percent(used_ratio),
+        bytes(&g["capacity_live_bytes"]),
         text(&g["segments_free"]),
         text(&g["segments_total"]),
         percent(g["fast_read_hit_ratio"].as_f64()),
@@ -379,7 +380,8 @@ mod tests {
                 "destage_rate_bytes_per_s": 1048576.0, "destage_backlog_bytes": 83886080u64,
                 "log_dead_bytes": 50331648u64, "admission_throttled": true,
                 "admission": "throttled", "capacity_total_bytes": 2147483648u64,
-                "capacity_used_bytes": 1073741824u64, "segments_free": 128, "segments_total": 256,
+                "capacity_used_bytes": 1073741824u64, "capacity_live_bytes": 805306368u64,
+                "segments_free": 128, "segments_total": 256,
                 "fast_read_hit_ratio": 0.87, "gc_segments_cleaned_total": 3,
                 "gc_relocated_bytes_total": 12582912u64
             }],
@@ -480,7 +482,7 @@ mod tests {
             "<=1ms 92.1%  <=2ms 98.0%",
             "50.0% full (128 MiB of 256 MiB in use, 48 MiB of it dead)  marks 30% / 70%",
             "backlog 80 MiB (live data to write to the capacity tier), admission THROTTLED",
-            "1 GiB of 2 GiB used (50.0%), 128 of 256 segments free",
+            "1 GiB of 2 GiB used (50.0%, 768 MiB of it live data), 128 of 256 segments free",
             "87.0% from the fast tier",
             "3 segment(s) cleaned, 12 MiB relocated",
             "2031-07-16",
