@@ -26,6 +26,9 @@ pub struct Layout {
     /// Global segment index -> (capacity device, byte offset). Interleaved across devices so
     /// consecutive segments land on different devices.
     pub segments: Vec<(usize, u64)>,
+    /// Each device's size when the group was formatted on it (its superblock's), the fast
+    /// device first: the part of it the group uses, whatever the device has grown to since.
+    pub device_sizes_bytes: Vec<u64>,
 }
 
 impl Layout {
@@ -317,6 +320,7 @@ pub fn layout_from(sbs: &[Superblock]) -> Result<Layout, EngineError> {
         geo,
         segment_size_bytes: fast.segment_size_bytes,
         segments,
+        device_sizes_bytes: sbs.iter().map(|sb| sb.device_size_bytes).collect(),
     })
 }
 

@@ -47,6 +47,8 @@ mod tests_clone_space;
 #[cfg(test)]
 mod tests_damage;
 #[cfg(test)]
+mod tests_figures;
+#[cfg(test)]
 mod tests_full_gaps;
 #[cfg(test)]
 mod tests_log_full;
@@ -242,13 +244,30 @@ pub struct EngineStats {
     pub fill_ratio_high: f64,
     pub destage_rate_bytes_per_s: f64,
     pub destage_bandwidth_bytes_per_s: f64,
+    /// Live host data in the log not destaged yet: what the destager still has to write to
+    /// the capacity tier (hot data it keeps on the fast tier included). Data overwritten,
+    /// trimmed or deleted is not counted, though it holds log space until the tail passes it
+    /// (`log_dead_bytes`).
     pub destage_backlog_bytes: u64,
+    /// Log space held by what no reader needs: data overwritten, trimmed or deleted, batch
+    /// headers and zero records, and the blocks skipped at the log area's end when a batch
+    /// wrapped. It counts in the fill (the log reuses it only once the tail passes it), but
+    /// nothing of it is written to the capacity tier. With `destage_backlog_bytes` and
+    /// `read_cache_log_bytes` it makes `log_used_bytes`.
+    pub log_dead_bytes: u64,
     pub destaged_bytes_total: u64,
     pub host_write_bytes_total: u64,
     pub host_read_bytes_total: u64,
-    /// Host writes are paced to the rate the destager frees the log (the fill is above the
-    /// high mark and a host batch was placed there).
+    /// Admission control holds host writes back (`admission` is not "open"): the fill is
+    /// above the high mark, so they are paced to the rate the destager frees the log (or,
+    /// before one is measured after a start, wait once the log has no room), or the log has
+    /// no room for a batch now.
     pub admission_throttled: bool,
+    /// How the next host write is admitted, from the log as it stands: "open", "throttled"
+    /// (paced), "measuring" (above the high mark, no rate to pace at measured yet since the
+    /// start: writes go while the log has room, then wait) or "waiting_for_room" (the log
+    /// has no room for a batch: writes wait for the destager).
+    pub admission: String,
     pub capacity_full: bool,
     /// A capacity device had no room for a write (its file system is full): capacity writes
     /// pause and the tier counts as full until one succeeds again (room.rs). None otherwise.
@@ -411,6 +430,13 @@ impl DiskGroup {
     /// capacity devices in `stats().capacity_devices` order), persisted in the checkpoint.
     pub fn device_wear(&self) -> Vec<DeviceWear> {
         self.sh.device_wear()
+    }
+
+    /// Each device's size when the group was formatted on it, the fast device first, in the
+    /// order of `device_wear`: what the group writes to. A device grown since is larger
+    /// (`Device::size_bytes`), and the rest of it is never written.
+    pub fn formatted_device_sizes(&self) -> Vec<u64> {
+        self.sh.layout.device_sizes_bytes.clone()
     }
 
     /// Checks a view's range; returns (top layer, read_only).
@@ -1165,15 +1191,20 @@ impl DiskGroup {
     pub fn stats(&self) -> EngineStats {
         let sh = &self.sh;
         let c = &sh.counters;
-        let (used, backlog, cache_log, cache_budget, fill) = {
+        // Live log data is counted as batches are applied, after they took their log space:
+        // read under the log lock, it is at most what the batches hold besides cached copies.
+        let (used, live, dead, cache_log, cache_budget, fill, admission) = {
             let log = sh.log.lock();
-            let backlog = (log.used_blocks - log.skipped_blocks) * BLOCK_U64;
+            let live = c.fast_live_blocks.load(Ordering::Relaxed);
+            let held = log.used_blocks.saturating_sub(log.cache_blocks);
             (
                 log.used_blocks * BLOCK_U64,
-                backlog - log.cache_blocks * BLOCK_U64,
+                live.min(held) * BLOCK_U64,
+                held.saturating_sub(live) * BLOCK_U64,
                 log.cache_blocks * BLOCK_U64,
                 log.cache_budget_blocks * BLOCK_U64,
                 log.fill_ratio(),
+                log::admission_now(sh, &log),
             )
         };
         let (seg_total, seg_free, live_blocks, data_segs, meta_blocks) = {
@@ -1213,16 +1244,13 @@ impl DiskGroup {
             fill_ratio_high: sh.cfg.fill_ratio_high,
             destage_rate_bytes_per_s: c.destage_rate.lock().per_second(Instant::now()),
             destage_bandwidth_bytes_per_s: shared::Counters::get_f64(&c.destage_bw_bytes_per_s),
-            destage_backlog_bytes: backlog,
+            destage_backlog_bytes: live,
+            log_dead_bytes: dead,
             destaged_bytes_total: c.destaged_bytes.load(Ordering::Relaxed),
             host_write_bytes_total: c.host_write_bytes.load(Ordering::Relaxed),
             host_read_bytes_total: c.host_read_bytes.load(Ordering::Relaxed),
-            // The flag is set as host batches are placed; with none since the destager
-            // brought the fill under the high mark, nothing is paced any more. Out of room,
-            // nothing is paced either: writes fit the log or are refused (`host_wait`).
-            admission_throttled: c.throttled.load(Ordering::Relaxed)
-                && fill > sh.cfg.fill_ratio_high
-                && !c.capacity_out_of_room.load(Ordering::Relaxed),
+            admission_throttled: admission != log::Admission::Open,
+            admission: admission.as_str().into(),
             capacity_full: c.capacity_full.load(Ordering::Relaxed),
             capacity_out_of_room: c.out_of_room.lock().as_ref().map(|o| OutOfRoomStats {
                 error: o.error.clone(),

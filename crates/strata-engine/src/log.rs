@@ -538,6 +538,72 @@ pub fn rotation_reserve_blocks(max_batch_blocks: u64, log_blocks: u64) -> u64 {
     (2 * max_batch_blocks + max_batch_blocks / 32 + 1).min(log_blocks / 8)
 }
 
+/// Whether host writes wait for the log to have room for a whole batch (`host_wait`). While
+/// the capacity tier takes nothing, only compaction frees the log, and it needs room for the
+/// live data it keeps: host writes leave it an eighth of the log. (Once nothing can free the
+/// log, `capacity_full` is set and host writes take what is left, then fail with ENOSPC.)
+pub fn host_writes_wait_for_room(sh: &Shared, log: &LogState) -> bool {
+    let c = &sh.counters;
+    if c.capacity_full.load(Ordering::Relaxed) {
+        return false;
+    }
+    let free = log.log_blocks.saturating_sub(log.used_blocks);
+    let keep = if c.capacity_blocked.load(Ordering::Relaxed) {
+        log.log_blocks / 8
+    } else {
+        0
+    };
+    free < keep + max_batch_blocks(sh.cfg.max_batch_bytes) + 1 + log.kept_free(true, false)
+}
+
+/// How host writes are admitted now, as `EngineStats::admission` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// They go as they come.
+    Open,
+    /// Above the high mark: paced to the rate the log is freed at.
+    Throttled,
+    /// Above the high mark with no rate measured yet to pace them at (after a start, until
+    /// the destager's first step): they go as they come while the log has room, then wait.
+    Measuring,
+    /// The log has no room for a whole batch: they wait for the destager to free some.
+    WaitingForRoom,
+}
+
+impl Admission {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Admission::Open => "open",
+            Admission::Throttled => "throttled",
+            Admission::Measuring => "measuring",
+            Admission::WaitingForRoom => "waiting_for_room",
+        }
+    }
+}
+
+/// What the next host batch meets, from the log as it stands: not from the last host batch
+/// placed, which after a start (or after a spell with no writes) says nothing of the log's
+/// fill now. The same rules as `host_wait` and `admit`.
+pub fn admission_now(sh: &Shared, log: &LogState) -> Admission {
+    let c = &sh.counters;
+    // Out of room on the capacity tier, a write fits the log now or is refused (room.rs).
+    if c.capacity_out_of_room.load(Ordering::Relaxed) {
+        return Admission::Open;
+    }
+    if host_writes_wait_for_room(sh, log) {
+        return Admission::WaitingForRoom;
+    }
+    if log.fill_ratio() <= sh.cfg.fill_ratio_high {
+        return Admission::Open;
+    }
+    let measured = c.admit_rate_measured.load(Ordering::Relaxed)
+        || Counters::get_f64(&c.destage_bw_bytes_per_s) > 0.0;
+    match measured {
+        true => Admission::Throttled,
+        false => Admission::Measuring,
+    }
+}
+
 /// Data blocks of a host write `try_inline` may write on its sender's thread (larger ones go
 /// to the committers, which keep their buffers).
 const INLINE_MAX_BLOCKS: u64 = 16;
@@ -980,25 +1046,11 @@ impl LogWriter {
             return None;
         }
         let c = &self.sh.counters;
-        if !c.capacity_full.load(Ordering::Relaxed) {
-            // Host writes wait here, not in `reserve`, while the log has no room for a whole
-            // batch: the destager's own rewrites, which free the log, still go meanwhile.
-            // While the capacity tier takes nothing, only compaction frees the log, and it
-            // needs room for the live data it keeps: host writes leave it an eighth of the
-            // log. (Once nothing can free the log, `capacity_full` is set and host writes
-            // take what is left, then fail with ENOSPC.)
-            let log = self.sh.log.lock();
-            let free = log.log_blocks.saturating_sub(log.used_blocks);
-            let keep = if c.capacity_blocked.load(Ordering::Relaxed) {
-                log.log_blocks / 8
-            } else {
-                0
-            };
-            if free < keep + self.max_batch_blocks + 1 + log.kept_free(true, false) {
-                drop(log);
-                self.sh.wake_destager();
-                return Some(Duration::from_millis(50));
-            }
+        // Host writes wait here, not in `reserve`, while the log has no room for a whole
+        // batch: the destager's own rewrites, which free the log, still go meanwhile.
+        if host_writes_wait_for_room(&self.sh, &self.sh.log.lock()) {
+            self.sh.wake_destager();
+            return Some(Duration::from_millis(50));
         }
         let now = Instant::now();
         // Out of room on the capacity tier, the destager is paused and frees nothing: a write
@@ -1271,11 +1323,20 @@ impl LogWriter {
     /// (with neither, host writes are not paced: only a full log makes them wait).
     /// The batch just placed pays the cost: the next host batch waits for it (`host_wait`).
     fn admit(&self, f: &mut Front, blocks: u64) {
+        self.admit_paced(f, blocks);
+        // What `admission_now` reads: whether a rate to pace at was measured.
+        let measured = f.freed_rate.is_some();
+        self.sh
+            .counters
+            .admit_rate_measured
+            .store(measured, Ordering::Relaxed);
+    }
+
+    fn admit_paced(&self, f: &mut Front, blocks: u64) {
         let fill = self.sh.log.lock().fill_ratio();
         let (low, high) = (self.sh.cfg.fill_ratio_low, self.sh.cfg.fill_ratio_high);
         let now = Instant::now();
         if fill <= high {
-            self.sh.counters.throttled.store(false, Ordering::Relaxed);
             f.next_admit = now;
             f.freed_samples.clear();
             if fill < low {
@@ -1283,7 +1344,6 @@ impl LogWriter {
             }
             return;
         }
-        self.sh.counters.throttled.store(true, Ordering::Relaxed);
         // Net of the destager's own rewrites: compacting a log region that is 70% live frees
         // only 30% of it for host writes.
         let freed =

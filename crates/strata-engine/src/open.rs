@@ -112,6 +112,8 @@ pub fn open_shared(
     ctl.progress
         .set_log_area_bytes(layout.log_blocks * BLOCK_U64);
     let sh = Arc::new(new_shared(fast, caps, cfg, layout, &checkpoint));
+    #[cfg(test)]
+    sh.destager_held.store(ctl.hold_destager, Ordering::Relaxed);
     // Up to the end of the replay, open writes nothing but what is done already: a format
     // (whole, the fast superblock last: §5.1 step 1) or a checkpoint repair (both copies the
     // same winner: step 2). Steps 3 to 7 only read and build state in memory, so an open

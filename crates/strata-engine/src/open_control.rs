@@ -23,6 +23,10 @@ pub struct OpenControl {
     /// the step and how many batches were replayed (tests stop opens with it).
     #[cfg(test)]
     pub(crate) hook: Option<Arc<dyn Fn(OpenStep, usize) + Send + Sync>>,
+    /// The group opens with its destager held (`Shared::destager_held`): tests see the state
+    /// open leaves before any destager step.
+    #[cfg(test)]
+    pub(crate) hold_destager: bool,
 }
 
 /// What the open is doing.

@@ -205,7 +205,9 @@ pub struct Counters {
     pub destage_bw_bytes_per_s: AtomicU64,
     /// Capacity bytes the destager wrote, per wall second over the last seconds.
     pub destage_rate: Mutex<DecayingRate>,
-    pub throttled: AtomicBool,
+    /// Admission control has measured the rate the log is freed at while throttled
+    /// (`LogWriter::admit`; the destage bandwidth stands in without it).
+    pub admit_rate_measured: AtomicBool,
     pub capacity_full: AtomicBool,
     /// The last destage found no segment to write: the log is freed only by compaction
     /// (`Destager::compact_tail`) until it does, so host writes leave it room.

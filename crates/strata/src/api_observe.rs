@@ -143,6 +143,19 @@ fn state_warning(stats: &EngineStats) -> Option<String> {
     }
 }
 
+/// What admission control does to host writes now, when it holds them back.
+fn admission_warning(stats: &EngineStats) -> Option<&'static str> {
+    match stats.admission.as_str() {
+        "throttled" => Some("host writes are paced to the destage rate"),
+        "measuring" => Some(
+            "host writes will be paced to the destage rate once it is measured (the destager's \
+             first steps since the start); until then they wait whenever the log has no room",
+        ),
+        "waiting_for_room" => Some("host writes wait for the destager to free log space"),
+        _ => None,
+    }
+}
+
 pub fn warnings(
     stats: &EngineStats,
     devices: &[DeviceJson],
@@ -150,9 +163,9 @@ pub fn warnings(
 ) -> Vec<String> {
     let mut out = Vec::new();
     out.extend(state_warning(stats));
-    if stats.admission_throttled {
+    if let Some(how) = admission_warning(stats) {
         out.push(format!(
-            "the write log is {:.0}% full, above the high mark of {:.0}%: host writes are paced to the destage rate",
+            "the write log is {:.0}% full ({:.0}% is the high mark): {how}",
             stats.log_fill_ratio * 100.0,
             stats.fill_ratio_high * 100.0
         ));
@@ -169,7 +182,15 @@ pub fn warnings(
     } else if stats.capacity_total_bytes > 0 {
         let used = stats.capacity_used_bytes as f64 / stats.capacity_total_bytes as f64;
         if used > CAPACITY_WARN_RATIO {
-            out.push(format!("the capacity tier is {:.0}% used", used * 100.0));
+            // Used segments hold dead data too (overwritten, trimmed, deleted), which garbage
+            // collection gives back as free segments run short: the live share says how much
+            // is really taken.
+            let live = stats.capacity_live_bytes as f64 / stats.capacity_total_bytes as f64;
+            out.push(format!(
+                "the capacity tier is {:.0}% used ({:.0}% by live data)",
+                used * 100.0,
+                live * 100.0
+            ));
         }
     }
     if stats.checksum_errors_total > 0 {
@@ -212,9 +233,14 @@ pub struct DiskGroupJson {
     pub fill_ratio_high: f64,
     pub destage_rate_bytes_per_s: f64,
     pub destage_bandwidth_bytes_per_s: f64,
+    /// Live log data not destaged yet (`EngineStats::destage_backlog_bytes`).
     pub destage_backlog_bytes: u64,
+    /// Log space held by dead data (`EngineStats::log_dead_bytes`).
+    pub log_dead_bytes: u64,
     pub destaged_bytes_total: u64,
     pub admission_throttled: bool,
+    /// "open", "throttled", "measuring" or "waiting_for_room" (`EngineStats::admission`).
+    pub admission: String,
     pub fast_resident_bytes: u64,
     pub capacity_total_bytes: u64,
     pub capacity_used_bytes: u64,
@@ -261,8 +287,10 @@ fn disk_group_json(e: &EngineStats, scrub: ScrubSummaryJson) -> DiskGroupJson {
         destage_rate_bytes_per_s: e.destage_rate_bytes_per_s,
         destage_bandwidth_bytes_per_s: e.destage_bandwidth_bytes_per_s,
         destage_backlog_bytes: e.destage_backlog_bytes,
+        log_dead_bytes: e.log_dead_bytes,
         destaged_bytes_total: e.destaged_bytes_total,
         admission_throttled: e.admission_throttled,
+        admission: e.admission.clone(),
         fast_resident_bytes: e.fast_resident_bytes,
         capacity_total_bytes: e.capacity_total_bytes,
         capacity_used_bytes: e.capacity_used_bytes,
@@ -339,6 +367,9 @@ pub fn device_list(state: &AppState) -> Vec<DeviceJson> {
     let checksum_errors = stats.checksum_errors_by_device;
     let all_stats = std::iter::once(stats.fast_device).chain(stats.capacity_devices);
     let now = unix_now_s();
+    // Wear is a share of what the group writes to: a device grown since the group was
+    // formatted on it is larger (`size_bytes`), and the rest is never written.
+    let formatted = g.formatted_device_sizes();
     all_stats
         .zip(g.device_wear())
         .zip(&state.devices)
@@ -346,11 +377,23 @@ pub fn device_list(state: &AppState) -> Vec<DeviceJson> {
         .map(|(i, ((st, w), id))| DeviceJson {
             tier: id.tier,
             disk_group: DISK_GROUP_ID,
-            wear: wear::wear(id, st.size_bytes, w, now, &state.history),
+            wear: wear::wear(
+                id,
+                formatted_size(&formatted, i, &st),
+                w,
+                now,
+                &state.history,
+            ),
             checksum_errors_total: checksum_errors.get(i).copied().unwrap_or(0),
             stats: st,
         })
         .collect()
+}
+
+/// Device `i`'s formatted size, or its own size where the group does not say (never the case
+/// for a group's own devices).
+fn formatted_size(formatted: &[u64], i: usize, st: &DeviceStats) -> u64 {
+    formatted.get(i).copied().unwrap_or(st.size_bytes)
 }
 
 async fn devices(State(state): State<Arc<AppState>>) -> Result<Json<DeviceListJson>, ApiError> {
@@ -429,6 +472,110 @@ mod dashboard_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A device file grown after its group was formatted on it: its wear is a share of the
+    /// size the group writes to, which the figures name, not of the file's new size. (Drive
+    /// writes per day were a share of the device's whole size, half of the true figure on a
+    /// device grown to twice its formatted size.)
+    #[test]
+    fn wear_of_a_device_grown_since_format_uses_the_formatted_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = crate::ServeArgs {
+            data_dir: Some(dir.path().to_path_buf()),
+            fast_size: Some(16 << 20),
+            capacity_size: Some(64 << 20),
+            ..crate::ServeArgs::default()
+        };
+        let cfg = crate::config::merge(&args, Default::default()).unwrap();
+        let open = || {
+            let devs = crate::devices::open_devices(&cfg, &Default::default()).unwrap();
+            let engine = strata_engine::EngineConfig::default();
+            strata_engine::DiskGroup::open(devs.fast, devs.capacity, engine, true).unwrap()
+        };
+        let group = open();
+        let v = group.create_volume("v", 4 << 20).unwrap().id;
+        group.write(v, 0, &vec![0x5a; 1 << 20]).unwrap();
+        group.shutdown().unwrap();
+        drop(group);
+        for (file, grown) in [("fast.img", 32 << 20), ("capacity-0.img", 96 << 20)] {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(dir.path().join(file));
+            f.unwrap().set_len(grown).unwrap();
+        }
+        let identity = |name: &str, tier| crate::wear::DeviceIdentity {
+            name: name.into(),
+            tier,
+            model: None,
+            rating: None,
+            projection_after_s: 0,
+        };
+        let state = AppState {
+            registry: crate::registry::Registry::new(open()),
+            started: std::time::Instant::now(),
+            nbd_addr: "127.0.0.1:10809".parse().unwrap(),
+            http_addr: "127.0.0.1:9090".parse().unwrap(),
+            io_backend: "threads".into(),
+            history: crate::history::History::new(),
+            token: None,
+            devices: vec![identity("fast", "fast"), identity("capacity-0", "capacity")],
+            scrub: crate::api_scrub::ScrubConfig {
+                interval: None,
+                rate_bytes_per_s: 0,
+            },
+            stopping: tokio::sync::watch::channel(false).1,
+            read_cache: crate::read_cache::decide_with(
+                crate::read_cache::ReadCacheSetting::Ratio(0.0),
+                &crate::read_cache::Devices {
+                    fast: std::path::Path::new("/fast"),
+                    capacity: &[],
+                    capacity_emulated: false,
+                },
+                |p| crate::read_cache::Probe {
+                    disk: Some(p.to_path_buf()),
+                    rotational: Ok(false),
+                },
+            ),
+            space: Default::default(),
+        };
+        let devices = device_list(&state);
+        for (d, grown, formatted) in [
+            (&devices[0], 32u64 << 20, 16u64 << 20),
+            (&devices[1], 96 << 20, 64 << 20),
+        ] {
+            assert_eq!(d.stats.size_bytes, grown, "{d:?}");
+            assert_eq!(d.wear.formatted_size_bytes, formatted, "{d:?}");
+            let w = &d.wear;
+            assert!(w.write_bytes_per_s_avg > 0.0, "{d:?}");
+            let dwpd = w.write_bytes_per_s_avg * 86_400.0 / formatted as f64;
+            assert!(
+                (w.drive_writes_per_day - dwpd).abs() <= dwpd * 1e-9,
+                "{w:?}, want {dwpd}"
+            );
+        }
+        state.registry.group().shutdown().unwrap();
+    }
+
+    /// A capacity tier nearly all in used segments is warned about with the share live data
+    /// takes: segments also hold dead data that garbage collection gives back.
+    #[test]
+    fn a_capacity_warning_says_how_much_is_live() {
+        let stats = EngineStats {
+            state: "running".into(),
+            capacity_total_bytes: 100 << 30,
+            capacity_used_bytes: 95 << 30,
+            capacity_live_bytes: 40 << 30,
+            ..EngineStats::default()
+        };
+        let config = crate::api_scrub::ScrubConfig {
+            interval: None,
+            rate_bytes_per_s: 0,
+        };
+        let scrub = crate::api_scrub::summary_json(Default::default(), &config);
+        let list = warnings(&stats, &[], &scrub);
+        let want = "the capacity tier is 95% used (40% by live data)";
+        assert!(list.iter().any(|w| w == want), "{list:?}");
+    }
 
     #[test]
     fn an_offline_group_is_warned_about_with_its_reason() {

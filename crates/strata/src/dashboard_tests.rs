@@ -178,3 +178,33 @@ fn sizes_just_short_of_a_unit_are_shown_in_the_next_one() {
     let want: Vec<&str> = cases.iter().map(|(_, s)| *s).collect();
     assert_eq!(text.lines().collect::<Vec<_>>(), want);
 }
+
+/// A device grown since its group was formatted shows the part the group uses beside its size
+/// (the DWPD cell is a share of that part); one of its formatted size shows its size alone.
+#[test]
+fn a_grown_device_shows_the_size_its_group_uses() {
+    let grown = rated_device(json!({"formatted_size_bytes": 400_000_000_000u64}));
+    let same = rated_device(json!({"formatted_size_bytes": 800_000_000_000u64}));
+    let Some(rows) = device_rows(json!([grown, same])) else {
+        return;
+    };
+    assert!(rows[0][2].ends_with("used)"), "{rows:?}");
+    assert!(!rows[1][2].contains("used"), "{rows:?}");
+}
+
+/// How admission holds writes back, as the disk group's pill and the fill card word it.
+#[test]
+fn admission_states_are_named() {
+    for (state, want) in [
+        ("measuring", "measuring"),
+        ("waiting_for_room", "waiting for room"),
+        ("throttled", "throttled"),
+    ] {
+        let Some(text) = shown(&format!("admissionWord({{admission: \"{state}\"}})")) else {
+            return;
+        };
+        assert_eq!(text, want);
+    }
+    // A daemon from before the state sends only the flag.
+    assert_eq!(shown("admissionWord({})").as_deref(), Some("throttled"));
+}

@@ -185,8 +185,9 @@ fn warn_grown(device: &dyn Device) {
 
 /// A device of a disk group that is larger than when the group was formatted on it (a LUN or
 /// a file grown since): the group keeps to the size in its superblock, so the rest stays
-/// unused, and the device tables show the device's own size. None for a blank device, one of
-/// its formatted size, or one the engine will refuse (unreadable; smaller).
+/// unused. The device tables show both sizes, and wear is a share of the formatted one
+/// (`WearJson::formatted_size_bytes`). None for a blank device, one of its formatted size, or
+/// one the engine will refuse (unreadable; smaller).
 pub fn grown_device(device: &dyn Device) -> Option<String> {
     let sb = strata_engine::read_superblock(device).ok()??;
     let size = device.size_bytes() / 4096 * 4096;

@@ -48,7 +48,10 @@ pub struct Sample {
     pub fill_ratio_high: f64,
     pub destage_rate_bytes_per_s: f64,
     pub destage_backlog_bytes: u64,
+    pub log_dead_bytes: u64,
     pub admission_throttled: bool,
+    /// `EngineStats::admission`: "open", "throttled", "measuring" or "waiting_for_room".
+    pub admission: String,
     /// Share of bytes read from stored data that came from the fast tier in the interval.
     pub fast_read_hit_ratio: Option<f64>,
     pub devices: Vec<DeviceRate>,
@@ -206,7 +209,9 @@ fn sample(prev: &Reading, now: &Reading) -> Sample {
         fill_ratio_high: e1.fill_ratio_high,
         destage_rate_bytes_per_s: e1.destage_rate_bytes_per_s,
         destage_backlog_bytes: e1.destage_backlog_bytes,
+        log_dead_bytes: e1.log_dead_bytes,
         admission_throttled: e1.admission_throttled,
+        admission: e1.admission.clone(),
         fast_read_hit_ratio,
         devices,
     }

@@ -229,6 +229,12 @@ fn render_devices(e: &mut Exposition, devices: &[DeviceJson]) {
         let l = [("device", d.stats.name.as_str()), ("tier", d.tier)];
         e.sample("strata_device_size_bytes", &l, d.stats.size_bytes as f64);
     }
+    let name = "strata_device_formatted_size_bytes";
+    e.family(name, Type::Gauge, "The part of the device its disk group was formatted on and writes to (less than strata_device_size_bytes on a device grown since); drive writes per day are a share of it.");
+    for d in devices {
+        let l = [("device", d.stats.name.as_str()), ("tier", d.tier)];
+        e.sample(name, &l, d.wear.formatted_size_bytes as f64);
+    }
     let bounds: Vec<f64> = (0..IO_SIZE_BUCKETS - 1).map(|i| (1u64 << i) as f64).collect();
     for (name, help, read) in [
         ("strata_device_read_size_bytes", "Sizes of device reads.", true),
@@ -265,7 +271,7 @@ fn render_wear(e: &mut Exposition, devices: &[DeviceJson]) {
     }
     let gauges: [Family<WearJson, Option<f64>>; 6] = [
         ("strata_device_write_rate_average_bytes_per_second", "Lifetime average write rate.", |w| Some(w.write_bytes_per_s_avg)),
-        ("strata_device_drive_writes_per_day", "Drive writes per day at the average rate.", |w| Some(w.drive_writes_per_day)),
+        ("strata_device_drive_writes_per_day", "Drive writes per day at the average rate, of the formatted size (strata_device_formatted_size_bytes).", |w| Some(w.drive_writes_per_day)),
         ("strata_device_endurance_used_ratio", "Share of the rated endurance used (catalog devices only).", |w| w.endurance_used_ratio),
         ("strata_device_warranty_end_timestamp_seconds", "End of the warranty (catalog devices only).", |w| w.warranty_end_unix_s.map(|t| t as f64)),
         ("strata_device_projected_wear_out_timestamp_seconds", "When the rated endurance runs out at the average rate.", |w| w.projected_wear_out_unix_s.map(|t| t as f64)),
@@ -281,17 +287,21 @@ fn render_wear(e: &mut Exposition, devices: &[DeviceJson]) {
     }
 }
 
+/// The values of `EngineStats::admission`.
+const ADMISSION_STATES: [&str; 4] = ["open", "throttled", "measuring", "waiting_for_room"];
+
 fn render_engine(e: &mut Exposition, s: &EngineStats) {
-    let gauges: [(&str, &str, f64); 18] = [
+    let gauges: [(&str, &str, f64); 19] = [
         ("strata_log_fill_ratio", "Fill of the write buffer: log space in use besides the read cache's copies, against the log less what the read cache holds; the destage marks apply to it.", s.log_fill_ratio),
         ("strata_log_fill_ratio_low", "Fill below which the destager idles.", s.fill_ratio_low),
         ("strata_log_fill_ratio_high", "Fill above which the destager runs flat out and admission follows it.", s.fill_ratio_high),
         ("strata_log_capacity_bytes", "Size of the write log.", s.log_capacity_bytes as f64),
-        ("strata_log_used_bytes", "Bytes of the write log in use.", s.log_used_bytes as f64),
+        ("strata_log_used_bytes", "Bytes of the write log in use: live data, dead data and the read cache's copies (reused only once the log's tail passes them).", s.log_used_bytes as f64),
+        ("strata_log_dead_bytes", "Bytes of the write log held by what no reader needs (data overwritten, trimmed or deleted, batch headers): freed as the tail passes, never written to the capacity tier.", s.log_dead_bytes as f64),
         ("strata_destage_rate_bytes_per_second", "Capacity-tier bytes written by the destager per second, averaged over the last seconds (exponentially, 5 s); 0 when it rests.", s.destage_rate_bytes_per_s),
         ("strata_destage_bandwidth_bytes_per_second", "Log space the destager frees per busy second, smoothed.", s.destage_bandwidth_bytes_per_s),
-        ("strata_destage_backlog_bytes", "Bytes in the log waiting to be destaged.", s.destage_backlog_bytes as f64),
-        ("strata_admission_throttled", "1 while host writes are paced to the destage rate.", if s.admission_throttled { 1.0 } else { 0.0 }),
+        ("strata_destage_backlog_bytes", "Live bytes in the log not destaged yet: what the destager still has to write to the capacity tier (dead data is strata_log_dead_bytes).", s.destage_backlog_bytes as f64),
+        ("strata_admission_throttled", "1 while admission control holds host writes back: paced to the destage rate, waiting for log room, or above the high mark with no rate measured yet (strata_admission_state says which).", if s.admission_throttled { 1.0 } else { 0.0 }),
         ("strata_fast_tier_resident_bytes", "Live bytes held on the fast tier.", s.fast_resident_bytes as f64),
         ("strata_capacity_total_bytes", "Capacity-tier space in segments.", s.capacity_total_bytes as f64),
         ("strata_capacity_used_bytes", "Capacity-tier space in used segments.", s.capacity_used_bytes as f64),
@@ -304,6 +314,15 @@ fn render_engine(e: &mut Exposition, s: &EngineStats) {
     ];
     for (name, help, v) in gauges {
         e.single(name, Type::Gauge, help, v);
+    }
+    let name = "strata_admission_state";
+    e.family(name, Type::Gauge, "1 for how host writes are admitted now: open, throttled (paced to the destage rate), measuring (above the high mark, no rate measured yet since the start) or waiting_for_room (the log has no room for a batch).");
+    for state in ADMISSION_STATES {
+        e.sample(
+            name,
+            &[("state", state)],
+            if s.admission == state { 1.0 } else { 0.0 },
+        );
     }
     let counters: [(&str, &str, u64); 8] = [
         ("strata_destaged_bytes_total", "Bytes moved from the log to the capacity tier.", s.destaged_bytes_total),
@@ -388,6 +407,7 @@ mod tests {
                 ..Default::default()
             },
             wear: WearJson {
+                formatted_size_bytes: 1 << 30,
                 bytes_written_total: 1 << 20,
                 first_use_unix_s: 1_700_000_000,
                 write_bytes_per_s_avg: 12.0,

@@ -159,21 +159,26 @@ fn disk_group(g: &Value) -> String {
     let num = |k: &str| g[k].as_f64().unwrap_or(0.0);
     let (total, used) = (num("capacity_total_bytes"), num("capacity_used_bytes"));
     let used_ratio = (total > 0.0).then(|| used / total);
-    let admission = if g["admission_throttled"].as_bool() == Some(true) {
-        "THROTTLED (writes paced to the destage rate)"
-    } else if g["capacity_full"].as_bool() == Some(true) {
-        "open until the log fills, then writes fail (the capacity tier takes nothing)"
-    } else {
-        "open"
+    let admission = match g["admission"].as_str() {
+        Some("throttled") => "THROTTLED (writes paced to the destage rate)",
+        Some("measuring") => "MEASURING (above the high mark: writes wait while the log has no room, and are paced once the destage rate is measured)",
+        Some("waiting_for_room") => "WAITING (the log has no room: writes wait for the destager)",
+        // A daemon from before `admission`.
+        None if g["admission_throttled"].as_bool() == Some(true) => "THROTTLED (writes paced to the destage rate)",
+        _ if g["capacity_full"].as_bool() == Some(true) => {
+            "open until the log fills, then writes fail (the capacity tier takes nothing)"
+        }
+        _ => "open",
     };
     format!(
-        "\nDISK GROUP {}  {}\n  write log    {} {} full ({} of {} in use)  marks {:.0}% / {:.0}%\n  destage      {}, backlog {}, admission {}\n  capacity     {} of {} used ({}), {} of {} segments free\n  reads        {} from the fast tier\n  gc           {} segment(s) cleaned, {} relocated\n",
+        "\nDISK GROUP {}  {}\n  write log    {} {} full ({} of {} in use, {} of it dead)  marks {:.0}% / {:.0}%\n  destage      {}, backlog {} (live data to write to the capacity tier), admission {}\n  capacity     {} of {} used ({}, {} of it live data), {} of {} segments free\n  reads        {} from the fast tier\n  gc           {} segment(s) cleaned, {} relocated\n",
         text(&g["id"]),
         text(&g["state"]),
         fill_bar(num("log_fill_ratio"), num("fill_ratio_low"), num("fill_ratio_high")),
         percent(g["log_fill_ratio"].as_f64()),
         bytes(&g["log_used_bytes"]),
         bytes(&g["log_capacity_bytes"]),
+        bytes(&g["log_dead_bytes"]),
         num("fill_ratio_low") * 100.0,
         num("fill_ratio_high") * 100.0,
         rate(g["destage_rate_bytes_per_s"].as_f64()),
@@ -182,6 +187,7 @@ fn disk_group(g: &Value) -> String {
         bytes(&g["capacity_used_bytes"]),
         bytes(&g["capacity_total_bytes"]),
         percent(used_ratio),
+        bytes(&g["capacity_live_bytes"]),
         text(&g["segments_free"]),
         text(&g["segments_total"]),
         percent(g["fast_read_hit_ratio"].as_f64()),
@@ -245,6 +251,18 @@ fn wear_out(w: &Value) -> String {
     }
 }
 
+/// The device's size, and the part its disk group uses when that is less (a device grown
+/// since the group was formatted on it): drive writes per day are a share of that part.
+fn device_size(d: &Value) -> String {
+    let formatted = d["wear"]["formatted_size_bytes"].as_u64();
+    match (d["size_bytes"].as_u64(), formatted) {
+        (Some(size), Some(used)) if used < size => {
+            format!("{} ({} used)", format_size(size), format_size(used))
+        }
+        _ => bytes(&d["size_bytes"]),
+    }
+}
+
 fn devices(v: &Value) -> String {
     let rows: Vec<Vec<String>> = v["devices"]
         .as_array()
@@ -257,7 +275,7 @@ fn devices(v: &Value) -> String {
             vec![
                 name.to_string(),
                 text(&d["tier"]),
-                bytes(&d["size_bytes"]),
+                device_size(d),
                 rate(r.and_then(|r| r["read_bytes_per_s"].as_f64())),
                 rate(r.and_then(|r| r["write_bytes_per_s"].as_f64())),
                 bytes(&w["bytes_written_total"]),
@@ -360,8 +378,10 @@ mod tests {
                 "id": "dg0", "state": "running", "log_fill_ratio": 0.5, "fill_ratio_low": 0.3,
                 "fill_ratio_high": 0.7, "log_capacity_bytes": 268435456u64, "log_used_bytes": 134217728u64,
                 "destage_rate_bytes_per_s": 1048576.0, "destage_backlog_bytes": 83886080u64,
-                "admission_throttled": true, "capacity_total_bytes": 2147483648u64,
-                "capacity_used_bytes": 1073741824u64, "segments_free": 128, "segments_total": 256,
+                "log_dead_bytes": 50331648u64, "admission_throttled": true,
+                "admission": "throttled", "capacity_total_bytes": 2147483648u64,
+                "capacity_used_bytes": 1073741824u64, "capacity_live_bytes": 805306368u64,
+                "segments_free": 128, "segments_total": 256,
                 "fast_read_hit_ratio": 0.87, "gc_segments_cleaned_total": 3,
                 "gc_relocated_bytes_total": 12582912u64
             }],
@@ -395,12 +415,60 @@ mod tests {
     fn a_full_capacity_tier_says_when_writes_fail() {
         let mut v = status();
         v["disk_groups"][0]["admission_throttled"] = json!(false);
+        v["disk_groups"][0]["admission"] = json!("open");
         v["disk_groups"][0]["capacity_full"] = json!(true);
         let page = render(&v);
         let want = "admission open until the log fills, then writes fail";
         assert!(page.contains(want), "missing {want:?} in\n{page}");
         v["disk_groups"][0]["capacity_full"] = json!(false);
         assert!(render(&v).contains("admission open\n"), "{}", render(&v));
+    }
+
+    /// Every admission state is named; above the high mark before a rate is measured (after
+    /// a start) the line says so rather than "open".
+    #[test]
+    fn the_admission_line_names_the_state() {
+        let mut v = status();
+        for (state, want) in [
+            ("measuring", "admission MEASURING (above the high mark"),
+            ("waiting_for_room", "admission WAITING (the log has no room"),
+            ("throttled", "admission THROTTLED"),
+            ("open", "admission open\n"),
+        ] {
+            v["disk_groups"][0]["admission"] = json!(state);
+            v["disk_groups"][0]["admission_throttled"] = json!(state != "open");
+            let page = render(&v);
+            assert!(page.contains(want), "{state}: missing {want:?} in\n{page}");
+        }
+        // A daemon from before the state: the flag alone.
+        v["disk_groups"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("admission");
+        v["disk_groups"][0]["admission_throttled"] = json!(true);
+        assert!(render(&v).contains("admission THROTTLED"), "{}", render(&v));
+    }
+
+    /// A device grown since its group was formatted shows both sizes: the DWPD beside it is a
+    /// share of the smaller one.
+    #[test]
+    fn a_grown_device_shows_the_size_its_group_uses() {
+        let mut v = status();
+        v["devices"][0]["size_bytes"] = json!(512u64 << 20);
+        v["devices"][0]["wear"]["formatted_size_bytes"] = json!(256u64 << 20);
+        let page = render(&v);
+        let dev = page
+            .lines()
+            .find(|l| l.trim_start().starts_with("fast.img"))
+            .unwrap();
+        assert!(dev.contains("512 MiB (256 MiB used)"), "{dev}");
+        v["devices"][0]["wear"]["formatted_size_bytes"] = json!(512u64 << 20);
+        let page = render(&v);
+        let dev = page
+            .lines()
+            .find(|l| l.trim_start().starts_with("fast.img"))
+            .unwrap();
+        assert!(dev.contains("512 MiB") && !dev.contains("used)"), "{dev}");
     }
 
     #[test]
@@ -412,9 +480,9 @@ mod tests {
             "throughput   4.7 MiB/s read, 1.2 MiB/s write",
             "latency      p50 0.21 ms  p99 1.80 ms  p99.9 4.20 ms",
             "<=1ms 92.1%  <=2ms 98.0%",
-            "50.0% full (128 MiB of 256 MiB in use)  marks 30% / 70%",
-            "admission THROTTLED",
-            "1 GiB of 2 GiB used (50.0%), 128 of 256 segments free",
+            "50.0% full (128 MiB of 256 MiB in use, 48 MiB of it dead)  marks 30% / 70%",
+            "backlog 80 MiB (live data to write to the capacity tier), admission THROTTLED",
+            "1 GiB of 2 GiB used (50.0%, 768 MiB of it live data), 128 of 256 segments free",
             "87.0% from the fast tier",
             "3 segment(s) cleaned, 12 MiB relocated",
             "2031-07-16",

@@ -93,6 +93,10 @@ impl WarningLimiter {
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct WearJson {
+    /// The size drive writes per day are a share of: the part of the device its disk group
+    /// was formatted on, which is all the group writes to. Smaller than the device's
+    /// `size_bytes` on a device grown since (the rest stays unused).
+    pub formatted_size_bytes: u64,
     pub bytes_written_total: u64,
     pub first_use_unix_s: u64,
     pub write_bytes_per_s_avg: f64,
@@ -109,7 +113,8 @@ pub struct WearJson {
     pub wears_out_before_warranty: bool,
 }
 
-/// The wear of one device at `now_unix_s`.
+/// The wear of one device at `now_unix_s`; `size_bytes` is the part of the device the group
+/// writes to (`WearJson::formatted_size_bytes`).
 pub fn wear(
     id: &DeviceIdentity,
     size_bytes: u64,
@@ -132,6 +137,7 @@ pub fn wear(
         avg * SECONDS_PER_DAY / size_bytes as f64
     };
     let mut out = WearJson {
+        formatted_size_bytes: size_bytes,
         bytes_written_total: w.bytes_written_total,
         first_use_unix_s: w.first_use_unix_s,
         write_bytes_per_s_avg: avg,
