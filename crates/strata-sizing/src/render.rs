@@ -263,13 +263,12 @@ fn checks_section(out: &mut String, r: &Report) {
         pct(e.cache.utilization_peak),
         pct(e.capacity.utilization_peak)
     );
-    let ratio = |l: &DeviceLoad| opt(l.endurance_load_ratio, pct);
     let _ = writeln!(
         out,
-        "  endurance (average)   {}  cache devices at {} of their endurance rate, capacity devices at {}",
+        "  endurance (average)   {}  cache devices {}, capacity devices {}",
         verdict(e.checks.endurance_ok),
-        ratio(&e.cache),
-        ratio(&e.capacity)
+        endurance_load(&e.cache),
+        endurance_load(&e.capacity)
     );
     let raw = e.capacity_usable_bytes / d.capacity_fill_max;
     let _ = writeln!(
@@ -288,6 +287,15 @@ fn checks_section(out: &mut String, r: &Report) {
         d.protection.label(),
         d.protection.min_hosts()
     );
+}
+
+/// One tier's part of the endurance check's line: a device without a rating has no share of
+/// one to show ("at not rated" read as a figure).
+fn endurance_load(l: &DeviceLoad) -> String {
+    l.endurance_load_ratio.map_or_else(
+        || "not rated (not checked)".to_string(),
+        |r| format!("at {} of their endurance rate", pct(r)),
+    )
 }
 
 fn smallest_section(out: &mut String, r: &Report) {
