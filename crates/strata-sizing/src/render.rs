@@ -267,8 +267,8 @@ fn checks_section(out: &mut String, r: &Report) {
         out,
         "  endurance (average)   {}  cache devices {}, capacity devices {}",
         verdict(e.checks.endurance_ok),
-        endurance_load(&e.cache),
-        endurance_load(&e.capacity)
+        endurance_load(&e.cache, true),
+        endurance_load(&e.capacity, e.cache.endurance_load_ratio.is_none())
     );
     let raw = e.capacity_usable_bytes / d.capacity_fill_max;
     let _ = writeln!(
@@ -289,13 +289,14 @@ fn checks_section(out: &mut String, r: &Report) {
     );
 }
 
-/// One tier's part of the endurance check's line: a device without a rating has no share of
-/// one to show ("at not rated" read as a figure).
-fn endurance_load(l: &DeviceLoad) -> String {
-    l.endurance_load_ratio.map_or_else(
-        || "not rated (not checked)".to_string(),
-        |r| format!("at {} of their endurance rate", pct(r)),
-    )
+/// One tier's part of the endurance check's line ("at 74%"; the first share shown says of
+/// what): a device without a rating has no share to show ("at not rated" read as a figure).
+fn endurance_load(l: &DeviceLoad, say_of_what: bool) -> String {
+    match l.endurance_load_ratio {
+        None => "not rated (not checked)".to_string(),
+        Some(r) if say_of_what => format!("at {} of their endurance rate", pct(r)),
+        Some(r) => format!("at {}", pct(r)),
+    }
 }
 
 fn smallest_section(out: &mut String, r: &Report) {
