@@ -415,7 +415,17 @@ fn parse_cli(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Cli, 
             }
         }
     }
-    Cli::from_arg_matches(&matches)
+    let cli = Cli::from_arg_matches(&matches)?;
+    if let Command::Volume(VolumeCommand::SetPolicy { policy, .. }) = &cli.command {
+        if policy.patch().is_empty() {
+            // A usage error like a missing argument (exit 2), caught before the daemon is asked.
+            return Err(cmd.error(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "nothing to change: give at least one policy option",
+            ));
+        }
+    }
+    Ok(cli)
 }
 
 /// Where the command's name is in `args`: the first argument that is not a global option or
@@ -866,6 +876,19 @@ mod tests {
         assert!(matches!(cli.command, Command::Serve(ref a) if a.log_runs == Some(true)));
         let e = parse("strata volume list -x").unwrap_err();
         assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument, "{e}");
+    }
+
+    #[test]
+    fn set_policy_without_an_option_is_a_usage_error() {
+        let parse = |line: &str| parse_cli(line.split_whitespace().map(std::ffi::OsString::from));
+        // Refused before the daemon is asked, so the exit status is 2, as for a missing argument.
+        let e = parse("strata volume set-policy db").unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::MissingRequiredArgument);
+        assert!(
+            usage_error_line(&e.to_string()).starts_with("nothing to change"),
+            "{e}"
+        );
+        assert!(parse("strata volume set-policy db --iops-limit 0").is_ok());
     }
 
     #[test]
