@@ -91,7 +91,8 @@ pub struct SizeArgs {
     #[arg(long, value_name = "RATIO", default_value = "80%", value_parser = units::parse_fill)]
     pub capacity_fill_max: f64,
     /// Take the VM write rate from a running daemon's admin API (its average host write rate
-    /// since start) instead of VMs x IOPS x write share x block size.
+    /// since start) instead of VMs x IOPS x write share x block size. URL: the admin address
+    /// (http://HOST:PORT), or its /metrics page's.
     #[arg(long, value_name = "URL", conflicts_with = "iops_per_vm")]
     pub from_metrics: Option<String>,
 }

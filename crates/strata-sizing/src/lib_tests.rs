@@ -192,3 +192,26 @@ fn a_read_only_mix_has_no_iops_ceiling_and_json_still_says_a_number() {
     let table = run(&args(&v).unwrap(), false).unwrap().text;
     assert!(table.contains("unlimited"), "{table}");
 }
+
+#[test]
+fn the_check_lines_read_as_sentences_for_an_unrated_device_and_ftt_0() {
+    let mut v: Vec<&str> = DESIGN.to_vec();
+    let i = v.iter().position(|a| *a == "d5-p4320-7.68t").unwrap();
+    v[i] = "hdd-1.2t-10k-sas";
+    v.extend(["--protection", "ftt=0"]);
+    let text = run(&args(&v).unwrap(), false).unwrap().text;
+    let line = |start: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(start))
+            .unwrap_or_else(|| panic!("no {start:?} line in\n{text}"))
+            .to_string()
+    };
+    let endurance = line("endurance (average)");
+    assert!(
+        endurance.ends_with("of their endurance rate, capacity devices not rated (not checked)"),
+        "{endurance}"
+    );
+    let design = line("Design:");
+    assert!(design.contains("no redundancy, FTT=0 (1 copy)"), "{design}");
+    assert!(!text.contains("RAID-1"), "{text}");
+}

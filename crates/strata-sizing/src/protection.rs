@@ -63,6 +63,8 @@ impl Protection {
 
     pub fn label(&self) -> String {
         match *self {
+            // FTT=0 keeps one copy: nothing is mirrored, so it is not RAID-1.
+            Protection::Mirror { ftt: 0 } => "no redundancy, FTT=0 (1 copy)".to_string(),
             Protection::Mirror { ftt } => format!("RAID-1, FTT={ftt} ({} copies)", ftt + 1),
             Protection::Erasure { data, parity } => format!("erasure coding {data}+{parity}"),
         }
@@ -118,5 +120,9 @@ mod tests {
         assert_eq!(ec21.min_hosts(), 3);
         assert_eq!(ec.label(), "erasure coding 4+2");
         assert_eq!(raid1.label(), "RAID-1, FTT=1 (2 copies)");
+        assert_eq!(
+            Protection::Mirror { ftt: 0 }.label(),
+            "no redundancy, FTT=0 (1 copy)"
+        );
     }
 }

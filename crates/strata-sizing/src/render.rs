@@ -263,13 +263,12 @@ fn checks_section(out: &mut String, r: &Report) {
         pct(e.cache.utilization_peak),
         pct(e.capacity.utilization_peak)
     );
-    let ratio = |l: &DeviceLoad| opt(l.endurance_load_ratio, pct);
     let _ = writeln!(
         out,
-        "  endurance (average)   {}  cache devices at {} of their endurance rate, capacity devices at {}",
+        "  endurance (average)   {}  cache devices {}, capacity devices {}",
         verdict(e.checks.endurance_ok),
-        ratio(&e.cache),
-        ratio(&e.capacity)
+        endurance_load(&e.cache, true),
+        endurance_load(&e.capacity, e.cache.endurance_load_ratio.is_none())
     );
     let raw = e.capacity_usable_bytes / d.capacity_fill_max;
     let _ = writeln!(
@@ -288,6 +287,16 @@ fn checks_section(out: &mut String, r: &Report) {
         d.protection.label(),
         d.protection.min_hosts()
     );
+}
+
+/// One tier's part of the endurance check's line ("at 74%"; the first share shown says of
+/// what): a device without a rating has no share to show ("at not rated" read as a figure).
+fn endurance_load(l: &DeviceLoad, say_of_what: bool) -> String {
+    match l.endurance_load_ratio {
+        None => "not rated (not checked)".to_string(),
+        Some(r) if say_of_what => format!("at {} of their endurance rate", pct(r)),
+        Some(r) => format!("at {}", pct(r)),
+    }
 }
 
 fn smallest_section(out: &mut String, r: &Report) {

@@ -13,6 +13,7 @@ impl super::Client {
     pub fn set_policy(&self, name: &str, args: &PolicyArgs) -> Result<()> {
         let patch = args.patch();
         if patch.is_empty() {
+            // parse_cli refuses this as a usage error; kept for callers that skip it.
             bail!("nothing to change: give at least one policy option (see strata volume set-policy --help)");
         }
         let path = format!(

@@ -362,7 +362,26 @@ fn cli_command() -> clap::Command {
             cmd = cmd.mut_subcommand(command, |sub| sub.arg(local.global(false).hide(true)));
         }
     }
-    cmd
+    values_may_start_with_a_hyphen(cmd)
+}
+
+/// An option that always takes one value takes the next word as it, as getopt does, even
+/// when it starts with `-`: `--size -4K` or `--iops-limit -1` then meet the value's own parser
+/// and its reason ("invalid size"), instead of clap's "unexpected argument '-4'", whose tip
+/// (`-- -4`) does not work for an option's value. An option whose value is optional
+/// (`--log-runs [BOOL]`) still stops at the next option.
+fn values_may_start_with_a_hyphen(cmd: clap::Command) -> clap::Command {
+    let one_value = |a: &clap::Arg| {
+        !a.is_positional()
+            && a.get_action().takes_values()
+            && a.get_num_args()
+                .is_none_or(|n| n.min_values() == 1 && n.max_values() == 1)
+    };
+    cmd.mut_args(|a| {
+        let one = one_value(&a);
+        a.allow_hyphen_values(one)
+    })
+    .mut_subcommands(values_may_start_with_a_hyphen)
 }
 
 /// Parses the command line, refusing a global option given after a command that has no use
@@ -380,8 +399,8 @@ fn parse_cli(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Cli, 
                 continue;
             };
             let flag = format!("--{}", id.replace('_', "-"));
-            // Parsed, so a token that spells the option is the option (clap takes no value
-            // that starts with `--` unless told to, and nothing here is).
+            // Parsed, so a token that spells the option is the option (or the value of an
+            // option before it, `--data-dir --server`: a value no one means).
             let after = args[at + 1..].iter().take_while(|a| *a != "--");
             let spelled = |a: &str| match a.strip_prefix(flag.as_str()) {
                 Some(rest) => rest.is_empty() || rest.starts_with('='),
@@ -396,7 +415,17 @@ fn parse_cli(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Cli, 
             }
         }
     }
-    Cli::from_arg_matches(&matches)
+    let cli = Cli::from_arg_matches(&matches)?;
+    if let Command::Volume(VolumeCommand::SetPolicy { policy, .. }) = &cli.command {
+        if policy.patch().is_empty() {
+            // A usage error like a missing argument (exit 2), caught before the daemon is asked.
+            return Err(cmd.error(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "nothing to change: give at least one policy option",
+            ));
+        }
+    }
+    Ok(cli)
 }
 
 /// Where the command's name is in `args`: the first argument that is not a global option or
@@ -815,6 +844,51 @@ mod tests {
         }
         let e = log_runs(&["--log-runs", "maybe"]).unwrap_err();
         assert!(e.contains("possible values: true, false, on, off"), "{e}");
+    }
+
+    #[test]
+    fn a_negative_value_meets_the_options_own_parser() {
+        let parse = |line: &str| parse_cli(line.split_whitespace().map(std::ffi::OsString::from));
+        for (line, reason) in [
+            ("strata volume create db --size -4K", "invalid size \"-4K\""),
+            ("strata volume resize db --size -1", "invalid size \"-1\""),
+            (
+                "strata volume set-policy db --iops-limit -1",
+                "'-1' for '--iops-limit <N>'",
+            ),
+            ("strata serve --fast-size -1G", "invalid size \"-1G\""),
+            ("strata size --vms -3", "'-3' for '--vms <N>'"),
+        ] {
+            let e = parse(line).unwrap_err();
+            let text = usage_error_line(&e.to_string());
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{line}: {text}"
+            );
+            assert!(
+                text.contains(reason) && !text.contains("tip"),
+                "{line}: {text}"
+            );
+        }
+        // An optional value still stops at the next option.
+        let cli = parse("strata serve --log-runs --data-dir d").unwrap();
+        assert!(matches!(cli.command, Command::Serve(ref a) if a.log_runs == Some(true)));
+        let e = parse("strata volume list -x").unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument, "{e}");
+    }
+
+    #[test]
+    fn set_policy_without_an_option_is_a_usage_error() {
+        let parse = |line: &str| parse_cli(line.split_whitespace().map(std::ffi::OsString::from));
+        // Refused before the daemon is asked, so the exit status is 2, as for a missing argument.
+        let e = parse("strata volume set-policy db").unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::MissingRequiredArgument);
+        assert!(
+            usage_error_line(&e.to_string()).starts_with("nothing to change"),
+            "{e}"
+        );
+        assert!(parse("strata volume set-policy db --iops-limit 0").is_ok());
     }
 
     #[test]
