@@ -145,9 +145,10 @@ fn workload_section(out: &mut String, r: &Report) {
         RateSource::Measured { url } => {
             let _ = writeln!(
                 out,
-                "Workload: {} VMs; VM write rate MEASURED by the daemon at {url} (average host writes since it started);\n  {} IOPS derived at {mix} read/write, {} I/O",
+                "Workload: {} VMs; VM write rate MEASURED by the daemon at {url} (average host writes since it started);\n  {} IOPS in all ({} per VM) derived at {mix} read/write, {} I/O",
                 w.vms,
                 count(w.iops_avg),
+                count(w.iops_avg / f64::from(w.vms.max(1))),
                 size_label(w.block_size_bytes)
             );
         }

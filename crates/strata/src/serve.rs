@@ -467,7 +467,8 @@ fn device_ratings(cfg: &ServeConfig) -> Result<DeviceRatings> {
     })
 }
 
-/// Names, tiers and catalog entries of the group's devices, fast first.
+/// Names, tiers and catalog entries of the group's devices, fast first; a device far from
+/// its model's size is warned about (its wear figures are off by the ratio).
 fn device_identities(
     cfg: &ServeConfig,
     group: &DiskGroup,
@@ -475,18 +476,24 @@ fn device_identities(
 ) -> Vec<DeviceIdentity> {
     let stats = group.stats();
     let fast_model = &cfg.fast_device_model;
-    let fast = std::iter::once((stats.fast_device.name, "fast", fast_model, ratings.fast));
+    let fast = std::iter::once((stats.fast_device, "fast", fast_model, ratings.fast));
     let caps = stats
         .capacity_devices
         .into_iter()
-        .map(|d| (d.name, "capacity", &cfg.capacity_device_model, ratings.capacity));
+        .map(|d| (d, "capacity", &cfg.capacity_device_model, ratings.capacity));
     fast.chain(caps)
-        .map(|(name, tier, model, rating)| DeviceIdentity {
-            rating,
-            model: model.clone(),
-            name,
-            tier,
-            projection_after_s: cfg.wear_projection_after.map_or(0, |d| d.as_secs()),
+        .map(|(device, tier, model, rating)| {
+            let id = DeviceIdentity {
+                rating,
+                model: model.clone(),
+                name: device.name,
+                tier,
+                projection_after_s: cfg.wear_projection_after.map_or(0, |d| d.as_secs()),
+            };
+            if let Some(note) = crate::wear::model_size_mismatch(&id, device.size_bytes) {
+                tracing::warn!(device = id.name, "{note}");
+            }
+            id
         })
         .collect()
 }

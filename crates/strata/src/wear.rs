@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::config::format_size;
 use crate::history::History;
 
 /// Window of the "recent" write rate.
@@ -34,6 +35,8 @@ pub struct DeviceIdentity {
 pub struct Rating {
     pub endurance_bytes: f64,
     pub warranty_years: f64,
+    /// The model's capacity: its endurance is for a drive of this size.
+    pub capacity_bytes: u64,
 }
 
 /// The device catalog the daemon rates its devices with: the built-in one plus `catalog_files`.
@@ -58,7 +61,30 @@ pub fn rating_for(
     Ok(device.endurance.map(|e| Rating {
         endurance_bytes: e.budget_bytes(tier == "capacity"),
         warranty_years: e.warranty_years,
+        capacity_bytes: device.capacity_bytes,
     }))
+}
+
+/// What is wrong when a device is far from the size of the model it is rated as (under half
+/// of it, or a quarter more): the model's endurance is a whole drive's, so on a partition, a
+/// file, or a drive of another size, the endurance used and the wear-out date are off by the
+/// ratio of the sizes. None when the sizes agree, or for an unrated device.
+pub fn model_size_mismatch(id: &DeviceIdentity, size_bytes: u64) -> Option<String> {
+    let rating = id.rating?;
+    let model = id.model.as_deref()?;
+    let rated = rating.capacity_bytes;
+    if rated == 0 || (size_bytes >= rated / 2 && size_bytes <= rated + rated / 4) {
+        return None;
+    }
+    Some(format!(
+        "{} device {} is {}, but its model {model} is a {} drive: the endurance used and the \
+         wear-out date, figured against that drive's rating, are off by the ratio of the sizes \
+         (name the model of the drive this is, or add a catalog entry for it)",
+        id.tier,
+        id.name,
+        format_size(size_bytes),
+        format_size(rated)
+    ))
 }
 
 /// How often the daemon looks at its devices' wear.
@@ -206,6 +232,7 @@ mod tests {
         let rating = Rating {
             endurance_bytes: 3.0 * 800.0 * GB * 365.0 * 5.0,
             warranty_years: 5.0,
+            capacity_bytes: 800_000_000_000,
         };
         let at_rating = strata_engine::DeviceWear {
             bytes_written_total: 3 * size * 100,
@@ -235,6 +262,7 @@ mod tests {
         let rating = Rating {
             endurance_bytes: 3.0 * 800.0 * GB * 365.0 * 5.0,
             warranty_years: 5.0,
+            capacity_bytes: 800_000_000_000,
         };
         // A bulk load: 100 GB in the first hour, far above the rated 3 DWPD if it went on.
         let load = strata_engine::DeviceWear {
@@ -257,6 +285,7 @@ mod tests {
         let rating = Rating {
             endurance_bytes: 3.0 * 800.0 * GB * 365.0 * 5.0,
             warranty_years: 5.0,
+            capacity_bytes: 800_000_000_000,
         };
         // Made a year ahead of the clock that now reads: a day's writes at 3 DWPD.
         let w = strata_engine::DeviceWear {
@@ -305,5 +334,27 @@ mod tests {
         let t1 = t0 + WARNING_INTERVAL + Duration::from_secs(10);
         assert!(!limiter.should_warn("fast", false, t1));
         assert!(limiter.should_warn("fast", true, t1 + Duration::from_secs(5)));
+    }
+
+    /// A device far from its model's size is named with both sizes; one about its size (a
+    /// TB drive seen in TiB, a few percent off) is not, and neither is an unrated one.
+    #[test]
+    fn a_device_far_from_its_models_size_is_named() {
+        let rated = Some(Rating {
+            endurance_bytes: 14.6e15,
+            warranty_years: 5.0,
+            capacity_bytes: 800_000_000_000,
+        });
+        let small = model_size_mismatch(&id(rated), 2 << 30).expect("2 GiB against 800 GB");
+        assert!(
+            small.starts_with(
+                "fast device fast is 2 GiB, but its model test-800g is a 745.1 GiB drive"
+            ),
+            "{small}"
+        );
+        assert!(model_size_mismatch(&id(rated), 2_000_000_000_000).is_some());
+        assert_eq!(model_size_mismatch(&id(rated), 745 << 30), None);
+        assert_eq!(model_size_mismatch(&id(rated), 400_000_000_000), None);
+        assert_eq!(model_size_mismatch(&id(None), 2 << 30), None);
     }
 }

@@ -282,7 +282,13 @@ fn size_from_metrics_uses_the_daemons_measured_write_rate() {
         ),
         CMD_TIMEOUT,
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("MEASURED by the daemon at"));
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(page.contains("MEASURED by the daemon at"), "{page}");
+    // The IOPS are all the VMs': said so, with each VM's share beside them.
+    assert!(
+        page.contains(" IOPS in all (") && page.contains(" per VM) derived at "),
+        "{page}"
+    );
 
     // An unreachable daemon, a server without the field, a URL that is not the API.
     let gone = TcpListener::bind("127.0.0.1:0").expect("bind");
