@@ -50,7 +50,10 @@ pub struct BadBlock {
     pub problem: String,
 }
 
+/// (Kept in `EngineConfig::scrub_record`: a field a later build adds takes its default when
+/// an earlier build's record is read.)
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct ScrubReport {
     pub scope: String,
     pub started_unix_s: u64,

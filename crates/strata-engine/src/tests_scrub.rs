@@ -709,6 +709,19 @@ fn the_last_scrub_is_kept_across_restarts_for_its_own_group() {
     );
     other.dg().shutdown().unwrap();
 
+    // A record of another build: a field it did not know is taken as zero, one this build
+    // does not know is passed over.
+    rig.dg.take().unwrap().shutdown().unwrap();
+    let mut text: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    let report = text["report"].as_object_mut().unwrap();
+    report.remove("metadata_copies_checked");
+    report.insert("checked_by".into(), "a later build".into());
+    std::fs::write(&record, serde_json::to_vec(&text).unwrap()).unwrap();
+    rig.start().unwrap();
+    let last = rig.dg().scrub_status().last.expect("the record read");
+    assert_eq!((last.scope.as_str(), last.metadata_copies_checked), ("b", 0));
+
     rig.dg.take().unwrap().shutdown().unwrap();
     std::fs::write(&record, b"{\"group\": 7").unwrap();
     rig.start().expect("a bad record does not stop an open");
