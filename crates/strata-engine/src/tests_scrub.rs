@@ -720,7 +720,10 @@ fn the_last_scrub_is_kept_across_restarts_for_its_own_group() {
     std::fs::write(&record, serde_json::to_vec(&text).unwrap()).unwrap();
     rig.start().unwrap();
     let last = rig.dg().scrub_status().last.expect("the record read");
-    assert_eq!((last.scope.as_str(), last.metadata_copies_checked), ("b", 0));
+    assert_eq!(
+        (last.scope.as_str(), last.metadata_copies_checked),
+        ("b", 0)
+    );
 
     rig.dg.take().unwrap().shutdown().unwrap();
     std::fs::write(&record, b"{\"group\": 7").unwrap();
