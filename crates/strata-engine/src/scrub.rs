@@ -107,6 +107,12 @@ const ALL: &str = "all";
 struct Record {
     group: String,
     report: ScrubReport,
+    /// When the last scrub of everything ended (`ScrubState::all_finished_unix_s`), kept
+    /// apart from the report: a later scrub of one volume replaces the report, not this, and
+    /// a volume named `all` has the scope a scrub of everything has. 0 (or missing, in a
+    /// record from before it was kept): none known.
+    #[serde(default)]
+    all_finished_unix_s: u64,
 }
 
 /// At open, before the background scrub starts: the last report from before the restart,
@@ -135,34 +141,34 @@ pub(crate) fn restore(sh: &Shared) {
         tracing::info!(path = %path.display(), group = record.group, "the last scrub's record is of another disk group: not used");
         return;
     }
-    note_finished(sh, &record.report);
+    sh.scrub
+        .all_finished_unix_s
+        .fetch_max(record.all_finished_unix_s, Ordering::Relaxed);
     *sh.scrub.last.lock() = Some(record.report);
 }
 
-/// A finished scrub's report becomes the last: in memory, and in the record.
-fn keep(sh: &Shared, report: &ScrubReport) {
+/// A finished scrub's report becomes the last: in memory, and in the record. `everything`:
+/// the scrub was of everything (not of one volume, whatever its name).
+fn keep(sh: &Shared, report: &ScrubReport, everything: bool) {
     *sh.scrub.last.lock() = Some(report.clone());
-    note_finished(sh, report);
+    if everything {
+        let at = report.finished_unix_s.max(1);
+        sh.scrub
+            .all_finished_unix_s
+            .fetch_max(at, Ordering::Relaxed);
+    }
     let Some(path) = &sh.cfg.scrub_record else {
         return;
     };
     let record = Record {
         group: uuid_hex(&sh.layout.group),
         report: report.clone(),
+        all_finished_unix_s: sh.scrub.all_finished_unix_s.load(Ordering::Relaxed),
     };
     if let Err(e) = write_record(path, &record) {
         if !sh.scrub.record_failed.swap(true, Ordering::Relaxed) {
             tracing::warn!(path = %path.display(), "cannot keep the last scrub's report across a restart: {e}");
         }
-    }
-}
-
-fn note_finished(sh: &Shared, report: &ScrubReport) {
-    if report.scope == ALL {
-        let at = report.finished_unix_s.max(1);
-        sh.scrub
-            .all_finished_unix_s
-            .fetch_max(at, Ordering::Relaxed);
     }
 }
 
@@ -362,7 +368,7 @@ fn run_then(
             damaged = report.metadata_damaged.len(),
             "scrub finished"
         );
-        keep(sh, &report);
+        keep(sh, &report, opts.volume.is_none());
         Ok(report)
     }
 }

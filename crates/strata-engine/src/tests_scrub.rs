@@ -756,6 +756,7 @@ fn the_background_scrub_counts_from_the_last_scrub_not_from_the_start() {
         serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
     let long_ago = done.finished_unix_s - 7200;
     text["report"]["finished_unix_s"] = long_ago.into();
+    text["all_finished_unix_s"] = long_ago.into();
     std::fs::write(&record, serde_json::to_vec(&text).unwrap()).unwrap();
     rig.start().unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -772,4 +773,48 @@ fn the_background_scrub_counts_from_the_last_scrub_not_from_the_start() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// When the last scrub of everything ended, as the background scrub's schedule reads it.
+fn all_finished(dg: &DiskGroup) -> u64 {
+    dg.sh.scrub.all_finished_unix_s.load(Ordering::Relaxed)
+}
+
+fn scrub_volume(dg: &DiskGroup, name: &str) -> ScrubReport {
+    let opts = ScrubOptions {
+        volume: Some(name.into()),
+        ..Default::default()
+    };
+    dg.scrub(&opts).expect("scrub of one volume")
+}
+
+/// Only a scrub of everything moves the background scrub's schedule: not a scrub of a volume
+/// named `all` (the scope a scrub of everything reports), and not, across a power cut, a
+/// scrub of one volume that replaced the full scrub's report in the record.
+#[test]
+fn a_scrub_of_one_volume_leaves_the_background_schedule_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("scrub-last.json");
+    let mut rig = Rig::new(32 * MIB, &[48 * MIB], recorded_cfg(&record), 64);
+    for name in ["all", "b"] {
+        let v = rig.dg().create_volume(name, MIB).unwrap().id;
+        rig.dg().write(v, 0, &vec![3u8; MIB as usize]).unwrap();
+    }
+    let named_all = scrub_volume(rig.dg(), "all");
+    assert_eq!(named_all.scope, "all");
+    assert_eq!(
+        all_finished(rig.dg()),
+        0,
+        "the scrub of the volume named all counted as a scrub of everything"
+    );
+    let done = scrub_all(rig.dg());
+    assert_eq!(all_finished(rig.dg()), done.finished_unix_s);
+    let one = scrub_volume(rig.dg(), "b");
+    rig.power_cut_and_restart();
+    assert_eq!(rig.dg().scrub_status().last, Some(one));
+    assert_eq!(
+        all_finished(rig.dg()),
+        done.finished_unix_s,
+        "after a restart, the end of the last scrub of everything"
+    );
 }
