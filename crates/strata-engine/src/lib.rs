@@ -144,7 +144,8 @@ pub struct EngineConfig {
     /// index's RAM besides its inner nodes).
     pub index_cache_bytes: u64,
     /// A background scrub of everything starts this long after the last scrub of everything
-    /// ended (one through the API too; before a restart too, with `scrub_record`), and at
+    /// ended (one through the API too; before a restart too, with `scrub_record`, which also
+    /// keeps when a group not yet scrubbed whole was first opened, to count from), and at
     /// most this long after opening; None: no background scrub.
     pub scrub_interval: Option<Duration>,
     /// Read rate of the background scrub, bytes per second (0: unlimited).

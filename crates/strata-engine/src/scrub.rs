@@ -95,6 +95,10 @@ pub struct ScrubState {
     /// When the last scrub of everything ended (Unix seconds; 0: none known), this run's or
     /// one before a restart (the record): the background scrub's schedule follows it.
     pub all_finished_unix_s: AtomicU64,
+    /// When the record was begun (the first open that kept one; Unix seconds, 0: no record):
+    /// until a scrub of everything ends, the background schedule counts from it, so a group
+    /// restarted more often than the interval is still scrubbed.
+    pub kept_since_unix_s: AtomicU64,
     /// The record could not be written (said once).
     pub record_failed: AtomicBool,
 }
@@ -106,7 +110,13 @@ const ALL: &str = "all";
 #[derive(Serialize, Deserialize)]
 struct Record {
     group: String,
-    report: ScrubReport,
+    /// None until a scrub ends.
+    #[serde(default)]
+    report: Option<ScrubReport>,
+    /// `ScrubState::kept_since_unix_s` (0 or missing, in a record from before it was kept:
+    /// begun again at the next open).
+    #[serde(default)]
+    kept_since_unix_s: u64,
     /// When the last scrub of everything ended (`ScrubState::all_finished_unix_s`), kept
     /// apart from the report: a later scrub of one volume replaces the report, not this, and
     /// a volume named `all` has the scope a scrub of everything has. 0 (or missing, in a
@@ -115,36 +125,52 @@ struct Record {
     all_finished_unix_s: u64,
 }
 
-/// At open, before the background scrub starts: the last report from before the restart,
-/// if the record is this group's. A missing record is no news; an unreadable one, or one of
-/// another group (a data directory used with other devices), is logged and left alone.
+/// At open, before the background scrub starts: the last report and the schedule from
+/// before the restart, if the record is this group's. Otherwise (none yet; one that cannot
+/// be read, logged; one of another group, a data directory used with other devices) the
+/// record is begun now, so the background schedule counts from this open across restarts.
 pub(crate) fn restore(sh: &Shared) {
     let Some(path) = &sh.cfg.scrub_record else {
         return;
     };
-    let text = match std::fs::read(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+    let record = match std::fs::read(path) {
+        Ok(text) => match serde_json::from_slice::<Record>(&text) {
+            Ok(r) if r.group == uuid_hex(&sh.layout.group) => Some(r),
+            Ok(r) => {
+                tracing::info!(path = %path.display(), group = r.group, "the last scrub's record is of another disk group: begun again for this one");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), "the last scrub's record is not one, begun again: {e}");
+                None
+            }
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => {
             tracing::warn!(path = %path.display(), "cannot read the last scrub's record: {e}");
             return;
         }
     };
-    let record: Record = match serde_json::from_slice(&text) {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!(path = %path.display(), "the last scrub's record is not one: {e}");
-            return;
+    let kept_since = match record {
+        Some(r) => {
+            sh.scrub
+                .all_finished_unix_s
+                .fetch_max(r.all_finished_unix_s, Ordering::Relaxed);
+            *sh.scrub.last.lock() = r.report;
+            r.kept_since_unix_s
         }
+        None => 0,
     };
-    if record.group != uuid_hex(&sh.layout.group) {
-        tracing::info!(path = %path.display(), group = record.group, "the last scrub's record is of another disk group: not used");
-        return;
+    if kept_since > 0 {
+        sh.scrub
+            .kept_since_unix_s
+            .store(kept_since, Ordering::Relaxed);
+    } else {
+        sh.scrub
+            .kept_since_unix_s
+            .store(unix_now_s().max(1), Ordering::Relaxed);
+        write_state(sh, path);
     }
-    sh.scrub
-        .all_finished_unix_s
-        .fetch_max(record.all_finished_unix_s, Ordering::Relaxed);
-    *sh.scrub.last.lock() = Some(record.report);
 }
 
 /// A finished scrub's report becomes the last: in memory, and in the record. `everything`:
@@ -157,17 +183,22 @@ fn keep(sh: &Shared, report: &ScrubReport, everything: bool) {
             .all_finished_unix_s
             .fetch_max(at, Ordering::Relaxed);
     }
-    let Some(path) = &sh.cfg.scrub_record else {
-        return;
-    };
+    if let Some(path) = &sh.cfg.scrub_record {
+        write_state(sh, path);
+    }
+}
+
+/// Writes the record from the state in memory.
+fn write_state(sh: &Shared, path: &std::path::Path) {
     let record = Record {
         group: uuid_hex(&sh.layout.group),
-        report: report.clone(),
+        report: sh.scrub.last.lock().clone(),
+        kept_since_unix_s: sh.scrub.kept_since_unix_s.load(Ordering::Relaxed),
         all_finished_unix_s: sh.scrub.all_finished_unix_s.load(Ordering::Relaxed),
     };
     if let Err(e) = write_record(path, &record) {
         if !sh.scrub.record_failed.swap(true, Ordering::Relaxed) {
-            tracing::warn!(path = %path.display(), "cannot keep the last scrub's report across a restart: {e}");
+            tracing::warn!(path = %path.display(), "cannot keep the last scrub's report and schedule across a restart: {e}");
         }
     }
 }
@@ -272,9 +303,13 @@ pub fn background(sh: std::sync::Arc<Shared>, every: Duration) {
             return;
         }
         // A scrub of everything ended (here, through the API too, or before a restart, as
-        // the record says): the next is due `every` after it, and never later than `every`
-        // from now (a clock that was ahead does not put it off).
-        let finished = sh.scrub.all_finished_unix_s.load(Ordering::Relaxed);
+        // the record says; with none yet, the record was begun): the next is due `every`
+        // after it, and never later than `every` from now (a clock that was ahead does not
+        // put it off).
+        let finished = match sh.scrub.all_finished_unix_s.load(Ordering::Relaxed) {
+            0 => sh.scrub.kept_since_unix_s.load(Ordering::Relaxed),
+            at => at,
+        };
         if finished != seen {
             seen = finished;
             let ago = Duration::from_secs(unix_now_s().saturating_sub(finished));

@@ -701,13 +701,22 @@ fn the_last_scrub_is_kept_across_restarts_for_its_own_group() {
     rig.power_cut_and_restart();
     assert_eq!(rig.dg().scrub_status().last, Some(one));
 
-    let other = Rig::new(32 * MIB, &[48 * MIB], recorded_cfg(&record), 62);
+    // Another group given this record (a data directory used with other devices) does not
+    // take it, and begins its own.
+    let copy = dir.path().join("copy.json");
+    std::fs::copy(&record, &copy).unwrap();
+    let other = Rig::new(32 * MIB, &[48 * MIB], recorded_cfg(&copy), 62);
     assert_eq!(
         other.dg().scrub_status().last,
         None,
         "another group's report"
     );
     other.dg().shutdown().unwrap();
+    let begun: serde_json::Value = serde_json::from_slice(&std::fs::read(&copy).unwrap()).unwrap();
+    assert!(
+        begun["report"].is_null() && begun["group"] != serde_json::json!(""),
+        "{begun}"
+    );
 
     // A record of another build: a field it did not know is taken as zero, one this build
     // does not know is passed over.
@@ -816,5 +825,48 @@ fn a_scrub_of_one_volume_leaves_the_background_schedule_alone() {
         all_finished(rig.dg()),
         done.finished_unix_s,
         "after a restart, the end of the last scrub of everything"
+    );
+}
+
+/// A group no scrub of everything has ended on yet is scrubbed in the background an interval
+/// after the start that began its record, not after each start: the record is begun at the
+/// first open, and its date kept across restarts.
+#[test]
+fn a_group_never_scrubbed_whole_is_scrubbed_an_interval_after_its_record_began() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("scrub-last.json");
+    let mut rig = Rig::new(32 * MIB, &[48 * MIB], recorded_cfg(&record), 65);
+    let b = rig.dg().create_volume("b", 4 * MIB).unwrap().id;
+    rig.dg().write(b, 0, &vec![2u8; 4 * MIB as usize]).unwrap();
+    rig.dg.take().unwrap().shutdown().unwrap();
+    let text = std::fs::read(&record).expect("a record begun at the first open");
+    let mut text: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    assert!(text["report"].is_null(), "{text}");
+    let began = text["kept_since_unix_s"]
+        .as_u64()
+        .expect("when the record began");
+    // Restarts do not move it.
+    rig.start().unwrap();
+    rig.power_cut_and_restart();
+    rig.dg.take().unwrap().shutdown().unwrap();
+    let again: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    assert_eq!(again["kept_since_unix_s"], began, "{again}");
+    // Begun two hours ago, with the interval an hour: due at once.
+    text["kept_since_unix_s"] = (began - 7200).into();
+    std::fs::write(&record, serde_json::to_vec(&text).unwrap()).unwrap();
+    rig.start().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while rig.dg().scrub_status().last.is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no background scrub within 20 s of a start two hours after the record began"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let last = rig.dg().scrub_status().last.unwrap();
+    assert_eq!(
+        (last.scope.as_str(), last.data_bytes_verified),
+        ("all", 4 * MIB)
     );
 }
