@@ -178,7 +178,7 @@ pub struct RunOutcome {
 
 /// How a step ended.
 enum StepEnd {
-    Done(StepReport),
+    Done(Box<StepReport>),
     /// The run was stopped before the step's end: no figures, only what it had done.
     Cut(CutStep),
 }
@@ -213,7 +213,7 @@ pub async fn run_all(
             match end {
                 StepEnd::Done(report) => {
                     after_step(side, &report, *kind, plan);
-                    side.report.steps.push(report);
+                    side.report.steps.push(*report);
                 }
                 StepEnd::Cut(cut) => cut_step = Some(cut),
             }
@@ -423,7 +423,7 @@ async fn run_side_step(
     }
     let report = StepReport::from_counters(head, &merged, measured_s);
     progress.step_line(&side.report.label, &report);
-    Ok(StepEnd::Done(report))
+    Ok(StepEnd::Done(Box::new(report)))
 }
 
 /// Requests a prep pass sends in all (for the progress bar).
