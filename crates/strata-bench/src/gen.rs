@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::arrivals::PoissonArrivals;
+use crate::interrupt::{Stop, DRAIN_LIMIT};
 use crate::nbd::{self, Connection, CMD_READ, CMD_WRITE};
 use crate::stats::StepCounters;
 use crate::workload::Workload;
@@ -106,11 +107,15 @@ pub struct Worker {
     /// Completions of the whole run, for the progress display.
     pub completed: Arc<AtomicU64>,
     send_buf: Vec<u8>,
+    /// A step was abandoned with this connection mid-request: nothing more may be sent on it.
+    poisoned: bool,
 }
 
 /// How long after a step's end an open loop may still send arrivals that were due before it
 /// (the timer's resolution is about a millisecond).
 const TIMER_GRACE_NS: u64 = 5_000_000;
+/// How long closing a connection may take; past it the socket is dropped.
+const CLOSE_LIMIT: Duration = Duration::from_secs(1);
 
 // Cookie layout: slot (bits 0..16), write flag (bit 16). The start time stays with the slot
 // (`StepState::started_ns`): in the cookie's other 47 bits it wrapped 39 hours into a run.
@@ -192,17 +197,29 @@ impl Worker {
             payload,
             completed,
             send_buf: Vec::with_capacity(nbd::REQUEST_HEADER_LEN + block),
+            poisoned: false,
         }
     }
 
-    /// Sends NBD_CMD_DISC and stops the reader.
+    /// Sends NBD_CMD_DISC (not after an abandoned step, which may have left a request half
+    /// sent) and stops the reader; within [`CLOSE_LIMIT`] even if the server reads nothing.
     pub async fn close(self) {
-        let Worker { writer, reader, .. } = self;
+        let Worker {
+            writer,
+            reader,
+            poisoned,
+            ..
+        } = self;
         let mut w = writer;
-        let mut msg = Vec::new();
-        nbd::encode_request(&mut msg, nbd::CMD_DISC, 0, 0, 0);
-        let _ = w.write_all(&msg).await;
-        let _ = w.shutdown().await;
+        let goodbye = async {
+            if !poisoned {
+                let mut msg = Vec::new();
+                nbd::encode_request(&mut msg, nbd::CMD_DISC, 0, 0, 0);
+                let _ = w.write_all(&msg).await;
+            }
+            let _ = w.shutdown().await;
+        };
+        let _ = tokio::time::timeout(CLOSE_LIMIT, goodbye).await;
         reader.abort();
     }
 
@@ -268,6 +285,8 @@ struct StepState {
     /// When the open loop's grace after the step's end ran out (nothing is sent after it), and
     /// whether a slot freed before the end was idle then: whose the arrivals left unsent are.
     send_stop: Option<SendStop>,
+    /// The run was asked to stop before this step ended: it sent no more.
+    stopped: bool,
 }
 
 /// The moment an open loop stopped sending.
@@ -280,11 +299,13 @@ struct SendStop {
 }
 
 /// Runs one step on one connection; returns what it measured (only requests intended at or
-/// after `record_from_ns`).
+/// after `record_from_ns`). Once `stop` is set the step sends nothing more and its requests in
+/// flight get [`DRAIN_LIMIT`] to be answered; it then ends with `cut_short` set.
 pub async fn run_step(
     w: &mut Worker,
     plan: &StepPlan,
     clock: &Clock,
+    stop: &mut Stop,
 ) -> Result<StepCounters, BenchError> {
     if plan.pacing == Pacing::OnePass {
         w.seq_cursor_bytes = w.slice.start_bytes;
@@ -304,18 +325,48 @@ pub async fn run_step(
         counters: StepCounters::default(),
         last_reply_ns: now,
         send_stop: None,
+        stopped: false,
     };
-    loop {
-        let sending = issue_ready(w, plan, clock, &mut rng, &mut st).await?;
-        if !sending && st.in_flight == 0 {
-            break;
+    let mut watch = stop.clone();
+    let abandon = async {
+        stop.wait().await;
+        tokio::time::sleep(DRAIN_LIMIT).await;
+    };
+    let ended = tokio::select! {
+        r = step_loop(w, plan, clock, &mut rng, &mut st, &mut watch) => Some(r),
+        _ = abandon => None,
+    };
+    match ended {
+        Some(r) => r?,
+        None => {
+            // Replies may still come, and a send may have stopped halfway.
+            w.poisoned = true;
+            st.stopped = true;
         }
-        wait_for_event(w, plan, clock, sending, &mut st).await?;
     }
-    if let Some(arrivals) = st.arrivals.as_mut() {
+    st.counters.cut_short = st.stopped;
+    if let (Some(arrivals), false) = (st.arrivals.as_mut(), st.stopped) {
         count_unsent_arrivals(arrivals, plan, st.send_stop, &mut st.counters);
     }
     Ok(st.counters)
+}
+
+/// Sends and waits until the step has sent everything and every reply is in.
+async fn step_loop(
+    w: &mut Worker,
+    plan: &StepPlan,
+    clock: &Clock,
+    rng: &mut SmallRng,
+    st: &mut StepState,
+    stop: &mut Stop,
+) -> Result<(), BenchError> {
+    loop {
+        let sending = issue_ready(w, plan, clock, rng, st, stop).await?;
+        if !sending && st.in_flight == 0 {
+            return Ok(());
+        }
+        wait_for_event(w, plan, clock, sending, st, stop).await?;
+    }
 }
 
 /// Sends every request that is due and has a slot. Returns false once the step sends no more.
@@ -325,17 +376,23 @@ async fn issue_ready(
     clock: &Clock,
     rng: &mut SmallRng,
     st: &mut StepState,
+    stop: &Stop,
 ) -> Result<bool, BenchError> {
     loop {
         let now = clock.now_ns();
         if plan.pacing == Pacing::OnePass && w.pass_done() {
             return Ok(false);
         }
-        let stopped = match st.arrivals.as_ref() {
+        let ended = match st.arrivals.as_ref() {
             None => now >= plan.stop_at_ns,
             Some(a) => open_loop_stopped(a.peek_ns(), plan, now, st),
         };
-        if stopped {
+        if ended {
+            return Ok(false);
+        }
+        // After the step's own end, so that a step that had sent everything is not cut.
+        if stop.cause().is_some() {
+            st.stopped = true;
             return Ok(false);
         }
         let Some(&(slot, freed_ns)) = st.free.front() else {
@@ -391,13 +448,14 @@ fn open_loop_stopped(next_arrival_ns: u64, plan: &StepPlan, now: u64, st: &mut S
     now >= plan.stop_at_ns && st.free.is_empty()
 }
 
-/// Waits for a completion, the next arrival, or the end of sending.
+/// Waits for a completion, the next arrival, the end of sending, or (while sending) a stop.
 async fn wait_for_event(
     w: &mut Worker,
     plan: &StepPlan,
     clock: &Clock,
     sending: bool,
     st: &mut StepState,
+    stop: &mut Stop,
 ) -> Result<(), BenchError> {
     let mut wake_ns = u64::MAX;
     if sending {
@@ -419,6 +477,8 @@ async fn wait_for_event(
     }
     tokio::select! {
         c = w.completions.recv() => complete(w, plan, c, st),
+        // Only while sending: once set it stays set, and a drain must not spin on it.
+        _ = stop.wait(), if sending => Ok(()),
         _ = tokio::time::sleep_until(clock.at(deadline_ns)) => {
             if st.in_flight > 0 && clock.now_ns() >= timeout_ns {
                 return Err(BenchError::Target(format!(
@@ -581,6 +641,11 @@ mod tests {
         (worker, clock)
     }
 
+    /// A stop flag nothing sets.
+    fn no_stop() -> Stop {
+        Stop::manual().1
+    }
+
     /// A closed-loop step of 100 ms starting now.
     fn short_step(clock: &Clock) -> StepPlan {
         let now = clock.now_ns();
@@ -615,7 +680,9 @@ mod tests {
             tokio::time::sleep_until(stall_from).await;
             std::thread::sleep(Duration::from_millis(100));
         });
-        let c = run_step(&mut worker, &plan, &clock).await.unwrap();
+        let c = run_step(&mut worker, &plan, &clock, &mut no_stop())
+            .await
+            .unwrap();
         staller.await.unwrap();
         worker.close().await;
         assert_eq!(
@@ -634,7 +701,9 @@ mod tests {
     async fn a_step_40_hours_into_a_run_is_measured() {
         let (mut worker, clock) = worker_on_sink(1, Duration::from_secs(40 * 3600), 4).await;
         let plan = short_step(&clock);
-        let c = run_step(&mut worker, &plan, &clock).await.unwrap();
+        let c = run_step(&mut worker, &plan, &clock, &mut no_stop())
+            .await
+            .unwrap();
         worker.close().await;
         assert!(c.writes_done > 0);
         assert!(
@@ -647,12 +716,74 @@ mod tests {
         assert!(p99_us < 1e6, "p99 {p99_us} us");
     }
 
+    /// A closed-loop step of a minute, and a stop asked for `after` into it.
+    async fn step_stopped_after(
+        replies: usize,
+        after: Duration,
+    ) -> (Worker, StepCounters, Duration) {
+        let (mut worker, clock) = worker_on_sink(replies, Duration::ZERO, 4).await;
+        let mut plan = short_step(&clock);
+        plan.stop_at_ns = plan.record_from_ns + 60_000_000_000;
+        let (tx, mut stop) = Stop::manual();
+        let started = Instant::now();
+        let stopper = tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let cause = crate::interrupt::StopCause {
+                signal: "SIGINT",
+                exit_code: 130,
+                at_unix_ms: 0,
+            };
+            tx.send(Some(cause)).unwrap();
+            tx
+        });
+        let c = run_step(&mut worker, &plan, &clock, &mut stop)
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        drop(stopper.await.unwrap());
+        (worker, c, took)
+    }
+
+    /// A stop ends a step of a minute at once (its replies come at once) and marks it cut.
+    #[tokio::test]
+    async fn a_stop_ends_the_step_under_way_and_marks_it_cut() {
+        let (worker, c, took) = step_stopped_after(1, Duration::from_millis(100)).await;
+        assert!(!worker.poisoned, "a drained connection is closed politely");
+        worker.close().await;
+        assert!(c.cut_short, "a step the stop ended is not marked cut");
+        assert!(c.writes_done > 0, "the step ran before the stop");
+        assert!(
+            took < Duration::from_secs(1),
+            "the step stopped {took:?} after it began"
+        );
+    }
+
+    /// Requests the server never answers are abandoned [`DRAIN_LIMIT`] after the stop, and the
+    /// connection is closed without a disconnect request.
+    #[tokio::test]
+    async fn a_stop_abandons_requests_never_answered() {
+        let (worker, c, took) = step_stopped_after(0, Duration::from_millis(50)).await;
+        assert!(c.cut_short && c.writes_done == 0);
+        assert!(
+            worker.poisoned,
+            "an abandoned connection must not be sent more"
+        );
+        let closing = Instant::now();
+        worker.close().await;
+        assert!(closing.elapsed() < CLOSE_LIMIT + Duration::from_millis(500));
+        let bound = DRAIN_LIMIT + Duration::from_millis(50);
+        assert!(
+            took >= bound && took < bound + Duration::from_secs(2),
+            "the step ended {took:?} after it began, {bound:?} expected"
+        );
+    }
+
     /// A server that answers a request twice is caught, not counted as two completions.
     #[tokio::test]
     async fn a_reply_repeated_by_the_server_fails_the_step() {
         let (mut worker, clock) = worker_on_sink(2, Duration::ZERO, 4).await;
         let plan = short_step(&clock);
-        let Err(e) = run_step(&mut worker, &plan, &clock).await else {
+        let Err(e) = run_step(&mut worker, &plan, &clock, &mut no_stop()).await else {
             panic!("a step whose server answered each request twice passed");
         };
         worker.close().await;

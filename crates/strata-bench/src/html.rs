@@ -280,6 +280,13 @@ pub fn page(report: &Report, charts: &[(&'static str, String)]) -> String {
         report.machine.memory_bytes as f64 / (1u64 << 30) as f64,
         escape(&report.command_line.join(" "))
     );
+    if let Some(i) = &report.interrupted {
+        let _ = write!(
+            o,
+            "<p class=warn><b>Interrupted</b>: {}.</p>",
+            escape(&i.describe())
+        );
+    }
     for n in &report.notes {
         let _ = write!(o, "<p class=warn>Note: {}</p>", escape(n));
     }

@@ -9,13 +9,15 @@
 //!
 //! Layout: `args` (flags and their check), `workload` (profiles, URIs), `nbd` (the client), `arrivals` (Poisson),
 //! `gen` (one connection's load), `stats` (histograms, service levels), `run` (steps and sides),
-//! `strata_api` (the daemon's history), `report`, `svg` and `html` (output), `progress`.
+//! `strata_api` (the daemon's history), `report`, `svg` and `html` (output), `progress`,
+//! `interrupt` (SIGINT and SIGTERM: the run stops and reports the steps that finished).
 use std::time::{SystemTime, UNIX_EPOCH};
 
 mod args;
 mod arrivals;
 mod gen;
 mod html;
+mod interrupt;
 mod nbd;
 mod progress;
 pub mod report;
@@ -39,6 +41,19 @@ pub enum BenchError {
     Target(String),
     #[error("{0}")]
     Output(String),
+    /// A signal stopped the run; the report of the finished steps was written.
+    #[error("{reason}")]
+    Interrupted { reason: String, exit_status: u8 },
+}
+
+impl BenchError {
+    /// The exit status this error asks for, when it is not the usual 1.
+    pub fn exit_status(&self) -> Option<u8> {
+        match self {
+            BenchError::Interrupted { exit_status, .. } => Some(*exit_status),
+            _ => None,
+        }
+    }
 }
 
 pub fn unix_ms() -> u64 {
@@ -56,27 +71,44 @@ pub(crate) fn one_line(text: &str) -> String {
         .join(" ")
 }
 
-/// Runs `strata bench` to completion; writes its report files and prints its summary.
+/// Runs `strata bench` to completion, or until SIGINT or SIGTERM; writes its report files
+/// and prints its summary. A run a signal stopped still writes the report of the steps that
+/// finished, then returns [`BenchError::Interrupted`].
 pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
-    let report = run_report(args)?;
-    let paths = write_outputs(&report, &args.flags.output)?;
-    if !args.flags.quiet {
+    let flags = &args.flags;
+    // Kept until the report is written: its task answers a second signal meanwhile.
+    let runtime = runtime()?;
+    let report = runtime.block_on(async {
+        let stop = interrupt::listen(flags.quiet)?;
+        run_async(flags, stop).await
+    })?;
+    let paths = write_outputs(&report, &flags.output)?;
+    if !flags.quiet {
         print!("{}", report::summary_text(&report));
         println!("report: {}", paths.join(", "));
     }
-    Ok(())
+    match &report.interrupted {
+        Some(i) => Err(BenchError::Interrupted {
+            reason: format!("{}; report in {}", i.describe(), flags.output.display()),
+            exit_status: i.exit_status,
+        }),
+        None => Ok(()),
+    }
 }
 
-/// Runs the benchmark and returns the report without writing anything.
+/// Runs the benchmark and returns the report without writing anything (signals are left
+/// alone: this is for callers in a process of their own, such as tests).
 pub fn run_report(args: &BenchArgs) -> Result<Report, BenchError> {
-    let args = &args.flags;
-    let (plan, targets, baselines, profile) = plan_of(args)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let (_never, stop) = interrupt::Stop::manual();
+    runtime()?.block_on(run_async(&args.flags, stop))
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("strata-bench")
         .build()
-        .map_err(|e| BenchError::Invalid(format!("cannot start the async runtime: {e}")))?;
-    runtime.block_on(run_async(args, plan, targets, baselines, profile))
+        .map_err(|e| BenchError::Invalid(format!("cannot start the async runtime: {e}")))
 }
 
 fn find_api(
@@ -91,13 +123,8 @@ fn find_api(
     }
 }
 
-async fn run_async(
-    args: &BenchFlags,
-    plan: run::Plan,
-    targets: Vec<workload::TargetUri>,
-    baselines: Vec<workload::TargetUri>,
-    profile: String,
-) -> Result<Report, BenchError> {
+async fn run_async(args: &BenchFlags, stop: interrupt::Stop) -> Result<Report, BenchError> {
+    let (plan, targets, baselines, profile) = plan_of(args)?;
     let started_unix_ms = unix_ms();
     let clock = gen::Clock::new();
     let progress = progress::Progress::new(args.quiet);
@@ -144,7 +171,15 @@ async fn run_async(
             .await?,
         );
     }
-    let targets_out = run::run_all(sides, &plan, clock, &progress, started_unix_ms).await?;
+    let outcome = run::run_all(sides, &plan, clock, &progress, started_unix_ms, &stop).await?;
+    let interrupted = stop.cause().map(|cause| report::Interrupted {
+        signal: cause.signal,
+        at_unix_ms: cause.at_unix_ms,
+        exit_status: cause.exit_code,
+        finished_steps: outcome.targets.iter().map(|t| t.steps.len()).sum(),
+        cut_step: outcome.cut_step,
+    });
+    let targets_out = outcome.targets;
     let ratios = match targets_out.as_slice() {
         [t, b] => report::ratios(t, b),
         _ => Vec::new(),
@@ -171,6 +206,7 @@ async fn run_async(
         notes: args.notes.clone(),
         targets: targets_out,
         ratios,
+        interrupted,
     })
 }
 

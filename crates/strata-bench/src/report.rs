@@ -6,6 +6,7 @@ use crate::stats::{LatencySummary, ServiceLevel, StepCounters};
 use crate::workload::{Mode, Topology, Workload};
 
 pub const SCHEMA_ID: &str = "strata-bench/1";
+const MIB: f64 = (1u64 << 20) as f64;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -25,6 +26,66 @@ pub struct Report {
     pub targets: Vec<TargetReport>,
     /// Target / baseline per step; empty without a baseline.
     pub ratios: Vec<StepRatio>,
+    /// Set when a signal stopped the run: `targets` then hold only the steps that finished.
+    pub interrupted: Option<Interrupted>,
+}
+
+/// A run a signal (SIGINT, SIGTERM) stopped before its end.
+#[derive(Debug, Clone, Serialize)]
+pub struct Interrupted {
+    pub signal: &'static str,
+    pub at_unix_ms: u64,
+    /// The command's exit status: 128 + the signal's number (130 for SIGINT, 143 for SIGTERM).
+    pub exit_status: u8,
+    /// Steps that finished, on every side; they are in `targets` with their figures.
+    pub finished_steps: usize,
+    /// The step under way, left out of `targets`; None when the signal came between steps.
+    pub cut_step: Option<CutStep>,
+}
+
+/// What a step the signal cut short had done: no figures, since its window is incomplete.
+#[derive(Debug, Clone, Serialize)]
+pub struct CutStep {
+    pub role: &'static str,
+    pub label: String,
+    pub step: String,
+    /// How long it ran, warm-up included.
+    pub ran_s: f64,
+    /// Requests answered inside its measured window before it stopped (prep: all of them).
+    pub requests_done: u64,
+    /// Bytes of the writes among them: for prep, what the pass had written (acknowledged),
+    /// each connection's slice from its start.
+    pub written_bytes: u64,
+    /// Prep: the bytes a whole pass writes.
+    pub pass_bytes: Option<u64>,
+}
+
+impl Interrupted {
+    /// One line: what stopped the run and what the report holds.
+    pub fn describe(&self) -> String {
+        let mut text = format!(
+            "interrupted by {}: the report holds the {} step{} that finished",
+            self.signal,
+            self.finished_steps,
+            if self.finished_steps == 1 { "" } else { "s" }
+        );
+        match &self.cut_step {
+            Some(c) if c.pass_bytes.is_some() => text.push_str(&format!(
+                "; {} {} was cut after {:.1} s, having written {:.1} of {:.1} MiB (run prep again to fill the targets)",
+                c.label,
+                c.step,
+                c.ran_s,
+                c.written_bytes as f64 / MIB,
+                c.pass_bytes.unwrap_or(0) as f64 / MIB
+            )),
+            Some(c) => text.push_str(&format!(
+                "; {} step {} was cut after {:.1} s and is left out",
+                c.label, c.step, c.ran_s
+            )),
+            None => {}
+        }
+        text
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -271,6 +332,9 @@ fn ms(us: Option<f64>) -> String {
 /// The table printed at the end of a run.
 pub fn summary_text(report: &Report) -> String {
     let mut out = String::new();
+    if let Some(i) = &report.interrupted {
+        out.push_str(&format!("== INTERRUPTED: {}\n", i.describe()));
+    }
     for t in &report.targets {
         out.push_str(&format!(
             "== {} ({}): {}\n",
@@ -385,6 +449,81 @@ mod tests {
         );
         assert!(c.findings[1].contains("3.5x"), "{:?}", c.findings);
         assert!(!check_curve(&good[..2], 3).holds, "a curve cut short fails");
+    }
+
+    /// A prep pass SIGTERM cut before it finished: no steps, and every output says what was
+    /// written.
+    #[test]
+    fn an_interrupted_run_without_steps_says_so_everywhere() {
+        let target = TargetReport {
+            role: "target",
+            label: "t".into(),
+            uris: vec!["nbd://h/x".into()],
+            export_size_bytes: vec![8 << 20],
+            steps: vec![],
+            curve_check: None,
+            stopped_early: None,
+            strata: None,
+        };
+        let report = Report {
+            schema: SCHEMA_ID,
+            tool_version: "0",
+            started_unix_ms: 0,
+            finished_unix_ms: 0,
+            command_line: vec![],
+            machine: Machine {
+                cores: 1,
+                cpu_model: "x".into(),
+                memory_bytes: 0,
+            },
+            mode: Mode::Prep,
+            profile: "prep".into(),
+            workload: crate::workload::profile("prep").unwrap().workload,
+            topology: Topology {
+                vms: 1,
+                connections_per_vm: 1,
+                queue_depth: 1,
+            },
+            timing: Timing {
+                step_duration_s: 0.0,
+                warmup_s: 0.0,
+                max_step_duration_s: 0.0,
+                curve_steps_pct: vec![],
+                stop_p99_ms: 1.0,
+                seed: 1,
+            },
+            notes: vec![],
+            targets: vec![target],
+            ratios: vec![],
+            interrupted: Some(Interrupted {
+                signal: "SIGTERM",
+                at_unix_ms: 0,
+                exit_status: 143,
+                finished_steps: 0,
+                cut_step: Some(CutStep {
+                    role: "target",
+                    label: "t".into(),
+                    step: "prep".into(),
+                    ran_s: 2.0,
+                    requests_done: 12,
+                    written_bytes: 3 << 20,
+                    pass_bytes: Some(8 << 20),
+                }),
+            }),
+        };
+        let line = "interrupted by SIGTERM: the report holds the 0 steps that finished; t prep was cut after 2.0 s, having written 3.0 of 8.0 MiB";
+        let text = summary_text(&report);
+        assert!(
+            text.starts_with(&format!("== INTERRUPTED: {line}")),
+            "{text}"
+        );
+        let html = crate::html::page(&report, &crate::html::charts(&report));
+        assert!(
+            html.contains(&format!("<b>Interrupted</b>: {line}")),
+            "{html}"
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["interrupted"]["cut_step"]["pass_bytes"], 8 << 20);
     }
 
     #[test]

@@ -8,8 +8,9 @@ use rand::rngs::SmallRng;
 use rand::{RngCore, SeedableRng};
 
 use crate::gen::{self, Clock, Pacing, Region, StepPlan, Worker, WorkerSpec};
+use crate::interrupt::Stop;
 use crate::progress::Progress;
-use crate::report::{check_curve, StepHead, StepReport, TargetReport};
+use crate::report::{check_curve, CutStep, StepHead, StepReport, TargetReport};
 use crate::stats::StepCounters;
 use crate::strata_api::{SeriesCollector, StrataApi};
 use crate::workload::{Mode, TargetUri, Topology, Workload};
@@ -169,29 +170,53 @@ pub async fn connect_side(
     })
 }
 
-/// Runs every step, interleaving the sides; returns their reports.
+/// What a run measured: each side's report and, if a stop cut a step short, that step.
+pub struct RunOutcome {
+    pub targets: Vec<TargetReport>,
+    pub cut_step: Option<CutStep>,
+}
+
+/// How a step ended.
+enum StepEnd {
+    Done(Box<StepReport>),
+    /// The run was stopped before the step's end: no figures, only what it had done.
+    Cut(CutStep),
+}
+
+/// Runs every step, interleaving the sides, until the last or until `stop` is set; returns
+/// their reports (with the steps that finished) and closes every connection.
 pub async fn run_all(
     mut sides: Vec<Side>,
     plan: &Plan,
     clock: Clock,
     progress: &Progress,
     run_start_unix_ms: u64,
-) -> Result<Vec<TargetReport>, BenchError> {
+    stop: &Stop,
+) -> Result<RunOutcome, BenchError> {
     let steps = steps_of(plan);
     let total = steps.len() * sides.len();
     let mut position = 0;
-    for (i, kind) in steps.iter().enumerate() {
+    let mut cut_step = None;
+    'steps: for (i, kind) in steps.iter().enumerate() {
         for side in sides.iter_mut() {
             position += 1;
+            if stop.cause().is_some() {
+                break 'steps;
+            }
             if side.done {
                 continue;
             }
             // The same seed on both sides: the baseline gets the target's offsets and choices.
             let seed = plan.seed ^ ((i as u64) << 32);
-            let report =
-                run_side_step(side, *kind, plan, clock, progress, seed, (position, total)).await?;
-            after_step(side, &report, *kind, plan);
-            side.report.steps.push(report);
+            let at = (position, total);
+            let end = run_side_step(side, *kind, plan, clock, progress, seed, at, stop).await?;
+            match end {
+                StepEnd::Done(report) => {
+                    after_step(side, &report, *kind, plan);
+                    side.report.steps.push(*report);
+                }
+                StepEnd::Cut(cut) => cut_step = Some(cut),
+            }
             if let Some(c) = side.collector.as_mut() {
                 // Blocking HTTP between steps: tell the runtime so its other tasks move on.
                 let collector_error = tokio::task::block_in_place(|| c.collect(run_start_unix_ms));
@@ -205,18 +230,26 @@ pub async fn run_all(
         }
     }
     let planned_rates = plan.curve_steps_pct.len();
-    let mut reports = Vec::new();
+    let mut targets = Vec::new();
+    let mut closing = Vec::new();
     for mut side in sides {
         if plan.mode == Mode::Curve {
             side.report.curve_check = Some(check_curve(&side.report.steps, planned_rates));
         }
         side.report.strata = side.collector.take().map(|c| c.series);
-        for w in side.vms.into_iter().flatten() {
-            w.close().await;
-        }
-        reports.push(side.report);
+        closing.extend(
+            side.vms
+                .into_iter()
+                .flatten()
+                .map(|w| tokio::spawn(w.close())),
+        );
+        targets.push(side.report);
     }
-    Ok(reports)
+    // All at once: each close is bounded, and a stopped run must end promptly.
+    for c in closing {
+        let _ = c.await;
+    }
+    Ok(RunOutcome { targets, cut_step })
 }
 
 fn after_step(side: &mut Side, r: &StepReport, kind: StepKind, plan: &Plan) {
@@ -239,6 +272,7 @@ fn after_step(side: &mut Side, r: &StepReport, kind: StepKind, plan: &Plan) {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run_side_step(
     side: &mut Side,
     kind: StepKind,
@@ -247,7 +281,8 @@ async fn run_side_step(
     progress: &Progress,
     seed: u64,
     position: (usize, usize),
-) -> Result<StepReport, BenchError> {
+    stop: &Stop,
+) -> Result<StepEnd, BenchError> {
     let topo = plan.topology;
     let (name, active_vms, duration) = match kind {
         StepKind::Max => ("max".to_string(), topo.vms, plan.max_duration),
@@ -306,13 +341,14 @@ async fn run_side_step(
         started_unix_ms: unix_ms(),
     };
     let counters_of: Vec<Arc<AtomicU64>> = workers.iter().map(|w| w.completed.clone()).collect();
+    let pass_ops = prep_total(&workers, kind);
     let ticker = progress.start_step(
         &side.report.label,
         &name,
         position,
         plan.warmup + duration,
         counters_of,
-        prep_total(&workers, kind),
+        pass_ops,
     );
     let mut handles = Vec::with_capacity(workers.len());
     for (i, mut w) in workers.drain(..).enumerate() {
@@ -323,8 +359,9 @@ async fn run_side_step(
             seed: seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
             io_timeout: plan.io_timeout,
         };
+        let mut stop = stop.clone();
         handles.push(tokio::spawn(async move {
-            let r = gen::run_step(&mut w, &plan_c, &clock).await;
+            let r = gen::run_step(&mut w, &plan_c, &clock, &mut stop).await;
             (w, r)
         }));
     }
@@ -347,25 +384,46 @@ async fn run_side_step(
             }
         }
     }
+    let ran_s = (clock.now_ns() - start_ns) as f64 / 1e9;
     let measured_s = match kind {
-        StepKind::Prep => (clock.now_ns() - start_ns) as f64 / 1e9,
+        StepKind::Prep => ran_s,
         _ => duration.as_secs_f64(),
     };
     progress.finish_step(ticker);
-    if let Some(e) = failure {
+    // A stop may end a step with a failure (a connection that broke while draining): the step
+    // is cut either way, and the steps before it are still reported.
+    let cut = merged.cut_short || (failure.is_some() && stop.cause().is_some());
+    if let (Some(e), false) = (failure, cut) {
         return Err(BenchError::Target(format!(
             "{} step {name}: {e}",
             side.report.label
         )));
     }
-    // Give the workers back to their VMs, in order.
+    // Give the workers back to their VMs, in order (also after a cut: they are closed then).
     let mut returned = returned.into_iter();
     for vm in side.vms.iter_mut().take(active_vms as usize) {
         vm.extend(returned.by_ref().take(topo.connections_per_vm as usize));
     }
+    if cut {
+        let bs = u64::from(plan.workload.block_size_bytes);
+        let cut = CutStep {
+            role: side.report.role,
+            label: side.report.label.clone(),
+            step: name,
+            ran_s,
+            requests_done: merged.reads_done + merged.writes_done,
+            written_bytes: merged.write_bytes,
+            pass_bytes: pass_ops.map(|ops| ops * bs),
+        };
+        progress.note(&format!(
+            "{} {}: cut short after {:.1} s and left out of the report",
+            cut.label, cut.step, cut.ran_s
+        ));
+        return Ok(StepEnd::Cut(cut));
+    }
     let report = StepReport::from_counters(head, &merged, measured_s);
     progress.step_line(&side.report.label, &report);
-    Ok(report)
+    Ok(StepEnd::Done(Box::new(report)))
 }
 
 /// Requests a prep pass sends in all (for the progress bar).

@@ -114,6 +114,8 @@ pub struct StepCounters {
     /// How late the generator itself sent requests that had a free slot (its own timer error),
     /// and how late it stopped for those it never sent.
     pub schedule_lag: LatencyRecorder,
+    /// The run was stopped (a signal) before this step ended: its figures are incomplete.
+    pub cut_short: bool,
 }
 
 impl StepCounters {
@@ -128,6 +130,7 @@ impl StepCounters {
         self.late_arrivals += o.late_arrivals;
         self.late.merge(&o.late);
         self.schedule_lag.merge(&o.schedule_lag);
+        self.cut_short |= o.cut_short;
     }
 
     pub fn all(&self) -> LatencyRecorder {

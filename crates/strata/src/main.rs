@@ -496,8 +496,14 @@ fn main() -> ExitCode {
                 println!("{}", serde_json::json!({ "error": reason, "status": status }));
             }
             eprintln!("strata: {reason}");
+            let bench_status = e
+                .downcast_ref::<strata_bench::BenchError>()
+                .and_then(strata_bench::BenchError::exit_status);
             if e.is::<client::DamageFound>() {
                 ExitCode::from(client::EXIT_DAMAGE_FOUND)
+            } else if let Some(status) = bench_status {
+                // A benchmark a signal stopped, its report written: 128 + the signal's number.
+                ExitCode::from(status)
             } else {
                 ExitCode::FAILURE
             }

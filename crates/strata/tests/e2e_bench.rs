@@ -1,9 +1,13 @@
 //! `strata bench` against a live daemon: a short ramp-up curve produces a report.json that
 //! validates against docs/bench-report.schema.json, with the daemon's time series and the
-//! emulation stated, and a self-contained report.html.
+//! emulation stated, and a self-contained report.html; a run interrupted by SIGINT still
+//! writes the report of the steps that finished.
 mod common;
 
-use std::time::Duration;
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
@@ -184,4 +188,154 @@ fn bench_refuses_bad_input_with_one_line() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: a usage error");
     }
     assert!(!dir.exists(), "a refused run writes nothing");
+}
+
+/// Lines of a child's pipe, as they come, on a channel (read on a thread of their own).
+fn lines_of(pipe: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Ctrl-C during a curve's second step: that step stops at once and is left out, the report of
+/// the finished step is written and says it was interrupted (and which step was cut), the
+/// command exits 130, and the daemon is left with no NBD connection.
+#[test]
+fn an_interrupted_curve_writes_the_report_of_its_finished_steps() {
+    let daemon = Daemon::start_default();
+    let out_dir = daemon.scratch_dir().join("report");
+    let target = daemon.nbd_uri(VOL0);
+    let api = daemon.http_url();
+    let out_s = out_dir.to_str().expect("utf-8 path");
+    // The max step takes 1.3 s; the two rate steps would take 2 x 5.3 s more.
+    let args = [
+        "bench",
+        "--target",
+        &target,
+        "--strata-api",
+        &api,
+        "--mode",
+        "curve",
+        "--profile",
+        "70r-4k",
+        "--curve-steps",
+        "50,100",
+        "--max-duration",
+        "1s",
+        "--duration",
+        "5s",
+        "--warmup",
+        "300ms",
+        "--conns",
+        "2",
+        "--qd",
+        "4",
+        "--working-set-pct",
+        "1",
+        "--output",
+        out_s,
+    ];
+    let mut cmd = daemon.cli_cmd(&args);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut bench = ChildGuard::spawn(&mut cmd);
+    let stdout = lines_of(bench.child().stdout.take().expect("stdout"));
+    let stderr = lines_of(bench.child().stderr.take().expect("stderr"));
+    let mut seen = Vec::new();
+    let first_step_done = |line: &str| line.starts_with("strata bench: target max:");
+    let deadline = Instant::now() + BENCH_TIMEOUT;
+    while !seen.last().is_some_and(|l: &String| first_step_done(l)) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match stderr.recv_timeout(left) {
+            Ok(line) => seen.push(line),
+            Err(e) => panic!(
+                "no line for the max step ({e}); stderr so far:\n{}",
+                seen.join("\n")
+            ),
+        }
+    }
+    assert!(!out_dir.exists(), "a report before the run ended");
+    // The max step's requests were all answered before its line: once the daemon counts more,
+    // the 50% step is under way.
+    let node = format!("{}/api/v1/node", daemon.http_url());
+    let ops = || {
+        let io = &common::http::get_json(&node)["io"];
+        io["read_ops_total"].as_u64().unwrap_or(0) + io["write_ops_total"].as_u64().unwrap_or(0)
+    };
+    let after_max = ops();
+    assert!(
+        wait_until(BENCH_TIMEOUT, || ops() > after_max),
+        "the 50% step sent nothing"
+    );
+    send_signal(bench.child().id(), SIGINT);
+    let signalled = Instant::now();
+    let status = bench
+        .wait_timeout(BENCH_TIMEOUT)
+        .expect("bench exits after SIGINT");
+    let took = signalled.elapsed();
+    seen.extend(stderr.iter());
+    let stderr_text = seen.join("\n");
+    let stdout_text: Vec<String> = stdout.iter().collect();
+    let stdout_text = stdout_text.join("\n");
+    assert_eq!(
+        status.code(),
+        Some(130),
+        "exit status after SIGINT: {status}\nstdout:\n{stdout_text}\nstderr:\n{stderr_text}"
+    );
+    assert!(
+        took < Duration::from_secs(4),
+        "bench took {took:?} to stop after SIGINT\n{stderr_text}"
+    );
+    assert!(
+        stderr_text.contains("strata: interrupted by SIGINT"),
+        "the reason line: {stderr_text}"
+    );
+    assert!(
+        stdout_text.contains("INTERRUPTED"),
+        "the summary says so: {stdout_text}"
+    );
+
+    let report: Value = serde_json::from_str(
+        &std::fs::read_to_string(out_dir.join("report.json")).expect("report.json"),
+    )
+    .expect("JSON");
+    schema_check(&report);
+    let interrupted = &report["interrupted"];
+    eprintln!(
+        "stopped {took:?} after SIGINT; stderr:\n{stderr_text}\ninterrupted: {interrupted:#}"
+    );
+    assert_eq!(interrupted["signal"], "SIGINT", "{interrupted:#}");
+    assert_eq!(interrupted["exit_status"], 130);
+    assert_eq!(interrupted["finished_steps"], 1);
+    let cut = &interrupted["cut_step"];
+    assert_eq!(cut["step"], "50%", "the step under way is named: {cut:#}");
+    let ran_s = cut["ran_s"].as_f64().unwrap_or(-1.0);
+    assert!(
+        ran_s > 0.0 && ran_s < 5.3,
+        "the 50% step ran {ran_s} s of 5.3"
+    );
+    let steps = report["targets"][0]["steps"].as_array().expect("steps");
+    let names: Vec<&str> = steps.iter().filter_map(|s| s["name"].as_str()).collect();
+    assert_eq!(names, vec!["max"], "only the finished step has figures");
+    assert!(steps[0]["ios"].as_u64().unwrap_or(0) > 0, "{:#}", steps[0]);
+    assert!(steps[0]["latency_us"]["p99"].as_f64().is_some());
+    let html = std::fs::read_to_string(out_dir.join("report.html")).expect("report.html");
+    assert!(html.contains("<b>Interrupted</b>"), "the HTML says so");
+
+    let closed = wait_until(Duration::from_secs(5), || {
+        common::http::get_json(&node)["nbd_connections_total"] == 0
+    });
+    assert!(
+        closed,
+        "NBD connections left: {}",
+        common::http::get_json(&node)
+    );
 }

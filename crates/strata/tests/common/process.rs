@@ -7,6 +7,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 pub const SIGHUP: i32 = 1;
+pub const SIGINT: i32 = 2;
 pub const SIGKILL: i32 = 9;
 pub const SIGTERM: i32 = 15;
 
