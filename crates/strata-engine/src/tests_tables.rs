@@ -117,3 +117,42 @@ fn settling_the_layers_of_a_table_at_its_limits_takes_milliseconds() {
         t.layers.len()
     );
 }
+
+/// A volume whose chain is as long as reads allow: snapshot `k` on layer `k` for every `k`
+/// but those in `deleted`, and its head on top. Returns the head.
+fn chain_at_the_limit(t: &mut Tables, deleted: &[u32]) -> u32 {
+    let depth = crate::shared::MAX_CHAIN as u32;
+    let vid = 100_000;
+    for l in 1..depth {
+        layer(t, l, l - 1);
+        if !deleted.contains(&l) {
+            snapshot(t, 200_000 + l, vid, l);
+        }
+    }
+    layer(t, depth, depth - 1);
+    volume(t, vid, depth);
+    t.next_id = 300_000;
+    t.settle_layers();
+    depth
+}
+
+#[test]
+fn a_chain_at_the_limit_says_when_deleted_snapshots_are_still_being_merged() {
+    let mut t = Tables::default();
+    let head = chain_at_the_limit(&mut t, &[]);
+    let e = t.new_layer(head).expect_err("the chain is full");
+    assert!(e.to_string().contains("delete some snapshots first"), "{e}");
+
+    // Snapshots deleted: their layers stay on the chain until the destager merges them, and
+    // the refusal says so rather than asking for what was just done.
+    let mut t = Tables::default();
+    let head = chain_at_the_limit(&mut t, &[500, 1000]);
+    let e = t.new_layer(head).expect_err("the chain is still full");
+    assert!(
+        e.to_string().contains(
+            "2 of them are of deleted snapshots, being merged in the background; \
+             try again in a moment"
+        ),
+        "{e}"
+    );
+}

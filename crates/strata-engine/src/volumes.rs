@@ -72,13 +72,34 @@ impl Tables {
         n
     }
 
+    /// Why no layer can go over `parent`. A deleted snapshot's layer stays on the chain until
+    /// the destager has merged it, so "delete some snapshots" alone would send someone who
+    /// just did back to do it again.
+    fn too_deep(&self, parent: u32) -> String {
+        let max = crate::shared::MAX_CHAIN;
+        let mut merging = 0;
+        let mut at = parent;
+        for _ in 0..max {
+            let Some(l) = self.layers.get(&at) else { break };
+            if l.flags & LAYER_MERGING != 0 {
+                merging += 1;
+            }
+            at = l.parent;
+        }
+        if merging == 0 {
+            format!("at most {max} layers of history per volume: delete some snapshots first")
+        } else {
+            format!(
+                "at most {max} layers of history per volume: {merging} of them are of deleted \
+                 snapshots, being merged in the background; try again in a moment"
+            )
+        }
+    }
+
     /// A new layer over `parent`, refused when reads would go through too many layers.
-    fn new_layer(&mut self, parent: u32) -> Result<u32, EngineError> {
+    pub(crate) fn new_layer(&mut self, parent: u32) -> Result<u32, EngineError> {
         if self.depth(parent) + 1 > crate::shared::MAX_CHAIN {
-            return Err(EngineError::InvalidArgument(format!(
-                "at most {} layers of history per volume: delete some snapshots first",
-                crate::shared::MAX_CHAIN
-            )));
+            return Err(EngineError::InvalidArgument(self.too_deep(parent)));
         }
         let id = self.take_id()?;
         self.layers.insert(
