@@ -79,6 +79,8 @@ mod tests_stamps;
 #[cfg(test)]
 mod tests_summary;
 #[cfg(test)]
+mod tests_tables;
+#[cfg(test)]
 mod tests_tiering;
 mod tiering;
 mod volumes;

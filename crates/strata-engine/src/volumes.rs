@@ -9,7 +9,7 @@
 //!
 //! Every change is made durable (a checkpoint) before anyone can see it.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
@@ -72,13 +72,34 @@ impl Tables {
         n
     }
 
+    /// Why no layer can go over `parent`. A deleted snapshot's layer stays on the chain until
+    /// the destager has merged it, so "delete some snapshots" alone would send someone who
+    /// just did back to do it again.
+    fn too_deep(&self, parent: u32) -> String {
+        let max = crate::shared::MAX_CHAIN;
+        let mut merging = 0;
+        let mut at = parent;
+        for _ in 0..max {
+            let Some(l) = self.layers.get(&at) else { break };
+            if l.flags & LAYER_MERGING != 0 {
+                merging += 1;
+            }
+            at = l.parent;
+        }
+        if merging == 0 {
+            format!("at most {max} layers of history per volume: delete some snapshots first")
+        } else {
+            format!(
+                "at most {max} layers of history per volume: {merging} of them are of deleted \
+                 snapshots, being merged in the background; try again in a moment"
+            )
+        }
+    }
+
     /// A new layer over `parent`, refused when reads would go through too many layers.
-    fn new_layer(&mut self, parent: u32) -> Result<u32, EngineError> {
+    pub(crate) fn new_layer(&mut self, parent: u32) -> Result<u32, EngineError> {
         if self.depth(parent) + 1 > crate::shared::MAX_CHAIN {
-            return Err(EngineError::InvalidArgument(format!(
-                "at most {} layers of history per volume: delete some snapshots first",
-                crate::shared::MAX_CHAIN
-            )));
+            return Err(EngineError::InvalidArgument(self.too_deep(parent)));
         }
         let id = self.take_id()?;
         self.layers.insert(
@@ -113,16 +134,14 @@ impl Tables {
             .map(|v| v.head)
             .chain(self.snapshots.values().map(|s| s.layer))
             .collect();
-        let ids: Vec<u32> = self.layers.keys().copied().collect();
-        for id in ids {
-            let kids = self
-                .layers
-                .values()
-                .filter(|l| l.parent == id && needed.contains(&l.id))
-                .count();
-            let Some(l) = self.layers.get_mut(&id) else {
-                continue;
-            };
+        // Counted in one pass: asking every layer for its children walked the whole table
+        // once per layer, and a volume-table change at the limits (20,480 layers) took seconds.
+        let mut needed_kids: HashMap<u32, usize> = HashMap::new();
+        for l in self.layers.values().filter(|l| needed.contains(&l.id)) {
+            *needed_kids.entry(l.parent).or_default() += 1;
+        }
+        for (&id, l) in self.layers.iter_mut() {
+            let kids = needed_kids.get(&id).copied().unwrap_or(0);
             if !needed.contains(&id) {
                 l.flags = (l.flags | LAYER_DELETED) & !LAYER_MERGING;
             } else if !referenced.contains(&id) && kids == 1 {
