@@ -5,6 +5,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -34,32 +35,24 @@ fn schema_check(report: &Value) {
     }
 }
 
-#[test]
-fn a_short_curve_against_a_live_daemon_writes_valid_json_and_html() {
-    let daemon = Daemon::start(DaemonOpts {
-        extra_args: vec!["--fast-emulate".into(), "bw=400MB,mixed_bw=200MB".into()],
-        ..DaemonOpts::default()
-    });
-    let out_dir = daemon.scratch_dir().join("report");
-    let target = daemon.nbd_uri(VOL0);
-    let api = daemon.http_url();
-    let out_s = out_dir.to_str().expect("utf-8 path");
-    let args = [
+/// `strata bench` arguments for a curve of two rate steps (50% and 100% of the maximum) of
+/// the 70r-4k profile against `daemon`'s vol0, from 2 connections at queue depth 4 over 1% of
+/// the volume, its report in `out`; `more` adds the step durations and other options.
+fn curve_args(daemon: &Daemon, out: &Path, more: &[&str]) -> Vec<String> {
+    let out = out.to_str().expect("utf-8 path");
+    let (target, api) = (daemon.nbd_uri(VOL0), daemon.http_url());
+    let mut args: Vec<String> = [
         "bench",
         "--target",
-        &target,
+        target.as_str(),
         "--strata-api",
-        &api,
+        api.as_str(),
         "--mode",
         "curve",
         "--profile",
         "70r-4k",
         "--curve-steps",
         "50,100",
-        "--duration",
-        "1500ms",
-        "--warmup",
-        "500ms",
         "--conns",
         "2",
         "--qd",
@@ -67,9 +60,27 @@ fn a_short_curve_against_a_live_daemon_writes_valid_json_and_html() {
         "--working-set-pct",
         "1",
         "--output",
-        out_s,
-        "--quiet",
-    ];
+        out,
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(more.iter().map(|a| a.to_string()));
+    args
+}
+
+#[test]
+fn a_short_curve_against_a_live_daemon_writes_valid_json_and_html() {
+    let daemon = Daemon::start(DaemonOpts {
+        extra_args: vec!["--fast-emulate".into(), "bw=400MB,mixed_bw=200MB".into()],
+        ..DaemonOpts::default()
+    });
+    let out_dir = daemon.scratch_dir().join("report");
+    let args = curve_args(
+        &daemon,
+        &out_dir,
+        &["--duration", "1500ms", "--warmup", "500ms", "--quiet"],
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = run_ok(&mut daemon.cli_cmd(&args), BENCH_TIMEOUT);
     assert!(
         out.stdout.is_empty(),
@@ -211,37 +222,20 @@ fn lines_of(pipe: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String>
 fn an_interrupted_curve_writes_the_report_of_its_finished_steps() {
     let daemon = Daemon::start_default();
     let out_dir = daemon.scratch_dir().join("report");
-    let target = daemon.nbd_uri(VOL0);
-    let api = daemon.http_url();
-    let out_s = out_dir.to_str().expect("utf-8 path");
     // The max step takes 1.3 s; the two rate steps would take 2 x 5.3 s more.
-    let args = [
-        "bench",
-        "--target",
-        &target,
-        "--strata-api",
-        &api,
-        "--mode",
-        "curve",
-        "--profile",
-        "70r-4k",
-        "--curve-steps",
-        "50,100",
-        "--max-duration",
-        "1s",
-        "--duration",
-        "5s",
-        "--warmup",
-        "300ms",
-        "--conns",
-        "2",
-        "--qd",
-        "4",
-        "--working-set-pct",
-        "1",
-        "--output",
-        out_s,
-    ];
+    let args = curve_args(
+        &daemon,
+        &out_dir,
+        &[
+            "--max-duration",
+            "1s",
+            "--duration",
+            "5s",
+            "--warmup",
+            "300ms",
+        ],
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut cmd = daemon.cli_cmd(&args);
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
