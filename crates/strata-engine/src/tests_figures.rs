@@ -3,6 +3,7 @@
 //! high mark holds writes back (after a power cut too, before any rate is measured).
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::tests::{seed_for, small_cfg, Rig, MIB};
@@ -28,20 +29,23 @@ fn fill_past_high_mark(dg: &DiskGroup, v: VolumeId, mut off: u64) -> u64 {
     off
 }
 
+/// A group of a 16 MiB fast device and a 64 MiB capacity device, seeded for `test`, with
+/// its destager held (nothing leaves the log unless the test lets it), and the group.
+fn held_rig(test: &str) -> (Rig, Arc<DiskGroup>) {
+    let rig = Rig::new(16 * MIB, &[64 * MIB], small_cfg(), seed_for(test));
+    let dg = rig.group().clone();
+    dg.sh.destager_held.store(true, Ordering::Relaxed);
+    (rig, dg)
+}
+
 /// The backlog is what the destager still has to write to the capacity tier: data overwritten,
 /// trimmed or deleted leaves it, though it stays in the log (and in its fill) until the tail
 /// passes it. (The backlog counted every block the log's batches held: after the only volume
 /// was deleted it stayed at what the log held, 64.9 MiB in one report, until new writes came.)
 #[test]
 fn the_backlog_counts_live_data_not_data_overwritten_trimmed_or_deleted() {
-    let mut rig = Rig::new(
-        16 * MIB,
-        &[64 * MIB],
-        small_cfg(),
-        seed_for("the_backlog_counts_live_data_not_data_overwritten_trimmed_or_deleted"),
-    );
-    let dg = rig.group().clone();
-    dg.sh.destager_held.store(true, Ordering::Relaxed);
+    let (mut rig, dg) =
+        held_rig("the_backlog_counts_live_data_not_data_overwritten_trimmed_or_deleted");
     let v = dg.create_volume("v", 8 * MIB).unwrap().id;
     let keep = dg.create_volume("keep", 8 * MIB).unwrap().id;
     dg.write(v, 0, &vec![0x11; 2 * MIB as usize]).unwrap();
@@ -99,14 +103,8 @@ fn the_backlog_counts_live_data_not_data_overwritten_trimmed_or_deleted() {
 /// "throttled" while the fill is above the high mark.
 #[test]
 fn admission_after_a_power_cut_above_the_high_mark_is_not_reported_open() {
-    let mut rig = Rig::new(
-        16 * MIB,
-        &[64 * MIB],
-        small_cfg(),
-        seed_for("admission_after_a_power_cut_above_the_high_mark_is_not_reported_open"),
-    );
-    let dg = rig.group().clone();
-    dg.sh.destager_held.store(true, Ordering::Relaxed);
+    let (mut rig, dg) =
+        held_rig("admission_after_a_power_cut_above_the_high_mark_is_not_reported_open");
     let v = dg.create_volume("v", 12 * MIB).unwrap().id;
     let off = fill_past_high_mark(&dg, v, 0);
     // Nothing destaged, so nothing measured: above the high mark, it says so.
@@ -156,14 +154,7 @@ fn admission_after_a_power_cut_above_the_high_mark_is_not_reported_open() {
 /// right after a power cut that left it full (nothing measured yet).
 #[test]
 fn a_log_with_no_room_for_a_batch_reports_writes_waiting() {
-    let mut rig = Rig::new(
-        16 * MIB,
-        &[64 * MIB],
-        small_cfg(),
-        seed_for("a_log_with_no_room_for_a_batch_reports_writes_waiting"),
-    );
-    let dg = rig.group().clone();
-    dg.sh.destager_held.store(true, Ordering::Relaxed);
+    let (mut rig, dg) = held_rig("a_log_with_no_room_for_a_batch_reports_writes_waiting");
     let v = dg.create_volume("v", 64 * MIB).unwrap().id;
     // A writer that keeps writing until a write waits for room (the destager is held).
     let writer = {
