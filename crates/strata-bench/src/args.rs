@@ -8,7 +8,9 @@ use clap::error::ErrorKind;
 use clap::{ArgMatches, Args, FromArgMatches};
 
 use crate::run::Plan;
-use crate::workload::{self, parse_duration, parse_size, parse_steps, Mode, TargetUri, Topology};
+use crate::workload::{
+    self, parse_duration, parse_pct, parse_size, parse_steps, Mode, TargetUri, Topology,
+};
 use crate::BenchError;
 
 /// Flags of `strata bench` that passed `plan_of`: parsing them checks every combination, so
@@ -74,13 +76,13 @@ pub struct BenchFlags {
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub block_size: Option<u32>,
     /// Share of reads in percent, overriding the profile's.
-    #[arg(long, value_name = "PCT")]
+    #[arg(long, value_name = "PCT", value_parser = parse_pct)]
     pub read_pct: Option<u8>,
     /// Share of random offsets in percent, overriding the profile's.
-    #[arg(long, value_name = "PCT")]
+    #[arg(long, value_name = "PCT", value_parser = parse_pct)]
     pub random_pct: Option<u8>,
     /// Share of each VM's region that I/O touches, in percent.
-    #[arg(long, value_name = "PCT", default_value_t = 100)]
+    #[arg(long, value_name = "PCT", default_value_t = 100, value_parser = parse_pct)]
     pub working_set_pct: u8,
     /// Number of VMs (volumes); VMs sharing one export split it into equal regions [default: number of targets].
     #[arg(long, value_name = "N")]

@@ -243,6 +243,17 @@ pub fn parse_size(text: &str) -> Result<u32, String> {
     u32::try_from(bytes).map_err(|_| format!("size {text:?} is too large"))
 }
 
+/// A share in percent: a whole number from 0 to 100 ("70" or "70%").
+pub fn parse_pct(text: &str) -> Result<u8, String> {
+    let t = text.trim();
+    match t.strip_suffix('%').unwrap_or(t).parse::<u8>() {
+        Ok(p) if p <= 100 => Ok(p),
+        _ => Err(format!(
+            "invalid percentage {text:?}: a whole number from 0 to 100"
+        )),
+    }
+}
+
 /// Curve steps such as "10,20,50,100" (percent of the maximum, rising, 1..100).
 pub fn parse_steps(text: &str) -> Result<Vec<u8>, String> {
     let steps: Vec<u8> = text
@@ -267,6 +278,17 @@ pub fn parse_steps(text: &str) -> Result<Vec<u8>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn percentages_are_whole_numbers_from_0_to_100() {
+        assert_eq!(parse_pct("0"), Ok(0));
+        assert_eq!(parse_pct("70%"), Ok(70));
+        assert_eq!(parse_pct(" 100 "), Ok(100));
+        for bad in ["-1", "101", "255", "256", "7.5", "", "%", "x"] {
+            let e = parse_pct(bad).unwrap_err();
+            assert!(e.contains("from 0 to 100"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn profiles_match_the_issue() {

@@ -96,6 +96,28 @@ pub fn load_token(token_file: Option<&Path>, env_token: Option<&str>) -> Result<
     Ok(Some(secret))
 }
 
+/// The admin API's base URL from `--server`: `http://HOST[:PORT]` (the scheme in any case, as
+/// URLs allow), without a trailing slash; a port must be 1 to 65535.
+fn server_base(server: &str) -> Result<String> {
+    let trimmed = server.trim().trim_end_matches('/');
+    let scheme_end = trimmed.find("://").map_or(0, |i| i + 3);
+    let (scheme, rest) = trimmed.split_at(scheme_end);
+    if scheme.eq_ignore_ascii_case("https://") {
+        bail!("{trimmed}: https is not supported; the admin API is plain HTTP (use http://)");
+    }
+    if !scheme.eq_ignore_ascii_case("http://") || rest.is_empty() {
+        bail!("invalid server URL {server:?}: expected http://HOST:PORT");
+    }
+    let authority = rest.split('/').next().unwrap_or(rest);
+    // The port follows the last colon, unless that colon is inside a bracketed IPv6 address.
+    if let Some((_, port)) = authority.rsplit_once(':').filter(|(_, p)| !p.contains(']')) {
+        if !matches!(port.parse::<u16>(), Ok(p) if p > 0) {
+            bail!("invalid server URL {server:?}: port {port:?} is not a number from 1 to 65535");
+        }
+    }
+    Ok(format!("http://{rest}"))
+}
+
 impl Client {
     pub fn new(server: &str, json: bool) -> Result<Client> {
         Client::with_waits(server, json, REQUEST_TIMEOUT, START_WAIT)
@@ -108,13 +130,7 @@ impl Client {
         request_timeout: Duration,
         start_wait: Duration,
     ) -> Result<Client> {
-        let base = server.trim().trim_end_matches('/').to_string();
-        if base.starts_with("https://") {
-            bail!("{base}: https is not supported; the admin API is plain HTTP (use http://)");
-        }
-        if !base.starts_with("http://") || base.len() == "http://".len() {
-            bail!("invalid server URL {server:?}: expected http://HOST:PORT");
-        }
+        let base = server_base(server)?;
         let agent = ureq::AgentBuilder::new()
             .timeout_connect(CONNECT_TIMEOUT)
             .timeout(request_timeout)
@@ -575,6 +591,35 @@ mod tests {
             .to_string()
             .contains("https"));
         assert!(Client::new("127.0.0.1:9090", false).is_err());
+        // The scheme in any case, as URLs allow; the base keeps the host and port as given.
+        assert_eq!(
+            server_base("HTTP://Host:9090/").unwrap(),
+            "http://Host:9090"
+        );
+        assert_eq!(
+            server_base("http://[::1]:9090").unwrap(),
+            "http://[::1]:9090"
+        );
+        assert_eq!(server_base("http://[::1]").unwrap(), "http://[::1]");
+        assert_eq!(server_base("http://localhost").unwrap(), "http://localhost");
+        assert!(server_base("HTTPS://x")
+            .unwrap_err()
+            .to_string()
+            .contains("https"));
+        for bad in [
+            "http://h:99999",
+            "http://h:0",
+            "http://h:",
+            "http://h:x/",
+            "http://",
+        ] {
+            let e = server_base(bad).unwrap_err().to_string();
+            assert!(e.starts_with("invalid server URL"), "{bad}: {e}");
+        }
+        assert!(server_base("http://h:99999")
+            .unwrap_err()
+            .to_string()
+            .contains("1 to 65535"));
     }
 
     #[test]
