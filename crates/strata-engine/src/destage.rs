@@ -177,10 +177,16 @@ impl Destager {
             let stop = self.sh.abandon.load(Ordering::Relaxed)
                 || self.sh.destager_stop.load(Ordering::Relaxed);
             if stop || self.sh.state.load(Ordering::Acquire) == STATE_FAILED {
+                #[cfg(test)]
+                self.sh.destager_parked.store(true, Ordering::SeqCst);
                 return;
             }
+            // Not parked before held is looked at (`Shared::hold_destager` relies on it).
             #[cfg(test)]
-            if self.sh.destager_held.load(Ordering::Relaxed) {
+            self.sh.destager_parked.store(false, Ordering::SeqCst);
+            #[cfg(test)]
+            if self.sh.destager_held.load(Ordering::SeqCst) {
+                self.sh.destager_parked.store(true, Ordering::SeqCst);
                 self.idle(Duration::from_millis(10));
                 continue;
             }
@@ -2311,7 +2317,7 @@ mod tests {
         };
         let rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 8);
         let dg = rig.dg();
-        dg.sh.destager_held.store(true, Ordering::Relaxed);
+        dg.sh.hold_destager();
         let policy = crate::Policy {
             mode: Mode::Tier,
             tier_min_age_s: 60,

@@ -472,6 +472,8 @@ fn new_shared(
         #[cfg(test)]
         destager_held: AtomicBool::new(false),
         #[cfg(test)]
+        destager_parked: AtomicBool::new(false),
+        #[cfg(test)]
         after_tail_checkpoint: Mutex::new(None),
         #[cfg(test)]
         after_turn_moved: Mutex::new(None),

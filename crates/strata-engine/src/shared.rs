@@ -341,6 +341,10 @@ pub struct Shared {
     /// without racing it).
     #[cfg(test)]
     pub destager_held: AtomicBool,
+    /// Tests only: the destager saw `destager_held` and does nothing until it is cleared (or
+    /// it has stopped). See `hold_destager`.
+    #[cfg(test)]
+    pub destager_parked: AtomicBool,
     /// Tests only: called by the destager with the tail it has just made durable, before it
     /// frees the log space behind it.
     #[cfg(test)]
@@ -678,6 +682,26 @@ impl Shared {
                 first_use_unix_s: base.first_use_unix_s,
             })
             .collect()
+    }
+
+    /// Tests only: holds the destager and returns once it does nothing (its step under way
+    /// finished). Setting `destager_held` alone lets a step already begun go on: a rotation
+    /// group, a destage or the release of room, changing the log and `capacity_full` under a
+    /// test that believes them still.
+    #[cfg(test)]
+    pub fn hold_destager(&self) {
+        // Held before parked is looked at; the destager clears parked before it looks at
+        // held: one of the two sees the other's store, so parked seen here is not stale.
+        self.destager_held.store(true, Ordering::SeqCst);
+        self.wake_destager();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while !self.destager_parked.load(Ordering::SeqCst) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the destager did not finish its step within 120 s of being held"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 
     pub fn wake_destager(&self) {

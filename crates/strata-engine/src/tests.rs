@@ -569,7 +569,7 @@ fn after_a_failed_checkpoint_copy_the_next_checkpoint_mends_that_copy_first() {
     });
     let cap: Arc<dyn Device> = Arc::new(MemDevice::new("cap", 64 * MIB));
     let dg = DiskGroup::open(fast.clone(), vec![cap], small_cfg(), true).unwrap();
-    dg.sh.destager_held.store(true, Ordering::Relaxed);
+    dg.sh.hold_destager();
     let [a, b] = dg.sh.layout.checkpoint_offsets;
     let checkpoint = || {
         let mut d = dg.sh.durable.lock();
@@ -913,7 +913,7 @@ fn the_upper_half_of_the_band_is_freed_before_the_high_mark() {
     // over the volume, so the log holds one live copy of every block and the rest dead):
     // racing it, the fill reached anywhere from 0.54 to 0.82 depending on the machine, and
     // below ~0.6 the test could not start.
-    dg.sh.destager_held.store(true, Ordering::Relaxed);
+    dg.sh.hold_destager();
     let mut rng = StdRng::seed_from_u64(seed);
     let chunk = 64 * 1024;
     let target = 0.75;
@@ -1001,7 +1001,7 @@ impl HotLog {
         let dg = rig.dg.clone().expect("running");
         let size = dg.stats().log_capacity_bytes / 8 / 4096 * 4096;
         let vol = dg.create_volume("hot", size).unwrap().id;
-        dg.sh.destager_held.store(true, Ordering::Relaxed);
+        dg.sh.hold_destager();
         let mut h = HotLog {
             _rig: rig,
             dg,
@@ -1305,7 +1305,7 @@ fn an_index_flush_without_room_gives_back_the_pages_it_placed() {
     let v = dg.create_volume("v", 8 * MIB).unwrap().id;
     dg.write(v, 0, &vec![5u8; 4 * MIB as usize]).unwrap();
     assert!(dg.destage_all(Duration::from_secs(10)));
-    dg.sh.destager_held.store(true, Ordering::Relaxed);
+    dg.sh.hold_destager();
     assert!(
         dg.sh.tree.read().counts().dirty_nodes > 0,
         "nothing to flush"
@@ -1810,7 +1810,7 @@ fn blocks_apart_on_capacity(
     }
     assert!(rig.dg().destage_all(Duration::from_secs(30)));
     let sh = rig.dg().sh.clone();
-    sh.destager_held.store(true, Ordering::Relaxed);
+    sh.hold_destager();
     std::thread::sleep(Duration::from_millis(300));
     sh
 }
@@ -2057,7 +2057,7 @@ fn admission_is_not_reported_throttled_once_the_fill_is_under_the_high_mark() {
     );
     let dg = rig.dg.clone().expect("running");
     let v = dg.create_volume("v", 32 * MIB).unwrap().id;
-    dg.sh.destager_held.store(true, Ordering::Relaxed);
+    dg.sh.hold_destager();
     let high = dg.stats().fill_ratio_high;
     let mut off = 0;
     while dg.stats().log_fill_ratio <= high {

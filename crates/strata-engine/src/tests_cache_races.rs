@@ -116,7 +116,7 @@ fn a_copy_the_tail_passed_is_not_served_from_blocks_a_new_batch_took() {
     let seed = seed_for("a_copy_the_tail_passed_is_not_served_from_blocks_a_new_batch_took");
     let (rig, c, w) = cached_group(seed);
     let dg = rig.group().clone();
-    dg.sh.destager_held.store(true, Ordering::SeqCst);
+    dg.sh.hold_destager();
     assert_eq!(
         read_either(&dg, c, 10 * 4096, 4096, false, &mut 0).unwrap(),
         block_of(10, 4)

@@ -104,7 +104,7 @@ fn clones_over_a_deleted_snapshot(seed: u64, destaged: bool) {
     dg.create_volume("v", 4 * q).unwrap();
     m.volumes.insert("v".into(), vec![0; 4 * qs.q]);
     if !destaged {
-        dg.sh.destager_held.store(true, Ordering::Relaxed);
+        dg.sh.hold_destager();
     }
     for i in 0..4 {
         qs.write(&dg, &mut m, "v", i, 0x11 + i as u8);

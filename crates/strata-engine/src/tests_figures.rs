@@ -34,7 +34,7 @@ fn fill_past_high_mark(dg: &DiskGroup, v: VolumeId, mut off: u64) -> u64 {
 fn held_rig(test: &str) -> (Rig, Arc<DiskGroup>) {
     let rig = Rig::new(16 * MIB, &[64 * MIB], small_cfg(), seed_for(test));
     let dg = rig.group().clone();
-    dg.sh.destager_held.store(true, Ordering::Relaxed);
+    dg.sh.hold_destager();
     (rig, dg)
 }
 

@@ -294,7 +294,7 @@ fn a_power_cut_during_rotation_loses_nothing() {
     let mut rng = StdRng::seed_from_u64(seed);
     for round in 0..3u64 {
         let (mut rig, v, mut model, _) = full_group(seed + round, 64);
-        rig.dg().sh.destager_held.store(true, Ordering::SeqCst);
+        rig.dg().sh.hold_destager();
         trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
         // Rotation writes a batch and a checkpoint (two copies) for each of the older half's
         // batches (about 24 here) before it frees a block for trims: the cut comes before.

@@ -1,7 +1,6 @@
 //! Host writes waiting for room in a full log are answered when the group fails or shuts down
 //! (they used to wait for ever: nothing frees the log then).
 
-use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -12,7 +11,7 @@ use crate::*;
 /// the channel the writing thread reports each write's result on.
 fn fill_until_a_write_waits(dg: &Arc<DiskGroup>) -> mpsc::Receiver<Result<(), EngineError>> {
     let v = dg.create_volume("v", MIB).unwrap().id;
-    dg.sh.destager_held.store(true, Ordering::Relaxed);
+    dg.sh.hold_destager();
     let (tx, rx) = mpsc::channel();
     let writer = dg.clone();
     std::thread::spawn(move || {

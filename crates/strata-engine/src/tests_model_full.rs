@@ -506,7 +506,7 @@ impl FullRun {
         };
         // Held only while the capacity tier takes nothing (else host batches would wait for
         // the destager to make room).
-        sh.destager_held.store(true, Ordering::SeqCst);
+        sh.hold_destager();
         while sh.counters.capacity_full.load(Ordering::SeqCst)
             && trim_room(self.dg()) > 0
             && !blocks.is_empty()

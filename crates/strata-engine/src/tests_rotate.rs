@@ -148,7 +148,7 @@ fn host_writes_racing_a_rotation_are_not_undone() {
     for round in 0..2u64 {
         let (mut rig, v, mut model, _) = full_group(seed + round, 64);
         let sh = rig.group().sh.clone();
-        sh.destager_held.store(true, Ordering::SeqCst);
+        sh.hold_destager();
         trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
         let blocks = log_only_blocks(rig.dg(), v);
         let older = blocks[..blocks.len() / 2].to_vec();
@@ -170,7 +170,7 @@ fn host_writes_racing_a_rotation_are_not_undone() {
         check_blocks(rig.dg(), v, &model);
         // Again, with the power failing meanwhile.
         let sh = rig.group().sh.clone();
-        sh.destager_held.store(true, Ordering::SeqCst);
+        sh.hold_destager();
         trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
         let writes_left = rng.gen_range(0..400);
         rig.writes_left.store(writes_left, Ordering::SeqCst);
@@ -211,7 +211,7 @@ fn a_trim_between_rotations_read_and_its_claim_is_not_undone() {
     let (mut rig, v, mut model, _) = full_group(seed, 64);
     let sh = rig.group().sh.clone();
     let head = sh.index.read().volumes[&v].head;
-    sh.destager_held.store(true, Ordering::SeqCst);
+    sh.hold_destager();
     // Room for the trims made during rotation is left (trims that find none wait for it).
     trim_until_room_is(
         rig.dg(),
@@ -286,7 +286,7 @@ fn layers_changed_during_a_rotation_lose_nothing() {
     for round in 0..3u64 {
         let (mut rig, v, mut model, _) = full_group(seed + round, 64);
         let sh = rig.group().sh.clone();
-        sh.destager_held.store(true, Ordering::SeqCst);
+        sh.hold_destager();
         trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
         rig.dg().create_snapshot("v", "s").unwrap();
         // The first rotation batch waits, written, with its ranges claimed, while the views
@@ -383,7 +383,7 @@ fn a_transient_read_error_does_not_stop_rotation_for_good() {
     let mut rng = StdRng::seed_from_u64(seed);
     let (mut rig, v, mut model, _) = full_group(seed, 64);
     let sh = rig.group().sh.clone();
-    sh.destager_held.store(true, Ordering::SeqCst);
+    sh.hold_destager();
     trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
     let blocks = log_only_blocks(rig.dg(), v);
     let faults = rig.fast.faults();

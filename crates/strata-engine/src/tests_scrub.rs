@@ -620,7 +620,7 @@ fn an_index_flush_waits_for_a_scrub_loading_an_index_page() {
     let w = dg.create_volume("w", MIB).unwrap().id;
     dg.write(w, 0, &block_of(0, 0x67)).unwrap();
     assert!(dg.destage_all(Duration::from_secs(30)));
-    dg.sh.destager_held.store(true, Ordering::SeqCst);
+    dg.sh.hold_destager();
     assert!(
         dg.sh.tree.read().counts().dirty_nodes > 0,
         "nothing to flush"

@@ -910,7 +910,7 @@ fn promotions_the_log_has_no_room_for_are_counted_as_refused() {
     });
     let rig = Rig::new(32 * MIB, &[48 * MIB], cfg, 77);
     let dg = rig.dg();
-    dg.sh.destager_held.store(true, Ordering::Relaxed);
+    dg.sh.hold_destager();
     // A quarter of the log holds host writes that stay: the copies below fill the rest of
     // the log before the read cache's share (90% of it).
     let v = dg.create_volume("v", 16 * MIB).unwrap().id;

@@ -615,7 +615,7 @@ fn power_cuts_while_segments_are_used_again_and_a_lost_copy_write_lose_nothing()
         drop(dg);
         rig.clean_restart();
         let dg = rig.group().clone();
-        dg.sh.destager_held.store(true, Ordering::SeqCst);
+        dg.sh.hold_destager();
         for lba in 0..VOL_BLOCKS {
             dg.write(v, lba * BLOCK_U64, &block_of(lba, 0xd2)).unwrap();
         }
