@@ -1,10 +1,10 @@
-//! SIGINT and SIGTERM during a run. The first one stops the run in order: the step under way
-//! stops sending, its requests in flight get [`DRAIN_LIMIT`] to be answered (then they are
-//! abandoned), the connections are closed, and the report of the steps that finished is written,
-//! marked as interrupted; the command then exits with 128 + the signal's number. A later signal
-//! exits at once with that status, unless it comes within [`REPEAT_WINDOW`] of the first: that is
-//! the same request delivered twice (GNU `timeout` signals the process and its process group),
-//! as `strata serve` takes it.
+//! SIGINT, SIGTERM and SIGHUP (the terminal that started the run closed) during a run. The
+//! first one stops the run in order: the step under way stops sending, its requests in flight
+//! get [`DRAIN_LIMIT`] to be answered (then they are abandoned), the connections are closed,
+//! and the report of the steps that finished is written, marked as interrupted; the command
+//! then exits with 128 + the signal's number. A later signal exits at once with that status,
+//! unless it comes within [`REPEAT_WINDOW`] of the first: that is the same request delivered
+//! twice (GNU `timeout` signals the process and its process group), as `strata serve` takes it.
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -52,7 +52,7 @@ impl Stop {
     }
 }
 
-/// Installs the handlers for SIGINT and SIGTERM; the returned flag is set by the first signal.
+/// Installs the handlers for SIGINT, SIGTERM and SIGHUP; the returned flag is set by the first signal.
 /// Must run inside the runtime, which must outlive the report's writing so that a second
 /// signal still exits at once meanwhile.
 pub fn listen(quiet: bool) -> Result<Stop, BenchError> {
@@ -64,6 +64,7 @@ pub fn listen(quiet: bool) -> Result<Stop, BenchError> {
     };
     let mut int = signal(SignalKind::interrupt()).map_err(err)?;
     let mut term = signal(SignalKind::terminate()).map_err(err)?;
+    let mut hup = signal(SignalKind::hangup()).map_err(err)?;
     let (tx, stop) = Stop::manual();
     tokio::spawn(async move {
         let mut first: Option<Instant> = None;
@@ -71,6 +72,7 @@ pub fn listen(quiet: bool) -> Result<Stop, BenchError> {
             let (signal, number) = tokio::select! {
                 _ = int.recv() => ("SIGINT", 2),
                 _ = term.recv() => ("SIGTERM", 15),
+                _ = hup.recv() => ("SIGHUP", 1),
             };
             let cause = StopCause {
                 signal,
@@ -102,4 +104,27 @@ pub fn listen(quiet: bool) -> Result<Stop, BenchError> {
         }
     });
     Ok(stop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A closed terminal (SIGHUP) stops the run as Ctrl-C does, instead of ending the process
+    /// without a report. (No other test of this crate listens for signals.)
+    #[tokio::test]
+    async fn a_hangup_stops_the_run_with_its_own_status() {
+        let mut stop = listen(true).unwrap();
+        assert_eq!(stop.cause(), None);
+        let sent = std::process::Command::new("kill")
+            .args(["-HUP", &std::process::id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        tokio::time::timeout(Duration::from_secs(10), stop.wait())
+            .await
+            .expect("the hangup stops the run");
+        let cause = stop.cause().unwrap();
+        assert_eq!((cause.signal, cause.exit_code), ("SIGHUP", 129));
+    }
 }

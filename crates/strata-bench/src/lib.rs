@@ -10,7 +10,8 @@
 //! Layout: `args` (flags and their check), `workload` (profiles, URIs), `nbd` (the client), `arrivals` (Poisson),
 //! `gen` (one connection's load), `stats` (histograms, service levels), `run` (steps and sides),
 //! `strata_api` (the daemon's history), `report`, `svg` and `html` (output), `progress`,
-//! `interrupt` (SIGINT and SIGTERM: the run stops and reports the steps that finished).
+//! `interrupt` (SIGINT, SIGTERM, SIGHUP: the run stops and reports the steps that finished).
+use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 mod args;
@@ -84,8 +85,11 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
     })?;
     let paths = write_outputs(&report, &flags.output)?;
     if !flags.quiet {
-        print!("{}", report::summary_text(&report));
-        println!("report: {}", paths.join(", "));
+        // Not print!: after a SIGHUP the terminal is gone and the write fails; the report is
+        // in its files and the exit status must still say what stopped the run.
+        let mut out = std::io::stdout().lock();
+        let _ = write!(out, "{}", report::summary_text(&report));
+        let _ = writeln!(out, "report: {}", paths.join(", "));
     }
     match &report.interrupted {
         Some(i) => Err(BenchError::Interrupted {

@@ -30,12 +30,12 @@ pub struct Report {
     pub interrupted: Option<Interrupted>,
 }
 
-/// A run a signal (SIGINT, SIGTERM) stopped before its end.
+/// A run a signal (SIGINT, SIGTERM, SIGHUP) stopped before its end.
 #[derive(Debug, Clone, Serialize)]
 pub struct Interrupted {
     pub signal: &'static str,
     pub at_unix_ms: u64,
-    /// The command's exit status: 128 + the signal's number (130 for SIGINT, 143 for SIGTERM).
+    /// The command's exit status: 128 + the signal's number (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP).
     pub exit_status: u8,
     /// Steps that finished, on every side; they are in `targets` with their figures.
     pub finished_steps: usize,

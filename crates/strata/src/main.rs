@@ -31,6 +31,7 @@ mod wear;
 #[cfg(test)]
 mod testutil;
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -495,7 +496,9 @@ fn main() -> ExitCode {
                 let status = e.downcast_ref::<client::Refused>().map(|r| r.status);
                 println!("{}", serde_json::json!({ "error": reason, "status": status }));
             }
-            eprintln!("strata: {reason}");
+            // Not eprintln!: a benchmark stopped by SIGHUP has no terminal left to write to,
+            // and its exit status must still be 129.
+            let _ = writeln!(std::io::stderr(), "strata: {reason}");
             let bench_status = e
                 .downcast_ref::<strata_bench::BenchError>()
                 .and_then(strata_bench::BenchError::exit_status);
