@@ -1,7 +1,8 @@
 //! The admin HTTP API under `/api/v1/`: volumes, the router with its token check, JSON in and
 //! out. Snapshots, clones and rollback live in `api_snapshots.rs`; scrub in `api_scrub.rs`; what
 //! the node shows about itself in `api_observe.rs`. Errors are `{"error": "..."}` with 400 (bad
-//! input, including a write to a read-only snapshot), 401 (token), 404 (unknown), 409 (exists,
+//! input, including a write to a read-only snapshot), 401 (token), 403 (a change sent by a web
+//! page of another origin, without a token), 404 (unknown), 409 (exists,
 //! busy, a volume that still has snapshots, or a scrub already running), 507 (no space), 503
 //! (shutting down) or 500.
 use std::net::SocketAddr;
@@ -236,12 +237,18 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 /// Mutating requests need `Authorization: Bearer TOKEN` when a token is configured; reads
 /// are open (the API listens on loopback unless a token is set). The token is never logged.
+/// Without a token, a mutating request from a web page of another origin is refused
+/// (`api_origin.rs`).
 async fn require_token(
     State(state): State<Arc<AppState>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     let Some(token) = &state.token else {
+        if let Some(why) = crate::api_origin::browser_refusal(request.method(), request.headers()) {
+            tracing::warn!(method = %request.method(), path = request.uri().path(), "admin request refused: sent by a web page of another origin");
+            return ApiError::new(StatusCode::FORBIDDEN, why).into_response();
+        }
         return next.run(request).await;
     };
     if matches!(*request.method(), Method::GET | Method::HEAD) {

@@ -7,6 +7,7 @@
 mod adapter;
 mod api;
 mod api_observe;
+mod api_origin;
 mod api_scrub;
 mod api_policy;
 mod api_snapshots;
