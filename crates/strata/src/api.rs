@@ -8,7 +8,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
@@ -222,12 +222,22 @@ pub fn served_routes() -> Vec<crate::routes::Route> {
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
+    router_with_body_deadline(state, crate::api_body::BODY_READ_TIMEOUT)
+}
+
+/// The router, its clients given `body_deadline` to send a request's body (the tests' is short).
+pub(crate) fn router_with_body_deadline(state: Arc<AppState>, body_deadline: Duration) -> Router {
     routes()
         .into_router()
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS))
+        // Outside the limit: a request takes a place only once its body is here.
+        .layer(axum::middleware::from_fn_with_state(
+            body_deadline,
+            crate::api_body::read_body_in_time,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_token,

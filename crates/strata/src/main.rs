@@ -6,6 +6,7 @@
 //! a daemon that is still starting (client.rs).
 mod adapter;
 mod api;
+mod api_body;
 mod api_observe;
 mod api_origin;
 mod api_scrub;
