@@ -371,6 +371,15 @@ impl Client {
                 self.request_timeout.as_secs()
             );
         }
+        // The connection was made and closed before an answer (a daemon killed or crashed
+        // mid-request): the request may have been carried out, which "cannot reach" denied,
+        // and an admin who asks again for a create or a delete meets a confusing 409 or 404.
+        if t.kind() == ureq::ErrorKind::Io {
+            return anyhow!(
+                "the daemon at {} closed the connection without answering ({reason}): it may have stopped; the request may or may not have been carried out, so look (strata status, strata volume list) before asking again",
+                self.base
+            );
+        }
         anyhow!("cannot reach the daemon at {}: {reason}", self.base)
     }
 }
@@ -679,6 +688,41 @@ mod tests {
             e,
             format!("the daemon at {url} took the request but gave no answer within 1 s")
         );
+    }
+
+    #[test]
+    fn a_daemon_that_closes_the_connection_unanswered_is_not_called_unreachable() {
+        use std::io::{BufRead, BufReader};
+        // Takes each request whole, then closes without an answer, as a daemon killed while
+        // it carried the request out.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let mut reader = BufReader::new(stream);
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                    line.clear();
+                }
+            }
+        });
+        let c = Client::new(&url, false).unwrap();
+        let e = c
+            .call(
+                "POST",
+                "/api/v1/volumes",
+                Some(json!({"name": "db", "size_bytes": 4096})),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!(
+                "the daemon at {url} closed the connection without answering"
+            )),
+            "{e}"
+        );
+        assert!(e.contains("may or may not have been carried out"), "{e}");
     }
 
     #[test]
