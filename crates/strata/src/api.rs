@@ -128,7 +128,10 @@ pub struct ResizeRequest {
     pub size_bytes: u64,
 }
 
+/// Unknown parameters are refused, as in every body and in a snapshot's delete: a typo such as
+/// `?with_snapshot=true` must not be taken for a plain delete.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DeleteParams {
     #[serde(default)]
     pub force: bool,

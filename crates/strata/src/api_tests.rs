@@ -238,6 +238,20 @@ async fn malformed_and_oversized_bodies_are_refused() {
     assert!(v["error"].is_string());
 }
 
+#[tokio::test]
+async fn a_delete_with_a_misspelt_parameter_is_refused_and_deletes_nothing() {
+    let (app, state) = app();
+    create(&app, "db", 1 << 20).await;
+    for query in ["forse=true", "with_snapshot=true", "force=true&with_snapshot=true"] {
+        let (s, v) = call(&app, "DELETE", &format!("/api/v1/volumes/db?{query}"), None).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{query}: {v}");
+        assert!(v["error"].as_str().is_some_and(|e| e.contains("unknown field")), "{query}: {v}");
+    }
+    assert!(state.registry.group().volume("db").is_some());
+    let (s, v) = call(&app, "DELETE", "/api/v1/volumes/db?force=false&with_snapshots=false", None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+}
+
 /// A page of another site posting `text/plain` (no CORS preflight) must change nothing: a
 /// forced rollback from it would discard a volume's writes.
 #[tokio::test]
