@@ -352,13 +352,13 @@ impl Client {
                 }
                 .into())
             }
-            Err(ureq::Error::Transport(t)) => Err(self.transport_error(&t)),
+            Err(ureq::Error::Transport(t)) => Err(self.transport_error(method, &t)),
         }
     }
 
     /// A request that got no answer: the daemon was not reached, or it took the connection
     /// and did not answer in time (busy, or stuck).
-    fn transport_error(&self, t: &ureq::Transport) -> anyhow::Error {
+    fn transport_error(&self, method: &str, t: &ureq::Transport) -> anyhow::Error {
         let reason = transport_reason(t);
         let connected = !matches!(
             t.kind(),
@@ -372,11 +372,17 @@ impl Client {
             );
         }
         // The connection was made and closed before an answer (a daemon killed or crashed
-        // mid-request): the request may have been carried out, which "cannot reach" denied,
-        // and an admin who asks again for a create or a delete meets a confusing 409 or 404.
+        // mid-request, or a port that is not the admin API's): a change may have been carried
+        // out, which "cannot reach" denied, and an admin who asks again for a create or a
+        // delete meets a confusing 409 or 404.
         if t.kind() == ureq::ErrorKind::Io {
+            let change = if matches!(method, "GET" | "HEAD") {
+                ""
+            } else {
+                "; the change asked for may or may not have been made, so look (strata volume list) before asking again"
+            };
             return anyhow!(
-                "the daemon at {} closed the connection without answering ({reason}): it may have stopped; the request may or may not have been carried out, so look (strata status, strata volume list) before asking again",
+                "the daemon at {} closed the connection without answering ({reason}): it may have stopped, or this is not its admin port{change}",
                 self.base
             );
         }
@@ -722,7 +728,12 @@ mod tests {
             )),
             "{e}"
         );
-        assert!(e.contains("may or may not have been carried out"), "{e}");
+        assert!(e.contains("may or may not have been made"), "{e}");
+        let e = c
+            .call("GET", "/api/v1/volumes", None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.ends_with("or this is not its admin port"), "{e}");
     }
 
     #[test]
