@@ -1,13 +1,14 @@
 //! The admin HTTP API under `/api/v1/`: volumes, the router with its token check, JSON in and
 //! out. Snapshots, clones and rollback live in `api_snapshots.rs`; scrub in `api_scrub.rs`; what
 //! the node shows about itself in `api_observe.rs`. Errors are `{"error": "..."}` with 400 (bad
-//! input, including a write to a read-only snapshot), 401 (token), 404 (unknown), 409 (exists,
+//! input, including a write to a read-only snapshot), 401 (token), 403 (a change sent by a web
+//! page of another origin, without a token), 404 (unknown), 409 (exists,
 //! busy, a volume that still has snapshots, or a scrub already running), 507 (no space), 503
 //! (shutting down) or 500.
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
@@ -127,7 +128,10 @@ pub struct ResizeRequest {
     pub size_bytes: u64,
 }
 
+/// Unknown parameters are refused, as in every body and in a snapshot's delete: a typo such as
+/// `?with_snapshot=true` must not be taken for a plain delete.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DeleteParams {
     #[serde(default)]
     pub force: bool,
@@ -221,12 +225,22 @@ pub fn served_routes() -> Vec<crate::routes::Route> {
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
+    router_with_body_deadline(state, crate::api_body::BODY_READ_TIMEOUT)
+}
+
+/// The router, its clients given `body_deadline` to send a request's body (the tests' is short).
+pub(crate) fn router_with_body_deadline(state: Arc<AppState>, body_deadline: Duration) -> Router {
     routes()
         .into_router()
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS))
+        // Outside the limit: a request takes a place only once its body is here.
+        .layer(axum::middleware::from_fn_with_state(
+            body_deadline,
+            crate::api_body::read_body_in_time,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_token,
@@ -236,12 +250,18 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 /// Mutating requests need `Authorization: Bearer TOKEN` when a token is configured; reads
 /// are open (the API listens on loopback unless a token is set). The token is never logged.
+/// Without a token, a mutating request from a web page of another origin is refused
+/// (`api_origin.rs`).
 async fn require_token(
     State(state): State<Arc<AppState>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     let Some(token) = &state.token else {
+        if let Some(why) = crate::api_origin::browser_refusal(request.method(), request.headers()) {
+            tracing::warn!(method = %request.method(), path = request.uri().path(), "admin request refused: sent by a web page of another origin");
+            return ApiError::new(StatusCode::FORBIDDEN, why).into_response();
+        }
         return next.run(request).await;
     };
     if matches!(*request.method(), Method::GET | Method::HEAD) {

@@ -239,6 +239,67 @@ async fn malformed_and_oversized_bodies_are_refused() {
 }
 
 #[tokio::test]
+async fn a_delete_with_a_misspelt_parameter_is_refused_and_deletes_nothing() {
+    let (app, state) = app();
+    create(&app, "db", 1 << 20).await;
+    for query in ["forse=true", "with_snapshot=true", "force=true&with_snapshot=true"] {
+        let (s, v) = call(&app, "DELETE", &format!("/api/v1/volumes/db?{query}"), None).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{query}: {v}");
+        assert!(v["error"].as_str().is_some_and(|e| e.contains("unknown field")), "{query}: {v}");
+    }
+    assert!(state.registry.group().volume("db").is_some());
+    let (s, v) = call(&app, "DELETE", "/api/v1/volumes/db?force=false&with_snapshots=false", None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+}
+
+/// A page of another site posting `text/plain` (no CORS preflight) must change nothing: a
+/// forced rollback from it would discard a volume's writes.
+#[tokio::test]
+async fn a_web_page_of_another_origin_changes_nothing() {
+    let (app, state) = app();
+    create(&app, "db", 1 << 20).await;
+    let (s, _) = call(&app, "POST", "/api/v1/volumes/db/snapshots", Some(json!({"name": "s1"}))).await;
+    assert_eq!(s, StatusCode::CREATED);
+    let page = |method: &str, uri: &str, origin: &str, host: &str, body: &str| {
+        Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("host", host)
+            .header("origin", origin)
+            .header("content-type", "text/plain;charset=UTF-8")
+            .body(Body::from(body.to_string()))
+            .unwrap()
+    };
+    let attacks = [
+        ("POST", "/api/v1/volumes", r#"{"name": "csrf", "size_bytes": 4096}"#),
+        ("POST", "/api/v1/volumes/db/rollback", r#"{"snapshot": "s1", "force": true}"#),
+        ("POST", "/api/v1/volumes/db/resize", r#"{"size_bytes": 2097152}"#),
+        ("DELETE", "/api/v1/volumes/db/snapshots/s1?force=true", ""),
+        ("DELETE", "/api/v1/volumes/db?force=true&with_snapshots=true", ""),
+    ];
+    // Another site, and a site whose name points at 127.0.0.1 (DNS rebinding).
+    for (origin, host) in [("https://evil.example", "127.0.0.1:9090"), ("http://evil.example:9090", "evil.example:9090")] {
+        for (method, uri, body) in attacks {
+            let resp = app.clone().oneshot(page(method, uri, origin, host, body)).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::FORBIDDEN, "{method} {uri} from {origin}");
+            let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+            let v: Value = serde_json::from_slice(&bytes).unwrap();
+            assert!(v["error"].as_str().is_some_and(|e| e.contains(origin)), "{v}");
+        }
+    }
+    let group = state.registry.group();
+    assert!(group.volume("csrf").is_none());
+    assert_eq!(group.volume("db").map(|v| v.size_bytes), Some(1 << 20));
+    let (s, _) = call(&app, "GET", "/api/v1/volumes/db/snapshots/s1", None).await;
+    assert_eq!(s, StatusCode::OK, "the snapshot is still there");
+    // The daemon's own page on loopback, and clients that are not browsers, go on as before.
+    let own = page("POST", "/api/v1/volumes", "http://127.0.0.1:9090", "127.0.0.1:9090", r#"{"name": "mine", "size_bytes": 4096}"#);
+    assert_eq!(app.clone().oneshot(own).await.unwrap().status(), StatusCode::CREATED);
+    let (s, _) = call(&app, "POST", "/api/v1/volumes/db/resize", Some(json!({"size_bytes": 2 << 20}))).await;
+    assert_eq!(s, StatusCode::OK);
+}
+
+#[tokio::test]
 async fn delete_is_refused_while_connected_unless_forced() {
     let (app, state) = app();
     call(

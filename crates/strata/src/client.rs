@@ -368,13 +368,13 @@ impl Client {
                 }
                 .into())
             }
-            Err(ureq::Error::Transport(t)) => Err(self.transport_error(&t)),
+            Err(ureq::Error::Transport(t)) => Err(self.transport_error(method, &t)),
         }
     }
 
     /// A request that got no answer: the daemon was not reached, or it took the connection
     /// and did not answer in time (busy, or stuck).
-    fn transport_error(&self, t: &ureq::Transport) -> anyhow::Error {
+    fn transport_error(&self, method: &str, t: &ureq::Transport) -> anyhow::Error {
         let reason = transport_reason(t);
         let connected = !matches!(
             t.kind(),
@@ -385,6 +385,21 @@ impl Client {
                 "the daemon at {} took the request but gave no answer within {} s",
                 self.base,
                 self.request_timeout.as_secs()
+            );
+        }
+        // The connection was made and closed before an answer (a daemon killed or crashed
+        // mid-request, or a port that is not the admin API's): a change may have been carried
+        // out, which "cannot reach" denied, and an admin who asks again for a create or a
+        // delete meets a confusing 409 or 404.
+        if t.kind() == ureq::ErrorKind::Io {
+            let change = if matches!(method, "GET" | "HEAD") {
+                ""
+            } else {
+                "; the change asked for may or may not have been made, so look (strata volume list) before asking again"
+            };
+            return anyhow!(
+                "the daemon at {} closed the connection without answering ({reason}): it may have stopped, or this is not its admin port{change}",
+                self.base
             );
         }
         anyhow!("cannot reach the daemon at {}: {reason}", self.base)
@@ -724,6 +739,46 @@ mod tests {
             e,
             format!("the daemon at {url} took the request but gave no answer within 1 s")
         );
+    }
+
+    #[test]
+    fn a_daemon_that_closes_the_connection_unanswered_is_not_called_unreachable() {
+        use std::io::{BufRead, BufReader};
+        // Takes each request whole, then closes without an answer, as a daemon killed while
+        // it carried the request out.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let mut reader = BufReader::new(stream);
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                    line.clear();
+                }
+            }
+        });
+        let c = Client::new(&url, false).unwrap();
+        let e = c
+            .call(
+                "POST",
+                "/api/v1/volumes",
+                Some(json!({"name": "db", "size_bytes": 4096})),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!(
+                "the daemon at {url} closed the connection without answering"
+            )),
+            "{e}"
+        );
+        assert!(e.contains("may or may not have been made"), "{e}");
+        let e = c
+            .call("GET", "/api/v1/volumes", None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.ends_with("or this is not its admin port"), "{e}");
     }
 
     #[test]

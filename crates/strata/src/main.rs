@@ -6,7 +6,9 @@
 //! a daemon that is still starting (client.rs).
 mod adapter;
 mod api;
+mod api_body;
 mod api_observe;
+mod api_origin;
 mod api_scrub;
 mod api_policy;
 mod api_snapshots;
