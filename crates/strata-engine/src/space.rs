@@ -131,9 +131,7 @@ fn count_chunk(
 ) -> Result<(), Miss> {
     let Ok(v) = idx.view(view) else { return Ok(()) };
     let top = v.chain.first().copied().unwrap_or(0);
-    let children: Vec<u32> = idx
-        .children(top)
-        .into_iter()
+    let children: Vec<u32> = (idx.children_of(top).iter().copied())
         .filter(|c| idx.layer_live(*c))
         .collect();
     for p in resolve_locked(idx, t, &v.chain, lba, n)? {
