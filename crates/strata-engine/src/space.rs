@@ -15,6 +15,8 @@ use crate::resolve::{resolve_locked, Piece};
 use crate::shared::Index;
 use crate::{DiskGroup, VolumeId};
 
+mod family;
+
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
 pub struct SpaceReport {
     pub exclusive_fast_bytes: u64,
