@@ -1,7 +1,6 @@
 //! Opening a disk group: identify the devices, format blank ones, and recover: the durable
 //! index and segment table, the summaries of segments sealed after them, then the log.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
@@ -372,12 +371,8 @@ fn new_shared(
     layout: Layout,
     cp: &Checkpoint,
 ) -> Shared {
-    let mut index = Index {
-        layers: BTreeMap::new(),
-        volumes: BTreeMap::new(),
-        snapshots: BTreeMap::new(),
-        next_id: cp.next_id,
-    };
+    let mut index = Index::default();
+    index.next_id = cp.next_id;
     for l in &cp.layers {
         index.layers.insert(
             l.id,
@@ -389,6 +384,7 @@ fn new_shared(
     }
     index.volumes = cp.volumes.iter().map(|v| (v.id, v.clone())).collect();
     index.snapshots = cp.snapshots.iter().map(|s| (s.id, s.clone())).collect();
+    index.refresh_lookups();
     let seg_blocks = (layout.segment_size_bytes / BLOCK_U64) as u32;
     let mut segs = SegTable::new(&layout.segments, caps.len(), seg_blocks);
     // Every segment this opening writes has a higher sequence number than any written before

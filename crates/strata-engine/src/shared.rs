@@ -38,6 +38,19 @@ pub struct Index {
     pub volumes: BTreeMap<u32, VolumeRecord>,
     pub snapshots: BTreeMap<u32, SnapshotRecord>,
     pub next_id: u32,
+    /// Made from the records above by `refresh_lookups`, which whoever replaces them calls.
+    lookups: Lookups,
+}
+
+/// What the API and the space counts ask of the volume table by name or by parent, kept
+/// apart from the records so a question is one map lookup: scans of the tables made every
+/// request naming a volume grow with the number of volumes, and listings with its square.
+#[derive(Default)]
+struct Lookups {
+    volume_ids: HashMap<String, u32>,
+    snapshot_ids: HashMap<(u32, String), u32>,
+    /// Every layer under its parent (0 for none), deleted layers too.
+    children: HashMap<u32, Vec<u32>>,
 }
 
 /// Most layers a view reads through (snapshot and clone creation keep within it).
@@ -53,14 +66,71 @@ pub struct ViewLayers {
 }
 
 impl Index {
+    /// Makes the lookups again from the records: called wherever layers, volumes or
+    /// snapshots are replaced (`Shared::install_tables`, and the open).
+    pub fn refresh_lookups(&mut self) {
+        let mut l = Lookups::default();
+        for v in self.volumes.values() {
+            l.volume_ids.insert(v.name.clone(), v.id);
+        }
+        for s in self.snapshots.values() {
+            l.snapshot_ids.insert((s.volume, s.name.clone()), s.id);
+        }
+        for layer in self.layers.values() {
+            let kids = l.children.entry(layer.rec.parent).or_default();
+            kids.push(layer.rec.id);
+        }
+        self.lookups = l;
+    }
+
     pub fn volume_by_name(&self, name: &str) -> Option<&VolumeRecord> {
-        self.volumes.values().find(|v| v.name == name)
+        // Held to its name: lookups out of step then find nothing rather than another volume.
+        let found = (self.lookups.volume_ids.get(name))
+            .and_then(|id| self.volumes.get(id))
+            .filter(|v| v.name == name);
+        #[cfg(test)]
+        assert_eq!(
+            found.map(|v| v.id),
+            self.volumes.values().find(|v| v.name == name).map(|v| v.id),
+            "the lookup of volume {name:?} is out of step with the table"
+        );
+        found
     }
 
     pub fn snapshot_by_name(&self, volume: u32, name: &str) -> Option<&SnapshotRecord> {
-        self.snapshots
-            .values()
-            .find(|s| s.volume == volume && s.name == name)
+        let found = (self.lookups.snapshot_ids.get(&(volume, name.to_string())))
+            .and_then(|id| self.snapshots.get(id))
+            .filter(|s| s.volume == volume && s.name == name);
+        #[cfg(test)]
+        assert_eq!(
+            found.map(|s| s.id),
+            (self.snapshots.values())
+                .find(|s| s.volume == volume && s.name == name)
+                .map(|s| s.id),
+            "the lookup of snapshot {name:?} of volume #{volume} is out of step with the table"
+        );
+        found
+    }
+
+    /// The layers whose parent is `id`, deleted ones included, as one lookup (`children`
+    /// scans every layer).
+    pub fn children_of(&self, id: u32) -> &[u32] {
+        let found = self
+            .lookups
+            .children
+            .get(&id)
+            .map_or(&[][..], Vec::as_slice);
+        #[cfg(test)]
+        {
+            let mut found = found.to_vec();
+            found.sort_unstable();
+            assert_eq!(
+                found,
+                self.children(id),
+                "the children of layer {id} are out of step"
+            );
+        }
+        found
     }
 
     /// The layers a read of `top` goes through, top first.

@@ -15,6 +15,8 @@ use crate::resolve::{resolve_locked, Piece};
 use crate::shared::Index;
 use crate::{DiskGroup, VolumeId};
 
+mod family;
+
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
 pub struct SpaceReport {
     pub exclusive_fast_bytes: u64,
@@ -131,9 +133,7 @@ fn count_chunk(
 ) -> Result<(), Miss> {
     let Ok(v) = idx.view(view) else { return Ok(()) };
     let top = v.chain.first().copied().unwrap_or(0);
-    let children: Vec<u32> = idx
-        .children(top)
-        .into_iter()
+    let children: Vec<u32> = (idx.children_of(top).iter().copied())
         .filter(|c| idx.layer_live(*c))
         .collect();
     for p in resolve_locked(idx, t, &v.chain, lba, n)? {

@@ -500,3 +500,62 @@ fn a_full_volume_table_still_lets_destage_free_the_log() {
     check_volume(dg, data, &model, "after destage");
     dg.delete_volume(&format!("v{:0>63}", 3), true).unwrap();
 }
+
+/// Volumes and snapshots are found by name (`volume`, `view`, what the API and every NBD
+/// export lookup use) through maps made from the volume table: they follow every create,
+/// clone, rollback and delete (names used again after a delete, by a new id), and are made
+/// again at open, after a clean stop and after a power cut. Names gone are not found.
+#[test]
+fn names_are_found_after_every_change_and_after_a_restart() {
+    let mut rig = Rig::new(16 * MIB, &[32 * MIB], small_cfg(), 44);
+    // name -> id, for volumes and for `vol@snap`; and the names deleted.
+    let mut live: BTreeMap<String, VolumeId> = BTreeMap::new();
+    let mut gone: Vec<String> = Vec::new();
+    let check = |dg: &DiskGroup, live: &BTreeMap<String, VolumeId>, gone: &[String], what: &str| {
+        for (name, id) in live {
+            let found = dg.view(name).map(|v| v.id);
+            assert_eq!(found, Some(*id), "{what}: {name}");
+            if !name.contains('@') {
+                assert_eq!(dg.volume(name).map(|v| v.id), Some(*id), "{what}: {name}");
+            }
+        }
+        for name in gone.iter().filter(|n| !live.contains_key(*n)) {
+            assert!(dg.view(name).is_none(), "{what}: {name} was deleted");
+        }
+    };
+    for round in 0..3 {
+        let dg = rig.dg();
+        for i in 0..4 {
+            let v = format!("v{i}");
+            if !live.contains_key(&v) {
+                live.insert(v.clone(), dg.create_volume(&v, MIB).unwrap().id);
+            }
+            let s = format!("s{round}");
+            let id = dg.create_snapshot(&v, &s).unwrap().id;
+            live.insert(format!("{v}@{s}"), id);
+        }
+        check(dg, &live, &gone, &format!("round {round}, created"));
+        let c = format!("c{round}");
+        let id = dg
+            .clone_snapshot("v1", &format!("s{round}"), &c)
+            .unwrap()
+            .id;
+        live.insert(c, id);
+        dg.rollback_volume("v2", "s0").unwrap();
+        dg.delete_snapshot("v3", &format!("s{round}")).unwrap();
+        gone.push(format!("v3@s{round}"));
+        live.remove(&format!("v3@s{round}"));
+        // v0 goes with its snapshots; the next round makes it again, with a new id.
+        dg.delete_volume("v0", true).unwrap();
+        live.retain(|name, _| name != "v0" && !name.starts_with("v0@"));
+        gone.extend((0..=round).map(|r| format!("v0@s{r}")));
+        gone.push("v0".into());
+        check(dg, &live, &gone, &format!("round {round}, changed"));
+        if round % 2 == 0 {
+            rig.clean_restart();
+        } else {
+            rig.power_cut_and_restart();
+        }
+        check(rig.dg(), &live, &gone, &format!("round {round}, reopened"));
+    }
+}

@@ -236,6 +236,7 @@ impl Shared {
             idx.volumes = t.volumes.clone();
             idx.snapshots = t.snapshots.clone();
             idx.next_id = t.next_id;
+            idx.refresh_lookups();
         }
         self.release(&dropped);
         self.counters

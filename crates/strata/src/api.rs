@@ -5,6 +5,7 @@
 //! page of another origin, without a token), 404 (unknown), 409 (exists,
 //! busy, a volume that still has snapshots, or a scrub already running), 507 (no space), 503
 //! (shutting down) or 500.
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -440,15 +441,22 @@ pub fn export_base(nbd_addr: SocketAddr, headers: &HeaderMap) -> String {
 
 /// A volume as the API shows it (blocking: walks the volume's index for its space per tier).
 pub fn volume_json(state: &AppState, base: &str, v: VolumeInfo) -> VolumeJson {
-    let space = state.registry.group().space(v.id).unwrap_or_default();
-    volume_json_with(state, base, v, space)
+    let group = state.registry.group();
+    let space = group.space(v.id).unwrap_or_default();
+    let snapshot_count = group.snapshots(Some(&v.name)).map_or(0, |s| s.len());
+    volume_json_with(state, base, v, space, snapshot_count)
 }
 
-fn volume_json_with(state: &AppState, base: &str, v: VolumeInfo, space: SpaceReport) -> VolumeJson {
+fn volume_json_with(
+    state: &AppState,
+    base: &str,
+    v: VolumeInfo,
+    space: SpaceReport,
+    snapshot_count: usize,
+) -> VolumeJson {
     let group = state.registry.group();
     let space = SpaceJson::from(space);
     let io = IoTotalsJson::from(&state.registry.volume_io(v.id).snapshot());
-    let snapshot_count = group.snapshots(Some(&v.name)).map_or(0, |s| s.len());
     let policy = group.policy(&v.name).unwrap_or_default();
     let figures = group.volume_figures(&v.name).unwrap_or_default();
     VolumeJson {
@@ -473,10 +481,19 @@ pub fn all_volumes(state: &AppState, base: &str) -> Vec<VolumeJson> {
     let group = state.registry.group();
     let mut vols = group.volumes();
     vols.sort_by(|a, b| a.name.cmp(&b.name));
+    let ids: Vec<_> = vols.iter().map(|v| v.id).collect();
+    let spaces = state.space.get_many(group, &ids);
+    // Counted from one list: asking for each volume's snapshots went through them all once
+    // per volume.
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for s in group.snapshots(None).unwrap_or_default() {
+        *counts.entry(s.volume).or_default() += 1;
+    }
     vols.into_iter()
-        .map(|v| {
-            let space = state.space.get(group, v.id);
-            volume_json_with(state, base, v, space)
+        .zip(spaces)
+        .map(|(v, space)| {
+            let count = counts.get(&v.name).copied().unwrap_or(0);
+            volume_json_with(state, base, v, space, count)
         })
         .collect()
 }

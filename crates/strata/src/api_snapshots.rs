@@ -13,7 +13,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use strata_engine::{EngineError, SnapshotInfo};
+use strata_engine::{EngineError, SnapshotInfo, SpaceReport};
 
 use crate::api::{
     blocking, export_base, parse_body, validate_name, validate_name_of, volume_json, ApiError,
@@ -98,14 +98,18 @@ pub fn snapshot_json(
     s: SnapshotInfo,
     with_space: bool,
 ) -> SnapshotJson {
-    let space = with_space.then(|| {
-        state
-            .registry
-            .group()
-            .space(s.id)
-            .unwrap_or_default()
-            .into()
-    });
+    let space = with_space.then(|| state.registry.group().space(s.id).unwrap_or_default());
+    snapshot_json_with(state, base, s, space)
+}
+
+/// A snapshot as the API shows it, with its space report when there is one.
+fn snapshot_json_with(
+    state: &AppState,
+    base: &str,
+    s: SnapshotInfo,
+    space: Option<SpaceReport>,
+) -> SnapshotJson {
+    let space = space.map(SpaceJson::from);
     let export_name = format!("{}@{}", s.volume, s.name);
     SnapshotJson {
         export_uri: format!("{base}/{export_name}"),
@@ -127,12 +131,18 @@ fn snapshot_list(
     base: &str,
     volume: Option<&str>,
 ) -> Result<Vec<SnapshotJson>, ApiError> {
-    let mut snaps = state.registry.group().snapshots(volume)?;
+    let group = state.registry.group();
+    let mut snaps = group.snapshots(volume)?;
     // Stable: the engine's oldest-first order stays within each volume.
     snaps.sort_by(|a, b| a.volume.cmp(&b.volume));
+    // In one walk per volume's tree of layers: one walk per snapshot went through the
+    // volume's whole history once per snapshot.
+    let ids: Vec<_> = snaps.iter().map(|s| s.id).collect();
+    let spaces = group.space_of_views(&ids);
     Ok(snaps
         .into_iter()
-        .map(|s| snapshot_json(state, base, s, true))
+        .zip(spaces)
+        .map(|(s, space)| snapshot_json_with(state, base, s, Some(space.unwrap_or_default())))
         .collect())
 }
 

@@ -1,6 +1,7 @@
 //! The `/metrics` page: every figure of the node in the Prometheus text format, rendered
 //! fresh from a snapshot on each scrape. Names follow Prometheus conventions: base units
 //! (bytes, seconds), `_total` on counters, latency histograms in seconds.
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -30,17 +31,6 @@ pub fn render_metrics(state: &AppState) -> String {
     let stats = g.stats();
     let mut volumes = g.volumes();
     volumes.sort_by(|a, b| a.name.cmp(&b.name));
-    let vols: Vec<VolumeRow> = volumes
-        .iter()
-        .map(|v| VolumeRow {
-            name: v.name.clone(),
-            size_bytes: v.size_bytes,
-            connections: state.registry.connections(v.id),
-            io: state.registry.volume_io(v.id).snapshot(),
-            space: state.space.get(g, v.id),
-            snapshots: g.snapshots(Some(&v.name)).map_or(0, |s| s.len()),
-        })
-        .collect();
     let snapshots = g.snapshots(None).unwrap_or_default();
     let live: Vec<_> = volumes
         .iter()
@@ -48,13 +38,30 @@ pub fn render_metrics(state: &AppState) -> String {
         .chain(snapshots.iter().map(|s| s.id))
         .collect();
     state.space.retain(&live);
+    // Every view at once: a volume and its snapshots are counted in one walk.
+    let mut spaces = state.space.get_many(g, &live).into_iter();
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for s in &snapshots {
+        *counts.entry(s.volume.as_str()).or_default() += 1;
+    }
+    let vols: Vec<VolumeRow> = volumes
+        .iter()
+        .map(|v| VolumeRow {
+            name: v.name.clone(),
+            size_bytes: v.size_bytes,
+            connections: state.registry.connections(v.id),
+            io: state.registry.volume_io(v.id).snapshot(),
+            space: spaces.next().unwrap_or_default(),
+            snapshots: counts.get(v.name.as_str()).copied().unwrap_or(0),
+        })
+        .collect();
     let snaps: Vec<SnapshotRow> = snapshots
-        .into_iter()
+        .iter()
         .map(|s| SnapshotRow {
             connections: state.registry.connections(s.id),
-            space: state.space.get(g, s.id),
-            volume: s.volume,
-            name: s.name,
+            space: spaces.next().unwrap_or_default(),
+            volume: s.volume.clone(),
+            name: s.name.clone(),
         })
         .collect();
     let devices = device_list(state);

@@ -10,8 +10,10 @@
 //! walks of a view to about 1/`REUSE_FACTOR` of one CPU however often the pages are read.
 //! A walk that took less than `REUSE_FROM` of CPU is never reused: small views (and every
 //! test's) always show figures as fresh as the request. The walk's CPU time is what counts,
-//! not its wall time, which a busy machine stretches. `volume info` and the other
-//! single-view answers walk the map themselves.
+//! not its wall time, which a busy machine stretches. The views that share layers (a volume,
+//! its snapshots and their clones) are counted in one walk (`DiskGroup::space_of_views`),
+//! whose time counts for each of them. `volume info` and the other single-view answers walk
+//! the map themselves.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -46,13 +48,45 @@ impl Entry {
 }
 
 impl SpaceCache {
-    /// The view's space report: the last one when its walk was long and recent enough, else a
-    /// new walk (blocking). A view that cannot be walked (deleted meanwhile, or an index page
-    /// unreadable) reports nothing, and nothing is kept for it.
-    pub fn get(&self, group: &DiskGroup, view: VolumeId) -> SpaceReport {
-        self.get_with(view, Instant::now(), || group.space(view).ok())
+    /// The space reports of `views`, in their order: for each, the last one when its walk was
+    /// long and recent enough, else a new walk (blocking). The views that share layers are
+    /// walked together, and that walk's CPU time decides how long each of their reports is
+    /// reused. A view that cannot be walked (deleted meanwhile, or an index page unreadable)
+    /// reports nothing, and nothing is kept for it.
+    pub fn get_many(&self, group: &DiskGroup, views: &[VolumeId]) -> Vec<SpaceReport> {
+        let now = Instant::now();
+        let mut found: HashMap<VolumeId, SpaceReport> = HashMap::new();
+        let mut stale = Vec::new();
+        {
+            let entries = self.entries.lock();
+            for &v in views {
+                match entries.get(&v).filter(|e| e.fresh_enough(now)) {
+                    Some(e) => {
+                        found.insert(v, e.report);
+                    }
+                    None => stale.push(v),
+                }
+            }
+        }
+        for family in group.view_families(&stale) {
+            let reports = self.walk_with(&family, now, |views| {
+                group
+                    .space_of_views(views)
+                    .into_iter()
+                    .map(Result::ok)
+                    .collect()
+            });
+            found.extend(family.into_iter().zip(reports));
+        }
+        views
+            .iter()
+            .map(|v| found.get(v).copied().unwrap_or_default())
+            .collect()
     }
 
+    /// One view, walked by `walk` unless its last report may be reused (for the tests of the
+    /// reuse rules).
+    #[cfg(test)]
     fn get_with(
         &self,
         view: VolumeId,
@@ -64,30 +98,56 @@ impl SpaceCache {
                 return e.report;
             }
         }
+        self.walk_with(&[view], now, |_| vec![walk()])[0]
+    }
+
+    /// Walks `views` together (`walk` answers for each, in order), and keeps the reports that
+    /// will be reused.
+    fn walk_with(
+        &self,
+        views: &[VolumeId],
+        now: Instant,
+        walk: impl FnOnce(&[VolumeId]) -> Vec<Option<SpaceReport>>,
+    ) -> Vec<SpaceReport> {
         // Walked without the cache's lock: another page may walk the same view meanwhile,
         // which costs time but no correctness.
         let began = Instant::now();
         let cpu = thread_cpu_time();
-        let Some(report) = walk() else {
-            self.entries.lock().remove(&view);
-            return SpaceReport::default();
-        };
-        let entry = Entry {
-            report,
-            began,
-            took: thread_cpu_time().saturating_sub(cpu),
-        };
+        let reports = walk(views);
+        let took = thread_cpu_time().saturating_sub(cpu);
         let mut entries = self.entries.lock();
         // Only a report that will be reused is kept, and keeping one drops those that never
         // will be again: the volume list never calls `retain`, so without this the entries of
         // deleted views would pile up while only the list (the dashboard) is read.
-        if entry.took < REUSE_FROM {
-            entries.remove(&view);
-        } else {
+        if took >= REUSE_FROM {
             entries.retain(|_, e| e.fresh_enough(now));
-            entries.insert(view, entry);
         }
-        report
+        let mut out = Vec::with_capacity(views.len());
+        for (i, &view) in views.iter().enumerate() {
+            match reports.get(i).copied().flatten() {
+                Some(report) if took >= REUSE_FROM => {
+                    entries.insert(
+                        view,
+                        Entry {
+                            report,
+                            began,
+                            took,
+                        },
+                    );
+                    out.push(report);
+                }
+                Some(report) => {
+                    entries.remove(&view);
+                    out.push(report);
+                }
+                // A view that cannot be walked reports nothing, and nothing is kept for it.
+                None => {
+                    entries.remove(&view);
+                    out.push(SpaceReport::default());
+                }
+            }
+        }
+        out
     }
 
     /// Forgets the views not in `live` (deleted volumes and snapshots).
@@ -208,6 +268,37 @@ mod tests {
             cache.get_with(7, later, walk(&walks, 2, Duration::ZERO)),
             report(2)
         );
+    }
+
+    #[test]
+    fn views_walked_together_are_reused_for_the_walk_they_shared() {
+        let cache = SpaceCache::default();
+        let walks = Cell::new(0);
+        let took = REUSE_FROM + Duration::from_millis(5);
+        let t = Instant::now();
+        let together = |views: &[VolumeId]| -> Vec<Option<SpaceReport>> {
+            walk(&walks, 0, took)();
+            views
+                .iter()
+                .map(|&v| (v != 9).then(|| report(v as u64)))
+                .collect()
+        };
+        let got = cache.walk_with(&[7, 8, 9], t, together);
+        assert_eq!(got, vec![report(7), report(8), SpaceReport::default()]);
+        // Each view of the long walk is kept for what the walk took; the one it could not
+        // count is not.
+        let entries = cache.entries.lock();
+        let mut kept: Vec<VolumeId> = entries.keys().copied().collect();
+        kept.sort_unstable();
+        assert_eq!(kept, vec![7, 8]);
+        assert!(entries[&7].took >= took && entries[&7].took == entries[&8].took);
+        drop(entries);
+        let soon = t + took;
+        assert_eq!(
+            cache.get_with(8, soon, walk(&walks, 2, Duration::ZERO)),
+            report(8)
+        );
+        assert_eq!(walks.get(), 1);
     }
 
     #[test]

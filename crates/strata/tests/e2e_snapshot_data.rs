@@ -358,3 +358,144 @@ fn deleting_snapshots_and_volumes_gives_their_space_back() {
     );
     assert_eq!(status.status, 404);
 }
+
+/// (exclusive, shared) per tier of a `space` object.
+fn space_of(v: &Value) -> [u64; 4] {
+    let s = &v["space"];
+    let get = |k: &str| {
+        s[k].as_u64()
+            .unwrap_or_else(|| panic!("{k} missing: {v:#}"))
+    };
+    [
+        get("exclusive_fast_bytes"),
+        get("exclusive_capacity_bytes"),
+        get("shared_fast_bytes"),
+        get("shared_capacity_bytes"),
+    ]
+}
+
+/// The pages that show many views at once count a volume, its snapshots and clones in one
+/// walk: the snapshot lists (of one volume and of all), the volume list and `/metrics` show
+/// for every view the figures its own page (one view's walk) shows, snapshot counts
+/// included, with views of two unrelated volumes, a clone and a snapshot of the clone.
+#[test]
+fn listings_show_each_view_as_its_own_page_does() {
+    if !require_tools(&["qemu-io"]) {
+        return;
+    }
+    // Nothing destaged (the log stays under its low mark, no idle destage), so the figures
+    // per tier stay put between the pages compared.
+    let daemon = Daemon::start(DaemonOpts {
+        extra_args: vec!["--idle-destage-after".into(), "off".into()],
+        ..Default::default()
+    });
+    let url = daemon.http_url();
+    daemon.create_volume("a", "16M");
+    daemon.create_volume("b", "8M");
+    qemu_io_ok(
+        &daemon.nbd_uri("a"),
+        &["write -P 1 0 4M", "write -P 2 8M 1M"],
+    );
+    qemu_io_ok(&daemon.nbd_uri("b"), &["write -P 3 0 2M"]);
+    daemon.cli_ok(&["snapshot", "create", "a", "s1"]);
+    qemu_io_ok(
+        &daemon.nbd_uri("a"),
+        &["write -P 4 1M 1M", "write -P 5 12M 1M"],
+    );
+    daemon.cli_ok(&["snapshot", "create", "a", "s2"]);
+    qemu_io_ok(&daemon.nbd_uri("a"), &["write -P 6 0 512K"]);
+    daemon.cli_ok(&["snapshot", "create", "b", "x"]);
+    daemon.cli_ok(&["volume", "clone", "a@s1", "ca"]);
+    qemu_io_ok(&daemon.nbd_uri("ca"), &["write -P 7 2M 1M"]);
+    daemon.cli_ok(&["snapshot", "create", "ca", "t1"]);
+    qemu_io_ok(&daemon.nbd_uri("ca"), &["write -P 8 3M 256K"]);
+    wait_no_clients(&daemon);
+    settled(&daemon);
+
+    let all = get_json(&format!("{url}/api/v1/snapshots"));
+    let listed = all["snapshots"].as_array().expect("snapshots");
+    assert_eq!(listed.len(), 4, "{all:#}");
+    let of_a = get_json(&format!("{url}/api/v1/volumes/a/snapshots"));
+    let metrics = request("GET", &format!("{url}/metrics"), None, None).body;
+    for s in listed
+        .iter()
+        .chain(of_a["snapshots"].as_array().expect("a's"))
+    {
+        let (vol, name) = (s["volume"].as_str().unwrap(), s["name"].as_str().unwrap());
+        let own = get_json(&format!("{url}/api/v1/volumes/{vol}/snapshots/{name}"));
+        assert_eq!(space_of(s), space_of(&own), "{vol}@{name}");
+        let [ef, ec, sf, sc] = space_of(&own);
+        let labels = |tier| [("volume", vol), ("snapshot", name), ("tier", tier)];
+        let exclusive = "strata_snapshot_exclusive_bytes";
+        let stored = "strata_snapshot_stored_bytes";
+        assert_eq!(
+            metric(&metrics, exclusive, &labels("fast")),
+            ef as f64,
+            "{vol}@{name}"
+        );
+        assert_eq!(
+            metric(&metrics, exclusive, &labels("capacity")),
+            ec as f64,
+            "{vol}@{name}"
+        );
+        assert_eq!(
+            metric(&metrics, stored, &labels("fast")),
+            (ef + sf) as f64,
+            "{vol}@{name}"
+        );
+        assert_eq!(
+            metric(&metrics, stored, &labels("capacity")),
+            (ec + sc) as f64,
+            "{vol}@{name}"
+        );
+    }
+    let s1 = get_json(&format!("{url}/api/v1/volumes/a/snapshots/s1"));
+    assert!(space_of(&s1).iter().sum::<u64>() >= 5 * MIB, "{s1:#}");
+
+    let vols = get_json(&format!("{url}/api/v1/volumes"));
+    let vols = vols["volumes"].as_array().expect("volumes");
+    let names: Vec<&str> = vols.iter().filter_map(|v| v["name"].as_str()).collect();
+    assert!(
+        ["a", "b", "ca"].iter().all(|n| names.contains(n)),
+        "{names:?}"
+    );
+    // Any other volume is the daemon's default one, with no snapshot.
+    for v in vols {
+        let name = v["name"].as_str().unwrap();
+        let snapshots = match name {
+            "a" => 2,
+            "b" | "ca" => 1,
+            _ => 0,
+        };
+        let own = get_json(&format!("{url}/api/v1/volumes/{name}"));
+        assert_eq!(space_of(v), space_of(&own), "{name}");
+        assert_eq!(v["snapshot_count"], snapshots, "{name}");
+        assert_eq!(own["snapshot_count"], snapshots, "{name}");
+        let [ef, ec, sf, sc] = space_of(&own);
+        let labels = |tier| [("volume", name), ("tier", tier)];
+        let exclusive = "strata_volume_exclusive_bytes";
+        let stored = "strata_volume_stored_bytes";
+        assert_eq!(
+            metric(&metrics, exclusive, &labels("fast")),
+            ef as f64,
+            "{name}"
+        );
+        assert_eq!(
+            metric(&metrics, exclusive, &labels("capacity")),
+            ec as f64,
+            "{name}"
+        );
+        assert_eq!(
+            metric(&metrics, stored, &labels("fast")),
+            (ef + sf) as f64,
+            "{name}"
+        );
+        assert_eq!(
+            metric(&metrics, stored, &labels("capacity")),
+            (ec + sc) as f64,
+            "{name}"
+        );
+        let count = metric(&metrics, "strata_volume_snapshots", &[("volume", name)]);
+        assert_eq!(count, snapshots as f64, "{name}");
+    }
+}
