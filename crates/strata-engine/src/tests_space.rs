@@ -258,7 +258,15 @@ fn one_walk_for_a_volume_at_its_history_limit() {
     let ids: Vec<VolumeId> = dg.views().iter().map(|v| v.id).collect();
     assert_eq!(ids.len(), crate::shared::MAX_CHAIN);
     let many = dg.space_of_views(&ids);
-    for (id, r) in ids.iter().zip(many) {
-        assert_eq!(r.unwrap(), dg.space(*id).unwrap(), "view #{id}");
+    // Every view counted against its own walk would take a walk of up to 1,024 layers each
+    // (half a minute): one view in 31, and the two ends of the chain, are checked.
+    let last = ids.len() - 1;
+    let mut checked = 0;
+    for (i, (id, r)) in ids.iter().zip(many).enumerate() {
+        if i % 31 == 0 || i >= last - 1 {
+            assert_eq!(r.unwrap(), dg.space(*id).unwrap(), "view #{id}");
+            checked += 1;
+        }
     }
+    assert!(checked > 30, "{checked} views checked");
 }
