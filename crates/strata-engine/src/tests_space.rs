@@ -225,7 +225,8 @@ fn one_walk_for_many_views_counts_what_each_walk_counts() {
             84 if volumes.len() < 10 => {
                 made += 1;
                 let name = format!("n{made}");
-                dg.create_volume(&name, rng.gen_range(1..=64) * MIB).unwrap();
+                dg.create_volume(&name, rng.gen_range(1..=64) * MIB)
+                    .unwrap();
                 volumes.push(name);
             }
             85..=88 => assert!(dg.destage_all(Duration::from_secs(10)), "{what}"),
