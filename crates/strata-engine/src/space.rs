@@ -89,21 +89,26 @@ pub(crate) enum Walk {
 /// else `end`: the blocks between read as zeros and count nothing, so the walk skips them.
 /// Without the skip, an empty 256 TiB volume took 20 s of CPU in 1,024-block rounds.
 fn next_held(idx: &Index, t: &CTree, view: VolumeId, from: u64, end: u64) -> Result<u64, Miss> {
+    match idx.view(view) {
+        Ok(v) => next_held_of(idx, t, &v.chain, from, end),
+        Err(_) => Ok(end),
+    }
+}
+
+/// The first block at or after `from` (before `end`) that one of `layers` holds, else `end`.
+fn next_held_of(idx: &Index, t: &CTree, layers: &[u32], from: u64, end: u64) -> Result<u64, Miss> {
     if from >= end {
         return Ok(end);
     }
-    let Ok(v) = idx.view(view) else {
-        return Ok(end);
-    };
     let mut next = end;
-    for layer in &v.chain {
+    for layer in layers {
         let fast = idx.layers.get(layer).map(|l| &l.fast);
         if let Some(held) = fast.and_then(|f| f.first_held_from(from)) {
             next = next.min(held);
         }
     }
     let mut hits = Vec::new();
-    for &layer in &v.chain {
+    for &layer in layers {
         if next == from {
             break;
         }

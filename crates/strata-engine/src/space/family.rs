@@ -13,7 +13,6 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crate::ctree::page::{key_of, split_key};
 use crate::ctree::{CTree, Miss};
 use crate::error::EngineError;
 use crate::format::BLOCK_U64;
@@ -328,7 +327,7 @@ fn count_round(
             shared_capacity_bytes: cap[p].saturating_sub(ex_cap) * BLOCK_U64,
         }));
     }
-    let next = next_held(idx, t, &f.ids, lba + n, end)?;
+    let next = super::next_held_of(idx, t, &f.ids, lba + n, end)?;
     Ok((parts, next))
 }
 
@@ -394,30 +393,4 @@ fn seen_data(f: &Forest, own: &[Vec<(u64, u64, Loc)>]) -> (Vec<u64>, Vec<u64>) {
             .collect()
     };
     (prefix(d_fast), prefix(d_cap))
-}
-
-/// The first block at or after `from` (before `end`) that one of `layers` holds, else `end`.
-fn next_held(idx: &Index, t: &CTree, layers: &[u32], from: u64, end: u64) -> Result<u64, Miss> {
-    if from >= end {
-        return Ok(end);
-    }
-    let mut next = end;
-    for layer in layers {
-        let fast = idx.layers.get(layer).map(|l| &l.fast);
-        if let Some(held) = fast.and_then(|f| f.first_held_from(from)) {
-            next = next.min(held);
-        }
-    }
-    let mut hits = Vec::new();
-    for &layer in layers {
-        if next == from {
-            break;
-        }
-        hits.clear();
-        t.first_entries(key_of(layer, from), key_of(layer, next), 1, &mut hits)?;
-        if let Some(e) = hits.first() {
-            next = next.min(split_key(e.key).1);
-        }
-    }
-    Ok(next.max(from))
 }
