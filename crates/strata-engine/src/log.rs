@@ -521,8 +521,12 @@ pub const NO_DATA_RESERVE_BLOCKS: u64 = 16;
 
 /// How long a committer gathering a batch of the destager's rotation waits for the rest of
 /// its requests, at most: they are queued one after another, and a batch taken before they
-/// are all there costs a header block more, which rotation may have no room for.
-const ROTATION_GATHER_WAIT: Duration = Duration::from_millis(20);
+/// are all there costs a header block more, which rotation may have no room for (after a
+/// power cut between such batches, rotation could then find too little room to finish).
+/// The destager queues them without blocking, so the wait is this long only when the
+/// machine does not run it (on a busy machine, 20 ms is not long); the bound is for a
+/// destager that stopped.
+const ROTATION_GATHER_WAIT: Duration = Duration::from_secs(1);
 
 /// The most blocks a batch takes, header included.
 pub fn max_batch_blocks(max_batch_bytes: usize) -> u64 {

@@ -478,6 +478,8 @@ fn new_shared(
         #[cfg(test)]
         after_rotation_read: Mutex::new(None),
         #[cfg(test)]
+        rotation_queue_pause: Mutex::new(None),
+        #[cfg(test)]
         after_tail_freed: Mutex::new(None),
         #[cfg(test)]
         before_page_load: Mutex::new(None),

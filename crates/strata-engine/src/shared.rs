@@ -436,6 +436,10 @@ pub struct Shared {
     #[cfg(test)]
     #[allow(clippy::type_complexity)]
     pub after_rotation_read: Mutex<Option<Arc<dyn Fn(&[(u32, u64, u64)]) + Send + Sync>>>,
+    /// Tests only: how long the destager's rotation stops after queueing a group's first
+    /// rewrite, as a thread the machine does not run for a while would.
+    #[cfg(test)]
+    pub rotation_queue_pause: Mutex<Option<std::time::Duration>>,
     /// Tests only: called by the destager once it has freed log space at the tail (the
     /// batches are gone from the log, and new batches may take their blocks), with no lock
     /// held.

@@ -518,6 +518,11 @@ impl FullRun {
         let (armed_in, writes_left) = (armed.clone(), self.rig.writes_left.clone());
         let weak = Arc::downgrade(&sh);
         let writes = self.rng.gen_range(0..4);
+        // Half the time the destager stops for a while after queueing the group's first
+        // rewrite, as on a busy machine: the log writer may take a rotation batch before the
+        // rest is queued (a header more than planned).
+        let pause = self.rng.gen_bool(0.5).then(|| Duration::from_millis(40));
+        *sh.rotation_queue_pause.lock() = pause;
         *sh.before_apply.lock() = Some(Arc::new(move |_first| {
             let Some(sh) = weak.upgrade() else { return };
             let rotating = sh.log.lock().rotation_outstanding_blocks > 0;

@@ -14,7 +14,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::tests::{seed_for, write_when_space, MIB};
 use crate::tests_full_gaps::{
-    check_blocks, full_group, log_only_blocks, trim_until_no_room, trim_until_room_is,
+    check_blocks, full_group, log_only_blocks, trim_room, trim_until_no_room, trim_until_room_is,
 };
 use crate::*;
 
@@ -431,4 +431,79 @@ fn a_transient_read_error_does_not_stop_rotation_for_good() {
     drop(sh);
     rig.power_cut_and_restart();
     check_blocks(rig.dg(), v, &model);
+}
+
+/// With both tiers full, every other block of the log's two oldest batches trimmed (so each
+/// holds some 30 live runs, one rewrite request each) and trims then given no room, the
+/// destager stops for 100 ms after queueing its first rewrite (as on a busy machine). The
+/// log writer must still take the group's rewrites in the batches rotation planned: a batch
+/// taken before the rest were queued costs a header block the plan did not count, and with
+/// the reserve planned to its last block a power cut after it left rotation too little room
+/// to finish, so trims were refused from then on. Then the power fails a few device writes
+/// later: every block reads as acknowledged, and a trim of the whole volume is taken.
+#[test]
+fn a_slow_destager_does_not_split_rotation_batches() {
+    let seed = seed_for("a_slow_destager_does_not_split_rotation_batches");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (mut rig, v, mut model, _) = full_group(seed, 64);
+    let sh = rig.group().sh.clone();
+    sh.hold_destager();
+    // Written in order, so the first blocks only in the log are in its oldest batches.
+    let oldest = log_only_blocks(rig.dg(), v);
+    for &b in oldest.iter().take(128).step_by(2) {
+        if trim_room(rig.dg()) == 0 {
+            break;
+        }
+        rig.dg()
+            .discard(v, b * BLOCK_BYTES, BLOCK_BYTES)
+            .unwrap_or_else(|e| panic!("a trim of block {b} with room left: {e}"));
+        model[b as usize] = 0;
+    }
+    trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
+    // Records per batch of rotation's, as each is applied.
+    let records = Arc::new(Mutex::new(Vec::new()));
+    let (seen, weak) = (records.clone(), Arc::downgrade(&sh));
+    *sh.before_apply.lock() = Some(Arc::new(move |first| {
+        let Some(sh) = weak.upgrade() else { return };
+        let log = sh.log.lock();
+        if log.rotation_outstanding_blocks > 0 {
+            if let Some(b) = log.batches.iter().find(|b| b.first_seq == first) {
+                seen.lock().push(b.records.len());
+            }
+        }
+    }));
+    *sh.rotation_queue_pause.lock() = Some(Duration::from_millis(100));
+    let c = &sh.counters;
+    sh.destager_held.store(false, Ordering::SeqCst);
+    sh.wake_destager();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.rotated_batches.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no rotation in 20 s: {} plans, goal {} blocks: {:?}",
+            c.rotation_plans.load(Ordering::SeqCst),
+            c.rotation_goal_blocks.load(Ordering::SeqCst),
+            rig.dg().stats()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let first = records.lock().first().copied();
+    assert!(
+        first.is_some_and(|n| n > 1),
+        "rotation's first batch held {first:?} records (a tail batch of some 30 live runs \
+         was rotated); batches: {:?}",
+        records.lock()
+    );
+    rig.writes_left
+        .store(rng.gen_range(0..20), Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !rig.power_is_off() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(sh);
+    rig.power_cut_and_restart();
+    check_blocks(rig.dg(), v, &model);
+    rig.dg()
+        .discard(v, 0, 64 * MIB)
+        .unwrap_or_else(|e| panic!("a trim of the whole volume after the cut: {e}"));
 }

@@ -58,6 +58,16 @@ fn batched_blocks(sizes: impl Iterator<Item = u64>, max_batch_blocks: u64) -> u6
     total
 }
 
+/// Blocks a rewrite of `cost` blocks (`max_batch` a batch at most) may leave unused at the end
+/// of the log area, `to_end` blocks from the head, when hosts' batches come between its own.
+/// A batch skips to the start only when it does not fit before the end (`LogState::place`),
+/// so it skips fewer blocks than it takes: one of rotation's batches is at most `max_batch`
+/// blocks and at most the whole rewrite. (A small rewrite, such as what is left of a group
+/// a power cut stopped, is not refused for a skip only a whole batch could make.)
+fn wrap_skip(to_end: u64, cost: u64, max_batch: u64) -> u64 {
+    to_end.min(cost.min(max_batch).saturating_sub(1))
+}
+
 impl Pieces {
     fn of(sh: &Shared, b: &BatchMeta) -> Pieces {
         Pieces {
@@ -286,6 +296,12 @@ impl Destager {
             if self.tx.try_send(req).is_ok() {
                 waits.push(wait);
             }
+            #[cfg(test)]
+            if waits.len() == 1 {
+                if let Some(pause) = *self.sh.rotation_queue_pause.lock() {
+                    std::thread::sleep(pause);
+                }
+            }
         }
         c.rotation_queueing.store(false, Ordering::Release);
         for wait in waits {
@@ -315,16 +331,16 @@ impl Destager {
     /// hosts write meanwhile) and `MAX_GROUP_PIECES`.
     fn group_size(&self, batches: &[BatchMeta]) -> usize {
         let max_batch = crate::log::max_batch_blocks(self.sh.cfg.max_batch_bytes);
-        let (room, skip) = {
+        let (room, to_end) = {
             let log = self.sh.log.lock();
             // While the head is past the tail, a rewrite that does not fit before the end of
             // the log area skips to its start, leaving the blocks before the end unused (for
             // a lap); below the tail, the free blocks are all in one piece.
-            let skip = match log.batches.front() {
-                Some(f) if log.head > f.start => (log.log_blocks - log.head).min(max_batch),
+            let to_end = match log.batches.front() {
+                Some(f) if log.head > f.start => log.log_blocks - log.head,
                 _ => 0,
             };
-            (log.free_blocks().min(log.rotation_reserve_blocks), skip)
+            (log.free_blocks().min(log.rotation_reserve_blocks), to_end)
         };
         let mut group = Pieces {
             data: Vec::new(),
@@ -333,7 +349,9 @@ impl Destager {
         let mut n = 0;
         for b in batches {
             group.extend(Pieces::of(&self.sh, b));
-            if group.cost(max_batch) + skip > room || group.count() > MAX_GROUP_PIECES {
+            let cost = group.cost(max_batch);
+            if cost + wrap_skip(to_end, cost, max_batch) > room || group.count() > MAX_GROUP_PIECES
+            {
                 break;
             }
             n += 1;
@@ -409,6 +427,40 @@ mod tests {
         assert_eq!(batched_blocks([40, 24].into_iter(), 64), 66);
         assert_eq!(batched_blocks(std::iter::repeat_n(0, 62), 64), 1);
         assert_eq!(batched_blocks(std::iter::repeat_n(0, 63), 64), 2);
+    }
+
+    /// Whatever the head's distance from the end of the log area, a batch of rotation's (at
+    /// most `max_batch` blocks and at most the whole rewrite) placed there skips no more
+    /// than `wrap_skip` counts.
+    #[test]
+    fn a_rewrite_skips_no_more_than_counted() {
+        let (log_blocks, max_batch) = (1000, 64);
+        for to_end in 0..=80 {
+            let mut log = crate::log::LogState::new(log_blocks, 500, 1);
+            log.push(BatchMeta {
+                start: 500,
+                blocks: log_blocks - 500 - to_end,
+                skip: 0,
+                first_seq: 1,
+                records: Vec::new().into(),
+                durable: true,
+            });
+            assert_eq!(log.head, (log_blocks - to_end) % log_blocks);
+            for cost in 0..=2 * max_batch {
+                let counted = wrap_skip(to_end, cost, max_batch);
+                for blocks in 1..=cost.min(max_batch) {
+                    let (_, skip) = log.place(blocks).expect("room before the tail");
+                    assert!(
+                        skip <= counted,
+                        "{to_end} blocks to the end, a rewrite of {cost}: a batch of {blocks} \
+                         skips {skip}, counted {counted}"
+                    );
+                }
+            }
+        }
+        // Fewer than a whole batch, for a small rewrite far from the end.
+        assert_eq!(wrap_skip(50, 10, max_batch), 9);
+        assert_eq!(wrap_skip(200, 1000, max_batch), 63);
     }
 
     #[test]
