@@ -3,7 +3,7 @@
 //! document lists for that operation and a body that validates against the schema given for it.
 //! (That every route the router serves is documented is a unit test of the route table,
 //! `api::tests::every_served_route_is_documented_and_every_documented_one_served`.)
-mod common;
+use crate::common;
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! validates against docs/bench-report.schema.json, with the daemon's time series and the
 //! emulation stated, and a self-contained report.html; a run interrupted by SIGINT still
 //! writes the report of the steps that finished.
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;

@@ -1,5 +1,5 @@
 //! The `strata` CLI and the daemon's lifecycle, driven as a user would.
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -9,7 +9,7 @@
 //! either that or the in-flight pattern, and nothing else, except that every chunk of it the
 //! daemon replied to (qemu-io printed `wrote`) must hold the new pattern: a reply means
 //! durable, flush or not. Bytes outside regions stay zero.
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

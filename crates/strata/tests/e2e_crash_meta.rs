@@ -22,7 +22,7 @@
 //!   accepted (a rollback or a resize is whole or not at all), and the model takes the one
 //!   seen. Every operation that returned success must hold: created things exist, deleted
 //!   things are gone (names are never reused), sizes and policies are as last set.
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

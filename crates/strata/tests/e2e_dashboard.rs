@@ -1,7 +1,7 @@
 //! The dashboard in a real browser: headless Chromium, driven over WebDriver, loads `/` from a
 //! daemon that has an access token and a write load, and the charts must hold live data that
 //! changes from one read to the next. A screenshot goes to target/dashboard.png for review.
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::time::Duration;

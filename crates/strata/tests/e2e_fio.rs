@@ -1,5 +1,5 @@
 //! fio's nbd engine with data verification against a live daemon.
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

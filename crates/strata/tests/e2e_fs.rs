@@ -1,6 +1,6 @@
 //! A real filesystem on a Strata volume: nbdfuse exposes the export as a file, a loop device
 //! turns it into a block device, ext4 goes on top. Needs root and /dev/fuse.
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -14,7 +14,7 @@
 //! acknowledged generation, or, where a write failed or was in flight at a kill, block by
 //! block either that or the refused one. Every wait is bounded: a reply not received within
 //! the client's I/O timeout, or space not back within `SPACE_TIMEOUT`, fails the test.
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -1,5 +1,5 @@
 //! libnbd's tools (nbdinfo, nbdcopy) against a live daemon.
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

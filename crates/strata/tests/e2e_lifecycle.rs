@@ -24,8 +24,8 @@
 //! of any byte range.
 //!
 //! Replay a run with STRATA_TEST_SEED=<seed printed by the test>.
-mod common;
-mod lifecycle;
+use crate::common;
+use crate::lifecycle;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

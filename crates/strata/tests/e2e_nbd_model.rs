@@ -13,7 +13,7 @@
 //! whole model through a fresh connection.
 //!
 //! Replay a run with STRATA_TEST_SEED=<seed printed by the test>.
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Read, Write};

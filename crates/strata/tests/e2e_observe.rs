@@ -1,6 +1,6 @@
 //! Observability of a live daemon under load: `/metrics` checked by promtool with counters that
 //! match what fio did, the history the dashboard draws, and `strata status` in both forms.
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

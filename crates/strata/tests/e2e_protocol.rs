@@ -1,6 +1,6 @@
 //! Misbehaving clients on raw TCP: each abuse costs that connection and nothing else. After
 //! every abuse a bystander connection opened beforehand and a fresh qemu-io client still work.
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::net::TcpStream;

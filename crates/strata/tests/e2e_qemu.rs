@@ -1,5 +1,5 @@
 //! qemu's NBD client (qemu-io, qemu-img) against a live daemon.
-mod common;
+use crate::common;
 
 use common::*;
 

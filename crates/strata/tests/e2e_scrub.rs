@@ -3,7 +3,7 @@
 //! and offset, repairs the metadata copy, and reads of the damaged blocks fail with an I/O
 //! error. Also: the CLI's refusals (an unknown volume, a second scrub while one runs), and a
 //! capacity device put back from an older copy, refused at start rather than read as current.
-mod common;
+use crate::common;
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};

@@ -1,7 +1,7 @@
 //! `strata serve` as a new user meets it: stopped by any of the usual signals, at any time
 //! (during start-up too, and by `timeout`, which signals twice), and the connection limit
 //! telling a client why it was turned away.
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::process::{Command, Stdio};

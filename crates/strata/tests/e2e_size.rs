@@ -1,6 +1,6 @@
 //! `strata size` end to end: its table and JSON, its one-line errors, and `--from-metrics`
 //! against a live daemon (and against servers that are not one).
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;

@@ -2,8 +2,8 @@
 //! exports over NBD (read-only, listed), and deletes and rollbacks against connected clients.
 //! Clones, rollback and space accounting in detail are in e2e_snapshot_data.rs; snapshots taken
 //! under a running writer, and across a SIGKILL, in e2e_snapshot_writes.rs.
-mod common;
-mod snapshot;
+use crate::common;
+use crate::snapshot;
 
 use common::*;
 use serde_json::Value;

@@ -2,8 +2,8 @@
 //! origin, a rollback returns the old content and size, and deleting snapshots and volumes gives
 //! their space back on both tiers (the admin API's figures, after the engine's background
 //! release).
-mod common;
-mod snapshot;
+use crate::common;
+use crate::snapshot;
 
 use std::time::Duration;
 

@@ -15,7 +15,7 @@
 //! `c1` may be in it, but write `c1 + 1` was not even sent before the snapshot returned (the
 //! writer records `c1 + 1` before sending it). So the snapshot equals `image(k)` for exactly
 //! one `k` in `c0..=c1 + 1`: one of the images of the last completed write or one after it.
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};

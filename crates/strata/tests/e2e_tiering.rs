@@ -2,7 +2,7 @@
 //! policies surviving a restart, bad values refused without changing anything; data pushed to
 //! the capacity tier and read again until the read cache promotes it, seen in the volume's
 //! figures and on /metrics; an IOPS-limited volume paced while the daemon keeps serving.
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! The admin API's access token against a live daemon: loopback by default, off-loopback only
 //! with a token, every mutating request checked (401 without or with a wrong token), reads
 //! open, the CLI sending it, and the token never reaching the daemon's logs.
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Endurance end to end: the bytes a device received as the daemon counts them against what
 //! the kernel counted on loop devices, and the device catalog and wear warning of a running
 //! daemon. `strata size` has its own file, e2e_size.rs.
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
