@@ -372,16 +372,26 @@ fn cli_command() -> clap::Command {
 /// when it starts with `-`: `--size -4K` or `--iops-limit -1` then meet the value's own parser
 /// and its reason ("invalid size"), instead of clap's "unexpected argument '-4'", whose tip
 /// (`-- -4`) does not work for an option's value. An option whose value is optional
-/// (`--log-runs [BOOL]`) still stops at the next option.
+/// (`--log-runs [BOOL]`) still stops at the next option, and so does one whose value is a
+/// path: `--data-dir --fast-size=64M` (a directory forgotten) is "a value is required", not a
+/// directory named `--fast-size=64M` (a name starting with `-` is given as `./-name` or
+/// `--data-dir=-name`).
 fn values_may_start_with_a_hyphen(cmd: clap::Command) -> clap::Command {
+    use clap::ValueHint;
     let one_value = |a: &clap::Arg| {
         !a.is_positional()
             && a.get_action().takes_values()
             && a.get_num_args()
                 .is_none_or(|n| n.min_values() == 1 && n.max_values() == 1)
     };
+    let path = |a: &clap::Arg| {
+        matches!(
+            a.get_value_hint(),
+            ValueHint::AnyPath | ValueHint::FilePath | ValueHint::DirPath
+        )
+    };
     cmd.mut_args(|a| {
-        let one = one_value(&a);
+        let one = one_value(&a) && !path(&a);
         a.allow_hyphen_values(one)
     })
     .mut_subcommands(values_may_start_with_a_hyphen)
@@ -885,6 +895,25 @@ mod tests {
         // An optional value still stops at the next option.
         let cli = parse("strata serve --log-runs --data-dir d").unwrap();
         assert!(matches!(cli.command, Command::Serve(ref a) if a.log_runs == Some(true)));
+        // So does a path: a forgotten directory is not taken from the next option.
+        for line in [
+            "strata serve --data-dir --fast-size=64M",
+            "strata serve --fast-device --fast-size 64M",
+            "strata serve --capacity-device --data-dir d",
+            "strata serve --config --data-dir d",
+            "strata --token-file --server http://h:9090 volume list",
+        ] {
+            let e = parse(line).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::InvalidValue,
+                "{line}: {}",
+                usage_error_line(&e.to_string())
+            );
+        }
+        let cli = parse("strata serve --data-dir=-odd").unwrap();
+        let odd = |a: &ServeArgs| a.data_dir.as_deref() == Some(std::path::Path::new("-odd"));
+        assert!(matches!(cli.command, Command::Serve(ref a) if odd(a)));
         let e = parse("strata volume list -x").unwrap_err();
         assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument, "{e}");
     }
