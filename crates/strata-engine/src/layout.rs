@@ -121,6 +121,20 @@ pub fn read_superblock(dev: &dyn Device) -> Result<Option<Superblock>, EngineErr
     )))
 }
 
+/// Whether `dev` holds data where its superblocks go but neither copy is a Strata superblock
+/// (a superblock merely damaged still starts with the magic): data of something else.
+pub fn holds_foreign_data(dev: &dyn Device) -> Result<bool, EngineError> {
+    let mut data = false;
+    for copy in 0..2u64 {
+        let b = read_block(dev, copy * BLOCK_U64)?;
+        if b.starts_with(SUPERBLOCK_MAGIC) {
+            return Ok(false);
+        }
+        data |= b.iter().any(|&x| x != 0);
+    }
+    Ok(data)
+}
+
 /// Writes both superblock copies and flushes.
 pub fn write_superblock(dev: &dyn Device, sb: &Superblock) -> Result<(), EngineError> {
     let b = sb.encode();
@@ -162,6 +176,11 @@ pub fn write_stamp(dev: &dyn Device, stamp: u32) -> Result<(), EngineError> {
     Ok(())
 }
 
+/// The log area a fast device of `fast_size_bytes` gets when a group is formatted on it.
+pub fn new_log_size_bytes(fast_size_bytes: u64) -> u64 {
+    (fast_size_bytes / BLOCK_U64 * BLOCK_U64).saturating_sub(FAST_LOG_OFFSET)
+}
+
 /// Formats blank devices into a new disk group of format `version` (`GROUP_VERSION`, or
 /// `GROUP_VERSION_MIN` for a group older builds open). `check` sees the layout before
 /// anything is written (the caller's limits that depend on it).
@@ -196,7 +215,7 @@ pub fn format(
         checkpoint_offsets: [MIB, 2 * MIB],
         checkpoint_size_bytes: CHECKPOINT_AREA_BYTES,
         log_offset: FAST_LOG_OFFSET,
-        log_size_bytes: fast_size - FAST_LOG_OFFSET,
+        log_size_bytes: new_log_size_bytes(fast_size),
         segments_offset: 0,
         segment_count: 0,
         stamp: 0,

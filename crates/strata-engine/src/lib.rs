@@ -98,10 +98,10 @@ use strata_device::{AlignedBuf, Device, DeviceStats};
 pub use error::EngineError;
 pub use format::DeviceWear;
 /// What open decides from a device alone: its superblock, and whether it is blank.
-pub use layout::{check_blank, read_superblock};
+pub use layout::{check_blank, read_superblock, MIN_FAST_BYTES};
 pub use maint::MIN_INDEX_CACHE_BYTES;
 pub use map::{ExtentMap, Loc};
-pub use open::OpenReport;
+pub use open::{BatchLimits, OpenReport};
 pub use open_control::{OpenControl, OpenProgress, OpenStep};
 pub use policy::{Clock, ManualClock, Mode, Policy, SystemClock};
 pub use read_async::{ReadDone, MAX_ASYNC_READ_BYTES};

@@ -64,7 +64,7 @@ pub fn open_shared(
     validate_config(&cfg)?;
     let mut report = OpenReport::default();
     // With the layout and checkpoint, the stamps the capacity devices carry (`Superblock::stamp`).
-    let (layout, checkpoint, stamps) = match read_superblock(fast.as_ref())? {
+    let (layout, checkpoint, stamps) = match superblock_or_foreign(fast.as_ref(), "fast")? {
         None => {
             if !create_if_blank {
                 return Err(EngineError::Format(format!(
@@ -73,7 +73,7 @@ pub fn open_shared(
                 )));
             }
             for c in &caps {
-                if read_superblock(c.as_ref())?.is_some() {
+                if superblock_or_foreign(c.as_ref(), "capacity")?.is_some() {
                     return Err(EngineError::Format(format!(
                         "capacity device {} already belongs to a disk group but the fast device {} is blank; refusing to format over it (if a first start was cut short before the group existed, wipe the capacity device's first 8 KiB to start over; if the fast device was replaced or wiped, that group's data cannot be read without it)",
                         c.name(),
@@ -229,14 +229,65 @@ fn check_stamps(
     Ok(())
 }
 
-/// A batch must fit half a segment (the destager moves whole records) and a quarter of the log.
+/// [`read_superblock`], but a device holding something else's data where the superblocks go is
+/// refused in words that say so, and that nothing was written to it.
+fn superblock_or_foreign(dev: &dyn Device, tier: &str) -> Result<Option<Superblock>, EngineError> {
+    match read_superblock(dev) {
+        Err(EngineError::Format(_)) if crate::layout::holds_foreign_data(dev)? => {
+            Err(EngineError::Format(format!(
+                "{tier} device {} holds data that is not a Strata device (its first 8 KiB are \
+                 neither blank nor a Strata superblock); it was left untouched. A new disk group \
+                 is made only on blank devices: name a blank device, or a file that does not \
+                 exist yet (it is created), or, if nothing on this one is needed, wipe it first \
+                 (wipefs -a, blkdiscard; or remove the file)",
+                dev.name()
+            )))
+        }
+        other => other,
+    }
+}
+
+/// The largest write batch a group takes, by each of its two bounds: a batch must fit half a
+/// segment's data area (the destager moves whole records) and a quarter of the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchLimits {
+    /// Half the data area of one segment, in whole blocks.
+    pub segment_bytes: u64,
+    /// A quarter of the log, in whole blocks.
+    pub log_bytes: u64,
+}
+
+impl BatchLimits {
+    fn of(geo: &SegmentGeometry, log_blocks: u64) -> BatchLimits {
+        BatchLimits {
+            segment_bytes: u64::from(geo.data_blocks) / 2 * BLOCK_U64,
+            log_bytes: log_blocks / 4 * BLOCK_U64,
+        }
+    }
+
+    /// The limits of a group that formatting a fast device of `fast_size_bytes` with
+    /// `segment_size_bytes` segments in format `version` would make (callers check the
+    /// settings of a first start with it before they create any device).
+    pub fn for_new_group(
+        segment_size_bytes: u64,
+        version: u32,
+        fast_size_bytes: u64,
+    ) -> BatchLimits {
+        let geo = SegmentGeometry::for_version(segment_size_bytes, version);
+        let log_blocks = crate::layout::new_log_size_bytes(fast_size_bytes) / BLOCK_U64;
+        BatchLimits::of(&geo, log_blocks)
+    }
+}
+
 fn batch_fits(cfg: &EngineConfig, layout: &Layout) -> Result<(), EngineError> {
-    if cfg.max_batch_bytes as u64 > u64::from(layout.geo.data_blocks) * BLOCK_U64 / 2
-        || cfg.max_batch_bytes as u64 > layout.log_blocks * BLOCK_U64 / 4
-    {
-        return Err(EngineError::InvalidArgument(
-            "max batch size must be at most half a segment and a quarter of the log".into(),
-        ));
+    let limits = BatchLimits::of(&layout.geo, layout.log_blocks);
+    let batch = cfg.max_batch_bytes as u64;
+    if batch > limits.segment_bytes || batch > limits.log_bytes {
+        return Err(EngineError::InvalidArgument(format!(
+            "max batch size ({batch} bytes) must be at most half a segment's data area ({} bytes \
+             with segments of {} bytes) and a quarter of the log ({} bytes)",
+            limits.segment_bytes, layout.segment_size_bytes, limits.log_bytes
+        )));
     }
     Ok(())
 }

@@ -1295,6 +1295,40 @@ fn a_device_with_data_near_either_end_is_not_formatted() {
     }
 }
 
+/// A device holding another program's data where the superblocks go (a disk image, random
+/// bytes) is refused as not a Strata device, saying it was left untouched, and is not written.
+#[test]
+fn a_device_holding_foreign_data_is_named_and_left_untouched() {
+    for which in ["fast", "cap"] {
+        let fast = Arc::new(MemDevice::new("fast", 32 * MIB));
+        let cap = Arc::new(MemDevice::new("cap", 64 * MIB));
+        let used = if which == "fast" { &fast } else { &cap };
+        let mut junk = AlignedBuf::new_zeroed(8192);
+        for (i, b) in junk.iter_mut().enumerate() {
+            *b = (i * 7 + 3) as u8;
+        }
+        used.write_at(&junk, 0).unwrap();
+        used.flush().unwrap();
+        let written = used.stats().write_bytes;
+        let caps = vec![cap.clone() as Arc<dyn Device>];
+        let refused = DiskGroup::open(fast.clone(), caps, small_cfg(), true);
+        let tier = if which == "fast" { "fast" } else { "capacity" };
+        let wanted = format!("{tier} device {which} holds data that is not a Strata device");
+        assert!(
+            matches!(&refused, Err(EngineError::Format(m))
+                if m.starts_with(&wanted) && m.contains("it was left untouched")),
+            "{which}: {:?}",
+            refused.err()
+        );
+        assert_eq!(used.stats().write_bytes, written, "{which} was written");
+        let mut back = AlignedBuf::new_zeroed(8192);
+        used.read_at(&mut back, 0).unwrap();
+        assert_eq!(back, junk, "{which}: its data was touched");
+        let other = if which == "fast" { &cap } else { &fast };
+        assert_unlabelled(&[other], which);
+    }
+}
+
 /// An index flush that finds no room half way through placing its pages gives back the page
 /// slots it had placed: nothing refers to them, and kept counted they would hold their index
 /// segment in use until the next open.

@@ -2,7 +2,8 @@
 //! out. Snapshots, clones and rollback live in `api_snapshots.rs`; scrub in `api_scrub.rs`; what
 //! the node shows about itself in `api_observe.rs`. Errors are `{"error": "..."}` with 400 (bad
 //! input, including a write to a read-only snapshot), 401 (token), 403 (a change sent by a web
-//! page of another origin, without a token), 404 (unknown), 409 (exists,
+//! page of another origin, without a token), 404 (unknown), 421 (a request naming a host that
+//! is not loopback, to a loopback listener, without the token), 409 (exists,
 //! busy, a volume that still has snapshots, or a scrub already running), 507 (no space), 503
 //! (shutting down) or 500.
 use std::collections::HashMap;
@@ -251,30 +252,45 @@ pub(crate) fn router_with_body_deadline(state: Arc<AppState>, body_deadline: Dur
 
 /// Mutating requests need `Authorization: Bearer TOKEN` when a token is configured; reads
 /// are open (the API listens on loopback unless a token is set). The token is never logged.
-/// Without a token, a mutating request from a web page of another origin is refused
-/// (`api_origin.rs`).
+/// Without a token, a mutating request from a web page of another origin is refused; on a
+/// loopback listener, a request naming a host that is not a loopback name is refused unless it
+/// carries the token (DNS rebinding; both in `api_origin.rs`).
 async fn require_token(
     State(state): State<Arc<AppState>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let Some(token) = &state.token else {
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let token_ok = match (&state.token, presented) {
+        (Some(token), Some(p)) => token.matches(p),
+        _ => false,
+    };
+    if state.token.is_none() {
         if let Some(why) = crate::api_origin::browser_refusal(request.method(), request.headers()) {
             tracing::warn!(method = %request.method(), path = request.uri().path(), "admin request refused: sent by a web page of another origin");
             return ApiError::new(StatusCode::FORBIDDEN, why).into_response();
         }
+    }
+    if !token_ok {
+        if let Some(why) = crate::api_origin::rebinding_refusal(state.http_addr, request.headers())
+        {
+            tracing::warn!(method = %request.method(), path = request.uri().path(), "admin request refused: it names a host that is not loopback");
+            return ApiError::new(StatusCode::MISDIRECTED_REQUEST, why).into_response();
+        }
+    }
+    let Some(token) = &state.token else {
         return next.run(request).await;
     };
     if matches!(*request.method(), Method::GET | Method::HEAD) {
         return next.run(request).await;
     }
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
     match presented {
-        Some(p) if token.matches(p.trim()) => next.run(request).await,
+        Some(p) if token.matches(p) => next.run(request).await,
         other => {
             let why = if other.is_some() {
                 "the access token is wrong"

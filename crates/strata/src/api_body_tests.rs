@@ -96,7 +96,7 @@ async fn a_body_that_does_not_come_in_time_is_answered_408_and_changes_nothing()
     let list = tokio::task::spawn_blocking(move || {
         request(
             addr,
-            "GET /api/v1/volumes HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            "GET /api/v1/volumes HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
         )
     })
     .await

@@ -7,6 +7,14 @@
 //! and scripts send none. So a mutating request that names an origin is taken only from a
 //! page of this very daemon reached on a loopback name. With a token set this check is not
 //! needed: a page cannot add `Authorization` without a preflight, which this API never grants.
+//!
+//! Reads need no token, so a page whose site name its DNS points at 127.0.0.1 (DNS rebinding)
+//! could read the whole API and `/metrics` from the browser, as the same origin as itself. Its
+//! requests name the site in `Host`, though, and a daemon that listens only on loopback is
+//! reached by loopback names alone, so such a daemon refuses a request naming any other host
+//! (421) unless it carries the access token, which a page cannot add.
+use std::net::SocketAddr;
+
 use axum::http::uri::Authority;
 use axum::http::{header, HeaderMap, Method, Uri};
 
@@ -23,6 +31,26 @@ pub fn browser_refusal(method: &Method, headers: &HeaderMap) -> Option<String> {
     }
     Some(format!(
         "refused a change sent by a web page (Origin: {origin_text}): without an admin access token this daemon takes changes only from clients that are not browsers (the strata CLI, curl) or from its own page on a loopback address; set http_token_file to admit clients by token instead"
+    ))
+}
+
+/// Why a request to a daemon listening on `listen` is refused for the host it names, or `None`
+/// to take it. Only a loopback listener checks: one on a routable address (which needs a token)
+/// is reached under names and addresses it cannot know (its DNS names, each of its addresses,
+/// a proxy's), and every host that reaches it may already read it, a page or not. A request
+/// without `Host` (HTTP/1.0 tools) is taken: browsers always send one.
+pub fn rebinding_refusal(listen: SocketAddr, headers: &HeaderMap) -> Option<String> {
+    if !listen.ip().is_loopback() {
+        return None;
+    }
+    let host = headers.get(header::HOST)?;
+    let host_text = String::from_utf8_lossy(host.as_bytes()).into_owned();
+    let named = host_text.parse::<Authority>().ok();
+    if named.is_some_and(|a| is_loopback_name(a.host())) {
+        return None;
+    }
+    Some(format!(
+        "refused a request for host {host_text:?}: this daemon listens on loopback ({listen}), where a request naming another host is what a web page sends once its site's name points at 127.0.0.1 (DNS rebinding); ask for 127.0.0.1, [::1] or localhost, or send the admin access token (a proxy that passes another name on: set http_token_file and have it send the token, or listen on a non-loopback address)"
     ))
 }
 
@@ -45,12 +73,16 @@ fn is_own_loopback_page(origin: &str, host: &str) -> bool {
         && is_loopback_name(host_authority.host())
 }
 
+/// `localhost` and its subdomains (which resolve to loopback by definition, RFC 6761, and which
+/// browsers never look up in DNS), with or without a final dot, and loopback addresses.
 fn is_loopback_name(host: &str) -> bool {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
-    bare.eq_ignore_ascii_case("localhost")
+    let name = bare.strip_suffix('.').unwrap_or(bare).to_ascii_lowercase();
+    name == "localhost"
+        || name.ends_with(".localhost")
         || bare
             .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+            .is_ok_and(|ip| ip.to_canonical().is_loopback())
 }
 
 #[cfg(test)]
@@ -114,5 +146,53 @@ mod tests {
         let h = headers(Some("https://evil.example"), Some("127.0.0.1:9090"));
         assert_eq!(browser_refusal(&Method::GET, &h), None);
         assert_eq!(browser_refusal(&Method::HEAD, &h), None);
+    }
+
+    #[test]
+    fn a_loopback_listener_takes_only_loopback_host_names() {
+        let loopback: SocketAddr = "127.0.0.1:9090".parse().unwrap();
+        for host in [
+            "127.0.0.1:9090",
+            "127.0.0.1",
+            "127.1.2.3:9090",
+            "localhost:9090",
+            "LocalHost",
+            "localhost.:9090",
+            "dashboard.localhost:9090",
+            "[::1]:9090",
+            "[::1]",
+            "[::ffff:127.0.0.1]:9090",
+        ] {
+            assert_eq!(
+                rebinding_refusal(loopback, &headers(None, Some(host))),
+                None,
+                "{host}"
+            );
+        }
+        // HTTP/1.0 tools send no Host; browsers always do.
+        assert_eq!(rebinding_refusal(loopback, &headers(None, None)), None);
+        for host in [
+            "attacker.example:9090",
+            "attacker.example",
+            "localhost.attacker.example:9090",
+            "127.0.0.1.attacker.example",
+            "10.0.0.5:9090",
+            "[::2]:9090",
+            "not a host",
+        ] {
+            let why = rebinding_refusal(loopback, &headers(None, Some(host)));
+            assert!(
+                why.as_deref().is_some_and(|w| w.contains(host)
+                    && w.contains("DNS rebinding")
+                    && w.contains("127.0.0.1:9090")),
+                "{host}: {why:?}"
+            );
+        }
+        // A daemon on a routable address is reached by names it cannot know.
+        for listen in ["0.0.0.0:9090", "192.168.1.20:9090", "[::]:9090"] {
+            let listen: SocketAddr = listen.parse().unwrap();
+            let h = headers(None, Some("storage1.example:9090"));
+            assert_eq!(rebinding_refusal(listen, &h), None, "{listen}");
+        }
     }
 }

@@ -13,14 +13,19 @@ use crate::adapter::NbdBackend;
 use crate::testutil::test_group;
 
 pub(crate) fn app() -> (Router, Arc<AppState>) {
+    app_with("127.0.0.1:9090", None)
+}
+
+/// The router of a daemon whose admin port listens on `http_addr`, with `token` if any.
+fn app_with(http_addr: &str, token: Option<&str>) -> (Router, Arc<AppState>) {
     let state = Arc::new(AppState {
         registry: Registry::new(test_group()),
         started: Instant::now(),
         nbd_addr: "127.0.0.1:10809".parse().unwrap(),
-        http_addr: "127.0.0.1:9090".parse().unwrap(),
+        http_addr: http_addr.parse().unwrap(),
         io_backend: "threads".into(),
         history: crate::history::History::new(),
-        token: None,
+        token: token.map(|t| crate::config::Token::new(t).unwrap()),
         devices: Vec::new(),
         scrub: crate::api_scrub::ScrubConfig { interval: None, rate_bytes_per_s: 0 },
         // The sender is dropped at once: a closed channel never says "stopping".
@@ -297,6 +302,61 @@ async fn a_web_page_of_another_origin_changes_nothing() {
     assert_eq!(app.clone().oneshot(own).await.unwrap().status(), StatusCode::CREATED);
     let (s, _) = call(&app, "POST", "/api/v1/volumes/db/resize", Some(json!({"size_bytes": 2 << 20}))).await;
     assert_eq!(s, StatusCode::OK);
+}
+
+/// A page whose site name its DNS points at 127.0.0.1 (DNS rebinding) reaches a loopback
+/// daemon as its own origin; its requests name that site in `Host`.
+#[tokio::test]
+async fn a_loopback_daemon_answers_only_requests_for_loopback_names() {
+    const TOKEN: &str = "rebinding-test-token-0123456789";
+    let read = |host: Option<&str>, token: Option<&str>, uri: &str| {
+        let mut r = Request::builder().uri(uri);
+        if let Some(h) = host {
+            r = r.header("host", h);
+        }
+        if let Some(t) = token {
+            r = r.header("authorization", format!("Bearer {t}"));
+        }
+        r.body(Body::empty()).unwrap()
+    };
+    for token in [None, Some(TOKEN)] {
+        let (app, _) = app_with("127.0.0.1:9090", token);
+        for uri in ["/api/v1/volumes", "/api/v1/status", "/metrics", "/"] {
+            let resp = app.clone().oneshot(read(Some("attacker.example:9090"), None, uri)).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::MISDIRECTED_REQUEST, "{uri} with token {token:?}");
+            let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+            let v: Value = serde_json::from_slice(&bytes).unwrap();
+            let e = v["error"].as_str().unwrap_or_default();
+            assert!(e.contains("\"attacker.example:9090\"") && e.contains("listen on a non-loopback address"), "{v}");
+            // The CLI, curl and Prometheus on a loopback name, and HTTP/1.0 tools without Host.
+            for host in [Some("127.0.0.1:9090"), Some("localhost:9090"), Some("[::1]:9090"), None] {
+                let resp = app.clone().oneshot(read(host, None, uri)).await.unwrap();
+                assert_eq!(resp.status(), StatusCode::OK, "{uri} for {host:?}");
+            }
+        }
+        // A change is refused too.
+        let (app, state) = app_with("127.0.0.1:9090", token);
+        let post = Request::builder()
+            .method("POST")
+            .uri("/api/v1/volumes")
+            .header("host", "attacker.example:9090")
+            .header("content-type", "application/json")
+            .body(Body::from(r#"{"name": "a", "size_bytes": 4096}"#))
+            .unwrap();
+        let resp = app.clone().oneshot(post).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::MISDIRECTED_REQUEST, "token {token:?}");
+        assert!(state.registry.group().volume("a").is_none());
+    }
+    // The token, which a page cannot send, admits another name (a proxy that passes it on).
+    let (app, _) = app_with("127.0.0.1:9090", Some(TOKEN));
+    let resp = app.clone().oneshot(read(Some("storage.example"), Some(TOKEN), "/metrics")).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let resp = app.clone().oneshot(read(Some("storage.example"), Some("wrong-token-0123456789"), "/metrics")).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::MISDIRECTED_REQUEST);
+    // A daemon on a routable address is asked for under names it cannot know.
+    let (app, _) = app_with("0.0.0.0:9090", Some(TOKEN));
+    let resp = app.clone().oneshot(read(Some("storage.example:9090"), None, "/api/v1/volumes")).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
 }
 
 #[tokio::test]

@@ -725,6 +725,12 @@ fn validate(c: &ServeConfig) -> Result<()> {
     // The engine's own limits (segment size, batch size), checked before a first start
     // writes a new fast-tier file full of zeros only to be refused when the group opens.
     c.engine.validate().map_err(|e| anyhow!("{e}"))?;
+    // A group that exists keeps the geometry it was made with, which the engine checks when it
+    // opens it; a first start is refused here, in the flags' words.
+    // (A fast tier below the engine's least is refused by the engine, saying so.)
+    if !c.fast_device.exists() && c.fast_size_bytes >= strata_engine::MIN_FAST_BYTES {
+        batch_fits_new_group(c)?;
+    }
     if c.max_connections == 0 || c.max_connections > MAX_CONNECTIONS_LIMIT {
         bail!("max-connections must be between 1 and {MAX_CONNECTIONS_LIMIT}");
     }
@@ -755,6 +761,59 @@ fn validate(c: &ServeConfig) -> Result<()> {
         bail!("device {} is named twice", w[0].display());
     }
     Ok(())
+}
+
+/// A first start's write batches (`max-batch-size`) must fit half a segment's data area
+/// (`segment-size`) and a quarter of the write log (`fast-size`, less 4 MiB of metadata). The
+/// engine refuses a group that breaks either once the new fast-tier file has been written full
+/// of zeros, in its own words; this says which flags to change and to what.
+fn batch_fits_new_group(c: &ServeConfig) -> Result<()> {
+    use strata_engine::BatchLimits;
+    let (batch, version) = (c.engine.max_batch_bytes as u64, c.engine.format_version);
+    let limits_with = |segment, fast| BatchLimits::for_new_group(segment, version, fast);
+    let limits = limits_with(c.engine.segment_size_bytes, c.fast_size_bytes);
+    if batch > limits.segment_bytes {
+        let fitting_segment = (1..=1024u64)
+            .map(|mib| mib << 20)
+            .find(|&segment| limits_with(segment, c.fast_size_bytes).segment_bytes >= batch);
+        let larger = fitting_segment.map_or(String::new(), |s| {
+            format!("--segment-size {} or more, or ", flag_size(s))
+        });
+        bail!(
+            "segment-size {} is too small for the max batch size ({}): a write batch must fit in half a segment's data area, {} with segments of {}; use {larger}--max-batch-size {} or less",
+            format_size(c.engine.segment_size_bytes),
+            format_size(batch),
+            format_size(limits.segment_bytes),
+            format_size(c.engine.segment_size_bytes),
+            flag_size(limits.segment_bytes)
+        );
+    }
+    if batch > limits.log_bytes {
+        let fitting_fast = (strata_engine::MIN_FAST_BYTES >> 20..=4096u64)
+            .map(|mib| mib << 20)
+            .find(|&fast| limits_with(c.engine.segment_size_bytes, fast).log_bytes >= batch);
+        let larger = fitting_fast.map_or(String::new(), |f| {
+            format!("--fast-size {} or more, or ", flag_size(f))
+        });
+        bail!(
+            "fast-size {} is too small for the max batch size ({}): a write batch must fit in a quarter of the write log, {} with a fast tier of {}; use {larger}--max-batch-size {} or less",
+            format_size(c.fast_size_bytes),
+            format_size(batch),
+            format_size(limits.log_bytes),
+            format_size(c.fast_size_bytes),
+            flag_size(limits.log_bytes)
+        );
+    }
+    Ok(())
+}
+
+/// A size as a flag takes it, exactly: `24M`, or `504K` (sizes here are whole 4 KiB blocks).
+fn flag_size(bytes: u64) -> String {
+    if bytes.is_multiple_of(1 << 20) {
+        format!("{}M", bytes >> 20)
+    } else {
+        format!("{}K", bytes >> 10)
+    }
 }
 
 #[cfg(test)]

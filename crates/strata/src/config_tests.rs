@@ -476,6 +476,55 @@ fn engine_limits_are_refused_before_any_device_is_made() {
     }
 }
 
+/// A first start whose write batches cannot fit its segments or its log is refused before
+/// any device is made, naming the flags to change and values that work.
+#[test]
+fn a_batch_too_large_for_a_new_group_names_the_flags_and_values_that_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = |segment: u64, fast: u64, batch: Option<u64>| ServeArgs {
+        data_dir: Some(dir.path().join("data")),
+        segment_size: Some(segment),
+        fast_size: Some(fast),
+        max_batch_size: batch,
+        ..Default::default()
+    };
+    let e = merge(&args(1 << 20, 32 << 20, None), FileConfig::default())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "segment-size 1 MiB is too small for the max batch size (2 MiB): a write batch must fit in half a segment's data area, 500 KiB with segments of 1 MiB; use --segment-size 5M or more, or --max-batch-size 500K or less"
+    );
+    let too_large = args(16 << 20, 16 << 20, Some(4 << 20));
+    let e = merge(&too_large, FileConfig::default())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "fast-size 16 MiB is too small for the max batch size (4 MiB): a write batch must fit in a quarter of the write log, 3 MiB with a fast tier of 16 MiB; use --fast-size 20M or more, or --max-batch-size 3M or less"
+    );
+    // The values offered work.
+    for (segment, fast, batch) in [
+        (5 << 20, 32 << 20, None),
+        (1 << 20, 32 << 20, Some(500 << 10)),
+        (16 << 20, 20 << 20, Some(4 << 20)),
+        (16 << 20, 16 << 20, Some(3 << 20)),
+    ] {
+        let cfg = merge(&args(segment, fast, batch), FileConfig::default()).unwrap();
+        let limits = strata_engine::BatchLimits::for_new_group(
+            cfg.engine.segment_size_bytes,
+            cfg.engine.format_version,
+            cfg.fast_size_bytes,
+        );
+        let batch = cfg.engine.max_batch_bytes as u64;
+        assert!(batch <= limits.segment_bytes && batch <= limits.log_bytes);
+    }
+    // A fast device that exists keeps its group's own geometry: the engine checks it.
+    std::fs::create_dir(dir.path().join("data")).unwrap();
+    std::fs::write(dir.path().join("data").join("fast.img"), b"").unwrap();
+    assert!(merge(&args(1 << 20, 32 << 20, None), FileConfig::default()).is_ok());
+}
+
 /// The engine keeps at least 16 index nodes whatever the budget: a smaller `index-cache` was
 /// taken and silently raised; it is refused with the least that is honoured.
 #[test]

@@ -258,6 +258,19 @@ fn open_one(
                 .map(Path::to_path_buf)
                 .collect();
             std::fs::create_dir_all(parent).map_err(|e| {
+                // The OS says "file exists" of a file where a directory should be made.
+                if let Some(file) = parent.ancestors().find(|d| d.exists() && !d.is_dir()) {
+                    let hint = if file == cfg.data_dir {
+                        " (--data-dir, or data_dir in the config file, names the directory that holds the device files)"
+                    } else {
+                        ""
+                    };
+                    return anyhow!(
+                        "cannot create device file {}: {} is a file, not a directory{hint}",
+                        path.display(),
+                        file.display()
+                    );
+                }
                 anyhow!(
                     "cannot create directory {}: {}",
                     parent.display(),
@@ -432,6 +445,46 @@ mod tests {
             capacity_size: Some(16 << 20),
             ..ServeArgs::default()
         }
+    }
+
+    /// A data directory, or a device file's directory, that is a regular file is named as
+    /// such, not with the OS's "file exists"; the file is left as it was.
+    #[test]
+    fn a_file_where_a_directory_should_be_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("not-a-dir");
+        std::fs::write(&file, b"keep me").unwrap();
+        let cfg = merge(&args_in(&file), Default::default()).unwrap();
+        let e = open_devices(&cfg, &Default::default())
+            .err()
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "cannot create device file {}: {} is a file, not a directory (--data-dir, or \
+                 data_dir in the config file, names the directory that holds the device files)",
+                file.join("fast.img").display(),
+                file.display()
+            )
+        );
+        // A device path under a file deeper down: the file is named, without the data-dir hint.
+        let mut args = args_in(dir.path());
+        args.fast_device = Some(file.join("sub").join("fast.img"));
+        let cfg = merge(&args, Default::default()).unwrap();
+        let e = open_devices(&cfg, &Default::default())
+            .err()
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "cannot create device file {}: {} is a file, not a directory",
+                file.join("sub").join("fast.img").display(),
+                file.display()
+            )
+        );
+        assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
     }
 
     #[test]

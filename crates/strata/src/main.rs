@@ -16,6 +16,7 @@ mod client;
 mod config;
 mod devices;
 mod history;
+mod http_server;
 mod metrics;
 mod metrics_page;
 mod metrics_tiering;

@@ -303,17 +303,17 @@ fn spawn_nbd(
 }
 
 /// The admin port's server, from the moment its listener is bound: `app` answers 503 until
-/// the node serves, then passes every request to the admin API (startup.rs).
+/// the node serves, then passes every request to the admin API (startup.rs). Its connections
+/// are bounded in number and in how long they may take to send a request (http_server.rs).
 fn spawn_http(
     listener: TcpListener,
     app: axum::Router,
     stop: watch::Receiver<bool>,
 ) -> JoinHandle<Result<()>> {
     tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_requested(stop))
-            .await
-            .map_err(|e| anyhow!("HTTP server failed: {}", crate::io_reason(&e)))
+        let limits = crate::http_server::HttpLimits::default();
+        crate::http_server::serve(listener, app, limits, shutdown_requested(stop)).await;
+        Ok(())
     })
 }
 
