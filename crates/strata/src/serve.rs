@@ -61,6 +61,7 @@ const REPEAT_WINDOW: Duration = Duration::from_secs(1);
 pub fn run(args: &ServeArgs) -> Result<()> {
     let cfg = config::resolve(args)?;
     init_logging();
+    raise_open_files_limit(open_files_needed(&cfg));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("strata")
@@ -285,6 +286,50 @@ async fn close_group(group: Arc<DiskGroup>) -> Result<()> {
 async fn shutdown_requested(mut rx: watch::Receiver<bool>) {
     // An error means the sender is gone, which also means shutting down.
     let _ = rx.wait_for(|stop| *stop).await;
+}
+
+/// Descriptors the daemon may hold at once, about: one per NBD and admin connection at their
+/// caps, the devices (each opened once, and again for a scrub's reads), and a margin for the
+/// runtime, the listeners, logs and index files.
+fn open_files_needed(cfg: &ServeConfig) -> u64 {
+    let devices = 1 + cfg.capacity_devices.len().max(1);
+    (cfg.max_connections + crate::http_server::MAX_HTTP_CONNECTIONS + 2 * devices + 128) as u64
+}
+
+/// Raises the soft limit of open files to the hard one. A daemon started from a shell gets
+/// the usual soft limit of 1024 (the hard one is often far higher), which `--max-connections`
+/// may pass: the NBD listener's accepts then failed with "Too many open files". Said at start
+/// when even the hard limit is under what the caps need (`open_files_needed`).
+fn raise_open_files_limit(needed: u64) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain system calls with a pointer to a local.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return;
+    }
+    let soft = limit.rlim_cur;
+    if soft < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: as above; raising the soft limit up to the hard one needs no privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+            limit.rlim_cur = soft;
+        } else {
+            tracing::debug!(from = soft, to = limit.rlim_cur, "open files limit raised");
+        }
+    }
+    if (limit.rlim_cur as u64) < needed {
+        tracing::warn!(
+            limit = limit.rlim_cur,
+            needed,
+            "the open files limit (ulimit -n, LimitNOFILE= in a systemd unit) is {}, under the \
+             {needed} descriptors the connection caps may take (--max-connections and the \
+             admin port's {}): connections past it will fail",
+            limit.rlim_cur,
+            crate::http_server::MAX_HTTP_CONNECTIONS
+        );
+    }
 }
 
 /// The one place that knows the NBD server's entry point.

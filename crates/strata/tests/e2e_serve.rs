@@ -448,6 +448,45 @@ fn a_client_over_the_connection_limit_is_told_why() {
     assert!(admitted, "not admitted once the first client left");
 }
 
+/// The (soft, hard) limit of open files of process `pid`, from /proc.
+fn open_files_limit(pid: u32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("its limits");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("a line for open files");
+    let words: Vec<&str> = line.split_whitespace().collect();
+    (words[3].to_string(), words[4].to_string())
+}
+
+/// Started with the usual soft limit of open files (here 200) under a higher hard one, the
+/// daemon raises the soft limit to the hard one: with the soft limit, its connection caps
+/// (64 NBD, 256 admin) could take more descriptors than it had, and accepts then failed. With
+/// a hard limit under what the caps need, it says so at start.
+#[test]
+fn the_daemon_raises_its_open_files_limit_and_says_when_it_cannot() {
+    let hard: u64 = 4096;
+    let daemon = Daemon::start(DaemonOpts {
+        open_files_limit: Some((200, hard)),
+        ..DaemonOpts::default()
+    });
+    let (soft, max) = open_files_limit(daemon.pid());
+    assert_eq!((soft, max), (hard.to_string(), hard.to_string()));
+    assert!(!daemon.stderr_log().contains("open files limit"));
+    drop(daemon);
+
+    let daemon = Daemon::start(DaemonOpts {
+        open_files_limit: Some((200, 200)),
+        ..DaemonOpts::default()
+    });
+    assert_eq!(open_files_limit(daemon.pid()), ("200".into(), "200".into()));
+    let log = daemon.stderr_log();
+    assert!(
+        log.contains("open files limit") && log.contains("--max-connections"),
+        "no word of the low limit:\n{log}"
+    );
+}
+
 /// The datagrams a daemon sent to `sock` until one holds `until` (each as text), or panics
 /// after 10 s.
 fn notifications_until(sock: &std::os::unix::net::UnixDatagram, until: &str) -> Vec<String> {

@@ -2,6 +2,7 @@
 use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
@@ -28,6 +29,8 @@ pub struct DaemonOpts {
     pub http_listen: String,
     /// Extra environment of the daemon (e.g. RUST_LOG).
     pub env: Vec<(String, String)>,
+    /// The (soft, hard) limit of open files the daemon starts with, if not this process's.
+    pub open_files_limit: Option<(u64, u64)>,
 }
 
 impl Default for DaemonOpts {
@@ -38,6 +41,7 @@ impl Default for DaemonOpts {
             extra_args: Vec::new(),
             http_listen: "127.0.0.1:0".into(),
             env: Vec::new(),
+            open_files_limit: None,
         }
     }
 }
@@ -136,6 +140,19 @@ impl Daemon {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr);
+        if let Some((soft, hard)) = self.opts.open_files_limit {
+            let limit = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            };
+            // SAFETY: setrlimit is async-signal-safe and reads only the copied `limit`.
+            unsafe {
+                cmd.pre_exec(move || match libc::setrlimit(libc::RLIMIT_NOFILE, &limit) {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                });
+            }
+        }
         let line = describe(&cmd);
         let mut child = die_with_parent(&mut cmd)
             .spawn()
