@@ -249,6 +249,10 @@ async fn open_or_stop(
         Err(e) if devices::is_abandoned(&e) => {
             tracing::info!(reason = %e, "stopped before serving; the files this start created were removed");
         }
+        // A group this start was making: its files, new, were removed (devices.rs says so).
+        Err(e) if open_stopped(&e) && !cfg.fast_device.exists() => {
+            tracing::info!("stopped before serving; the files this start created were removed");
+        }
         Err(e) if open_stopped(&e) => {
             tracing::info!("stopped during start-up: the disk group's open was stopped before its log's replay ended, leaving the devices as the next start recovers them (the log replayed again, nothing acknowledged lost)");
         }
