@@ -454,13 +454,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("not-a-dir");
         std::fs::write(&file, b"keep me").unwrap();
-        let cfg = merge(&args_in(&file), Default::default()).unwrap();
-        let e = open_devices(&cfg, &Default::default())
-            .err()
-            .unwrap()
-            .to_string();
+        let refusal = |args: &ServeArgs| {
+            let cfg = merge(args, Default::default()).unwrap();
+            let e = open_devices(&cfg, &Default::default()).err();
+            e.expect("refused").to_string()
+        };
         assert_eq!(
-            e,
+            refusal(&args_in(&file)),
             format!(
                 "cannot create device file {}: {} is a file, not a directory (--data-dir, or \
                  data_dir in the config file, names the directory that holds the device files)",
@@ -471,13 +471,8 @@ mod tests {
         // A device path under a file deeper down: the file is named, without the data-dir hint.
         let mut args = args_in(dir.path());
         args.fast_device = Some(file.join("sub").join("fast.img"));
-        let cfg = merge(&args, Default::default()).unwrap();
-        let e = open_devices(&cfg, &Default::default())
-            .err()
-            .unwrap()
-            .to_string();
         assert_eq!(
-            e,
+            refusal(&args),
             format!(
                 "cannot create device file {}: {} is a file, not a directory",
                 file.join("sub").join("fast.img").display(),
