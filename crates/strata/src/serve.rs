@@ -323,7 +323,7 @@ fn raise_open_files_limit(needed: u64) {
             tracing::debug!(from = soft, to = limit.rlim_cur, "open files limit raised");
         }
     }
-    if (limit.rlim_cur as u64) < needed {
+    if limit.rlim_cur < needed {
         tracing::warn!(
             limit = limit.rlim_cur,
             needed,
