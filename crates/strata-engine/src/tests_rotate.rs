@@ -438,8 +438,9 @@ fn a_transient_read_error_does_not_stop_rotation_for_good() {
 /// destager stops for 100 ms after queueing its first rewrite (as on a busy machine). The
 /// log writer must still take the group's rewrites in the batches rotation planned: a batch
 /// taken before the rest were queued costs a header block the plan did not count, and with
-/// the reserve planned to its last block a power cut after it left rotation too little room
-/// to finish, so trims were refused from then on. Then the power fails a few device writes
+/// the reserve planned to its last block a power cut after it can leave rotation too little
+/// room to finish, and trims refused from then on (the likely cause of a rare failure of the
+/// full-group model test). Then the power fails a few device writes
 /// later: every block reads as acknowledged, and a trim of the whole volume is taken.
 #[test]
 fn a_slow_destager_does_not_split_rotation_batches() {
