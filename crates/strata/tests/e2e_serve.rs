@@ -15,12 +15,26 @@ const LOG_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The daemon's NBD connection stopped halfway through a WRITE's payload: shutdown waits up
 /// to 5 s for the rest (docs/NBD.md, Shutdown), or until the connection closes.
+/// The daemon must run with `HOLD_LOG`: the wait ends when its reader has taken the WRITE's
+/// header. A signal before that finds no request begun and closes the connection at once
+/// (a CI run lost that race: the GO reply was out, the reader not yet started).
 fn hold_shutdown(daemon: &Daemon) -> nbd::Client {
     let mut client = nbd::go(daemon.nbd_addr, VOL0).expect("NBD_OPT_GO");
     let header = nbd::request_bytes(0, nbd::CMD_WRITE, 1, 0, 65536);
     client.stream.write_all(&header).expect("send");
     client.stream.write_all(&[0x5a; 4096]).expect("send");
+    let taken = "request command=1 flags=0 cookie=1 offset=0 len=65536";
+    wait_for_log(daemon, taken);
     client
+}
+
+/// The daemon's log filter for `hold_shutdown`: the NBD reader traces each request header.
+fn holding_daemon() -> Daemon {
+    let filter = "info,strata_nbd::server::transmission=trace";
+    Daemon::start(DaemonOpts {
+        env: vec![("RUST_LOG".into(), filter.into())],
+        ..DaemonOpts::default()
+    })
 }
 
 fn wait_for_log(daemon: &Daemon, text: &str) {
@@ -51,7 +65,7 @@ fn sighup_stops_the_daemon_cleanly() {
 /// the first is a request to exit at once.
 #[test]
 fn only_a_signal_a_second_after_the_first_forces_an_exit() {
-    let mut daemon = Daemon::start_default();
+    let mut daemon = holding_daemon();
 
     let holder = hold_shutdown(&daemon);
     daemon.signal(SIGTERM);
