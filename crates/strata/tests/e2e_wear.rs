@@ -297,10 +297,10 @@ fn a_device_wearing_out_early_is_logged_flagged_and_warned_about() {
         .matches("device would wear out before its warranty ends")
         .count();
     assert_eq!(count, 1, "the warning must be rate-limited\n{log}");
-    // Files of 256 MiB and 2 GiB rated as drives of 1 GB and 400 GB: the start said their
+    // Files of 64 MiB and 2 GiB rated as drives of 1 GB and 400 GB: the start said their
     // wear figures are off.
     for mismatch in [
-        "is 256 MiB, but its model tiny-test is a 953.7 MiB drive",
+        "is 64 MiB, but its model tiny-test is a 953.7 MiB drive",
         "is 2 GiB, but its model optane-p5800x-400g is a 372.5 GiB drive",
     ] {
         assert!(log.contains(mismatch), "no {mismatch:?}\n{log}");
