@@ -9,22 +9,29 @@
 //! descriptor of ours and the NBD listener's accepts go on. And a connection must send a
 //! request's headers within [`HttpLimits::header_read_timeout`] of being accepted or of its
 //! last answer (an idle keep-alive connection is the same wait), else it is closed and its place
-//! freed; a request's body has its own limit (api_body.rs). A command of the CLI that comes
-//! while every place is held is answered once one is freed, at worst a header timeout later.
+//! freed; a request's body has its own limit (api_body.rs). A client that stops reading its
+//! answers is the same: a write that makes no progress for [`HttpLimits::write_stall_timeout`]
+//! ends the connection. A command of the CLI that comes while every place is held is answered
+//! once one is freed, at worst a header timeout (or a write stall) later.
 //!
 //! Shutdown: the listener stops accepting, each connection finishes the request it is serving
 //! and is then closed; serve.rs bounds how long that may take.
 use std::future::Future;
+use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
+use tokio::time::Sleep;
 
 /// Admin connections open at once. Each CLI command uses one for a moment; a dashboard or a
 /// Prometheus scraper keeps one or two. Bounded so that, with the NBD server's own cap, the
@@ -33,6 +40,10 @@ pub const MAX_HTTP_CONNECTIONS: usize = 256;
 /// How long a connection may take to send a request's headers, counted from its accept or its
 /// previous answer; the same as a body's limit (`api_body::BODY_READ_TIMEOUT`).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a write of an answer may make no progress (the client reads none of it) before
+/// the connection is closed. Generous: an answer is small, and a client that reads slowly
+/// still makes progress.
+pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the accept loop waits after an accept error that is not the client's (such as
 /// running out of descriptors), so the error is not retried in a busy loop.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(500);
@@ -42,6 +53,7 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(500);
 pub struct HttpLimits {
     pub max_connections: usize,
     pub header_read_timeout: Duration,
+    pub write_stall_timeout: Duration,
 }
 
 impl Default for HttpLimits {
@@ -49,6 +61,7 @@ impl Default for HttpLimits {
         HttpLimits {
             max_connections: MAX_HTTP_CONNECTIONS,
             header_read_timeout: HEADER_READ_TIMEOUT,
+            write_stall_timeout: WRITE_STALL_TIMEOUT,
         }
     }
 }
@@ -93,7 +106,8 @@ pub async fn serve(
             () = &mut stop => break,
         };
         let service = TowerToHyperService::new(app.clone());
-        let conn = http.serve_connection(TokioIo::new(stream), service);
+        let io = WriteStallBound::new(stream, limits.write_stall_timeout);
+        let conn = http.serve_connection(TokioIo::new(io), service);
         let mut closing = closing_rx.clone();
         connections.spawn(async move {
             let _place = place;
@@ -110,6 +124,99 @@ pub async fn serve(
     drop(listener);
     let _ = closing_tx.send(true);
     while connections.join_next().await.is_some() {}
+}
+
+/// A connection's socket whose writes fail with `TimedOut` once one has waited `limit` for the
+/// client to take any of it. hyper has a timeout for reading a request's headers but none for
+/// writing an answer, and a client that sends requests and reads nothing would otherwise hold
+/// its place for good.
+struct WriteStallBound<T> {
+    io: T,
+    limit: Duration,
+    /// Armed when a write (or flush, or shutdown) first finds the socket full; disarmed by any
+    /// progress.
+    stalled: Option<Pin<Box<Sleep>>>,
+}
+
+impl<T> WriteStallBound<T> {
+    fn new(io: T, limit: Duration) -> Self {
+        WriteStallBound {
+            io,
+            limit,
+            stalled: None,
+        }
+    }
+
+    /// `polled` as it is, unless it has been pending for `limit` since its last progress.
+    fn bounded<R>(
+        &mut self,
+        polled: Poll<io::Result<R>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<R>> {
+        if polled.is_ready() {
+            self.stalled = None;
+            return polled;
+        }
+        let limit = self.limit;
+        let timer = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the client read none of its answer for {limit:?}"),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for WriteStallBound<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for WriteStallBound<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.bounded(polled, cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.bounded(polled, cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_flush(cx);
+        this.bounded(polled, cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_shutdown(cx);
+        this.bounded(polled, cx)
+    }
 }
 
 /// Errors of one incoming connection (it was reset before its accept): the listener is fine.

@@ -118,6 +118,7 @@ async fn connections_that_send_no_whole_headers_in_time_are_closed() {
     let limits = HttpLimits {
         max_connections: 16,
         header_read_timeout: Duration::from_millis(300),
+        ..HttpLimits::default()
     };
     let server = start(limits).await;
     let addr = server.addr;
@@ -160,6 +161,7 @@ async fn the_cap_bounds_the_connections_held_and_the_next_one_waits_for_a_place(
     let limits = HttpLimits {
         max_connections: CAP,
         header_read_timeout: Duration::from_secs(600),
+        ..HttpLimits::default()
     };
     let server = start(limits).await;
     let addr = server.addr;
@@ -188,6 +190,7 @@ async fn a_request_is_answered_while_stalled_clients_hold_every_place() {
     let limits = HttpLimits {
         max_connections: CAP,
         header_read_timeout: Duration::from_millis(500),
+        ..HttpLimits::default()
     };
     let server = start(limits).await;
     let addr = server.addr;
@@ -203,6 +206,49 @@ async fn a_request_is_answered_while_stalled_clients_hold_every_place() {
     .unwrap();
     assert_eq!(held, Some(CAP));
     let answer = answer.expect("no answer while stalled clients held every place");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+/// A client that sends requests and reads none of the answers: once the socket is full, the
+/// server's write waits `write_stall_timeout` and the connection is closed, freeing its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_no_answers_loses_its_place() {
+    let limits = HttpLimits {
+        max_connections: 1,
+        header_read_timeout: Duration::from_secs(600),
+        write_stall_timeout: Duration::from_millis(300),
+    };
+    let server = start(limits).await;
+    let addr = server.addr;
+    // A small receive buffer, so that the answers fill it (and the server's send buffer) soon.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let deaf = socket.connect(addr).await.unwrap().into_std().unwrap();
+    deaf.set_nonblocking(false).unwrap();
+    let (held, answer) = tokio::task::spawn_blocking(move || {
+        let mut requests = deaf.try_clone().unwrap();
+        requests.set_write_timeout(Some(WAIT)).unwrap();
+        // Requests until the server stops taking them (it reads the next only once it has
+        // written the last answer) and then until it closes the connection.
+        let sender = std::thread::spawn(move || {
+            let keep_alive = "GET /api/v1/volumes HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+            for _ in 0..1_000_000 {
+                if requests.write_all(keep_alive.as_bytes()).is_err() {
+                    return;
+                }
+            }
+        });
+        let held = wait_for_accepted(addr.port(), 1);
+        // The one place is the deaf client's until the stall frees it.
+        let answer = request(addr, LIST);
+        drop(deaf);
+        let _ = sender.join();
+        (held, answer)
+    })
+    .await
+    .unwrap();
+    assert_eq!(held, Some(1));
+    let answer = answer.expect("the client that reads nothing kept the only place");
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
 
