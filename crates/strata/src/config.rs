@@ -38,6 +38,8 @@ pub enum IoBackendChoice {
 
 /// Why `--nbd-stall-timeout off` is refused: without it nothing bounds a client that stops.
 const STALL_TIMEOUT_OFF: &str = "nbd-stall-timeout cannot be off: it is what drops an NBD client that stops in the middle of a request or stops reading replies, which would otherwise hold its buffers and the daemon's shutdown for as long as it likes; give a duration such as 2m";
+/// The same for the config file's key.
+const STALL_TIMEOUT_OFF_IN_FILE: &str = "nbd_stall_timeout in the config file cannot be off: it is what drops an NBD client that stops in the middle of a request or stops reading replies, which would otherwise hold its buffers and the daemon's shutdown for as long as it likes; give a duration such as \"2m\"";
 
 /// Everything `strata serve` needs, resolved and validated.
 #[derive(Debug, Clone)]
@@ -478,6 +480,7 @@ impl FileConfig {
 pub const SCRUB_RECORD: &str = "scrub-last.json";
 
 pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
+    check_file_values(&file)?;
     let http_token = resolve_token(args, &file)?;
     let emulation = resolve_emulation(args, &file)?;
     let data_dir = pick(
@@ -621,6 +624,60 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
     };
     validate(&config)?;
     Ok(config)
+}
+
+/// Checks every value the file sets whose check is not part of reading it (sizes and ratios
+/// are checked then), also those a flag overrides this time: a mistake in the file is
+/// reported at the start that reads it, not at the first start without the flag.
+fn check_file_values(file: &FileConfig) -> Result<()> {
+    let in_file = |key: &str, e: &dyn std::fmt::Display| anyhow!("{key} in the config file: {e}");
+    let listens = [
+        ("nbd_listen", &file.nbd_listen, "NBD"),
+        ("http_listen", &file.http_listen, "HTTP"),
+    ];
+    for (key, text, what) in listens {
+        if let Some(text) = text {
+            parse_listen(text, what).map_err(|e| in_file(key, &e))?;
+        }
+    }
+    let durations = [
+        ("nbd_idle_timeout", &file.nbd_idle_timeout),
+        ("nbd_stall_timeout", &file.nbd_stall_timeout),
+        ("scrub_interval", &file.scrub_interval),
+        ("idle_destage_after", &file.idle_destage_after),
+        ("wear_projection_after", &file.wear_projection_after),
+    ];
+    for (key, text) in durations {
+        if let Some(text) = text {
+            parse_duration(text).map_err(|e| in_file(key, &e))?;
+        }
+    }
+    let stall = file.nbd_stall_timeout.as_deref();
+    if stall.and_then(|t| parse_duration(t).ok()) == Some(None) {
+        bail!(STALL_TIMEOUT_OFF_IN_FILE);
+    }
+    if let Some(text) = &file.io_backend {
+        parse_io_backend(text).map_err(|e| in_file("io_backend", &e))?;
+    }
+    if let Some(text) = &file.durable_write {
+        parse_durable_write(text).map_err(|e| in_file("durable_write", &e))?;
+    }
+    let emulations = [
+        ("fast_emulate", &file.fast_emulate),
+        ("capacity_emulate", &file.capacity_emulate),
+    ];
+    for (key, spec) in emulations {
+        if let Some(spec) = spec {
+            strata_device::parse_emulation(spec).map_err(|e| in_file(key, &e))?;
+        }
+    }
+    if let Some(value) = &file.read_cache {
+        value.resolve().map_err(|e| in_file("read_cache", &e))?;
+    }
+    if let Some(secret) = &file.http_token {
+        Token::new(secret).map_err(|e| in_file("http_token", &e))?;
+    }
+    Ok(())
 }
 
 /// The token from `--http-token-file`, else the file's `http_token_file`, else `http_token`.

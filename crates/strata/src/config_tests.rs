@@ -193,19 +193,140 @@ fn nbd_timeouts_come_from_the_flag_over_the_file_and_stalls_are_always_bounded()
         nbd_stall_timeout: Some(parse_duration_arg("off").unwrap()),
         ..Default::default()
     };
-    let in_file = parse_file("nbd_stall_timeout = \"0\"").unwrap();
-    for e in [
-        merge(&off, FileConfig::default()).unwrap_err().to_string(),
-        merge(&ServeArgs::default(), in_file)
-            .unwrap_err()
-            .to_string(),
+    let in_file = || parse_file("nbd_stall_timeout = \"0\"").unwrap();
+    let over_it = ServeArgs {
+        nbd_stall_timeout: Some(parse_duration_arg("5m").unwrap()),
+        ..Default::default()
+    };
+    for (e, start) in [
+        (
+            merge(&off, FileConfig::default()),
+            "nbd-stall-timeout cannot be off",
+        ),
+        (
+            merge(&ServeArgs::default(), in_file()),
+            "nbd_stall_timeout in the config file cannot be off",
+        ),
+        (
+            merge(&over_it, in_file()),
+            "nbd_stall_timeout in the config file cannot be off",
+        ),
     ] {
-        assert!(e.starts_with("nbd-stall-timeout cannot be off"), "{e}");
+        let e = e.unwrap_err().to_string();
+        assert!(e.starts_with(start), "{e}");
         assert!(!e.contains('\n'), "{e}");
     }
     let file = parse_file("nbd_idle_timeout = \"2 s\"").unwrap();
     let e = merge(&ServeArgs::default(), file).unwrap_err().to_string();
     assert!(e.starts_with("nbd_idle_timeout in the config file"), "{e}");
+}
+
+/// A value in the file that a flag overrides is still checked: the next start without the
+/// flag would take it.
+#[test]
+fn values_in_the_file_are_checked_also_when_a_flag_overrides_them() {
+    let cases: [(&str, ServeArgs, &str); 10] = [
+        (
+            "nbd_listen = \"127.0.0.1\"",
+            ServeArgs {
+                nbd_listen: Some("127.0.0.1:0".into()),
+                ..Default::default()
+            },
+            "nbd_listen in the config file: invalid NBD listen address",
+        ),
+        (
+            "http_listen = \"nowhere:x\"",
+            ServeArgs {
+                http_listen: Some("127.0.0.1:0".into()),
+                ..Default::default()
+            },
+            "http_listen in the config file: invalid HTTP listen address",
+        ),
+        (
+            "nbd_idle_timeout = \"2 s\"",
+            ServeArgs {
+                nbd_idle_timeout: Some(parse_duration_arg("off").unwrap()),
+                ..Default::default()
+            },
+            "nbd_idle_timeout in the config file",
+        ),
+        (
+            "scrub_interval = \"weekly\"",
+            ServeArgs {
+                scrub_interval: Some(parse_duration_arg("1d").unwrap()),
+                ..Default::default()
+            },
+            "scrub_interval in the config file",
+        ),
+        (
+            "idle_destage_after = \"-1s\"",
+            ServeArgs {
+                idle_destage_after: Some(parse_duration_arg("1s").unwrap()),
+                ..Default::default()
+            },
+            "idle_destage_after in the config file",
+        ),
+        (
+            "wear_projection_after = \"soon\"",
+            ServeArgs {
+                wear_projection_after: Some(parse_duration_arg("0").unwrap()),
+                ..Default::default()
+            },
+            "wear_projection_after in the config file",
+        ),
+        (
+            "io_backend = \"aio\"",
+            ServeArgs {
+                io_backend: Some("threads".into()),
+                ..Default::default()
+            },
+            "io_backend in the config file: unknown I/O backend \"aio\"",
+        ),
+        (
+            "durable_write = \"fua\"",
+            ServeArgs {
+                durable_write: Some("dsync".into()),
+                ..Default::default()
+            },
+            "durable_write in the config file: unknown durable write mode",
+        ),
+        (
+            "fast_emulate = \"bw=fast\"",
+            ServeArgs {
+                fast_emulate: Some("bw=400MB".into()),
+                ..Default::default()
+            },
+            "fast_emulate in the config file",
+        ),
+        (
+            "read_cache = \"95%\"",
+            ServeArgs {
+                read_cache: Some("auto".into()),
+                ..Default::default()
+            },
+            "read_cache in the config file",
+        ),
+    ];
+    for (text, args, start) in cases {
+        let file = parse_file(text).unwrap();
+        let e = merge(&args, file).map(drop).unwrap_err().to_string();
+        assert!(e.starts_with(start), "{text}: {e}");
+        assert!(!e.contains('\n'), "{text}: {e}");
+        let file = parse_file(text).unwrap();
+        let e = merge(&ServeArgs::default(), file).map(drop).unwrap_err();
+        assert!(e.to_string().starts_with(start), "{text} alone: {e}");
+    }
+    // A token in the file that a token file overrides.
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "a-good-long-secret-of-enough-length\n").unwrap();
+    let args = ServeArgs {
+        http_token_file: Some(token_file),
+        ..Default::default()
+    };
+    let file = parse_file("http_token = \"\"").unwrap();
+    let e = merge(&args, file).map(drop).unwrap_err().to_string();
+    assert!(e.starts_with("http_token in the config file"), "{e}");
 }
 
 #[test]
