@@ -182,9 +182,11 @@ fn a_signal_during_start_up_stops_it_and_leaves_nothing() {
 const REPLAYED: [(&str, &str); 3] = [("0x31", "0"), ("0x32", "16M"), ("0x33", "32M")];
 
 /// A daemon killed with 48 MiB of acknowledged writes in its log (the fill marks keep the
-/// destager idle), so that its next start replays them.
+/// destager idle: 48 MiB is well under 80% of a 256 MiB fast tier's log, not of the harness's
+/// usual 64 MiB), so that its next start replays them.
 fn killed_with_a_log_to_replay() -> Daemon {
     let mut daemon = Daemon::start(DaemonOpts {
+        fast_size: "256M".into(),
         extra_args: ["--fill-low", "0.8", "--fill-high", "0.9"]
             .map(String::from)
             .into(),
