@@ -132,49 +132,22 @@ async fn run_async(args: &BenchFlags, stop: interrupt::Stop) -> Result<Report, B
     let started_unix_ms = unix_ms();
     let clock = gen::Clock::new();
     let progress = progress::Progress::new(args.quiet);
-    let mut sides = Vec::new();
-    let (a, b, skip) = (
-        args.strata_api.clone(),
-        args.baseline_strata_api.clone(),
-        args.no_strata_api,
-    );
-    let (t0, b0) = (targets[0].clone(), baselines.first().cloned());
-    let (api_t, api_b) = tokio::task::spawn_blocking(move || -> Result<_, BenchError> {
-        let t = find_api(a.as_deref(), &t0, skip)?;
-        let b = match b0 {
-            Some(b0) => find_api(b.as_deref(), &b0, skip)?,
-            None => None,
-        };
-        Ok((t, b))
-    })
-    .await
-    .map_err(|e| BenchError::Invalid(format!("looking for the Strata API failed: {e}")))??;
-    sides.push(
-        run::connect_side(
-            "target",
-            args.label.clone(),
-            &targets,
-            &plan,
-            clock,
-            api_t,
-            started_unix_ms,
-        )
-        .await?,
-    );
-    if !baselines.is_empty() {
-        sides.push(
-            run::connect_side(
-                "baseline",
-                args.baseline_label.clone(),
-                &baselines,
-                &plan,
-                clock,
-                api_b,
-                started_unix_ms,
-            )
-            .await?,
-        );
-    }
+    // A signal while the connections are made (each handshake may take its whole timeout
+    // against a target that does not answer) ends the run at once: nothing was measured.
+    let mut stopped = stop.clone();
+    let sides = tokio::select! {
+        sides = connect_sides(args, &plan, &targets, &baselines, clock, started_unix_ms) => sides?,
+        () = stopped.wait() => {
+            let cause = stop.cause().expect("a stop has a cause");
+            return Err(BenchError::Interrupted {
+                reason: format!(
+                    "interrupted by {} while connecting to the targets: nothing was measured, no report written",
+                    cause.signal
+                ),
+                exit_status: cause.exit_code,
+            });
+        }
+    };
     let outcome = run::run_all(sides, &plan, clock, &progress, started_unix_ms, &stop).await?;
     let interrupted = stop.cause().map(|cause| report::Interrupted {
         signal: cause.signal,
@@ -212,6 +185,62 @@ async fn run_async(args: &BenchFlags, stop: interrupt::Stop) -> Result<Report, B
         ratios,
         interrupted,
     })
+}
+
+/// Connects every side's connections (the target's, then the baseline's, if any), after
+/// looking for each one's Strata API.
+async fn connect_sides(
+    args: &BenchFlags,
+    plan: &run::Plan,
+    targets: &[workload::TargetUri],
+    baselines: &[workload::TargetUri],
+    clock: gen::Clock,
+    started_unix_ms: u64,
+) -> Result<Vec<run::Side>, BenchError> {
+    let mut sides = Vec::new();
+    let (a, b, skip) = (
+        args.strata_api.clone(),
+        args.baseline_strata_api.clone(),
+        args.no_strata_api,
+    );
+    let (t0, b0) = (targets[0].clone(), baselines.first().cloned());
+    let (api_t, api_b) = tokio::task::spawn_blocking(move || -> Result<_, BenchError> {
+        let t = find_api(a.as_deref(), &t0, skip)?;
+        let b = match b0 {
+            Some(b0) => find_api(b.as_deref(), &b0, skip)?,
+            None => None,
+        };
+        Ok((t, b))
+    })
+    .await
+    .map_err(|e| BenchError::Invalid(format!("looking for the Strata API failed: {e}")))??;
+    sides.push(
+        run::connect_side(
+            "target",
+            args.label.clone(),
+            targets,
+            plan,
+            clock,
+            api_t,
+            started_unix_ms,
+        )
+        .await?,
+    );
+    if !baselines.is_empty() {
+        sides.push(
+            run::connect_side(
+                "baseline",
+                args.baseline_label.clone(),
+                baselines,
+                plan,
+                clock,
+                api_b,
+                started_unix_ms,
+            )
+            .await?,
+        );
+    }
+    Ok(sides)
 }
 
 fn machine() -> report::Machine {

@@ -1,7 +1,7 @@
 //! `strata bench` against a live daemon: a short ramp-up curve produces a report.json that
 //! validates against docs/bench-report.schema.json, with the daemon's time series and the
 //! emulation stated, and a self-contained report.html; a run interrupted by SIGINT still
-//! writes the report of the steps that finished.
+//! writes the report of the steps that finished; one while it connects ends it at once.
 use crate::common;
 
 use std::io::{BufRead, BufReader};
@@ -339,4 +339,57 @@ fn an_interrupted_curve_writes_the_report_of_its_finished_steps() {
         "NBD connections left: {}",
         common::http::get_json(&node)
     );
+}
+
+/// A target that accepts connections and never says a word: the handshake would wait its
+/// whole timeout (10 s), and a SIGINT meanwhile must end the run at once, with its status and
+/// a reason, writing nothing (before, the signal waited for the handshake to fail: exit 1).
+#[test]
+fn a_signal_while_connecting_ends_the_run_at_once() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = silent.local_addr().expect("addr").port();
+    let (accepted_tx, accepted) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in silent.incoming().flatten() {
+            held.push(stream);
+            let _ = accepted_tx.send(());
+        }
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out_dir = dir.path().join("report");
+    let target = format!("nbd://127.0.0.1:{port}/vol0");
+    let out = out_dir.to_str().expect("utf-8 path");
+    let args = [
+        "bench",
+        "--target",
+        &target,
+        "--no-strata-api",
+        "--conns",
+        "2",
+        "--output",
+        out,
+    ];
+    let mut cmd = std::process::Command::new(STRATA_BIN);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut bench = ChildGuard::spawn(&mut cmd);
+    let stderr = lines_of(bench.child().stderr.take().expect("stderr"));
+    accepted
+        .recv_timeout(BENCH_TIMEOUT)
+        .expect("bench never connected");
+    send_signal(bench.child().id(), SIGINT);
+    let status = bench
+        .wait_timeout(BENCH_TIMEOUT)
+        .expect("bench exits after SIGINT");
+    let stderr_text: Vec<String> = stderr.iter().collect();
+    let stderr_text = stderr_text.join("\n");
+    assert_eq!(status.code(), Some(130), "{status}\n{stderr_text}");
+    assert!(
+        stderr_text.contains("interrupted by SIGINT while connecting to the targets"),
+        "{stderr_text}"
+    );
+    assert!(!out_dir.exists(), "a report of nothing was written");
 }
