@@ -10,8 +10,20 @@ use crate::Report;
 
 const TIB: f64 = (1u64 << 40) as f64;
 
+/// Figures this large (an absurd input, or a measured rate from something that is not a
+/// daemon) print in scientific notation, so each stays within its table column.
+const SCIENTIFIC_FROM: f64 = 1e7;
+
+/// `v` with two decimals, or in scientific notation from `SCIENTIFIC_FROM`.
+fn decimal(v: f64) -> String {
+    match v.abs() >= SCIENTIFIC_FROM {
+        true => format!("{v:.2e}"),
+        false => format!("{v:.2}"),
+    }
+}
+
 fn mib_s(bytes_per_s: f64) -> String {
-    format!("{:.2} MiB/s", bytes_per_s / BYTES_PER_MIB)
+    format!("{} MiB/s", decimal(bytes_per_s / BYTES_PER_MIB))
 }
 
 fn tib(bytes: f64) -> String {
@@ -22,6 +34,9 @@ fn tib(bytes: f64) -> String {
 /// above 1 fails): 100.4% prints as "100.4%", not a failing "100%", and 99.6% as "99.6%".
 fn pct(ratio: f64) -> String {
     let percent = ratio * 100.0;
+    if percent >= SCIENTIFIC_FROM {
+        return format!("{percent:.2e}%");
+    }
     let over = ratio > 1.0;
     for decimals in 0..=3 {
         let text = format!("{percent:.decimals$}");
@@ -47,6 +62,9 @@ fn count_down(v: f64) -> String {
 fn separated(v: f64, whole: f64) -> String {
     if !v.is_finite() {
         return "unlimited".into();
+    }
+    if whole.abs() >= 1e15 {
+        return format!("{whole:.2e}");
     }
     let digits = format!("{whole:.0}");
     let (sign, digits) = digits
@@ -210,7 +228,7 @@ fn loads_section(out: &mut String, r: &Report) {
             mib_s(l.write_bytes_per_s_peak)
         }),
         ("drive writes per day".into(), |l| {
-            format!("{:.2}", l.drive_writes_per_day)
+            decimal(l.drive_writes_per_day)
         }),
         ("rated drive writes per day".into(), |l| {
             opt(l.rated_drive_writes_per_day, trim_float)
@@ -240,9 +258,18 @@ fn loads_section(out: &mut String, r: &Report) {
         "per device", "cache", "capacity"
     );
     for (label, f) in rows {
-        let _ = writeln!(out, "  {label:<36}{:>18}{:>18}", f(c), f(k));
+        let _ = writeln!(out, "  {label:<36}{}{}", column(&f(c)), column(&f(k)));
     }
     out.push('\n');
+}
+
+/// A figure right-aligned in its 18-character column; one that does not fit still keeps two
+/// spaces from the one before it.
+fn column(figure: &str) -> String {
+    match figure.chars().count() < 17 {
+        true => format!("{figure:>18}"),
+        false => format!("  {figure}"),
+    }
 }
 
 fn verdict(ok: bool) -> &'static str {
@@ -411,5 +438,21 @@ mod tests {
         assert_eq!(pct(1.000_000_001), "over 100%");
         assert_eq!(pct(0.999_999_9), "under 100%");
         assert_eq!(pct(2.5), "250%");
+        assert_eq!(pct(1.08e21), "1.08e23%");
+    }
+
+    /// Absurd figures (a measured rate from something that is not a daemon) print short, and
+    /// a figure too wide for its column is still set apart from its neighbour.
+    #[test]
+    fn absurd_figures_keep_their_columns_apart() {
+        assert_eq!(mib_s(1.0e30), "9.54e23 MiB/s");
+        assert_eq!(mib_s(1024.0 * 1024.0 * 220.76), "220.76 MiB/s");
+        assert_eq!(decimal(1.08e23), "1.08e23");
+        assert_eq!(decimal(0.9), "0.90");
+        assert_eq!(count(1.017e26), "1.02e26");
+        assert_eq!(count(999_999_999_999_999.0), "999,999,999,999,999");
+        assert_eq!(column("441.52 MiB/s"), "      441.52 MiB/s");
+        assert_eq!(column("9999999.99 MiB/s"), "  9999999.99 MiB/s");
+        assert_eq!(column("12345678901234567890"), "  12345678901234567890");
     }
 }
