@@ -604,6 +604,9 @@ pub fn admission_now(sh: &Shared, log: &LogState) -> Admission {
         || Counters::get_f64(&c.destage_bw_bytes_per_s) > 0.0;
     match measured {
         true => Admission::Throttled,
+        // With both tiers full nothing will free the log: a write that fits goes, the others
+        // are refused (`reserve`), none waits. "measuring" would promise a wait.
+        false if c.capacity_full.load(Ordering::Relaxed) => Admission::Open,
         false => Admission::Measuring,
     }
 }

@@ -200,3 +200,49 @@ fn a_log_with_no_room_for_a_batch_reports_writes_waiting() {
         "{st:?}"
     );
 }
+
+/// With both tiers full, a restart above the high mark (nothing measured yet) does not report
+/// admission "measuring", which says writes wait for room: nothing will make room, so a write
+/// that fits the log goes and the others are refused with ENOSPC at once. (Found by a review:
+/// the status said writes would wait while they failed.)
+#[test]
+fn a_full_group_restarted_above_the_high_mark_does_not_say_writes_wait() {
+    let cfg = EngineConfig {
+        fill_ratio_low: 0.0,
+        fill_ratio_high: 0.2,
+        ..small_cfg()
+    };
+    let seed = seed_for("a_full_group_restarted_above_the_high_mark_does_not_say_writes_wait");
+    let mut rig = Rig::new(20 * MIB, &[12 * MIB], cfg, seed);
+    let v = rig.dg().create_volume("big", 64 * MIB).unwrap().id;
+    let written = crate::tests::fill_until_no_space(rig.dg(), v, 200);
+    assert!(written > 8, "only {written} MiB fit");
+    rig.clean_restart();
+    let dg = rig.group().clone();
+    // The destager's first look finds no segment and nothing to clean: the tier is full.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !dg.stats().capacity_full {
+        assert!(Instant::now() < deadline, "never full: {:?}", dg.stats());
+        dg.sh.wake_destager();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let st = dg.stats();
+    assert!(st.log_fill_ratio > st.fill_ratio_high, "{st:?}");
+    assert_eq!(st.destage_bandwidth_bytes_per_s, 0.0, "{st:?}");
+    assert_eq!(st.admission, "open", "{st:?}");
+    // And that is what a write meets: refused now, not after a wait.
+    let started = Instant::now();
+    let got = dg.write(v, written * MIB, &vec![0x3c; MIB as usize]);
+    assert!(matches!(got, Err(EngineError::NoSpace)), "{got:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the write waited {:?} before its ENOSPC",
+        started.elapsed()
+    );
+    let mut b = vec![0u8; MIB as usize];
+    dg.read(v, (written - 1) * MIB, &mut b).unwrap();
+    assert!(
+        b.iter().all(|&x| x == written as u8),
+        "the last MiB written"
+    );
+}
