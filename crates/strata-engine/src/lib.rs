@@ -278,6 +278,8 @@ pub struct EngineStats {
     /// The destager thread's nice value: 19 while it works ahead of need (when the daemon may
     /// raise it again), its starting value while the log needs room.
     pub destager_nice: i64,
+    /// What reads find on the fast tier: the live host data in the log
+    /// (`destage_backlog_bytes`) and the read cache's copies (`read_cache_bytes`).
     pub fast_resident_bytes: u64,
     pub capacity_total_bytes: u64,
     pub capacity_used_bytes: u64,
@@ -310,6 +312,9 @@ pub struct EngineStats {
     /// from it (promoted + kept - evicted = held), and promotions refused for want of room.
     pub read_cached_bytes_total: u64,
     pub read_cache_bytes: u64,
+    /// Log space the cache's records hold: its copies, and copies the tail has not passed yet
+    /// whose block was written again at the head (a copy read since the last pass) or
+    /// forgotten; `read_cache_log_bytes - read_cache_bytes` is that overhead.
     pub read_cache_log_bytes: u64,
     pub read_cache_budget_bytes: u64,
     pub promoted_bytes_total: u64,
@@ -1194,6 +1199,9 @@ impl DiskGroup {
     pub fn stats(&self) -> EngineStats {
         let sh = &self.sh;
         let c = &sh.counters;
+        // The read cache's copies (one entry each), taken before the log's lock: a copy is
+        // entered once its record is in the log, so the entries are at most its cache blocks.
+        let cached = sh.cache.lock().entries();
         // Live log data is counted as batches are applied, after they took their log space:
         // read under the log lock, it is at most what the batches hold besides cached copies.
         let (used, live, dead, cache_log, cache_budget, fill, admission) = {
@@ -1261,7 +1269,7 @@ impl DiskGroup {
                 failed_writes: o.failed_writes,
             }),
             destager_nice: c.destager_nice.load(Ordering::Relaxed),
-            fast_resident_bytes: c.fast_live_blocks.load(Ordering::Relaxed) * BLOCK_U64,
+            fast_resident_bytes: live + cached.min(cache_log / BLOCK_U64) * BLOCK_U64,
             capacity_total_bytes: seg_total * sh.layout.segment_size_bytes,
             capacity_used_bytes: data_segs * sh.layout.segment_size_bytes + meta_blocks * BLOCK_U64,
             capacity_live_bytes: live_blocks * BLOCK_U64,
@@ -1285,7 +1293,7 @@ impl DiskGroup {
             read_capacity_bytes_total: c.read_capacity_bytes.load(Ordering::Relaxed),
             read_unwritten_bytes_total: c.read_unwritten_bytes.load(Ordering::Relaxed),
             read_cached_bytes_total: c.read_cached_bytes.load(Ordering::Relaxed),
-            read_cache_bytes: sh.cache.lock().entries() * BLOCK_U64,
+            read_cache_bytes: cached * BLOCK_U64,
             read_cache_log_bytes: cache_log,
             read_cache_budget_bytes: cache_budget,
             promoted_bytes_total: c.promoted_blocks.load(Ordering::Relaxed) * BLOCK_U64,

@@ -306,6 +306,12 @@ fn promoted_bytes_count_only_copies_the_cache_took() {
             s.read_cache_bytes,
             "{what}: the figures against what the cache holds"
         );
+        // What reads find on the fast tier: the data in the log and the cache's copies.
+        assert_eq!(
+            s.fast_resident_bytes,
+            s.destage_backlog_bytes + s.read_cache_bytes,
+            "{what}: {s:?}"
+        );
         s.read_cache_bytes
     };
     let (seg, block, gen) = capacity_block(dg, v, 300);

@@ -309,7 +309,7 @@ fn render_engine(e: &mut Exposition, s: &EngineStats) {
         ("strata_destage_bandwidth_bytes_per_second", "Log space the destager frees per busy second, smoothed.", s.destage_bandwidth_bytes_per_s),
         ("strata_destage_backlog_bytes", "Live bytes in the log not destaged yet: what the destager still has to write to the capacity tier (dead data is strata_log_dead_bytes).", s.destage_backlog_bytes as f64),
         ("strata_admission_throttled", "1 while admission control holds host writes back: paced to the destage rate, waiting for log room, or above the high mark with no rate measured yet (strata_admission_state says which).", if s.admission_throttled { 1.0 } else { 0.0 }),
-        ("strata_fast_tier_resident_bytes", "Live bytes held on the fast tier.", s.fast_resident_bytes as f64),
+        ("strata_fast_tier_resident_bytes", "Bytes reads find on the fast tier: live host data in the write log and the read cache's copies.", s.fast_resident_bytes as f64),
         ("strata_capacity_total_bytes", "Capacity-tier space in segments.", s.capacity_total_bytes as f64),
         ("strata_capacity_used_bytes", "Capacity-tier space in used segments.", s.capacity_used_bytes as f64),
         ("strata_capacity_live_bytes", "Live data on the capacity tier.", s.capacity_live_bytes as f64),

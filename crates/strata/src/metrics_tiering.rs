@@ -97,7 +97,7 @@ fn render_residency(e: &mut Exposition, rows: &[TieringRow]) {
 pub fn render_group(e: &mut Exposition, s: &EngineStats) {
     let gauges: [(&str, &str, u64); 3] = [
         ("strata_read_cache_bytes", "Bytes of clean copies the read cache holds on the fast tier.", s.read_cache_bytes),
-        ("strata_read_cache_log_bytes", "Write-log space the read cache's copies occupy.", s.read_cache_log_bytes),
+        ("strata_read_cache_log_bytes", "Write-log space the read cache's records hold: its copies, and old places of copies written again or dropped until the log tail passes them.", s.read_cache_log_bytes),
         ("strata_read_cache_budget_bytes", "Write-log space the read cache may use (--read-cache).", s.read_cache_budget_bytes),
     ];
     for (name, help, v) in gauges {
