@@ -271,6 +271,7 @@ fn create_sparse(path: &Path, size_bytes: u64) -> Result<(), DeviceError> {
         .create_new(true)
         .open(path)
         .map_err(|e| open_error(path, format_args!("cannot create: {e}")))?;
+    mark_in_place(&file, path);
     file.set_len(size_bytes).map_err(|e| {
         let _ = std::fs::remove_file(path);
         open_error(path, format_args!("cannot size to {size_bytes} bytes: {e}"))
@@ -339,6 +340,35 @@ fn create_written(
     })
 }
 
+/// On btrfs, marks a new device file, still empty, to be overwritten in place (`chattr +C`,
+/// as qemu-img's `nocow` option does for disk images). A copy-on-write file takes new space for
+/// every overwrite: once its file system is full, a write to the fast tier's log fails and the
+/// disk group goes offline, though the file has all its blocks. (No_COW also turns off btrfs's
+/// own checksums and compression for the file; Strata checksums its blocks itself.)
+fn mark_in_place(file: &File, path: &Path) {
+    let fd = file.as_raw_fd();
+    if !matches!(os::copy_on_write_fs(fd), Ok(Some("btrfs"))) {
+        return;
+    }
+    if let Err(e) = os::set_no_cow(fd) {
+        tracing::warn!(path = %path.display(), "could not mark the new device file No_COW (chattr +C): {e}");
+    }
+}
+
+/// The copy-on-write file system (by name) under the regular file at `path` when its
+/// overwrites take new space: btrfs unless the file is marked No_COW (`chattr +C`), ZFS and
+/// bcachefs always. None for a block device, any other file system, or what cannot be told.
+pub fn copy_on_write_file(path: &Path) -> Option<&'static str> {
+    let file = File::open(path)
+        .ok()
+        .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))?;
+    let fd = file.as_raw_fd();
+    match os::copy_on_write_fs(fd).ok()?? {
+        "btrfs" if os::is_no_cow(fd).unwrap_or(false) => None,
+        fs => Some(fs),
+    }
+}
+
 enum Built {
     Done,
     Abandoned,
@@ -379,6 +409,7 @@ fn build_written(
     const CHUNK: u64 = 8 << 20;
     // A leftover of an interrupted start is built over from scratch.
     file.set_len(0)?;
+    mark_in_place(file, path);
     file.set_len(size_bytes)?;
     if let Err(err) = os::preallocate(file.as_raw_fd(), size_bytes) {
         if !os::is_unsupported(&err) {

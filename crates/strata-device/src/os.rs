@@ -195,3 +195,47 @@ pub(crate) fn is_unsupported(err: &io::Error) -> bool {
         Some(libc::EOPNOTSUPP) | Some(libc::ENOTTY) | Some(libc::ENOSYS)
     )
 }
+
+/// `statfs` magic numbers of the file systems that write an overwritten block to new space
+/// (copy-on-write) rather than in place, so an overwrite needs free space.
+const BTRFS_SUPER_MAGIC: libc::c_long = 0x9123_683e;
+const ZFS_SUPER_MAGIC: libc::c_long = 0x2fc1_2fc2;
+const BCACHEFS_SUPER_MAGIC: libc::c_long = 0xca45_1a4e;
+/// `FS_NOCOW_FL` (linux/fs.h): btrfs overwrites the file's blocks in place. It takes effect
+/// only on a file still empty.
+const FS_NOCOW_FL: libc::c_int = 0x0080_0000;
+
+/// The copy-on-write file system `fd` is on, by name; None for any other.
+pub(crate) fn copy_on_write_fs(fd: RawFd) -> io::Result<Option<&'static str>> {
+    // SAFETY: a zeroed statfs is a valid value for the kernel to fill.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs writes one statfs through the pointer, which points to `st`.
+    retrying(|| unsafe { libc::fstatfs(fd, &mut st) as isize })?;
+    #[allow(clippy::unnecessary_cast)] // f_type's type differs between targets.
+    Ok(match st.f_type as libc::c_long {
+        BTRFS_SUPER_MAGIC => Some("btrfs"),
+        ZFS_SUPER_MAGIC => Some("zfs"),
+        BCACHEFS_SUPER_MAGIC => Some("bcachefs"),
+        _ => None,
+    })
+}
+
+/// The file's inode flags (`FS_IOC_GETFLAGS`; the kernel reads and writes an int).
+fn inode_flags(fd: RawFd) -> io::Result<libc::c_int> {
+    let mut flags: libc::c_int = 0;
+    // SAFETY: FS_IOC_GETFLAGS writes one int through the pointer, which points to `flags`.
+    retrying(|| unsafe { libc::ioctl(fd, libc::FS_IOC_GETFLAGS, &mut flags) as isize })?;
+    Ok(flags)
+}
+
+/// Whether the file is marked to be overwritten in place (btrfs's `No_COW`, `chattr +C`).
+pub(crate) fn is_no_cow(fd: RawFd) -> io::Result<bool> {
+    Ok(inode_flags(fd)? & FS_NOCOW_FL != 0)
+}
+
+/// Marks an empty file to be overwritten in place (`chattr +C`).
+pub(crate) fn set_no_cow(fd: RawFd) -> io::Result<()> {
+    let flags = inode_flags(fd)? | FS_NOCOW_FL;
+    // SAFETY: FS_IOC_SETFLAGS reads one int through the pointer, which points to `flags`.
+    retrying(|| unsafe { libc::ioctl(fd, libc::FS_IOC_SETFLAGS, &flags) as isize }).map(drop)
+}

@@ -1228,8 +1228,18 @@ impl LogWriter {
         }
         let result = match result {
             Err(e) => {
+                // The fast device's file is written in full before use, so only a file system
+                // that writes overwrites to new space (copy-on-write) can be out of room here.
+                let hint = match crate::room::is_out_of_room(&e) {
+                    true => {
+                        " (the file system under the fast device's file is full, and it writes \
+                         overwrites to new space: make room there and start Strata again; \
+                         nothing acknowledged is lost)"
+                    }
+                    false => "",
+                };
                 self.sh
-                    .fail(format!("the fast device failed writing the log: {e}"));
+                    .fail(format!("the fast device failed writing the log: {e}{hint}"));
                 Err(e)
             }
             Ok(()) if failed() => self.sh.check_running(),

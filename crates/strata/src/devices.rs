@@ -82,6 +82,9 @@ pub fn is_abandoned(e: &anyhow::Error) -> bool {
 fn open_all(cfg: &ServeConfig, created: &mut Created, abandon: &Arc<AtomicBool>) -> Result<Opened> {
     let size = cfg.fast_size_bytes;
     let fast = open_one(&cfg.fast_device, size, true, cfg, created, abandon)?;
+    if let Some(note) = copy_on_write_fast_file(&cfg.fast_device) {
+        tracing::warn!(path = %cfg.fast_device.display(), "{note}");
+    }
     warn_unused_size(&fast, cfg.fast_size_bytes, cfg.fast_size_given, "fast-size");
     warn_grown(fast.as_ref());
     // Before any capacity file is made: one the group does not have would be made for nothing.
@@ -103,6 +106,26 @@ fn open_all(cfg: &ServeConfig, created: &mut Created, abandon: &Arc<AtomicBool>)
         })
         .collect::<Result<Vec<_>>>()?;
     Ok((fast, capacity, io_backend))
+}
+
+/// A fast device file whose overwrites take new space on its file system (copy-on-write):
+/// once that file system is full, a write to the log fails and the disk group goes offline.
+/// Files Strata creates on btrfs are marked No_COW; this is for one made before, or by hand.
+pub fn copy_on_write_fast_file(path: &Path) -> Option<String> {
+    let fs = strata_device::copy_on_write_file(path)?;
+    let how = match fs {
+        "btrfs" => {
+            "mark a copy of it No_COW with Strata stopped (README, \"The fast tier on btrfs\"), \
+             or keep that file system from filling"
+        }
+        _ => "give the fast tier a file system that overwrites in place, or a device of its own",
+    };
+    Some(format!(
+        "fast device file {} is on {fs}, which writes every overwrite to new space: if that \
+         file system fills up, a write to the log fails and the disk group goes offline until \
+         a restart; {how}",
+        path.display()
+    ))
 }
 
 /// A sparse capacity file whose file system has less room than the file may still take: once

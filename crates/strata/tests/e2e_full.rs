@@ -7,7 +7,9 @@
 //!   zeroes a range of the full volume, and writes succeed again;
 //! - a daemon killed (SIGKILL) or stopped (SIGTERM) while full opens again and loses nothing;
 //! - a burst larger than the fast tier, with room on the capacity tier, all succeeds: the
-//!   writes wait for the destager instead of failing.
+//!   writes wait for the destager instead of failing;
+//! - on real file systems that fill up (ext4 under the capacity file, btrfs under both device
+//!   files), writes get ENOSPC, the group stays online, and writes go on once room is made.
 //!
 //! Every write is acknowledged or refused one request at a time on the test's own NBD client
 //! (common/nbd.rs), so the expected image is known exactly: a chunk holds its last
@@ -533,9 +535,19 @@ struct SmallFs {
 }
 
 impl SmallFs {
-    /// None (after a loud message) where this process may not make one: not root, or no loop
-    /// devices. CI runs as root.
+    /// An ext4 one; None (after a loud message) where this process may not make one: not
+    /// root, or no loop devices. CI runs as root.
     fn mount(scratch: &std::path::Path, size_mib: u64) -> Option<SmallFs> {
+        SmallFs::make(scratch, size_mib, "mkfs.ext4", &["-q", "-F"])
+    }
+
+    /// One made by `mkfs` with `args` before the image's path.
+    fn make(
+        scratch: &std::path::Path,
+        size_mib: u64,
+        mkfs: &str,
+        args: &[&str],
+    ) -> Option<SmallFs> {
         let why = if !is_root() {
             Some("not running as root")
         } else if !std::path::Path::new("/dev/loop-control").exists() {
@@ -551,14 +563,15 @@ impl SmallFs {
             eprintln!("\n!!!!!!!! SKIPPING the full file system test: {why} !!!!!!!!\n");
             return None;
         }
-        if !require_tools(&["mkfs.ext4", "mount", "umount", "fallocate"]) {
+        if !require_tools(&[mkfs, "mount", "umount", "fallocate"]) {
             return None;
         }
         let image = scratch.join("fs.img");
         let file = std::fs::File::create(&image).expect("fs image");
         file.set_len(size_mib * MIB).expect("fs image size");
         let image = image.to_str().expect("utf-8");
-        run_ok(&mut cmd("mkfs.ext4", &["-q", "-F", image]));
+        let args: Vec<&str> = args.iter().copied().chain([image]).collect();
+        run_ok(&mut cmd(mkfs, &args));
         let dir = scratch.join("fs");
         std::fs::create_dir_all(&dir).expect("mount point");
         run_ok(&mut cmd(
@@ -681,5 +694,90 @@ fn a_full_file_system_under_the_capacity_file_refuses_writes_until_room_is_made(
     daemon.restart();
     a.verify(&daemon, "after SIGKILL and a restart");
     drop(daemon);
+    drop(fs);
+}
+
+/// The fast device's file on btrfs, a copy-on-write file system: Strata marks the device files
+/// it creates No_COW (`chattr +C`), so the log is overwritten in place, and a full file system
+/// costs only the capacity file's room: writes are refused with ENOSPC, the group stays online,
+/// nothing acknowledged is lost, and writes go on once room is made. (The first log write
+/// after the file system filled failed with ENOSPC and took the group offline: EIO for every
+/// request until a restart.)
+#[test]
+fn a_full_btrfs_under_the_fast_file_refuses_writes_and_keeps_the_group_online() {
+    let scratch = tempfile::Builder::new()
+        .prefix("strata-e2e-btrfs-")
+        .tempdir()
+        .expect("tempdir");
+    if !require_tools(&["mkfs.btrfs", "lsattr", "dd"]) {
+        return;
+    }
+    let Some(fs) = SmallFs::make(scratch.path(), 256, "mkfs.btrfs", &["-q", "-f"]) else {
+        return;
+    };
+    let (fast, capacity) = (fs.dir.join("fast.img"), fs.dir.join("capacity.img"));
+    let (fast, capacity) = (
+        fast.to_str().expect("utf-8"),
+        capacity.to_str().expect("utf-8"),
+    );
+    let mut daemon = small_daemon_with(
+        "256M",
+        &["--fast-device", fast, "--capacity-device", capacity],
+    );
+    for file in [fast, capacity] {
+        let out = run_timeout(&mut cmd("lsattr", &[file]), CMD_TIMEOUT);
+        let attrs = String::from_utf8_lossy(&out.stdout);
+        let flags = attrs.split_whitespace().next().unwrap_or_default();
+        assert!(flags.contains('C'), "{file} is not No_COW: {attrs}");
+    }
+    let log = daemon.stderr_log();
+    assert!(
+        !log.contains("writes every overwrite to new space"),
+        "a warning about a file Strata made No_COW:\n{log}"
+    );
+    // A ballast takes what room the file system has left (dd stops at ENOSPC).
+    let ballast = fs.dir.join("ballast");
+    let of = format!("of={}", ballast.to_str().expect("utf-8"));
+    let _ = run_timeout(
+        &mut cmd("dd", &["if=/dev/zero", &of, "bs=1M", "conv=fsync"]),
+        CMD_TIMEOUT,
+    );
+    daemon.create_volume("a", "64M");
+    let mut a = Image::new("a", 1);
+    let mut ca = connect(&daemon, "a");
+    let refused = fill_until_enospc(&mut ca, &mut a, 0, 1);
+    let group = disk_group(&daemon);
+    assert_eq!(group["state"], "running", "{group}");
+    a.verify(&daemon, "with the file system full");
+    // Room made: writes go on where they were refused, with no restart.
+    std::fs::remove_file(&ballast).expect("remove the ballast");
+    let deadline = Instant::now() + SPACE_TIMEOUT;
+    while write_chunk(&mut ca, &a, refused, 2).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "writes still refused {SPACE_TIMEOUT:?} after room came back"
+        );
+        std::thread::sleep(POLL_INTERVAL);
+    }
+    a.acked(refused, 2);
+    write_all_ok(&mut ca, &mut a, refused + 1, 32, 2, "after room came back");
+    ca.disconnect();
+    daemon.kill9();
+    daemon.restart();
+    a.verify(&daemon, "after SIGKILL and a restart");
+    drop(daemon);
+    // A fast device file made by hand (copy-on-write) is taken, with a warning at start.
+    let by_hand = fs.dir.join("by-hand.img");
+    std::fs::write(&by_hand, vec![0u8; 16 << 20]).expect("a blank file");
+    let by_hand = by_hand.to_str().expect("utf-8");
+    let other = small_daemon_with("64M", &["--fast-device", by_hand]);
+    let log = other.stderr_log();
+    assert!(
+        log.contains(&format!(
+            "fast device file {by_hand} is on btrfs, which writes every overwrite to new space"
+        )),
+        "no warning for a copy-on-write fast file:\n{log}"
+    );
+    drop(other);
     drop(fs);
 }
