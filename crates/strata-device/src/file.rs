@@ -194,7 +194,7 @@ impl FileDevice {
                 Ok(())
             }
             Err(err) => {
-                self.counters.record_error();
+                self.counters.record_failure(&err);
                 Err(io_error(&self.name, offset, err))
             }
         }

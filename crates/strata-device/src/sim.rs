@@ -502,8 +502,8 @@ impl Device for MemDevice {
         if let Some(fit) = blocks_that_fit(&state, offset / BLOCK, blocks) {
             write_blocks(&mut state, &buf[..fit as usize * BLOCK_SIZE], offset);
             drop(state);
-            self.counters.record_error();
             let source = io::Error::from_raw_os_error(libc::ENOSPC);
+            self.counters.record_failure(&source);
             return Err(io_error(&self.name, offset, source));
         }
         write_blocks(&mut state, buf, offset);

@@ -1,7 +1,8 @@
 //! Per-device accounting. Every implementation owns one [`Counters`] and bumps it once per call
 //! (not per internal retry or resubmission), so wear and traffic figures agree across file and
 //! memory devices. Failed calls, including those rejected for bad arguments, count in `errors`
-//! only.
+//! only; writes refused for want of room on the file system under a device file count in
+//! `no_room_errors` instead.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -51,8 +52,12 @@ pub struct DeviceStats {
     /// Discards the device or file system refused as unsupported (EOPNOTSUPP); not errors,
     /// because a discard is only a hint.
     pub discard_unsupported_ops: u64,
-    /// Failed calls of any kind (read, write, flush, discard), counted once per call.
+    /// Failed calls of any kind (read, write, flush, discard), counted once per call, but for
+    /// those in `no_room_errors`.
     pub errors: u64,
+    /// Calls refused for want of room on the file system under a device file (ENOSPC, EDQUOT):
+    /// nothing is wrong with the device, and the same write succeeds once there is room.
+    pub no_room_errors: u64,
     pub read_sizes: IoSizeHistogram,
     pub write_sizes: IoSizeHistogram,
 }
@@ -73,6 +78,7 @@ pub struct Counters {
     discard_bytes: AtomicU64,
     discard_unsupported_ops: AtomicU64,
     errors: AtomicU64,
+    no_room_errors: AtomicU64,
     read_sizes: [AtomicU64; IO_SIZE_BUCKETS],
     write_sizes: [AtomicU64; IO_SIZE_BUCKETS],
 }
@@ -95,6 +101,7 @@ impl Counters {
             discard_bytes: AtomicU64::new(0),
             discard_unsupported_ops: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            no_room_errors: AtomicU64::new(0),
             read_sizes: std::array::from_fn(|_| AtomicU64::new(0)),
             write_sizes: std::array::from_fn(|_| AtomicU64::new(0)),
         }
@@ -135,6 +142,17 @@ impl Counters {
         self.errors.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A call that failed with `err`: in `no_room_errors` when its file system had no room,
+    /// in `errors` otherwise.
+    pub fn record_failure(&self, err: &std::io::Error) {
+        match err.raw_os_error() {
+            Some(libc::ENOSPC | libc::EDQUOT) => {
+                self.no_room_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => self.record_error(),
+        }
+    }
+
     /// A copy of the counters, labelled with the device's name and size.
     pub fn snapshot(&self, name: &str, size_bytes: u64) -> DeviceStats {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -153,6 +171,7 @@ impl Counters {
             discard_bytes: load(&self.discard_bytes),
             discard_unsupported_ops: load(&self.discard_unsupported_ops),
             errors: load(&self.errors),
+            no_room_errors: load(&self.no_room_errors),
             read_sizes: histogram(&self.read_sizes),
             write_sizes: histogram(&self.write_sizes),
         }
@@ -176,6 +195,18 @@ mod tests {
         assert_eq!(IoSizeHistogram::bucket_of(64 << 20), 26);
         assert_eq!(IoSizeHistogram::bucket_of((64 << 20) + 1), 27);
         assert_eq!(IoSizeHistogram::bucket_of(u64::MAX), 27);
+    }
+
+    /// A write the file system had no room for is counted apart from device errors.
+    #[test]
+    fn a_full_file_system_is_not_a_device_error() {
+        let counters = Counters::new();
+        for errno in [libc::ENOSPC, libc::EDQUOT, libc::EIO] {
+            counters.record_failure(&std::io::Error::from_raw_os_error(errno));
+        }
+        counters.record_failure(&std::io::Error::other("no errno"));
+        let stats = counters.snapshot("dev", 1 << 30);
+        assert_eq!((stats.errors, stats.no_room_errors), (2, 2));
     }
 
     #[test]

@@ -210,7 +210,7 @@ fn render_volumes(e: &mut Exposition, vols: &[VolumeRow], tiering: &[crate::metr
 }
 
 fn render_devices(e: &mut Exposition, devices: &[DeviceJson]) {
-    let counters: [Family<DeviceStats, u64>; 8] = [
+    let counters: [Family<DeviceStats, u64>; 9] = [
         ("strata_device_read_bytes_total", "Bytes read, as the device saw them.", |d| d.read_bytes),
         ("strata_device_read_operations_total", "Reads issued to the device.", |d| d.read_ops),
         ("strata_device_written_bytes_total", "Bytes written since start, as the device saw them.", |d| d.write_bytes),
@@ -218,7 +218,8 @@ fn render_devices(e: &mut Exposition, devices: &[DeviceJson]) {
         ("strata_device_flush_operations_total", "Cache flushes issued to the device.", |d| d.flush_ops),
         ("strata_device_discard_operations_total", "Discards issued to the device.", |d| d.discard_ops),
         ("strata_device_discarded_bytes_total", "Bytes discarded.", |d| d.discard_bytes),
-        ("strata_device_errors_total", "Failed device calls.", |d| d.errors),
+        ("strata_device_errors_total", "Failed device calls (not those refused for want of room).", |d| d.errors),
+        ("strata_device_no_room_errors_total", "Device writes refused for want of room on the file system under a device file (ENOSPC, EDQUOT); the device is not at fault.", |d| d.no_room_errors),
     ];
     for (name, help, get) in counters {
         e.family(name, Type::Counter, help);

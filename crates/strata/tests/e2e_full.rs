@@ -591,6 +591,26 @@ impl Drop for SmallFs {
     }
 }
 
+/// The device at `path`'s counters of failed calls: (errors, no_room_errors). A write the
+/// file system had no room for is not the device's error: it counts apart, and the status
+/// warns of it only while the capacity tier is out of room.
+fn device_failures(daemon: &Daemon, path: &str) -> (u64, u64) {
+    let all = http::get_json(&format!("{}/api/v1/devices", daemon.http_url()));
+    let devices = all["devices"].as_array().expect("devices");
+    let d = devices
+        .iter()
+        .find(|d| d["name"] == path)
+        .unwrap_or_else(|| panic!("no device {path}: {all}"));
+    (figure(d, "errors"), figure(d, "no_room_errors"))
+}
+
+/// No status warning speaks of a device error.
+fn no_device_error_warning(daemon: &Daemon) {
+    let status = http::get_json(&format!("{}/api/v1/status", daemon.http_url()));
+    let warnings = status["warnings"].to_string();
+    assert!(!warnings.contains("I/O error"), "{warnings}");
+}
+
 fn run_ok(c: &mut std::process::Command) {
     let out = run_timeout(c, CMD_TIMEOUT);
     assert!(
@@ -677,6 +697,10 @@ fn a_full_file_system_under_the_capacity_file_refuses_writes_until_room_is_made(
         g["capacity_out_of_room"].is_null() && g["capacity_full"] == Value::Bool(false)
     });
     eprintln!("room back: {group}");
+    let (errors, no_room) = device_failures(&daemon, capacity);
+    assert_eq!(errors, 0, "a full file system counted as device errors");
+    assert!(no_room > 0, "no write counted as refused for room");
+    no_device_error_warning(&daemon);
     // Writes go on where they were refused, with no restart (retried while the log drains).
     let deadline = Instant::now() + SPACE_TIMEOUT;
     while write_chunk(&mut ca, &a, refused, 2).is_err() {
@@ -749,6 +773,13 @@ fn a_full_btrfs_under_the_fast_file_refuses_writes_and_keeps_the_group_online() 
     let group = disk_group(&daemon);
     assert_eq!(group["state"], "running", "{group}");
     a.verify(&daemon, "with the file system full");
+    for device in [fast, capacity] {
+        assert_eq!(device_failures(&daemon, device).0, 0, "{device}");
+    }
+    assert!(
+        device_failures(&daemon, capacity).1 > 0,
+        "no write refused for room"
+    );
     // Room made: writes go on where they were refused, with no restart.
     std::fs::remove_file(&ballast).expect("remove the ballast");
     let deadline = Instant::now() + SPACE_TIMEOUT;
