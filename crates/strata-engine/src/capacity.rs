@@ -150,6 +150,16 @@ impl SegTable {
         None
     }
 
+    /// Takes a free segment of device `dev`, keeping `reserve` free segments in all.
+    pub fn alloc_on(&mut self, dev: usize, reserve: usize) -> Option<u32> {
+        if self.free_count() <= reserve {
+            return None;
+        }
+        let seg = self.take_free(dev)?;
+        self.segs[seg as usize].state = SegState::Open;
+        Some(seg)
+    }
+
     fn take_free(&mut self, dev: usize) -> Option<u32> {
         let seg = *self.free[dev].iter().next()?;
         self.free[dev].remove(&seg);

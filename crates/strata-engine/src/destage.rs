@@ -209,6 +209,7 @@ impl Destager {
             let duty = self.duty_cycle();
             self.set_priority();
             if duty <= 0.0 {
+                crate::room::probe_when_idle(&self.sh);
                 self.idle(Duration::from_millis(50));
                 continue;
             }
@@ -224,6 +225,7 @@ impl Destager {
                 // Nothing worth moving yet. Looking again costs a survey of the tail, so the
                 // next look waits at least 20 times as long as this one took.
                 Ok(0) => {
+                    crate::room::probe_when_idle(&self.sh);
                     if self.cold_only {
                         self.fruitless_at = Some(append_total(&self.sh));
                     }

@@ -17,7 +17,10 @@
 //! - the first write that succeeds again ends it, but for a device whose segment writes found
 //!   no room only a segment write to that device (a stripe spans every device, and a
 //!   neighbour with room must not end the spell at each try); `strata status` and `/metrics`
-//!   show it while it lasts.
+//!   show it while it lasts;
+//! - with nothing to write to the capacity tier (the log emptied, the volumes deleted), the
+//!   idle destager probes for room at the same pace (`probe_when_idle`), so the spell ends
+//!   once there is room, not once new writes fill the log again.
 //!
 //! Everything acknowledged is in the write log meanwhile (it was durable there before it was
 //! acknowledged), so nothing is lost, whatever stops first.
@@ -147,6 +150,58 @@ pub fn note_success(sh: &Shared, what: Write, device: Option<usize>) {
         o.since.elapsed().as_secs_f64(),
         o.failed_writes
     );
+}
+
+/// Out of room with nothing to write: the pause is over, but the log holds nothing for the
+/// capacity tier (it was emptied, or a deletion gave the room back), so no write would find
+/// out whether the file system has room again, and the tier would count as full, and the
+/// status say so, until enough new writes came. A probe finds out: for each device whose
+/// segment writes found no room (each device, when only smaller writes failed), it takes a
+/// free segment, writes a segment's worth of zeros into it, gives it back and discards it.
+/// Success ends the spell as a real segment write does; failure is noted like one (the next
+/// pause is longer). Called by the destager (the only allocator) when it has nothing to do;
+/// one load when there is no spell.
+pub fn probe_when_idle(sh: &Shared) {
+    if !sh.counters.capacity_out_of_room.load(Ordering::Relaxed) {
+        return;
+    }
+    let devices: Vec<usize> = {
+        let state = sh.counters.out_of_room.lock();
+        let Some(o) = state.as_ref() else {
+            return;
+        };
+        if Instant::now() < o.retry_at {
+            return;
+        }
+        match o.devices.is_empty() {
+            true => (0..sh.caps.len()).collect(),
+            false => o.devices.iter().copied().collect(),
+        }
+    };
+    let size = sh.layout.segment_size_bytes as usize;
+    let zeros = strata_device::AlignedBuf::new_zeroed(size);
+    for dev in devices {
+        let reserve = crate::destage::gc_reserve(sh);
+        // No free segment: the tier is full by its own count, which a probe cannot change.
+        let Some(seg) = sh.segs.lock().alloc_on(dev, reserve) else {
+            continue;
+        };
+        let (_, off) = sh.layout.segments[seg as usize];
+        let written = sh.caps[dev].write_at(&zeros, off);
+        // Not reusable while discarded; this thread is the only allocator.
+        crate::capacity::discard_segments(sh, &[seg]);
+        sh.segs.lock().unallocate(seg);
+        match written {
+            Ok(()) => note_success(sh, Write::Segment, Some(dev)),
+            Err(e) => {
+                let e = EngineError::from(e);
+                if !note_failure(sh, &e, Write::Segment, Some(dev)) {
+                    tracing::warn!("probing capacity device {dev} for room: {e}");
+                }
+                return;
+            }
+        }
+    }
 }
 
 /// How long capacity writes still wait; None when they may go.

@@ -318,3 +318,48 @@ fn a_stop_while_out_of_room_loses_nothing_and_the_group_opens() {
     rig.clean_restart();
     check_blocks(rig.dg(), v, &model);
 }
+
+/// Out of room with nothing left in the log for the capacity tier (the only volume deleted),
+/// the spell ends once the file system has room again, without waiting for new writes to try a
+/// capacity write: the idle destager probes for room. While there is none, the probes fail and
+/// the spell goes on. (It lasted until new writes had filled the log again: `strata status`
+/// kept saying "out of room", and `strata_capacity_out_of_room` stayed 1, on an idle group
+/// whose file system had room.)
+#[test]
+fn room_back_with_nothing_to_write_ends_the_spell() {
+    let test = "room_back_with_nothing_to_write_ends_the_spell";
+    let (f, refused) = out_of_room(test, 4 * MIB);
+    assert!(matches!(refused, EngineError::NoSpace), "{refused}");
+    let dg = f.rig.group().clone();
+    assert!(dg.stats().capacity_out_of_room.is_some());
+    // No room at all now, and nothing to write.
+    f.cap.set_space_limit(Some(f.cap.stored_bytes()));
+    let written = dg.stats().host_write_bytes_total;
+    dg.delete_volume("v", false).unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    let st = dg.stats();
+    assert_eq!(st.destage_backlog_bytes, 0, "{st:?}");
+    let Some(o) = st.capacity_out_of_room else {
+        panic!("the spell ended with no room: {st:?}");
+    };
+    assert!(o.failed_writes >= 2, "no probe failed in 4 s: {o:?}");
+    // Room made on the file system.
+    f.cap.set_space_limit(None);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Some(o) = dg.stats().capacity_out_of_room {
+        assert!(
+            Instant::now() < deadline,
+            "still out of room 30 s after room came back, nothing to write: {o:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = dg.stats();
+    assert_eq!(st.host_write_bytes_total, written, "no host wrote: {st:?}");
+    assert!(!st.capacity_full, "{st:?}");
+    let v = dg.create_volume("w", 8 * MIB).unwrap().id;
+    dg.write(v, 0, &vec![0x5c; 2 * MIB as usize]).unwrap();
+    assert!(dg.destage_all(Duration::from_secs(20)));
+    let mut back = vec![0u8; 2 * MIB as usize];
+    dg.read(v, 0, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 0x5c));
+}
