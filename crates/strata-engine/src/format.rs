@@ -785,6 +785,9 @@ pub struct BatchHeader {
     /// A run of lone writes (version 3, FORMAT.md §3.3.1): which of its two header copies
     /// this is, 0 at the run's first block, 1 at its third. None: an ordinary batch (version 2).
     pub run_copy: Option<u32>,
+    /// When it was written, in wall-clock seconds since the Unix epoch (0: not known, as in
+    /// batches of builds before this field): replay gives its data that age.
+    pub written_unix_s: u32,
 }
 
 /// The header version of a run of lone writes (FORMAT.md §3.3.1); ordinary batches keep
@@ -828,10 +831,9 @@ impl BatchHeader {
         w.u32(self.total_blocks)
             .u32(self.records.len() as u32)
             .u32(self.epoch)
-            .u64(self.committed_seq);
-        if let Some(copy) = self.run_copy {
-            w.u32(copy);
-        }
+            .u64(self.committed_seq)
+            .u32(self.run_copy.unwrap_or(0))
+            .u32(self.written_unix_s);
         b[..w.buf.len()].copy_from_slice(&w.buf);
         for (i, rec) in self.records.iter().enumerate() {
             let at = BATCH_HEADER_BYTES + i * RECORD_HEADER_BYTES;
@@ -864,6 +866,7 @@ impl BatchHeader {
         let epoch = r.u32().ok()?;
         let committed_seq = r.u64().ok()?;
         let copy = r.u32().ok()?;
+        let written_unix_s = r.u32().ok()?;
         if n == 0 || n > MAX_RECORDS_PER_BATCH {
             return None;
         }
@@ -901,6 +904,7 @@ impl BatchHeader {
             total_blocks,
             records,
             run_copy,
+            written_unix_s,
         })
     }
 }
@@ -1360,10 +1364,20 @@ mod tests {
             total_blocks: 3,
             records: recs,
             run_copy: None,
+            written_unix_s: 1_765_000_000,
         };
         let b = h.encode();
         assert_eq!(BatchHeader::decode(&b, &[3; 16]).unwrap(), h);
         assert!(BatchHeader::decode(&b, &[4; 16]).is_none());
+        // The time stamp sits in what was padding (FORMAT.md §3.3): a header of an older
+        // build, zeros there, reads as "not known".
+        assert_eq!(b[60..64], 1_765_000_000u32.to_le_bytes());
+        let mut older = b.clone();
+        older[60..64].fill(0);
+        seal_crc(&mut older, BLOCK - 4);
+        let read = BatchHeader::decode(&older, &[3; 16]).unwrap();
+        assert_eq!(read.written_unix_s, 0);
+        assert_eq!(read.records, h.records);
         let mut torn = b.clone();
         torn[2000..].fill(0);
         assert!(BatchHeader::decode(&torn, &[3; 16]).is_none());
@@ -1389,6 +1403,7 @@ mod tests {
             total_blocks: 1 + recs.len() as u32,
             records: recs,
             run_copy: None,
+            written_unix_s: 0,
         };
         assert_eq!(BatchHeader::decode(&h.encode(), &[3; 16]).unwrap(), h);
     }
@@ -1417,6 +1432,7 @@ mod tests {
             total_blocks: batch_total_blocks(true, n, data) as u32,
             records: recs,
             run_copy: Some(run_copy_for(n)),
+            written_unix_s: 1_765_000_000 + n as u32,
         }
     }
 

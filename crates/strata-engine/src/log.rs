@@ -936,6 +936,7 @@ impl LogWriter {
             total_blocks: run.blocks as u32,
             records: run.headers.clone(),
             run_copy: Some(copy),
+            written_unix_s: self.sh.cfg.clock.unix_s() as u32,
         };
         if scratch.len() < BLOCK + len {
             *scratch = AlignedBuf::new_zeroed(BLOCK + len);
@@ -975,6 +976,7 @@ impl LogWriter {
             &self.sh.layout.group,
             self.epoch,
             self.committed_seq.load(Ordering::Acquire),
+            self.sh.cfg.clock.unix_s() as u32,
             &t.meta,
             &t.reqs,
         );
@@ -1630,6 +1632,7 @@ fn build_batch<'a>(
     group: &Uuid,
     epoch: u32,
     committed_seq: u64,
+    written_unix_s: u32,
     meta: &BatchMeta,
     batch: &[WriteReq],
 ) -> (&'a [u8], Vec<u32>) {
@@ -1667,6 +1670,7 @@ fn build_batch<'a>(
         total_blocks: meta.blocks as u32,
         records: headers,
         run_copy: None,
+        written_unix_s,
     };
     buf[..BLOCK].copy_from_slice(&h.encode());
     debug_assert_eq!(at, len, "a batch's records fill it exactly");

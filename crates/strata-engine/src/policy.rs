@@ -145,8 +145,23 @@ impl Policy {
 /// a manual clock to make ages, windows and rate limits deterministic.
 pub trait Clock: Send + Sync + std::fmt::Debug {
     fn now_ms(&self) -> u64;
+
+    /// Wall-clock seconds since the Unix epoch, which log batch headers carry so that the age
+    /// of data in the log survives a restart (0: not known).
+    fn unix_s(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    }
 }
 
+/// Where `SystemClock` starts counting: data replayed from the log after a restart is given
+/// the age its batch's time stamp says, up to this much (longer than the longest minimum age
+/// a policy may set, ten years).
+pub const AGE_HORIZON_MS: u64 = 11 * 365 * 86_400 * 1000;
+
+/// The monotonic clock, from `AGE_HORIZON_MS` at its creation: wall-clock steps do not move
+/// it, and the time before the start can be told.
 #[derive(Debug)]
 pub struct SystemClock(std::time::Instant);
 
@@ -158,9 +173,12 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> u64 {
-        self.0.elapsed().as_millis() as u64
+        AGE_HORIZON_MS + self.0.elapsed().as_millis() as u64
     }
 }
+
+/// The wall clock a `ManualClock` reports at its start (2023-11-14).
+pub const MANUAL_UNIX_START_S: u64 = 1_700_000_000;
 
 /// A clock that moves only when told to (tests).
 #[derive(Debug, Default)]
@@ -175,6 +193,11 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now_ms(&self) -> u64 {
         self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Moves with the manual time, from `MANUAL_UNIX_START_S`.
+    fn unix_s(&self) -> u64 {
+        MANUAL_UNIX_START_S + self.now_ms() / 1000
     }
 }
 

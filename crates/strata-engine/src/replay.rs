@@ -110,7 +110,7 @@ pub fn replay(
             out.damaged_records += f.bad_records.len();
         }
         epoch = f.header.epoch;
-        let meta = describe(&f, sh.cfg.clock.now_ms());
+        let meta = describe(&f, sh.cfg.clock.now_ms(), sh.cfg.clock.unix_s());
         collect_crcs(&f, &meta, &mut out.crcs);
         out.records += meta.records.len();
         out.batches += 1;
@@ -376,8 +376,17 @@ fn data_offsets(h: &BatchHeader) -> Vec<u64> {
         .collect()
 }
 
-fn describe(f: &Found, now_ms: u64) -> BatchMeta {
+/// The replayed batch as the log state holds it. Its data is as old as the batch's time
+/// stamp says (so a tier-mode volume's data does not start its minimum age again at every
+/// start), or new when the batch has none, or one later than now (the clock was set back).
+fn describe(f: &Found, now_ms: u64, unix_now_s: u64) -> BatchMeta {
     let offsets = data_offsets(&f.header);
+    let written = u64::from(f.header.written_unix_s);
+    let born_ms = match written {
+        0 => now_ms,
+        s if s >= unix_now_s => now_ms,
+        s => now_ms.saturating_sub((unix_now_s - s).saturating_mul(1000)),
+    };
     let mut records = Vec::with_capacity(f.header.records.len());
     for (i, r) in f.header.records.iter().enumerate() {
         records.push(RecMeta {
@@ -388,8 +397,8 @@ fn describe(f: &Found, now_ms: u64) -> BatchMeta {
             seq: f.header.first_seq + i as u64,
             data_start: f.start + offsets[i],
             relocation: false,
-            born_ms: now_ms,
-            aged_from_ms: now_ms,
+            born_ms,
+            aged_from_ms: born_ms,
             cache_gen: 0,
             vol: 0,
             cache_copy: crate::log::CacheCopy::Again,
