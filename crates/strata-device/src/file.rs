@@ -369,6 +369,18 @@ pub fn copy_on_write_file(path: &Path) -> Option<&'static str> {
     }
 }
 
+/// Bytes of the regular file at `path` whose blocks it shares with another file or a file
+/// system snapshot (a reflinked copy, `cp --reflink`; a btrfs snapshot): the first overwrite of
+/// each takes new space, as on a copy-on-write file. None for a block device, or when the file
+/// system cannot tell (no FIEMAP).
+pub fn shared_bytes_of(path: &Path) -> Option<u64> {
+    let file = File::open(path)
+        .ok()
+        .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))?;
+    let len = file.metadata().ok()?.len();
+    os::shared_bytes(file.as_raw_fd(), len).ok()
+}
+
 enum Built {
     Done,
     Abandoned,

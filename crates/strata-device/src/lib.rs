@@ -38,8 +38,8 @@ mod uring_async;
 pub use aligned::AlignedBuf;
 pub use error::DeviceError;
 pub use file::{
-    copy_on_write_file, open_path, open_with, DurableWrite, FileDevice, IoBackend, OpenOptions,
-    MIN_DEVICE_SIZE_BYTES,
+    copy_on_write_file, open_path, open_with, shared_bytes_of, DurableWrite, FileDevice,
+    IoBackend, OpenOptions, MIN_DEVICE_SIZE_BYTES,
 };
 pub use raw_bench::{raw_random_io, RawIoResult};
 pub use sim::{CrashReport, FaultConfig, MemDevice};

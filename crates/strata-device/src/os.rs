@@ -239,3 +239,72 @@ pub(crate) fn set_no_cow(fd: RawFd) -> io::Result<()> {
     // SAFETY: FS_IOC_SETFLAGS reads one int through the pointer, which points to `flags`.
     retrying(|| unsafe { libc::ioctl(fd, libc::FS_IOC_SETFLAGS, &flags) as isize }).map(drop)
 }
+
+/// `_IOWR('f', 11, struct fiemap)` (linux/fs.h): where a file's extents lie.
+const FS_IOC_FIEMAP: libc::Ioctl = 0xC020_660B;
+const FIEMAP_EXTENT_LAST: u32 = 0x1;
+/// The extent's blocks are shared with another file or a snapshot (reflinks): its first
+/// overwrite takes new space.
+const FIEMAP_EXTENT_SHARED: u32 = 0x2000;
+/// Extents asked for at a time.
+const FIEMAP_BATCH: usize = 64;
+
+/// `struct fiemap_extent` (linux/fiemap.h).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct FiemapExtent {
+    logical: u64,
+    physical: u64,
+    length: u64,
+    reserved64: [u64; 2],
+    flags: u32,
+    reserved: [u32; 3],
+}
+
+/// `struct fiemap` with room for `FIEMAP_BATCH` extents.
+#[repr(C)]
+struct Fiemap {
+    start: u64,
+    length: u64,
+    flags: u32,
+    mapped_extents: u32,
+    extent_count: u32,
+    reserved: u32,
+    extents: [FiemapExtent; FIEMAP_BATCH],
+}
+
+/// Bytes of the file's first `len` whose blocks it shares with another file or a snapshot.
+pub(crate) fn shared_bytes(fd: RawFd, len: u64) -> io::Result<u64> {
+    let mut shared = 0;
+    let mut at = 0;
+    while at < len {
+        let mut map = Fiemap {
+            start: at,
+            length: len - at,
+            flags: 0,
+            mapped_extents: 0,
+            extent_count: FIEMAP_BATCH as u32,
+            reserved: 0,
+            extents: [FiemapExtent::default(); FIEMAP_BATCH],
+        };
+        // SAFETY: FS_IOC_FIEMAP reads the header and writes at most `extent_count` extents
+        // into `map`, which has room for them.
+        retrying(|| unsafe { libc::ioctl(fd, FS_IOC_FIEMAP, &mut map as *mut Fiemap) as isize })?;
+        let n = (map.mapped_extents as usize).min(FIEMAP_BATCH);
+        let Some(last) = map.extents[..n].last().copied() else {
+            break;
+        };
+        for e in &map.extents[..n] {
+            if e.flags & FIEMAP_EXTENT_SHARED != 0 {
+                let end = (e.logical + e.length).min(len);
+                shared += end.saturating_sub(e.logical.max(at));
+            }
+        }
+        let next = last.logical + last.length;
+        if last.flags & FIEMAP_EXTENT_LAST != 0 || next <= at {
+            break;
+        }
+        at = next;
+    }
+    Ok(shared)
+}

@@ -112,7 +112,18 @@ fn open_all(cfg: &ServeConfig, created: &mut Created, abandon: &Arc<AtomicBool>)
 /// once that file system is full, a write to the log fails and the disk group goes offline.
 /// Files Strata creates on btrfs are marked No_COW; this is for one made before, or by hand.
 pub fn copy_on_write_fast_file(path: &Path) -> Option<String> {
-    let fs = strata_device::copy_on_write_file(path)?;
+    let Some(fs) = strata_device::copy_on_write_file(path) else {
+        let shared = strata_device::shared_bytes_of(path).filter(|&n| n > 0)?;
+        return Some(format!(
+            "fast device file {} shares {} of its blocks with another file or a file system \
+             snapshot (a reflinked copy, cp --reflink; a btrfs snapshot): the first overwrite \
+             of each takes new space, so if that file system fills up before, a write to the \
+             log fails and the disk group goes offline until a restart; delete the copy or \
+             snapshot, or keep that file system from filling",
+            path.display(),
+            format_size(shared)
+        ));
+    };
     let how = match fs {
         "btrfs" => {
             "mark a copy of it No_COW with Strata stopped (README, \"The fast tier on btrfs\"), \

@@ -733,7 +733,7 @@ fn a_full_btrfs_under_the_fast_file_refuses_writes_and_keeps_the_group_online() 
         .prefix("strata-e2e-btrfs-")
         .tempdir()
         .expect("tempdir");
-    if !require_tools(&["mkfs.btrfs", "lsattr", "dd"]) {
+    if !require_tools(&["mkfs.btrfs", "btrfs", "lsattr", "dd"]) {
         return;
     }
     let Some(fs) = SmallFs::make(scratch.path(), 256, "mkfs.btrfs", &["-q", "-f"]) else {
@@ -756,7 +756,8 @@ fn a_full_btrfs_under_the_fast_file_refuses_writes_and_keeps_the_group_online() 
     }
     let log = daemon.stderr_log();
     assert!(
-        !log.contains("writes every overwrite to new space"),
+        !log.contains("writes every overwrite to new space")
+            && !log.contains("of its blocks with another file"),
         "a warning about a file Strata made No_COW:\n{log}"
     );
     // A ballast takes what room the file system has left (dd stops at ENOSPC).
@@ -796,6 +797,22 @@ fn a_full_btrfs_under_the_fast_file_refuses_writes_and_keeps_the_group_online() 
     daemon.kill9();
     daemon.restart();
     a.verify(&daemon, "after SIGKILL and a restart");
+    // A snapshot of the file system shares the files' blocks: their first overwrites take new
+    // space again, which the next start warns of.
+    daemon.terminate();
+    let snap = fs.dir.join("snap");
+    let snap = snap.to_str().expect("utf-8");
+    let fs_dir = fs.dir.to_str().expect("utf-8");
+    run_ok(&mut cmd("btrfs", &["subvolume", "snapshot", fs_dir, snap]));
+    daemon.restart();
+    let log = daemon.last_stderr();
+    assert!(
+        log.contains(&format!(
+            "fast device file {fast} shares 16 MiB of its blocks"
+        )),
+        "no warning for a fast file shared with a snapshot:\n{log}"
+    );
+    a.verify(&daemon, "with a snapshot of the file system");
     drop(daemon);
     // A fast device file made by hand (copy-on-write) is taken, with a warning at start.
     let by_hand = fs.dir.join("by-hand.img");
