@@ -611,6 +611,21 @@ fn no_device_error_warning(daemon: &Daemon) {
     assert!(!warnings.contains("I/O error"), "{warnings}");
 }
 
+/// Once room is back on the file system: the chunk `refused` is written (generation 2) within
+/// `SPACE_TIMEOUT`, retried while the log drains, then `more` chunks after it at once.
+fn writes_go_on(c: &mut Client, img: &mut Image, refused: u64, more: u64) {
+    let deadline = Instant::now() + SPACE_TIMEOUT;
+    while write_chunk(c, img, refused, 2).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "writes still refused {SPACE_TIMEOUT:?} after room came back"
+        );
+        std::thread::sleep(POLL_INTERVAL);
+    }
+    img.acked(refused, 2);
+    write_all_ok(c, img, refused + 1, more, 2, "after room came back");
+}
+
 fn run_ok(c: &mut std::process::Command) {
     let out = run_timeout(c, CMD_TIMEOUT);
     assert!(
@@ -702,16 +717,7 @@ fn a_full_file_system_under_the_capacity_file_refuses_writes_until_room_is_made(
     assert!(no_room > 0, "no write counted as refused for room");
     no_device_error_warning(&daemon);
     // Writes go on where they were refused, with no restart (retried while the log drains).
-    let deadline = Instant::now() + SPACE_TIMEOUT;
-    while write_chunk(&mut ca, &a, refused, 2).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "writes still refused {SPACE_TIMEOUT:?} after room came back"
-        );
-        std::thread::sleep(POLL_INTERVAL);
-    }
-    a.acked(refused, 2);
-    write_all_ok(&mut ca, &mut a, refused + 1, 96, 2, "after room came back");
+    writes_go_on(&mut ca, &mut a, refused, 96);
     ca.disconnect();
     a.verify(&daemon, "after room came back");
     daemon.kill9();
@@ -783,16 +789,7 @@ fn a_full_btrfs_under_the_fast_file_refuses_writes_and_keeps_the_group_online() 
     );
     // Room made: writes go on where they were refused, with no restart.
     std::fs::remove_file(&ballast).expect("remove the ballast");
-    let deadline = Instant::now() + SPACE_TIMEOUT;
-    while write_chunk(&mut ca, &a, refused, 2).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "writes still refused {SPACE_TIMEOUT:?} after room came back"
-        );
-        std::thread::sleep(POLL_INTERVAL);
-    }
-    a.acked(refused, 2);
-    write_all_ok(&mut ca, &mut a, refused + 1, 32, 2, "after room came back");
+    writes_go_on(&mut ca, &mut a, refused, 32);
     ca.disconnect();
     daemon.kill9();
     daemon.restart();
