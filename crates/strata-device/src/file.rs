@@ -359,9 +359,7 @@ fn mark_in_place(file: &File, path: &Path) {
 /// overwrites take new space: btrfs unless the file is marked No_COW (`chattr +C`), ZFS and
 /// bcachefs always. None for a block device, any other file system, or what cannot be told.
 pub fn copy_on_write_file(path: &Path) -> Option<&'static str> {
-    let file = File::open(path)
-        .ok()
-        .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))?;
+    let file = open_regular(path)?;
     let fd = file.as_raw_fd();
     match os::copy_on_write_fs(fd).ok()?? {
         "btrfs" if os::is_no_cow(fd).unwrap_or(false) => None,
@@ -369,14 +367,19 @@ pub fn copy_on_write_file(path: &Path) -> Option<&'static str> {
     }
 }
 
+/// The regular file at `path`, opened to be looked at; None for anything else.
+fn open_regular(path: &Path) -> Option<File> {
+    File::open(path)
+        .ok()
+        .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))
+}
+
 /// Bytes of the regular file at `path` whose blocks it shares with another file or a file
 /// system snapshot (a reflinked copy, `cp --reflink`; a btrfs snapshot): the first overwrite of
 /// each takes new space, as on a copy-on-write file. None for a block device, or when the file
 /// system cannot tell (no FIEMAP).
 pub fn shared_bytes_of(path: &Path) -> Option<u64> {
-    let file = File::open(path)
-        .ok()
-        .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))?;
+    let file = open_regular(path)?;
     let len = file.metadata().ok()?.len();
     os::shared_bytes(file.as_raw_fd(), len).ok()
 }
