@@ -24,6 +24,7 @@ mod e2e_nbd_model;
 mod e2e_observe;
 mod e2e_protocol;
 mod e2e_qemu;
+mod e2e_reconnect;
 mod e2e_scrub;
 mod e2e_serve;
 mod e2e_size;

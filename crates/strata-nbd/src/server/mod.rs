@@ -122,9 +122,11 @@ pub(crate) struct Shared {
     pub buffered_bytes_total: Arc<Semaphore>,
 }
 
-/// Serves NBD on `listener` until `shutdown` resolves. Then it stops accepting, lets each
-/// connection finish the requests it has started, answers ESHUTDOWN to those whose headers
-/// it had read but not started, writes the replies, closes the connections and returns.
+/// Serves NBD on `listener` until `shutdown` resolves. Then it stops accepting and reading,
+/// lets each connection finish the requests it has taken in (started, or with their headers
+/// already in its read buffer), writes the replies, closes the connections and returns: a
+/// client sees unanswered requests, never failed ones, and one that reconnects sends them
+/// again.
 /// Fails only on an invalid `cfg`; a misbehaving client costs only its own connection.
 pub async fn serve(
     listener: TcpListener,

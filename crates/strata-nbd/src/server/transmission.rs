@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
@@ -138,8 +138,10 @@ pub(super) async fn run(
     }
 }
 
-enum Next {
-    Request(OwnedSemaphorePermit, RequestHeader),
+/// How the wait for the next request ended.
+enum Begun {
+    /// Its first bytes are in the read buffer; the slot it will hold is taken.
+    Request(OwnedSemaphorePermit),
     Eof,
     Idle,
 }
@@ -152,87 +154,41 @@ async fn read_requests(
     stop: &mut watch::Receiver<bool>,
 ) -> Result<Ending, ConnError> {
     loop {
+        // At shutdown nothing more is read from the socket, but a request whose header is
+        // already whole in the read buffer (a client that pipelines sends several in one
+        // segment, and one system call took them all) is run like one in flight: the client
+        // sent it before the server stopped, and a client that reconnects after the restart
+        // (qemu's `reconnect-delay`) sends again only what got no reply, while an error
+        // reply would reach its guest. What is still in the kernel's socket buffer gets no
+        // reply; the connection closes under it.
+        let stopping = *stop.borrow();
+        if stopping && reader.buffer().len() < REQUEST_HEADER_LEN {
+            return Ok(Ending::Shutdown);
+        }
         // Shutdown and a dead writer interrupt the wait for the next request only: once a
-        // header is in, the request is read to its end and answered.
-        let next = tokio::select! {
+        // request has begun to arrive, it is read to its end and answered.
+        let begun = tokio::select! {
             biased;
-            () = stopped(stop) => return refuse_buffered(reader, conn, tx, cfg).await,
+            () = stopped(stop), if !stopping => continue,
             () = tx.closed() => return Err(ConnError::WriterGone),
-            next = next_request(reader, conn, cfg) => next?,
+            begun = request_begins(reader, conn, cfg) => begun?,
         };
-        let (slot, req) = match next {
-            Next::Request(slot, req) => (slot, req),
-            Next::Eof => return Ok(Ending::Eof),
-            Next::Idle => return Ok(Ending::Idle),
+        let slot = match begun {
+            Begun::Request(slot) => slot,
+            Begun::Eof => return Ok(Ending::Eof),
+            Begun::Idle => return Ok(Ending::Idle),
         };
-        if req.command == cmd::DISC {
+        // A request that has begun gets to finish arriving even during shutdown, but only
+        // for a grace period: a client stalling mid-request must not hold shutdown.
+        let taken = tokio::select! {
+            biased;
+            taken = take_request(reader, conn, tx, cfg, slot) => taken?,
+            () = grace_after_stop(stop) => return Err(ConnError::Stalled(SHUTDOWN_GRACE)),
+        };
+        if let Taken::Disconnect = taken {
             return Ok(Ending::Disconnect);
         }
-        // A request whose header is in gets to finish arriving even during shutdown, but
-        // only for a grace period: a client stalling mid-payload must not hold shutdown.
-        tokio::select! {
-            biased;
-            done = dispatch(reader, conn, tx, cfg, slot, req) => done?,
-            () = grace_after_stop(stop) => return Err(ConnError::Stalled(SHUTDOWN_GRACE)),
-        }
     }
-}
-
-/// At shutdown, answers ESHUTDOWN to every request whose header is already in the read
-/// buffer (a client that pipelines sends several in one segment, and one system call took
-/// them all): the server read them, so it owes them a reply before it hangs up, and the
-/// spec names ESHUTDOWN for requests refused at shutdown. Nothing more is read.
-async fn refuse_buffered(
-    reader: &Reader,
-    conn: &Conn,
-    tx: &Replies,
-    cfg: &ServerConfig,
-) -> Result<Ending, ConnError> {
-    let cookies = buffered_requests(reader.buffer(), cfg.max_payload_bytes);
-    if !cookies.is_empty() {
-        debug!(
-            requests = cookies.len(),
-            "refusing requests read before shutdown"
-        );
-    }
-    for cookie in cookies {
-        // Waits for a request in flight to be answered; a dead writer ends the wait.
-        let slot = tokio::select! {
-            slot = conn.slots.clone().acquire_owned() => {
-                slot.map_err(|_| ConnError::Internal("slot semaphore closed"))?
-            }
-            () = tx.closed() => return Err(ConnError::WriterGone),
-        };
-        let why = "server is shutting down";
-        let wire = command::error_reply(&conn.session, cookie, Errno::Shutdown, why);
-        let reply = Reply {
-            wire,
-            _slot: slot,
-            _budget: None,
-        };
-        tx.send(reply).await?;
-    }
-    Ok(Ending::Shutdown)
-}
-
-/// Cookies of the requests whose headers lie whole in `buf`, in order. A WRITE's payload
-/// is stepped over; one cut short by the end of `buf` ends the walk after its request, as
-/// do NBD_CMD_DISC and anything malformed. At most one per header in the read buffer.
-pub(super) fn buffered_requests(mut buf: &[u8], max_payload_bytes: u32) -> Vec<u64> {
-    let mut cookies = Vec::new();
-    while buf.len() >= REQUEST_HEADER_LEN {
-        let header = &buf[..REQUEST_HEADER_LEN];
-        let Ok(req) = proto::parse_request_header(header, max_payload_bytes) else {
-            break;
-        };
-        if req.command == cmd::DISC {
-            break;
-        }
-        cookies.push(req.cookie);
-        let next = REQUEST_HEADER_LEN + req.payload_len() as usize;
-        buf = buf.get(next..).unwrap_or_default();
-    }
-    cookies
 }
 
 async fn grace_after_stop(stop: &mut watch::Receiver<bool>) {
@@ -240,40 +196,51 @@ async fn grace_after_stop(stop: &mut watch::Receiver<bool>) {
     tokio::time::sleep(SHUTDOWN_GRACE).await;
 }
 
-/// Takes a slot (waiting while `max_in_flight` requests are out), then reads one header.
-async fn next_request(
+/// Takes a slot (waiting while `max_in_flight` requests are out), then waits for the next
+/// request's first bytes. Cancel-safe: what arrives stays in the read buffer.
+async fn request_begins(
     reader: &mut Reader,
     conn: &Conn,
     cfg: &ServerConfig,
-) -> Result<Next, ConnError> {
+) -> Result<Begun, ConnError> {
     let slot = conn.slots.clone().acquire_owned().await;
     let slot = slot.map_err(|_| ConnError::Internal("slot semaphore closed"))?;
-    let mut header = [0u8; REQUEST_HEADER_LEN];
-    let mut filled = 0;
-    while filled < header.len() {
+    loop {
         // Between requests the client owes us nothing: only the opt-in idle timeout bounds
-        // that wait. Once a header has begun, the rest of it is a stall if it does not come.
-        let limit = match filled {
-            0 => cfg.idle_timeout,
-            _ => cfg.stall_timeout,
-        };
-        // read() is cancel-safe (the buffer keeps what it took from the socket), so a
-        // timeout loses no bytes and we can keep waiting.
-        let Some(read) = within(limit, reader.read(&mut header[filled..])).await else {
-            if filled > 0 {
-                return Err(ConnError::Stalled(limit));
-            }
+        // this wait.
+        let Some(filled) = within(cfg.idle_timeout, reader.fill_buf()).await else {
             if conn.idle() {
-                return Ok(Next::Idle);
+                return Ok(Begun::Idle);
             }
             continue; // the client is waiting on us, not idle
         };
-        match read? {
-            0 if filled == 0 => return Ok(Next::Eof),
-            0 => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
-            n => filled += n,
-        }
+        return Ok(match filled?.is_empty() {
+            true => Begun::Eof,
+            false => Begun::Request(slot),
+        });
     }
+}
+
+/// What became of a request taken in.
+enum Taken {
+    Dispatched,
+    Disconnect,
+}
+
+/// Reads the header of a request that has begun (the rest of it is a stall if it does not
+/// come), then its payload, and starts it (`dispatch`); NBD_CMD_DISC ends the connection.
+async fn take_request(
+    reader: &mut Reader,
+    conn: &Conn,
+    tx: &Replies,
+    cfg: &ServerConfig,
+    slot: OwnedSemaphorePermit,
+) -> Result<Taken, ConnError> {
+    let mut header = [0u8; REQUEST_HEADER_LEN];
+    let limit = cfg.stall_timeout;
+    within(limit, reader.read_exact(&mut header))
+        .await
+        .ok_or(ConnError::Stalled(limit))??;
     let req = proto::parse_request_header(&header, cfg.max_payload_bytes)?;
     trace!(
         command = req.command,
@@ -283,7 +250,11 @@ async fn next_request(
         len = req.len_bytes,
         "request"
     );
-    Ok(Next::Request(slot, req))
+    if req.command == cmd::DISC {
+        return Ok(Taken::Disconnect);
+    }
+    dispatch(reader, conn, tx, cfg, slot, req).await?;
+    Ok(Taken::Dispatched)
 }
 
 /// Validates a request and either answers it at once (refused) or starts it on the

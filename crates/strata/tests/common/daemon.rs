@@ -27,6 +27,8 @@ pub struct DaemonOpts {
     pub extra_args: Vec<String>,
     /// Where the admin API listens (port 0: the kernel picks).
     pub http_listen: String,
+    /// Where NBD listens (port 0: the kernel picks, a new port at each start).
+    pub nbd_listen: String,
     /// Extra environment of the daemon (e.g. RUST_LOG).
     pub env: Vec<(String, String)>,
     /// The (soft, hard) limit of open files the daemon starts with, if not this process's.
@@ -42,6 +44,7 @@ impl Default for DaemonOpts {
             capacity_size: "2G".into(),
             extra_args: Vec::new(),
             http_listen: "127.0.0.1:0".into(),
+            nbd_listen: "127.0.0.1:0".into(),
             env: Vec::new(),
             open_files_limit: None,
         }
@@ -134,7 +137,7 @@ impl Daemon {
             .arg(self.data_dir())
             .args(["--fast-size", &self.opts.fast_size])
             .args(["--capacity-size", &self.opts.capacity_size])
-            .args(["--nbd-listen", "127.0.0.1:0"])
+            .args(["--nbd-listen", &self.opts.nbd_listen])
             .args(["--http-listen", &self.opts.http_listen])
             .args(&self.opts.extra_args)
             .envs(self.opts.env.iter().map(|(k, v)| (k, v)))
