@@ -152,9 +152,12 @@ pub struct EngineConfig {
     pub scrub_interval: Option<Duration>,
     /// Read rate of the background scrub, bytes per second (0: unlimited).
     pub scrub_rate_bytes_per_s: u64,
-    /// A file that keeps the last scrub's report across restarts (the daemon's data
-    /// directory), so that `scrub_interval` counts from the last scrub of everything, not from
-    /// the last start, and the last result survives a restart; None: memory only.
+    /// Where the last scrub's report is kept across restarts (the daemon's data directory),
+    /// so that `scrub_interval` counts from the last scrub of everything, not from the last
+    /// start, and the last result survives a restart; None: memory only. The file is this
+    /// path with the group's id in its name (`scrub-last.json`: `scrub-last-<id>.json`), so
+    /// that groups whose daemons share a data directory keep a record each; a record at the
+    /// path itself, as builds before wrote it, is taken over when it is this group's.
     pub scrub_record: Option<std::path::PathBuf>,
     /// After the host has neither read nor written for this long, the destager frees the log
     /// down to the low mark, hot data or not; None: only the fill level and the load decide.

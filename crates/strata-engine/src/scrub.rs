@@ -6,6 +6,7 @@
 //! guard a host read uses, so space cannot be reused under it; index flushes wait while the
 //! index pages are checked, so the pages it reads are the ones the durable index names.
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -125,32 +126,66 @@ struct Record {
     all_finished_unix_s: u64,
 }
 
-/// At open, before the background scrub starts: the last report and the schedule from
-/// before the restart, if the record is this group's. Otherwise (none yet; one that cannot
-/// be read, logged; one of another group, a data directory used with other devices) the
-/// record is begun now, so the background schedule counts from this open across restarts.
-pub(crate) fn restore(sh: &Shared) {
-    let Some(path) = &sh.cfg.scrub_record else {
-        return;
-    };
-    let record = match std::fs::read(path) {
+/// This group's record: `EngineConfig::scrub_record` with the group's id in its name.
+pub(crate) fn record_path(sh: &Shared) -> Option<PathBuf> {
+    let base = sh.cfg.scrub_record.as_ref()?;
+    let stem = base.file_stem().unwrap_or_default().to_string_lossy();
+    let mut name = format!("{stem}-{}", uuid_hex(&sh.layout.group));
+    if let Some(ext) = base.extension() {
+        name = format!("{name}.{}", ext.to_string_lossy());
+    }
+    Some(base.with_file_name(name))
+}
+
+/// Reads a record: None when there is none (not found, or not one: logged).
+fn read_record(path: &Path) -> Result<Option<Record>, ()> {
+    match std::fs::read(path) {
         Ok(text) => match serde_json::from_slice::<Record>(&text) {
-            Ok(r) if r.group == uuid_hex(&sh.layout.group) => Some(r),
-            Ok(r) => {
-                tracing::info!(path = %path.display(), group = r.group, "the last scrub's record is of another disk group: begun again for this one");
-                None
-            }
+            Ok(r) => Ok(Some(r)),
             Err(e) => {
                 tracing::warn!(path = %path.display(), "the last scrub's record is not one, begun again: {e}");
-                None
+                Ok(None)
             }
         },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => {
             tracing::warn!(path = %path.display(), "cannot read the last scrub's record: {e}");
-            return;
+            Err(())
         }
+    }
+}
+
+/// At open, before the background scrub starts: the last report and the schedule from
+/// before the restart, from the group's own record (or from one at `scrub_record` itself,
+/// written by a build before records were kept per group, if it is this group's: taken over,
+/// and removed once the group's own is written). Otherwise (none yet; one that cannot be
+/// read, logged) the record is begun now, so the background schedule counts from this open
+/// across restarts.
+pub(crate) fn restore(sh: &Shared) {
+    let (Some(base), Some(path)) = (&sh.cfg.scrub_record, record_path(sh)) else {
+        return;
     };
+    let group = uuid_hex(&sh.layout.group);
+    let Ok(mut record) = read_record(&path) else {
+        return;
+    };
+    let mut legacy = false;
+    if record.is_none() {
+        record = match read_record(base) {
+            Ok(Some(r)) if r.group == group => {
+                legacy = true;
+                Some(r)
+            }
+            _ => None,
+        };
+    }
+    let record = record.filter(|r| {
+        let ours = r.group == group;
+        if !ours {
+            tracing::info!(path = %path.display(), group = r.group, "the last scrub's record is of another disk group: begun again for this one");
+        }
+        ours
+    });
     let kept_since = match record {
         Some(r) => {
             sh.scrub
@@ -169,7 +204,14 @@ pub(crate) fn restore(sh: &Shared) {
         sh.scrub
             .kept_since_unix_s
             .store(unix_now_s().max(1), Ordering::Relaxed);
-        write_state(sh, path);
+    }
+    if kept_since == 0 || legacy {
+        write_state(sh, &path);
+    }
+    if legacy && path.exists() {
+        if let Err(e) = std::fs::remove_file(base) {
+            tracing::warn!(path = %base.display(), "cannot remove the last scrub's record, now kept per group: {e}");
+        }
     }
 }
 
@@ -183,8 +225,8 @@ fn keep(sh: &Shared, report: &ScrubReport, everything: bool) {
             .all_finished_unix_s
             .fetch_max(at, Ordering::Relaxed);
     }
-    if let Some(path) = &sh.cfg.scrub_record {
-        write_state(sh, path);
+    if let Some(path) = record_path(sh) {
+        write_state(sh, &path);
     }
 }
 

@@ -672,6 +672,17 @@ fn recorded_cfg(record: &std::path::Path) -> EngineConfig {
     }
 }
 
+/// The file that keeps `dg`'s record: the configured path with the group's id in its name.
+fn own_record(dg: &DiskGroup) -> std::path::PathBuf {
+    let path = crate::scrub::record_path(&dg.sh).expect("a record is kept");
+    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        name.starts_with("scrub-last-") && name.ends_with(".json") && name.len() > 30,
+        "{name}"
+    );
+    path
+}
+
 fn scrub_all(dg: &DiskGroup) -> ScrubReport {
     dg.scrub(&ScrubOptions::default()).expect("scrub")
 }
@@ -699,34 +710,42 @@ fn the_last_scrub_is_kept_across_restarts_for_its_own_group() {
         })
         .unwrap();
     rig.power_cut_and_restart();
-    assert_eq!(rig.dg().scrub_status().last, Some(one));
+    assert_eq!(rig.dg().scrub_status().last, Some(one.clone()));
 
-    // Another group given this record (a data directory used with other devices) does not
-    // take it, and begins its own.
-    let copy = dir.path().join("copy.json");
-    std::fs::copy(&record, &copy).unwrap();
-    let other = Rig::new(32 * MIB, &[48 * MIB], recorded_cfg(&copy), 62);
+    // Another group given the same record (a data directory shared by two daemons with
+    // other devices) does not take this group's report, begins its own, and leaves this
+    // group's alone.
+    let other = Rig::new(32 * MIB, &[48 * MIB], recorded_cfg(&record), 62);
     assert_eq!(
         other.dg().scrub_status().last,
         None,
         "another group's report"
     );
+    let others = own_record(other.dg());
     other.dg().shutdown().unwrap();
-    let begun: serde_json::Value = serde_json::from_slice(&std::fs::read(&copy).unwrap()).unwrap();
+    let begun: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&others).unwrap()).unwrap();
     assert!(
         begun["report"].is_null() && begun["group"] != serde_json::json!(""),
         "{begun}"
     );
+    rig.clean_restart();
+    assert_eq!(
+        rig.dg().scrub_status().last,
+        Some(one.clone()),
+        "the other group's record replaced this one's"
+    );
 
     // A record of another build: a field it did not know is taken as zero, one this build
     // does not know is passed over.
+    let own = own_record(rig.dg());
     rig.dg.take().unwrap().shutdown().unwrap();
     let mut text: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(&own).unwrap()).unwrap();
     let report = text["report"].as_object_mut().unwrap();
     report.remove("metadata_copies_checked");
     report.insert("checked_by".into(), "a later build".into());
-    std::fs::write(&record, serde_json::to_vec(&text).unwrap()).unwrap();
+    std::fs::write(&own, serde_json::to_vec(&text).unwrap()).unwrap();
     rig.start().unwrap();
     let last = rig.dg().scrub_status().last.expect("the record read");
     assert_eq!(
@@ -735,9 +754,37 @@ fn the_last_scrub_is_kept_across_restarts_for_its_own_group() {
     );
 
     rig.dg.take().unwrap().shutdown().unwrap();
-    std::fs::write(&record, b"{\"group\": 7").unwrap();
+    std::fs::write(&own, b"{\"group\": 7").unwrap();
     rig.start().expect("a bad record does not stop an open");
     assert_eq!(rig.dg().scrub_status().last, None);
+}
+
+/// A record where builds before kept it, at the configured path itself, is taken over by its
+/// own group (its report and schedule kept, the file moved to the group's own name) and left
+/// to its group by another.
+#[test]
+fn a_record_kept_before_records_were_per_group_is_taken_over_by_its_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("scrub-last.json");
+    let mut rig = Rig::new(32 * MIB, &[48 * MIB], recorded_cfg(&record), 66);
+    let b = rig.dg().create_volume("b", MIB).unwrap().id;
+    rig.dg().write(b, 0, &vec![5u8; MIB as usize]).unwrap();
+    let done = scrub_all(rig.dg());
+    let own = own_record(rig.dg());
+    rig.dg.take().unwrap().shutdown().unwrap();
+    // As an earlier build left it.
+    std::fs::rename(&own, &record).unwrap();
+    // Another group's open leaves it alone.
+    let other = Rig::new(32 * MIB, &[48 * MIB], recorded_cfg(&record), 67);
+    assert_eq!(other.dg().scrub_status().last, None);
+    other.dg().shutdown().unwrap();
+    assert!(record.exists(), "another group removed this group's record");
+    rig.start().unwrap();
+    assert_eq!(rig.dg().scrub_status().last, Some(done.clone()));
+    assert_eq!(all_finished(rig.dg()), done.finished_unix_s);
+    assert!(own.exists() && !record.exists(), "the record was not moved");
+    rig.power_cut_and_restart();
+    assert_eq!(rig.dg().scrub_status().last, Some(done));
 }
 
 /// The background scrub is due `scrub_interval` after the last scrub of everything ended,
@@ -747,6 +794,7 @@ fn the_background_scrub_counts_from_the_last_scrub_not_from_the_start() {
     let dir = tempfile::tempdir().unwrap();
     let record = dir.path().join("scrub-last.json");
     let mut rig = Rig::new(32 * MIB, &[48 * MIB], recorded_cfg(&record), 63);
+    let own = own_record(rig.dg());
     let b = rig.dg().create_volume("b", 4 * MIB).unwrap().id;
     rig.dg().write(b, 0, &vec![2u8; 4 * MIB as usize]).unwrap();
     let done = scrub_all(rig.dg());
@@ -762,11 +810,11 @@ fn the_background_scrub_counts_from_the_last_scrub_not_from_the_start() {
     // The record says the last scrub of everything ended two hours ago: due at once.
     rig.dg.take().unwrap().shutdown().unwrap();
     let mut text: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(&own).unwrap()).unwrap();
     let long_ago = done.finished_unix_s - 7200;
     text["report"]["finished_unix_s"] = long_ago.into();
     text["all_finished_unix_s"] = long_ago.into();
-    std::fs::write(&record, serde_json::to_vec(&text).unwrap()).unwrap();
+    std::fs::write(&own, serde_json::to_vec(&text).unwrap()).unwrap();
     rig.start().unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
@@ -836,10 +884,11 @@ fn a_group_never_scrubbed_whole_is_scrubbed_an_interval_after_its_record_began()
     let dir = tempfile::tempdir().unwrap();
     let record = dir.path().join("scrub-last.json");
     let mut rig = Rig::new(32 * MIB, &[48 * MIB], recorded_cfg(&record), 65);
+    let own = own_record(rig.dg());
     let b = rig.dg().create_volume("b", 4 * MIB).unwrap().id;
     rig.dg().write(b, 0, &vec![2u8; 4 * MIB as usize]).unwrap();
     rig.dg.take().unwrap().shutdown().unwrap();
-    let text = std::fs::read(&record).expect("a record begun at the first open");
+    let text = std::fs::read(&own).expect("a record begun at the first open");
     let mut text: serde_json::Value = serde_json::from_slice(&text).unwrap();
     assert!(text["report"].is_null(), "{text}");
     let began = text["kept_since_unix_s"]
@@ -849,12 +898,11 @@ fn a_group_never_scrubbed_whole_is_scrubbed_an_interval_after_its_record_began()
     rig.start().unwrap();
     rig.power_cut_and_restart();
     rig.dg.take().unwrap().shutdown().unwrap();
-    let again: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    let again: serde_json::Value = serde_json::from_slice(&std::fs::read(&own).unwrap()).unwrap();
     assert_eq!(again["kept_since_unix_s"], began, "{again}");
     // Begun two hours ago, with the interval an hour: due at once.
     text["kept_since_unix_s"] = (began - 7200).into();
-    std::fs::write(&record, serde_json::to_vec(&text).unwrap()).unwrap();
+    std::fs::write(&own, serde_json::to_vec(&text).unwrap()).unwrap();
     rig.start().unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while rig.dg().scrub_status().last.is_none() {
