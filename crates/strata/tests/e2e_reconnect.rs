@@ -24,29 +24,34 @@ const WRITES_BEFORE_STOP: u64 = 1500;
 const RECONNECT_DELAY_S: u32 = 60;
 const BENCH_TIMEOUT: Duration = Duration::from_secs(180);
 
-/// A free loopback port below the kernel's ephemeral range, so that no client connection
-/// made meanwhile (by this or another test) takes it as its own port while the daemon is
-/// down between its two starts.
+/// A free loopback port outside the kernel's ephemeral range (below it, or above it), so
+/// that no client connection made meanwhile (by this or another test) takes it as its own
+/// port while the daemon is down between its two starts.
 fn fixed_port() -> u16 {
     let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .expect("ip_local_port_range");
-    let low: u16 = range
+    let bounds: Vec<u16> = range
         .split_whitespace()
-        .next()
-        .and_then(|v| v.parse().ok())
-        .expect("ephemeral range");
-    assert!(
-        low > 11_024,
-        "ephemeral ports start at {low}: no room below"
-    );
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    let [low, high] = bounds[..] else {
+        panic!("ip_local_port_range: {range:?}");
+    };
+    let candidates = if low > 11_024 {
+        low - 10_000..low
+    } else if high < 55_535 {
+        high + 1..high + 10_001
+    } else {
+        panic!("ephemeral ports {low}-{high}: no room for a fixed port outside them");
+    };
     let mut rng = rand::thread_rng();
     for _ in 0..100 {
-        let port = rng.gen_range(low - 10_000..low);
+        let port = rng.gen_range(candidates.clone());
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }
     }
-    panic!("no free port found below {low}");
+    panic!("no free port found in {candidates:?}");
 }
 
 /// Writes the daemon has taken since it started.
