@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -131,6 +132,10 @@ impl SeqRun {
     }
 }
 
+/// How often a request behind others in the limits' queue looks whether its turn has come
+/// (it is woken when it does; this bounds a wake-up lost to a race).
+const NOT_FIRST_LOOK_MS: u64 = 20;
+
 /// Token buckets for a volume's IOPS and bandwidth limits (one second of burst).
 #[derive(Default)]
 pub struct Limiter {
@@ -142,10 +147,13 @@ pub struct Limiter {
     /// what a limit set before left in it.
     iops_limit_seen: u64,
     bandwidth_limit_seen_bytes_per_s: u64,
-    /// The waiter refused first that still waits: what the buckets gain is kept for it. A
-    /// request larger than the others needs more of the bucket at once, and small requests
-    /// taking each few KiB as it comes would otherwise keep it waiting for good.
-    first_waiter: Option<u64>,
+    /// The requests waiting for the limits, in the order they came, with the thread each
+    /// waits on: they are admitted in that order (what the buckets gain is kept for the
+    /// first, so a request larger than the others, which needs more of the bucket at once,
+    /// is not kept waiting for good by small ones taking each few KiB as it comes; and no
+    /// request waits much longer than those that came after it). A request that does not
+    /// wait (`try_take`) passes only when none waits.
+    waiting: std::collections::BTreeMap<u64, std::thread::Thread>,
     waiters_seen: u64,
 }
 
@@ -156,9 +164,12 @@ impl Limiter {
         self.take(p, bytes, now_ms, None)
     }
 
-    /// A name for a request about to wait for the limits (`try_take_waiting`).
+    /// A place in the queue for a request about to wait for the limits on this thread
+    /// (`try_take_waiting`), after every request already waiting.
     pub fn new_waiter(&mut self) -> u64 {
         self.waiters_seen += 1;
+        self.waiting
+            .insert(self.waiters_seen, std::thread::current());
         self.waiters_seen
     }
 
@@ -175,10 +186,11 @@ impl Limiter {
     }
 
     /// A waiter admitted, or no longer waiting (shutdown): the others need not wait for it.
-    pub fn stop_waiting(&mut self, waiter: u64) {
-        if self.first_waiter == Some(waiter) {
-            self.first_waiter = None;
-        }
+    /// Returns the thread of the request now first in the queue, to be woken: it need not
+    /// wait for its next look to find its turn has come.
+    pub fn stop_waiting(&mut self, waiter: u64) -> Option<std::thread::Thread> {
+        self.waiting.remove(&waiter);
+        self.waiting.values().next().cloned()
     }
 
     fn take(&mut self, p: &Policy, bytes: u64, now_ms: u64, who: Option<u64>) -> Result<(), u64> {
@@ -200,9 +212,9 @@ impl Limiter {
         // it in debt for the rest: the requests after it wait that much longer.
         let want = (bytes as f64).min(p.bandwidth_limit_bytes_per_s as f64);
         let bytes_ok = p.bandwidth_limit_bytes_per_s == 0 || self.bytes >= want;
-        let first = match (self.first_waiter, who) {
-            (None, _) => true,
-            (Some(w), who) => who == Some(w),
+        let first = match who {
+            None => self.waiting.is_empty(),
+            Some(w) => self.waiting.keys().next() == Some(&w),
         };
         if ops_ok && bytes_ok && first {
             if let Some(w) = who {
@@ -226,10 +238,13 @@ impl Limiter {
         } else {
             (want - self.bytes) / p.bandwidth_limit_bytes_per_s as f64
         };
-        if self.first_waiter.is_none() {
-            self.first_waiter = who;
-        }
-        Err(((wait_ops.max(wait_bytes) * 1000.0).ceil() as u64).max(1))
+        let wait_ms = ((wait_ops.max(wait_bytes) * 1000.0).ceil() as u64).max(1);
+        // One behind another waits for its turn, which comes with a wake-up.
+        Err(if first {
+            wait_ms
+        } else {
+            wait_ms.max(NOT_FIRST_LOOK_MS)
+        })
     }
 
     /// A limit set since the last request (off until now) starts with a full bucket.
@@ -327,18 +342,27 @@ impl VolRuntime {
         while running() && not_cut() {
             let p = self.policy();
             let now = clock.now_ms();
-            match self.limiter.lock().try_take_waiting(&p, bytes, now, me) {
+            // The lock is let go before the wait: held across it (a `match` keeps its
+            // scrutinee's temporaries to its end), every other request of the volume, and
+            // the NBD reader threads asking `try_admit`, waited on it, which stalled every
+            // connection of the node, not only the limited volume's.
+            let taken = self.limiter.lock().try_take_waiting(&p, bytes, now, me);
+            match taken {
                 Ok(()) => {
                     admitted = true;
                     break;
                 }
-                Err(wait_ms) => {
-                    std::thread::sleep(std::time::Duration::from_millis(wait_ms.min(20)))
-                }
+                // Until the buckets hold this request (the first in the queue), or until
+                // woken as the new first; every 20 ms at most, to see a policy change.
+                Err(wait_ms) => std::thread::park_timeout(Duration::from_millis(wait_ms.min(20))),
             }
         }
-        // Admitted, let through by a lifted limit, or given up at shutdown or when cut off.
-        self.limiter.lock().stop_waiting(me);
+        // Admitted, let through by a lifted limit, or given up at shutdown or when cut off:
+        // the request now first is told its turn has come.
+        let next = self.limiter.lock().stop_waiting(me);
+        if let Some(next) = next {
+            next.unpark();
+        }
         let waited = clock.now_ms().saturating_sub(started);
         if waited > 0 {
             self.stats
@@ -474,8 +498,8 @@ mod tests {
         );
         // A waiter that gives up (shutdown) holds nobody back.
         let mut l = Limiter::default();
-        let gone = l.new_waiter();
         assert!(l.try_take(&p, 1 << 20, 1000).is_ok());
+        let gone = l.new_waiter();
         assert!(l.try_take_waiting(&p, 4096, 1000, gone).is_err());
         assert!(
             l.try_take(&p, 4096, 1010).is_err(),
@@ -483,6 +507,73 @@ mod tests {
         );
         l.stop_waiting(gone);
         assert!(l.try_take(&p, 4096, 1010).is_ok());
+    }
+
+    /// Waiters are admitted in the order they came, whichever looks first when a token comes:
+    /// before, the first to look after a refill took it, and behind a limited volume's queue
+    /// some requests waited seconds while the mean wait was a fifth of one.
+    #[test]
+    fn waiters_are_admitted_in_the_order_they_came() {
+        let p = Policy {
+            iops_limit: 1,
+            ..Policy::default()
+        };
+        let mut l = Limiter::default();
+        assert!(l.try_take(&p, 4096, 0).is_ok(), "the second of burst");
+        let [a, b, c] = [l.new_waiter(), l.new_waiter(), l.new_waiter()];
+        let mut order = Vec::new();
+        for now_ms in (1000..=4000).step_by(500) {
+            // The last to come looks first each time.
+            for w in [c, b, a] {
+                if !order.contains(&w) && l.try_take_waiting(&p, 4096, now_ms, w).is_ok() {
+                    order.push(w);
+                }
+            }
+        }
+        assert_eq!(order, [a, b, c]);
+        assert!(l.try_take(&p, 4096, 5000).is_ok(), "none waits any more");
+    }
+
+    /// A request waiting for its volume's limits does not hold the limiter's lock while it
+    /// waits: the NBD server's reader threads ask `try_admit` of the same volume, and with
+    /// the lock held across each wait they blocked on it, which stalled every connection of
+    /// the node (the other volumes' too).
+    #[test]
+    fn a_waiting_request_leaves_the_limiter_free() {
+        let rt = Arc::new(VolRuntime::new(
+            1,
+            Policy {
+                iops_limit: 1,
+                ..Policy::default()
+            },
+        ));
+        let clock = Arc::new(crate::policy::ManualClock::default());
+        assert!(rt.admit(&*clock, 4096, &|| true), "the second of burst");
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let waiter = {
+            let (rt, clock, stop) = (rt.clone(), clock.clone(), stop.clone());
+            std::thread::spawn(move || rt.admit(&*clock, 4096, &|| !stop.load(Ordering::SeqCst)))
+        };
+        // The clock stands still: the request waits for good.
+        while rt.limiter.lock().waiting.is_empty() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut free = 0;
+        for _ in 0..20 {
+            std::thread::sleep(Duration::from_millis(3));
+            if let Some(l) = rt.limiter.try_lock() {
+                free += 1;
+                assert_eq!(l.waiting.len(), 1, "the request still waits");
+            }
+        }
+        assert!(free >= 15, "the limiter was free {free} times of 20");
+        assert!(
+            !rt.try_admit(&*clock, 4096),
+            "a request that does not wait went ahead of the one waiting"
+        );
+        stop.store(true, Ordering::SeqCst);
+        waiter.join().unwrap();
+        assert!(rt.limiter.lock().waiting.is_empty(), "it left the queue");
     }
 
     /// A limit set on a volume that already has the other one starts with a second of burst,
