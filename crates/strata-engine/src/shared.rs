@@ -535,8 +535,8 @@ impl Shared {
     /// lock, while the log has no room for it and the destager may rotate the log toward room
     /// enough (docs/FORMAT.md §4.7); rotation skips blocks a host holds. It goes on (to be
     /// placed, or refused with NoSpace) once there is room, once a plan made since it came
-    /// aims lower, or when no log space has been freed for `ROTATION_STALL` (or after
-    /// `ROTATION_WAIT_MAX` in all). One load when the tier is not full; returns whether it was.
+    /// aims lower, or when no log space has been freed for `ROTATION_STALL` while the
+    /// destager went on looking (or after `ROTATION_WAIT_MAX` in all). One load when the tier is not full; returns whether it was.
     pub fn wait_for_rotation(&self, data_blocks: u64) -> bool {
         let c = &self.counters;
         if !c.capacity_full.load(Ordering::Relaxed) {
@@ -547,6 +547,11 @@ impl Shared {
         let plans_seen = c.rotation_plans.load(Ordering::Acquire);
         let mut freed_seen = c.log_freed_bytes.load(Ordering::Relaxed);
         let mut since = std::time::Instant::now();
+        // The destager's turns (plans) when log space was last freed: a rotation counts as
+        // stalled only once the destager has looked since and freed nothing, not while it
+        // has not run at all (at background CPU priority on a busy machine it may not run for
+        // seconds; a trim refused then failed for nothing but the machine's load).
+        let mut plans_at_free = plans_seen;
         let deadline = since + ROTATION_WAIT_MAX;
         let mut log = self.log.lock();
         loop {
@@ -561,9 +566,10 @@ impl Shared {
                 return true;
             }
             let freed = c.log_freed_bytes.load(Ordering::Relaxed);
+            let plans = c.rotation_plans.load(Ordering::Acquire);
             if freed != freed_seen {
-                (freed_seen, since) = (freed, std::time::Instant::now());
-            } else if since.elapsed() >= ROTATION_STALL {
+                (freed_seen, since, plans_at_free) = (freed, std::time::Instant::now(), plans);
+            } else if since.elapsed() >= ROTATION_STALL && plans >= plans_at_free + 2 {
                 return true;
             }
             if std::time::Instant::now() >= deadline {
