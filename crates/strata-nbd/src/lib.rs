@@ -100,6 +100,12 @@ pub trait Export: Send + Sync + 'static {
     fn flush_nowait(&self) -> Option<Result<(), Errno>> {
         None
     }
+    /// Whether every trim and write-zeroes is durable once it returns, as every write is
+    /// where `write` ignores its FUA: then FUA on them needs nothing more. Otherwise (the
+    /// default) the server follows one carrying FUA with a `flush`.
+    fn replies_are_durable(&self) -> bool {
+        false
+    }
     fn trim(&self, offset: u64, len: u64) -> Result<(), Errno>;
     /// `may_trim` is false when the client sent NBD_CMD_FLAG_NO_HOLE.
     fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<(), Errno>;

@@ -299,6 +299,11 @@ impl Export for VolumeExport {
         })
     }
 
+    /// The engine replies to a trim or write-zeroes only once its record is durable.
+    fn replies_are_durable(&self) -> bool {
+        true
+    }
+
     fn trim(&self, offset: u64, len: u64) -> Result<(), Errno> {
         self.timed(Kind::Unmap, 0, || {
             self.guarded(Op::Write, "trim", || {

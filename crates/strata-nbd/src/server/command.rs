@@ -268,10 +268,11 @@ pub(super) fn execute(s: &Session, cookie: u64, command: Command, payload: Vec<u
 }
 
 /// The Export API carries FUA only for writes; for trim and write-zeroes we honour it
-/// with a flush (a no-op in Strata, where every replied write is already durable).
+/// with a flush, unless the export says they are durable once done (Strata's are: a flush
+/// there would only be counted as one the client never sent).
 fn then_flush(fua: bool, result: Result<(), Errno>, s: &Session) -> Result<(), Errno> {
     result?;
-    if fua {
+    if fua && !s.export.replies_are_durable() {
         s.export.flush()?;
     }
     Ok(())

@@ -80,6 +80,8 @@ pub struct MemExport {
     pub elsewhere: AtomicBool,
     /// Writes the server offered as the only request in flight on their connection.
     pub alone_writes: AtomicUsize,
+    /// Trims and write-zeroes are durable once done (`Export::replies_are_durable`).
+    pub durable_replies: AtomicBool,
 }
 
 impl MemExport {
@@ -92,6 +94,7 @@ impl MemExport {
             log: Mutex::new(Vec::new()),
             elsewhere: AtomicBool::new(false),
             alone_writes: AtomicUsize::new(0),
+            durable_replies: AtomicBool::new(false),
         }
     }
 
@@ -191,6 +194,10 @@ impl Export for MemExport {
         Ok(())
     }
 
+    fn replies_are_durable(&self) -> bool {
+        self.durable_replies.load(Ordering::Relaxed)
+    }
+
     fn trim(&self, offset: u64, len: u64) -> Result<(), Errno> {
         self.zero(offset, len)?;
         self.mark(offset, len, false);
@@ -278,6 +285,9 @@ impl Export for Handle {
     }
     fn flush(&self) -> Result<(), Errno> {
         self.inner.flush()
+    }
+    fn replies_are_durable(&self) -> bool {
+        self.inner.replies_are_durable()
     }
     fn trim(&self, offset: u64, len: u64) -> Result<(), Errno> {
         self.inner.trim(offset, len)

@@ -74,6 +74,26 @@ async fn structured_reads_and_errors_use_chunks() {
     );
 }
 
+/// An export whose trims and write-zeroes are durable once done gets no flush for their
+/// FUA: one would be counted as a FLUSH the client never sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fua_on_a_durable_trim_or_write_zeroes_adds_no_flush() {
+    let server = TestServer::default().await;
+    server
+        .backend
+        .disk
+        .durable_replies
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut c, _) = Client::simple(server.addr, "disk").await;
+    for command in [cmd::TRIM, cmd::WRITE_ZEROES] {
+        let reply = c.request(command, cmd_flags::FUA, 0, 4096, &[]).await;
+        assert_eq!(reply.error, 0);
+    }
+    let ops = server.backend.disk.ops();
+    assert!(!ops.contains(&Op::Flush), "{ops:?}");
+    assert_eq!(ops.len(), 2, "{ops:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trim_write_zeroes_and_cache_reach_the_export() {
     let server = TestServer::default().await;
