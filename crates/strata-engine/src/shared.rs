@@ -203,8 +203,9 @@ impl Index {
 }
 
 /// A rate per wall second, averaged exponentially over the last `TAU_S` seconds: an amount
-/// counts in full when it happens and fades with time, so the rate falls back to zero when
-/// nothing happens (a steady `r` per second reads as `r`).
+/// counts in full when it happens and fades with time (a steady `r` per second reads as
+/// `r`), and once nothing has happened for `REST_S` the rate is 0, not what is left of the
+/// fading (which read as a rate for a minute after the destager had stopped).
 #[derive(Debug, Default)]
 pub struct DecayingRate {
     /// The rate as of `at`.
@@ -214,6 +215,7 @@ pub struct DecayingRate {
 
 impl DecayingRate {
     const TAU_S: f64 = 5.0;
+    const REST_S: f64 = 5.0;
 
     pub fn add(&mut self, amount: u64, now: Instant) {
         self.value = self.per_second(now) + amount as f64 / Self::TAU_S;
@@ -225,7 +227,10 @@ impl DecayingRate {
             None => 0.0,
             Some(at) => {
                 let dt = now.saturating_duration_since(at).as_secs_f64();
-                self.value * (-dt / Self::TAU_S).exp()
+                match dt < Self::REST_S {
+                    true => self.value * (-dt / Self::TAU_S).exp(),
+                    false => 0.0,
+                }
             }
         }
     }
@@ -896,8 +901,15 @@ mod decaying_rate_tests {
         }
         let steady = r.per_second(t);
         assert!((9.5e6..10.6e6).contains(&steady), "steady rate {steady}");
-        // At rest: down to a tenth within 12 s, to nothing to speak of within a minute.
-        assert!(r.per_second(t + Duration::from_secs(12)) < steady / 10.0);
-        assert!(r.per_second(t + Duration::from_secs(60)) < steady * 1e-4);
+        // Fading while less than REST_S has passed, then 0 (it read 63 KB/s 14 s after 10
+        // MB/s, and 3 KB/s 30 s after).
+        let later = r.per_second(t + Duration::from_secs(4));
+        assert!((steady / 3.0..steady / 2.0).contains(&later), "4 s later {later}");
+        assert_eq!(r.per_second(t + Duration::from_secs(5)), 0.0);
+        assert_eq!(r.per_second(t + Duration::from_secs(60)), 0.0);
+        // A new amount after the rest counts from nothing.
+        r.add(1_000_000, t + Duration::from_secs(60));
+        let again = r.per_second(t + Duration::from_secs(60));
+        assert!((199_000.0..201_000.0).contains(&again), "{again}");
     }
 }

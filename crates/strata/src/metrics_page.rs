@@ -306,7 +306,7 @@ fn render_engine(e: &mut Exposition, s: &EngineStats) {
         ("strata_log_capacity_bytes", "Size of the write log.", s.log_capacity_bytes as f64),
         ("strata_log_used_bytes", "Bytes of the write log in use: live data, dead data and the read cache's copies (reused only once the log's tail passes them).", s.log_used_bytes as f64),
         ("strata_log_dead_bytes", "Bytes of the write log held by what no reader needs (data overwritten, trimmed or deleted, batch headers): freed as the tail passes, never written to the capacity tier.", s.log_dead_bytes as f64),
-        ("strata_destage_rate_bytes_per_second", "Capacity-tier bytes written by the destager per second, averaged over the last seconds (exponentially, 5 s); 0 when it rests.", s.destage_rate_bytes_per_s),
+        ("strata_destage_rate_bytes_per_second", "Capacity-tier bytes written by the destager per second, averaged over the last seconds (exponentially, 5 s); 0 once nothing has been destaged for 5 s.", s.destage_rate_bytes_per_s),
         ("strata_destage_bandwidth_bytes_per_second", "Log space the destager frees per busy second, smoothed.", s.destage_bandwidth_bytes_per_s),
         ("strata_destage_backlog_bytes", "Live bytes in the log not destaged yet: what the destager still has to write to the capacity tier (dead data is strata_log_dead_bytes).", s.destage_backlog_bytes as f64),
         ("strata_admission_throttled", "1 while admission control holds host writes back: paced to the destage rate, waiting for log room, or above the high mark with no rate measured yet (strata_admission_state says which).", if s.admission_throttled { 1.0 } else { 0.0 }),
