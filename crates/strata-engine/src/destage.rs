@@ -192,8 +192,11 @@ impl Destager {
             }
             self.run_bypass();
             // A capacity device out of room: its writes wait (room.rs), and the log gets room
-            // only as a full capacity tier gives it, from its own dead blocks.
+            // only as a full capacity tier gives it, from its own dead blocks. Trims give their
+            // blocks on the capacity tier back meanwhile: the room that gives the file system
+            // may be what ends the spell.
             if let Some(wait) = crate::room::paused_for(&self.sh) {
+                self.release_trimmed_while_out_of_room();
                 if !self.make_log_room() {
                     self.idle(wait.min(Duration::from_millis(100)));
                 }
@@ -555,6 +558,24 @@ impl Destager {
             return Ok(true);
         }
         self.rotate_tail()
+    }
+
+    /// While the capacity tier is out of room (room.rs): applies the log's trims and
+    /// write-zeroes to the capacity index now (`apply_zeros_early`, as a full tier does), and
+    /// asks for an index flush, which at the spell's next try frees the segments they emptied
+    /// and discards them, giving the file system its room back. (Nothing did: trims changed
+    /// nothing on the capacity tier until destaged, which the spell stops, so a host that
+    /// trimmed to make room kept failing its writes; only deleting a volume helped.)
+    fn release_trimmed_while_out_of_room(&mut self) {
+        match self.apply_zeros_early() {
+            Ok(true) => self.maint.want_flush = true,
+            Ok(false) => {}
+            Err(e) => {
+                if !crate::room::note_failure(&self.sh, &e, crate::room::Write::Other, None) {
+                    tracing::error!("releasing trimmed blocks while out of room: {e}");
+                }
+            }
+        }
     }
 
     /// While the capacity tier is out of room (room.rs): frees log space when the log needs it

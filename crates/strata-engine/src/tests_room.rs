@@ -363,3 +363,70 @@ fn room_back_with_nothing_to_write_ends_the_spell() {
     dg.read(v, 0, &mut back).unwrap();
     assert!(back.iter().all(|&b| b == 0x5c));
 }
+
+/// Out of room, a trim of the volume gives its blocks on the capacity tier back to the file
+/// system (the segments it empties are freed and discarded), so the spell ends and writes go
+/// on with no room made by hand, and no restart. (Trims changed nothing on the capacity tier
+/// until their records were destaged, which the spell stops: a host trimming to make room
+/// kept failing its writes; only deleting a volume gave room back.)
+#[test]
+fn a_trim_while_out_of_room_gives_the_room_back() {
+    let test = "a_trim_while_out_of_room_gives_the_room_back";
+    let (f, refused) = out_of_room(test, 24 * MIB);
+    assert!(matches!(refused, EngineError::NoSpace), "{refused}");
+    let Setup {
+        mut rig,
+        cap,
+        v,
+        mut model,
+        ..
+    } = f;
+    let dg = rig.group().clone();
+    assert!(dg.stats().capacity_out_of_room.is_some());
+    let held = cap.stored_bytes();
+    // The oldest quarter of the volume, written first: on the capacity tier by now.
+    let quarter = VOLUME_BLOCKS / 4;
+    assert!(
+        dg.stats().capacity_live_bytes >= quarter * BLOCK,
+        "{:?}",
+        dg.stats()
+    );
+    dg.discard(v, 0, quarter * BLOCK)
+        .unwrap_or_else(|e| panic!("a trim while out of room: {e}: {:?}", dg.stats()));
+    model[..quarter as usize].fill(0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Some(o) = dg.stats().capacity_out_of_room {
+        assert!(
+            Instant::now() < deadline,
+            "still out of room 30 s after a trim of a quarter of the volume: {o:?}; the capacity \
+             device holds {} of {held} bytes",
+            cap.stored_bytes()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        cap.stored_bytes() < held,
+        "nothing was discarded: {} of {held} bytes",
+        cap.stored_bytes()
+    );
+    // Writes go on (the log drains into the room the trim gave back).
+    let data = vec![0x3c; 2 * MIB as usize];
+    let began = Instant::now();
+    loop {
+        match dg.write(v, 0, &data) {
+            Ok(()) => break,
+            Err(EngineError::NoSpace) if began.elapsed() < Duration::from_secs(30) => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => panic!(
+                "a write after the trim gave room back: {e}: {:?}",
+                dg.stats()
+            ),
+        }
+    }
+    model[..(2 * MIB / BLOCK) as usize].fill(0x3c);
+    check_blocks(&dg, v, &model);
+    drop(dg);
+    rig.power_cut_and_restart();
+    check_blocks(rig.dg(), v, &model);
+}
