@@ -530,7 +530,7 @@ impl DiskGroup {
         }
         let (b0, b1) = block_span(offset, buf.len() as u64);
         let mut tmp = AlignedBuf::new_zeroed(((b1 - b0) * BLOCK_U64) as usize);
-        self.read_view(view, b0, b1 - b0, &mut tmp, host.as_ref())?;
+        self.read_view(view, b0, b1 - b0, &mut tmp, host.as_ref(), true)?;
         let at = (offset - b0 * BLOCK_U64) as usize;
         buf.copy_from_slice(&tmp[at..at + buf.len()]);
         self.sh
@@ -547,9 +547,13 @@ impl DiskGroup {
         n: u64,
         out: &mut [u8],
     ) -> Result<(), EngineError> {
-        self.read_view(view, lba, n, out, None)
+        self.read_view(view, lba, n, out, None, false)
     }
 
+    /// Reads blocks of `view`. `host`: a volume's read, which its runtime notes (heat,
+    /// promotion); `counted`: a client's read (a volume's or a snapshot's), which the node's
+    /// read figures count by where it was served from. Reads the engine makes for itself
+    /// (the edges of a partial-block write) are neither.
     fn read_view(
         &self,
         view: VolumeId,
@@ -557,14 +561,13 @@ impl DiskGroup {
         n: u64,
         out: &mut [u8],
         host: Option<&HostRead<'_>>,
+        counted: bool,
     ) -> Result<(), EngineError> {
         let sh = &self.sh;
         let _shared = sh.reclaim.read();
         let pieces = resolve::resolve_view(sh, view, lba, n)?;
-        // Reads the engine makes for itself (the edges of a partial-block write) are not host
-        // reads: they stay out of the read figures.
         let count = |counter: &AtomicU64, bytes: u64| {
-            if host.is_some() {
+            if counted {
                 counter.fetch_add(bytes, Ordering::Relaxed);
             }
         };
@@ -598,7 +601,7 @@ impl DiskGroup {
                     }
                 }
                 Some(Loc::Cap { seg, block }) => {
-                    self.read_capacity(view, host, p.lba, seg, block, p.len as u32, dst)?
+                    self.read_capacity(view, host, counted, p.lba, seg, block, p.len as u32, dst)?
                 }
             }
         }
@@ -612,6 +615,7 @@ impl DiskGroup {
         &self,
         view: VolumeId,
         host: Option<&HostRead<'_>>,
+        counted: bool,
         lba: u64,
         seg: u32,
         block: u32,
@@ -640,7 +644,7 @@ impl DiskGroup {
             let part = &mut dst[i as usize * BLOCK..j as usize * BLOCK];
             let blocks = u64::from(j - i);
             if first.is_some_and(|f| self.read_cached(seg, block + i, f, part)) {
-                if host.is_some() {
+                if counted {
                     sh.counters
                         .read_cached_bytes
                         .fetch_add(blocks * BLOCK_U64, Ordering::Relaxed);
@@ -651,7 +655,7 @@ impl DiskGroup {
                         .fetch_add(blocks, Ordering::Relaxed);
                 }
             } else {
-                if host.is_some() {
+                if counted {
                     sh.counters
                         .read_capacity_bytes
                         .fetch_add(blocks * BLOCK_U64, Ordering::Relaxed);

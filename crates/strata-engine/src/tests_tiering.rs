@@ -999,3 +999,66 @@ fn promotions_the_log_has_no_room_for_are_counted_as_refused() {
     );
     assert!(refused > 0 && taken > 0, "{taken} taken, {refused} refused");
 }
+
+/// A client's read of a snapshot counts in the node's read figures by where it was served
+/// from, as a read of a volume does (it is no read of the volume's, which keeps its own
+/// figures). (Blocking reads of snapshots counted nowhere: `strata_read_bytes_total` missed
+/// them, so a backup read from a snapshot did not show, and the source split no longer added
+/// up to the bytes clients read.)
+#[test]
+fn reads_of_a_snapshot_count_by_where_they_were_served_from() {
+    let rig = Rig::new(32 * MIB, &[48 * MIB], small_cfg(), 91);
+    let dg = rig.dg();
+    let v = dg.create_volume("v", 8 * MIB).unwrap().id;
+    dg.write(v, 0, &vec![0x41; 2 * MIB as usize]).unwrap();
+    assert!(dg.destage_all(Duration::from_secs(20)));
+    dg.write(v, 2 * MIB, &vec![0x42; MIB as usize]).unwrap();
+    let s = dg.create_snapshot("v", "s").unwrap().id;
+    let volume_before = dg.volume_figures("v").unwrap();
+    let before = dg.stats();
+    // 2 MiB on the capacity tier, 1 MiB in the log, 1 MiB never written.
+    let mut buf = vec![0u8; 4 * MIB as usize];
+    dg.read(s, 0, &mut buf).unwrap();
+    assert!(buf[..2 * MIB as usize].iter().all(|&b| b == 0x41));
+    assert!(buf[2 * MIB as usize..3 * MIB as usize]
+        .iter()
+        .all(|&b| b == 0x42));
+    let after = dg.stats();
+    let grew = |a: u64, b: u64| a - b;
+    assert_eq!(
+        grew(
+            after.read_capacity_bytes_total,
+            before.read_capacity_bytes_total
+        ) + grew(
+            after.read_cached_bytes_total,
+            before.read_cached_bytes_total
+        ),
+        2 * MIB,
+        "from the capacity tier"
+    );
+    assert_eq!(
+        grew(after.read_fast_bytes_total, before.read_fast_bytes_total),
+        MIB,
+        "from the log"
+    );
+    assert_eq!(
+        grew(
+            after.read_unwritten_bytes_total,
+            before.read_unwritten_bytes_total
+        ),
+        MIB,
+        "never written"
+    );
+    let volume_after = dg.volume_figures("v").unwrap();
+    assert_eq!(
+        (
+            volume_after.read_capacity_bytes,
+            volume_after.read_fast_bytes
+        ),
+        (
+            volume_before.read_capacity_bytes,
+            volume_before.read_fast_bytes
+        ),
+        "the volume's own figures took the snapshot's read"
+    );
+}
