@@ -6,12 +6,13 @@
 #   2. vol "limited" (--iops-limit $LIMIT) read by $JOBS fio jobs at queue depth $QD (a
 #      connection each), and meanwhile the same QD1 run on "free".
 # Printed: free's IOPS alone and beside the limited volume, and their ratio (target: near 1;
-# the thirty-seventh session's fix took it from 0.002 to about 1); the limited volume's IOPS
+# 0.00 before the thirty-seventh session's fix, 0.98 after it); the limited volume's IOPS
 # against its limit, its mean and max latency as fio saw them, and the mean of the daemon's
 # strata_volume_request_duration_seconds for it (target: within a few percent of fio's mean).
 #   DIR=path OUT=path     scratch files and reports (default target/bench-limits, target/bench-out/limits)
 #   LIMIT=n JOBS=n QD=n   the limit and the load on the limited volume (default 200, 3, 16)
 #   RUNTIME=s             seconds of each measured run (default 8)
+#   STRATA_BIN=path       a strata binary to run instead of building this checkout's
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 DIR=${DIR:-target/bench-limits}
 OUT=${OUT:-target/bench-out/limits}
@@ -20,8 +21,13 @@ JOBS=${JOBS:-3}
 QD=${QD:-16}
 RUNTIME=${RUNTIME:-8}
 command -v fio >/dev/null || { echo "limits.sh needs fio (apt-get install fio)" >&2; exit 1; }
-cargo build --release -p strata --bin strata >&2
-STRATA=$(target_dir)/release/strata
+if [[ -n "${STRATA_BIN:-}" ]]; then
+    STRATA=$STRATA_BIN
+    [[ -x "$STRATA" ]] || { echo "STRATA_BIN=$STRATA is not an executable" >&2; exit 1; }
+else
+    cargo build --release -p strata --bin strata >&2
+    STRATA=$(target_dir)/release/strata
+fi
 mkdir -p "$DIR" "$OUT"
 machine "$DIR"
 echo "limited volume: --iops-limit $LIMIT, $JOBS fio jobs at QD $QD; free volume: QD1 random reads; ${RUNTIME}s runs"
