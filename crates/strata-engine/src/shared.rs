@@ -541,7 +541,8 @@ impl Shared {
     /// enough (docs/FORMAT.md §4.7); rotation skips blocks a host holds. It goes on (to be
     /// placed, or refused with NoSpace) once there is room, once a plan made since it came
     /// aims lower, or when no log space has been freed for `ROTATION_STALL` while the
-    /// destager went on looking (or after `ROTATION_WAIT_MAX` in all). One load when the tier is not full; returns whether it was.
+    /// destager went on looking (or after `ROTATION_WAIT_MAX` in all). One load when the tier
+    /// is not full; returns whether it was.
     pub fn wait_for_rotation(&self, data_blocks: u64) -> bool {
         let c = &self.counters;
         if !c.capacity_full.load(Ordering::Relaxed) {
