@@ -1104,10 +1104,16 @@ impl DiskGroup {
         let _r = self.sh.ranges.lock(head, b0, b1);
         let full0 = offset.div_ceil(BLOCK_U64);
         let full1 = end / BLOCK_U64;
+        // A partial block that holds nothing (never written, or trimmed) reads as zeros
+        // already: writing it would take a block of log and capacity space, and could fail
+        // with ENOSPC on a full tier, for nothing.
         if full0 >= full1 {
+            if !self.holds_data(vol, b0, b1 - b0)? {
+                return Ok(());
+            }
             return self.write_locked(vol, head, offset, &vec![0u8; len as usize]);
         }
-        if offset < full0 * BLOCK_U64 {
+        if offset < full0 * BLOCK_U64 && self.holds_data(vol, b0, 1)? {
             self.write_locked(
                 vol,
                 head,
@@ -1115,7 +1121,7 @@ impl DiskGroup {
                 &vec![0u8; (full0 * BLOCK_U64 - offset) as usize],
             )?;
         }
-        if end > full1 * BLOCK_U64 {
+        if end > full1 * BLOCK_U64 && self.holds_data(vol, full1, 1)? {
             self.write_locked(
                 vol,
                 head,
@@ -1149,6 +1155,14 @@ impl DiskGroup {
             wait_all(waits)?;
         }
         Ok(())
+    }
+
+    /// Whether any of `n` blocks of `view` from `lba` holds data (in its own layer or one it
+    /// reads through); blocks that hold none read as zeros.
+    fn holds_data(&self, view: VolumeId, lba: u64, n: u64) -> Result<bool, EngineError> {
+        let _shared = self.sh.reclaim.read();
+        let pieces = resolve::resolve_view(&self.sh, view, lba, n)?;
+        Ok(pieces.iter().any(|p| p.loc.is_some()))
     }
 
     /// TRIM: in Strata a discarded range reads as zeros afterwards.
