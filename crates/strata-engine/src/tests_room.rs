@@ -11,7 +11,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use strata_device::MemDevice;
 
-use crate::tests::{seed_for, small_cfg, Rig, MIB};
+use crate::tests::{seed_for, small_cfg, write_when_space, Rig, MIB};
 use crate::tests_full_gaps::check_blocks;
 use crate::*;
 
@@ -184,19 +184,9 @@ fn a_capacity_device_out_of_room_refuses_writes_and_resumes_once_room_is_back() 
 
     // Room again: destage goes on, and so do host writes, with no restart.
     cap.set_space_limit(None);
-    let began = Instant::now();
-    loop {
-        match dg.write(v, 0, &vec![0x5a; 16 * BLOCK as usize]) {
-            Ok(()) => break,
-            Err(EngineError::NoSpace) if began.elapsed() < Duration::from_secs(30) => {
-                std::thread::sleep(Duration::from_millis(50))
-            }
-            Err(e) => panic!(
-                "writes still fail {:?} after room came back: {e}",
-                began.elapsed()
-            ),
-        }
-    }
+    let data = vec![0x5a; 16 * BLOCK as usize];
+    write_when_space(&dg, v, 0, &data, Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("writes still fail 30 s after room came back: {e}"));
     model[..16].fill(0x5a);
     let began = Instant::now();
     while let Some(o) = dg.stats().capacity_out_of_room {
@@ -411,19 +401,12 @@ fn a_trim_while_out_of_room_gives_the_room_back() {
     );
     // Writes go on (the log drains into the room the trim gave back).
     let data = vec![0x3c; 2 * MIB as usize];
-    let began = Instant::now();
-    loop {
-        match dg.write(v, 0, &data) {
-            Ok(()) => break,
-            Err(EngineError::NoSpace) if began.elapsed() < Duration::from_secs(30) => {
-                std::thread::sleep(Duration::from_millis(50))
-            }
-            Err(e) => panic!(
-                "a write after the trim gave room back: {e}: {:?}",
-                dg.stats()
-            ),
-        }
-    }
+    write_when_space(&dg, v, 0, &data, Duration::from_secs(30)).unwrap_or_else(|e| {
+        panic!(
+            "a write after the trim gave room back: {e}: {:?}",
+            dg.stats()
+        )
+    });
     model[..(2 * MIB / BLOCK) as usize].fill(0x3c);
     check_blocks(&dg, v, &model);
     drop(dg);
