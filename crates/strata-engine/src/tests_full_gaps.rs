@@ -125,7 +125,7 @@ fn a_trim_waits_for_a_destager_that_has_not_come_round() {
     let seed = seed_for("a_trim_waits_for_a_destager_that_has_not_come_round");
     let (mut rig, v, mut model, written) = full_group(seed, 64);
     let dg = rig.dg.clone().expect("running");
-    dg.sh.hold_destager();
+    hold_destager_while_full(&dg);
     // Trims of single blocks found only in the log take what trims may of the log.
     let trim_room = || {
         let log = dg.sh.log.lock();
@@ -160,6 +160,29 @@ fn a_trim_waits_for_a_destager_that_has_not_come_round() {
     drop(dg);
     rig.power_cut_and_restart();
     check_blocks(rig.dg(), v, &model);
+}
+
+/// Holds the destager of a full group (`Shared::hold_destager`) once the capacity tier counts
+/// as full. Until then host requests that find the log full wait for the destager to make
+/// room, not for rotation, and a held destager never makes it: an index flush that frees a
+/// segment (one the old index's pages were in) lets the tier count as not full until the
+/// destager finds it full again, which it does within a few turns.
+pub(crate) fn hold_destager_while_full(dg: &DiskGroup) {
+    let deadline = Instant::now() + SPACE_BACK_WAIT;
+    loop {
+        dg.sh.hold_destager();
+        if dg.sh.counters.capacity_full.load(Ordering::SeqCst) {
+            return;
+        }
+        dg.sh.destager_held.store(false, Ordering::SeqCst);
+        dg.sh.wake_destager();
+        assert!(
+            Instant::now() < deadline,
+            "the capacity tier did not count as full again: {:?}",
+            dg.stats()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A group of a 16 MiB fast tier and a 32 MiB capacity tier with a volume of `vol_mib` MiB
@@ -341,7 +364,7 @@ fn a_power_cut_during_rotation_loses_nothing() {
     let mut rng = StdRng::seed_from_u64(seed);
     for round in 0..3u64 {
         let (mut rig, v, mut model, _) = full_group(seed + round, 64);
-        rig.dg().sh.hold_destager();
+        hold_destager_while_full(rig.dg());
         trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
         // Rotation writes a batch and a checkpoint (two copies) for each of the older half's
         // batches (about 24 here) before it frees a block for trims: the cut comes before.

@@ -14,7 +14,8 @@ use rand::{Rng, SeedableRng};
 
 use crate::tests::{seed_for, write_when_space, MIB};
 use crate::tests_full_gaps::{
-    check_blocks, full_group, log_only_blocks, trim_room, trim_until_no_room, trim_until_room_is,
+    check_blocks, full_group, hold_destager_while_full, log_only_blocks, trim_room,
+    trim_until_no_room, trim_until_room_is,
 };
 use crate::*;
 
@@ -148,7 +149,7 @@ fn host_writes_racing_a_rotation_are_not_undone() {
     for round in 0..2u64 {
         let (mut rig, v, mut model, _) = full_group(seed + round, 64);
         let sh = rig.group().sh.clone();
-        sh.hold_destager();
+        hold_destager_while_full(rig.dg());
         trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
         let blocks = log_only_blocks(rig.dg(), v);
         let older = blocks[..blocks.len() / 2].to_vec();
@@ -170,7 +171,7 @@ fn host_writes_racing_a_rotation_are_not_undone() {
         check_blocks(rig.dg(), v, &model);
         // Again, with the power failing meanwhile.
         let sh = rig.group().sh.clone();
-        sh.hold_destager();
+        hold_destager_while_full(rig.dg());
         trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
         let writes_left = rng.gen_range(0..400);
         rig.writes_left.store(writes_left, Ordering::SeqCst);
@@ -211,7 +212,7 @@ fn a_trim_between_rotations_read_and_its_claim_is_not_undone() {
     let (mut rig, v, mut model, _) = full_group(seed, 64);
     let sh = rig.group().sh.clone();
     let head = sh.index.read().volumes[&v].head;
-    sh.hold_destager();
+    hold_destager_while_full(rig.dg());
     // Room for the trims made during rotation is left (trims that find none wait for it).
     trim_until_room_is(
         rig.dg(),
@@ -286,7 +287,7 @@ fn layers_changed_during_a_rotation_lose_nothing() {
     for round in 0..3u64 {
         let (mut rig, v, mut model, _) = full_group(seed + round, 64);
         let sh = rig.group().sh.clone();
-        sh.hold_destager();
+        hold_destager_while_full(rig.dg());
         trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
         rig.dg().create_snapshot("v", "s").unwrap();
         // The first rotation batch waits, written, with its ranges claimed, while the views
@@ -383,7 +384,7 @@ fn a_transient_read_error_does_not_stop_rotation_for_good() {
     let mut rng = StdRng::seed_from_u64(seed);
     let (mut rig, v, mut model, _) = full_group(seed, 64);
     let sh = rig.group().sh.clone();
-    sh.hold_destager();
+    hold_destager_while_full(rig.dg());
     trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
     let blocks = log_only_blocks(rig.dg(), v);
     let faults = rig.fast.faults();
@@ -433,6 +434,26 @@ fn a_transient_read_error_does_not_stop_rotation_for_good() {
     check_blocks(rig.dg(), v, &model);
 }
 
+/// The first `n` blocks of volume `v` whose current copy is in the log, in the log's order
+/// (oldest batch first).
+fn oldest_live_blocks(dg: &DiskGroup, v: VolumeId, n: usize) -> Vec<u64> {
+    let log = dg.sh.log.lock();
+    let idx = dg.sh.index.read();
+    let head = idx.volumes[&v].head;
+    let mut out = Vec::new();
+    for r in log.batches.iter().flat_map(|b| b.records.iter()) {
+        if r.kind != RecordKind::Write || r.layer != head {
+            continue;
+        }
+        for p in idx.layers[&head].fast.lookup(r.lba, r.nblocks) {
+            if p.loc == Some(Loc::Fast(r.data_start + (p.lba - r.lba))) {
+                out.extend((p.lba..p.lba + p.len).take(n - out.len()));
+            }
+        }
+    }
+    out
+}
+
 /// With both tiers full, every other block of the log's two oldest batches trimmed (so each
 /// holds some 30 live runs, one rewrite request each) and trims then given no room, the
 /// destager stops for 100 ms after queueing its first rewrite (as on a busy machine). The
@@ -448,10 +469,9 @@ fn a_slow_destager_does_not_split_rotation_batches() {
     let mut rng = StdRng::seed_from_u64(seed);
     let (mut rig, v, mut model, _) = full_group(seed, 64);
     let sh = rig.group().sh.clone();
-    sh.hold_destager();
-    // Written in order, so the first blocks only in the log are in its oldest batches.
-    let oldest = log_only_blocks(rig.dg(), v);
-    for &b in oldest.iter().take(128).step_by(2) {
+    hold_destager_while_full(rig.dg());
+    let oldest = oldest_live_blocks(rig.dg(), v, 128);
+    for &b in oldest.iter().step_by(2) {
         if trim_room(rig.dg()) == 0 {
             break;
         }
