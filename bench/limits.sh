@@ -21,13 +21,7 @@ JOBS=${JOBS:-3}
 QD=${QD:-16}
 RUNTIME=${RUNTIME:-8}
 command -v fio >/dev/null || { echo "limits.sh needs fio (apt-get install fio)" >&2; exit 1; }
-if [[ -n "${STRATA_BIN:-}" ]]; then
-    STRATA=$STRATA_BIN
-    [[ -x "$STRATA" ]] || { echo "STRATA_BIN=$STRATA is not an executable" >&2; exit 1; }
-else
-    cargo build --release -p strata --bin strata >&2
-    STRATA=$(target_dir)/release/strata
-fi
+strata_binary
 mkdir -p "$DIR" "$OUT"
 machine "$DIR"
 echo "limited volume: --iops-limit $LIMIT, $JOBS fio jobs at QD $QD; free volume: QD1 random reads; ${RUNTIME}s runs"

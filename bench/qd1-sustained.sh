@@ -35,13 +35,7 @@ for tool in fio qemu-nbd python3 fallocate curl; do
     command -v "$tool" >/dev/null || { echo "qd1-sustained: $tool is needed (./scripts/test installs fio and qemu-utils)" >&2; exit 1; }
 done
 fio --enghelp=nbd >/dev/null 2>&1 || { echo "qd1-sustained: this fio has no nbd engine" >&2; exit 1; }
-if [[ -n "${STRATA_BIN:-}" ]]; then
-    [[ -x "$STRATA_BIN" ]] || { echo "qd1-sustained: STRATA_BIN=$STRATA_BIN is not an executable" >&2; exit 1; }
-    STRATA=$STRATA_BIN
-else
-    cargo build --release -p strata --bin strata >&2
-    STRATA=$(target_dir)/release/strata
-fi
+strata_binary
 mkdir -p "$DIR"
 SCRATCH+=("$DIR/qemu.raw")
 machine "$DIR"

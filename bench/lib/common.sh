@@ -22,6 +22,18 @@ target_dir() {
         python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])'
 }
 
+# strata_binary: sets STRATA to $STRATA_BIN when that is set (refused unless executable), or
+# builds this checkout's release binary and sets STRATA to it.
+strata_binary() {
+    if [[ -n "${STRATA_BIN:-}" ]]; then
+        [[ -x "$STRATA_BIN" ]] || { echo "STRATA_BIN=$STRATA_BIN is not an executable" >&2; exit 1; }
+        STRATA=$STRATA_BIN
+    else
+        cargo build --release -p strata --bin strata >&2
+        STRATA=$(target_dir)/release/strata
+    fi
+}
+
 build() {
     cargo build --release -p strata --bin strata >&2
     cargo build --release -p strata-bench --example raw_nbd >&2
