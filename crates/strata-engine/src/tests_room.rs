@@ -315,6 +315,55 @@ fn a_stop_while_out_of_room_loses_nothing_and_the_group_opens() {
     check_blocks(rig.dg(), v, &model);
 }
 
+/// Out of room, then the file system's last blocks taken too (by another file): the group,
+/// stopped by a power cut or a clean stop, may not open while there is no room at all, as the
+/// open writes the index (docs/FORMAT.md §9). It then refuses with the device's ENOSPC and
+/// writes nothing it needs, and once room is made it opens with nothing lost; or it opens
+/// (the index needed no new page). Either way a write then goes on, once there is room.
+#[test]
+fn an_open_with_no_room_at_all_fails_for_room_and_loses_nothing() {
+    let test = "an_open_with_no_room_at_all_fails_for_room_and_loses_nothing";
+    let (f, _) = out_of_room(test, 4 * MIB);
+    let Setup {
+        mut rig,
+        cap,
+        v,
+        mut model,
+        mut rng,
+        ..
+    } = f;
+    cap.set_space_limit(Some(cap.stored_bytes()));
+    if rng.gen_bool(0.5) {
+        let dg = rig.dg.take().expect("running");
+        if let Err(e) = dg.shutdown() {
+            assert!(
+                crate::room::is_out_of_room(&e),
+                "a stop with no room failed with {e}"
+            );
+        }
+    }
+    rig.power_cut();
+    match rig.start() {
+        Ok(()) => eprintln!("opened with no room at all: the index needed no new page"),
+        Err(e) => {
+            assert!(
+                crate::room::is_out_of_room(&e),
+                "an open with no room failed with {e}"
+            );
+            cap.set_space_limit(None);
+            rig.start().expect("the open once room is made");
+        }
+    }
+    check_blocks(rig.dg(), v, &model);
+    cap.set_space_limit(None);
+    let data = vec![0x4b; 16 * BLOCK as usize];
+    write_when_space(rig.group(), v, 0, &data, Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("a write once room is made: {e}"));
+    model[..16].fill(0x4b);
+    rig.power_cut_and_restart();
+    check_blocks(rig.dg(), v, &model);
+}
+
 /// Out of room with nothing left in the log for the capacity tier (the only volume deleted),
 /// the spell ends once the file system has room again, without waiting for new writes to try a
 /// capacity write: the idle destager probes for room. While there is none, the probes fail and

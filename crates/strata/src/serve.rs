@@ -138,7 +138,7 @@ async fn open_group(
                 created.remove();
                 match e {
                     EngineError::Cancelled(_) => anyhow::Error::new(e),
-                    e => anyhow!("cannot open the disk group on {fast_name}: {e}"),
+                    e => open_failed(&fast_name, &e),
                 }
             })?;
         let formatted = group.open_report().segment_size_bytes;
@@ -158,6 +158,21 @@ async fn open_group(
     })
     .await
     .context("start-up task failed")?
+}
+
+/// Why the group could not be opened, with what to do when a capacity file's file system has
+/// no room: an open writes the index (a few pages) after replaying the log (docs/FORMAT.md §9);
+/// refused, it loses nothing, and the next start with room made opens the group
+/// (`tests_room::an_open_with_no_room_at_all_fails_for_room_and_loses_nothing`).
+fn open_failed(fast_name: &str, e: &EngineError) -> anyhow::Error {
+    match e {
+        EngineError::Device(d) if d.is_out_of_room() => anyhow!(
+            "cannot open the disk group on {fast_name}: {e}. The file system under a capacity \
+             file has no room for the index the open writes (a few MiB are enough); nothing \
+             acknowledged is lost: make room on it and start again"
+        ),
+        e => anyhow!("cannot open the disk group on {fast_name}: {e}"),
+    }
 }
 
 /// The signals that ask for a clean stop.
@@ -614,5 +629,25 @@ fn task_failure(r: Result<Result<()>, tokio::task::JoinError>, what: &str) -> an
     match task_result(r, what) {
         Ok(()) => anyhow!("{what} stopped unexpectedly"),
         Err(e) => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_open_refused_for_room_says_to_make_room() {
+        let full = EngineError::Device(strata_device::DeviceError::Io {
+            device: "capacity-0.img".into(),
+            offset: 1 << 20,
+            source: std::io::Error::from_raw_os_error(28),
+        });
+        let said = open_failed("fast.img", &full).to_string();
+        assert!(said.contains("No space left on device"), "{said}");
+        assert!(said.contains("make room on it and start again"), "{said}");
+        let other = EngineError::Corrupt("a bad checkpoint".into());
+        let said = open_failed("fast.img", &other).to_string();
+        assert!(!said.contains("make room"), "{said}");
     }
 }
