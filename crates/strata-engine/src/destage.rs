@@ -680,27 +680,19 @@ impl Destager {
         let mut freed = 0;
         let result = std::thread::scope(|scope| -> Result<(), EngineError> {
             let mut inflight: Option<Inflight<'_>> = None;
-            // The batches the stripe in flight takes whole, and the one it takes part of.
             let mut skip = 0;
-            let mut split = None;
             for i in 0..max_stripes.clamp(1, MAX_STRIPES_PER_STEP) {
                 // Past the first stripe, go on only while the log is still above its high mark
                 // (or draining): destaging more than needed moves data that may still be hot.
                 if i > 0 && !self.flat_out() {
                     break;
                 }
-                let next = self.next_stripe(skip, split);
+                let next = self.next_stripe(skip);
                 if let Some(prev) = inflight.take() {
                     // Commit what is already written before acting on an error.
                     freed += self.finish(prev)?;
                 }
-                let Some(NextStripe {
-                    stripe,
-                    taken,
-                    moved,
-                    split: part,
-                }) = next?
-                else {
+                let Some((stripe, taken, moved)) = next? else {
                     break;
                 };
                 if stripe.iter().all(Builder::is_empty) {
@@ -709,11 +701,9 @@ impl Destager {
                     self.second_chance(taken);
                     freed += self.advance_tail(taken)?;
                     skip = 0;
-                    split = None;
                     continue;
                 }
                 skip = taken;
-                split = part;
                 let placed = self.place(stripe)?;
                 let segs = placed.iter().map(|p| p.0).collect();
                 let sh = &*self.sh;
@@ -774,22 +764,9 @@ impl Destager {
         self.forced() || self.sh.log.lock().fill_ratio() >= self.sh.cfg.fill_ratio_high
     }
 
-    /// Plans and builds the next stripe from the durable batches after the first `skip`, and,
-    /// when the stripe before took the first part of the batch after those (`split`), from
-    /// the rest of it.
-    fn next_stripe(
-        &self,
-        skip: usize,
-        split: Option<Split>,
-    ) -> Result<Option<NextStripe>, EngineError> {
+    /// Plans and builds the next stripe from the durable batches after the first `skip`.
+    fn next_stripe(&self, skip: usize) -> Result<Option<NextStripe>, EngineError> {
         let mut batches = self.durable_batches(skip);
-        if let (Some(sp), Some(first)) = (split, batches.first_mut()) {
-            // Only this thread takes batches from the tail, so the batch is still there.
-            debug_assert_eq!(first.first_seq, sp.first_seq, "the split batch moved");
-            if first.first_seq == sp.first_seq {
-                first.rest_from = sp.rest_from;
-            }
-        }
         // The duty cycle saw young tier-mode data at the tail only if the tail's first batch
         // was durable when it looked; it may have become durable since (and with no hot
         // data recorded the plan below takes the whole tail). Young tier data stays unless
@@ -858,20 +835,15 @@ impl Destager {
                 self.keep_hot(&refs, keep);
             }
         }
-        let (plan, split) = self.plan(&batches[..scope], width);
+        let plan = self.plan(&batches[..scope], width);
         if plan.is_empty() {
             return Err(EngineError::Failed(
                 "a log batch does not fit a segment".into(),
             ));
         }
-        let taken = plan.len() - usize::from(split.is_some());
+        let taken = plan.len();
         let (stripe, moved) = build_stripe(&self.sh, &plan, width)?;
-        Ok(Some(NextStripe {
-            stripe,
-            taken,
-            moved,
-            split,
-        }))
+        Ok(Some((stripe, taken, moved)))
     }
 
     /// Waits for an in-flight stripe, points the index at it and frees its log space.
@@ -907,56 +879,28 @@ impl Destager {
     }
 
     /// The oldest batches whose live data fits one stripe (less a margin of one entry per
-    /// segment, for runs split across segments), with their live runs; then, when a batch does
-    /// not fit whole, the first part of it that does, and where its rest begins. A stripe
-    /// that left the room of a part batch unused would be sealed part full for good: GC
-    /// cleans only what frees more segments than it writes, and with one capacity device
-    /// and 2 MiB batches a segment took three batches, 76% of it.
-    fn plan<'b>(
-        &self,
-        batches: &'b [BatchMeta],
-        width: usize,
-    ) -> (Vec<Planned<'b>>, Option<Split>) {
+    /// segment, for runs split across segments), with their live runs.
+    fn plan<'b>(&self, batches: &'b [BatchMeta], width: usize) -> Vec<Planned<'b>> {
         let geo = self.sh.layout.geo;
         let cap_blocks = width as u64 * u64::from(geo.data_blocks);
         let cap_entries = width * (geo.max_entries as usize - 1);
         let (mut blocks, mut entries, mut log_blocks) = (0u64, 0usize, 0u64);
         let mut plan = Vec::new();
         for b in batches {
-            // Bound what one step reads from the log.
-            if !plan.is_empty() && log_blocks + b.blocks > MAX_STEP_READ_BLOCKS {
-                break;
-            }
             let runs = live_runs(&self.sh, b);
-            let zeros = live_zero_records(&self.sh, b);
             let nb: u64 = runs.iter().map(|r| r.2).sum();
-            let ne = runs.len() + zeros.len();
-            if blocks + nb > cap_blocks || entries + ne > cap_entries {
-                let part = first_part(b, runs, zeros, cap_blocks - blocks, cap_entries - entries);
-                if let Some((runs, zeros, rest_from)) = part {
-                    plan.push(Planned {
-                        batch: b,
-                        runs,
-                        zeros,
-                    });
-                    let split = Split {
-                        first_seq: b.first_seq,
-                        rest_from,
-                    };
-                    return (plan, Some(split));
-                }
+            let ne = runs.len() + live_zero_records(&self.sh, b).len();
+            // The batch regions are read whole; bound what one step reads.
+            let over_read = !plan.is_empty() && log_blocks + b.blocks > MAX_STEP_READ_BLOCKS;
+            if blocks + nb > cap_blocks || entries + ne > cap_entries || over_read {
                 break;
             }
             blocks += nb;
             entries += ne;
             log_blocks += b.blocks;
-            plan.push(Planned {
-                batch: b,
-                runs,
-                zeros,
-            });
+            plan.push((b, runs));
         }
-        (plan, None)
+        plan
     }
 
     /// Hot data stays on the fast tier only while there is room for it: not when draining,
@@ -1729,21 +1673,8 @@ impl Destager {
 
 /// Live data of a log batch or segment: (record or entry index, first block in it, blocks).
 type LiveRuns = Vec<(usize, u64, u64)>;
-/// A batch chosen for a stripe, or the first part of one: its live runs and the pieces of
-/// its zero records still in effect.
-struct Planned<'b> {
-    batch: &'b BatchMeta,
-    runs: LiveRuns,
-    zeros: Vec<LiveZero>,
-}
-
-/// A batch a stripe took only the first part of: its first sequence number, and where the
-/// rest begins (record index, block in that record; see `BatchMeta::rest_from`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Split {
-    first_seq: u64,
-    rest_from: (usize, u64),
-}
+/// A batch chosen for a stripe, with its live runs.
+type Planned<'b> = (&'b BatchMeta, LiveRuns);
 /// A segment of a stripe: (segment, content, segment sequence number).
 type Placed = (u32, Builder, u64);
 
@@ -1756,14 +1687,8 @@ struct Inflight<'s> {
     moved: Vec<Moved>,
 }
 
-/// A stripe to write, the log batches it takes whole, what it moves, and the batch after
-/// them when the stripe takes only the first part of it.
-struct NextStripe {
-    stripe: Vec<Builder>,
-    taken: usize,
-    moved: Vec<Moved>,
-    split: Option<Split>,
-}
+/// A stripe to write, the log batches it takes, and what it moves.
+type NextStripe = (Vec<Builder>, usize, Vec<Moved>);
 
 /// A rewrite sent to the log writer: its answer, layer, lba and length.
 type Pending = (crate::log::ReplyRx, u32, u64, u64);
@@ -1833,60 +1758,6 @@ fn gc_candidates(sh: &Shared) -> Vec<u32> {
     scored.into_iter().map(|(_, s)| s).collect()
 }
 
-/// The part of record `i` of a batch the destager still has to move, as (first block offset
-/// in the record, blocks): all of it, unless the batch's `rest_from` is past its start.
-fn unmoved(b: &BatchMeta, i: usize) -> Option<(u64, u64)> {
-    let (rec, off) = b.rest_from;
-    let n = b.records[i].nblocks;
-    match i.cmp(&rec) {
-        std::cmp::Ordering::Less => None,
-        std::cmp::Ordering::Equal => (off < n).then_some((off, n - off)),
-        std::cmp::Ordering::Greater => Some((0, n)),
-    }
-}
-
-/// The part of a batch's live data (`runs` and `zeros`, as `live_runs` and
-/// `live_zero_records` give them) that fits `room` blocks and `entries` summary entries,
-/// taken in record order: its runs, its zero pieces, and where the rest begins (record index,
-/// block in that record). None when nothing fits, or everything does.
-fn first_part(
-    b: &BatchMeta,
-    runs: LiveRuns,
-    zeros: Vec<LiveZero>,
-    mut room: u64,
-    mut entries: usize,
-) -> Option<(LiveRuns, Vec<LiveZero>, (usize, u64))> {
-    let (mut runs, mut zeros) = (runs.into_iter().peekable(), zeros.into_iter().peekable());
-    let (mut took_runs, mut took_zeros) = (Vec::new(), Vec::new());
-    let rest_from = loop {
-        // The next piece in record order (a record is a write or a zero record, never both).
-        let run_at = runs.peek().map(|&(i, off, _)| (i, off));
-        let zero_at = zeros.peek().map(|z| (z.rec, z.lba - b.records[z.rec].lba));
-        let next_is_run = match (run_at, zero_at) {
-            (None, None) => return None,
-            (Some(r), Some(z)) => r < z,
-            (r, _) => r.is_some(),
-        };
-        let at = if next_is_run { run_at } else { zero_at }.expect("a piece");
-        if entries == 0 || (next_is_run && room == 0) {
-            break at;
-        }
-        entries -= 1;
-        if !next_is_run {
-            took_zeros.extend(zeros.next());
-            continue;
-        }
-        let (i, off, n) = runs.next().expect("a run");
-        let take = n.min(room);
-        took_runs.push((i, off, take));
-        room -= take;
-        if take < n {
-            break (i, off + take);
-        }
-    };
-    (!took_runs.is_empty() || !took_zeros.is_empty()).then_some((took_runs, took_zeros, rest_from))
-}
-
 /// Live data of a log batch as (record index, first block offset in record, blocks).
 fn live_runs(sh: &Shared, b: &BatchMeta) -> Vec<(usize, u64, u64)> {
     let idx = sh.index.read();
@@ -1898,10 +1769,7 @@ fn live_runs(sh: &Shared, b: &BatchMeta) -> Vec<(usize, u64, u64)> {
         let Some(l) = idx.layers.get(&r.layer) else {
             continue;
         };
-        let Some((from, n)) = unmoved(b, i) else {
-            continue;
-        };
-        for p in l.fast.lookup(r.lba + from, n) {
+        for p in l.fast.lookup(r.lba, r.nblocks) {
             let off = p.lba - r.lba;
             if p.loc == Some(Loc::Fast(r.data_start + off)) {
                 out.push((i, off, p.len));
@@ -1913,8 +1781,6 @@ fn live_runs(sh: &Shared, b: &BatchMeta) -> Vec<(usize, u64, u64)> {
 
 /// A piece of a zero record that still makes its blocks read as zeros.
 struct LiveZero {
-    /// The record's index in its batch.
-    rec: usize,
     layer: u32,
     lba: u64,
     nblocks: u64,
@@ -1927,20 +1793,16 @@ struct LiveZero {
 fn live_zero_records(sh: &Shared, b: &BatchMeta) -> Vec<LiveZero> {
     let idx = sh.index.read();
     let mut out = Vec::new();
-    for (i, r) in b.records.iter().enumerate() {
+    for r in b.records.iter() {
         if r.kind != RecordKind::Zero || !idx.layer_live(r.layer) {
             continue;
         }
         let Some(l) = idx.layers.get(&r.layer) else {
             continue;
         };
-        let Some((from, n)) = unmoved(b, i) else {
-            continue;
-        };
-        for p in l.fast.lookup(r.lba + from, n) {
+        for p in l.fast.lookup(r.lba, r.nblocks) {
             if p.loc == Some(Loc::Zero(r.seq)) {
                 out.push(LiveZero {
-                    rec: i,
                     layer: r.layer,
                     lba: p.lba,
                     nblocks: p.len,
@@ -1996,28 +1858,22 @@ fn build_stripe(
     plan: &[Planned<'_>],
     width: usize,
 ) -> Result<(Vec<Builder>, Vec<Moved>), EngineError> {
-    // Each batch's live data is read with one read, from its first live block to its last.
     let mut bufs = Vec::with_capacity(plan.len());
-    for p in plan {
-        let span = p.runs.iter().map(|&(i, off, n)| {
-            let first = p.batch.records[i].data_start + off;
-            (first, first + n)
-        });
-        let (lo, hi) = span.fold((u64::MAX, 0), |(lo, hi), (a, z)| (lo.min(a), hi.max(z)));
-        if lo >= hi {
-            bufs.push((0, AlignedBuf::new_zeroed(0)));
+    for (b, runs) in plan {
+        if runs.is_empty() {
+            bufs.push(AlignedBuf::new_zeroed(0));
             continue;
         }
-        let mut buf = AlignedBuf::new_zeroed(((hi - lo) * BLOCK_U64) as usize);
-        sh.fast.read_at(&mut buf, sh.layout.log_byte(lo))?;
-        bufs.push((lo, buf));
+        let mut buf = AlignedBuf::new_zeroed(((b.blocks - 1) * BLOCK_U64) as usize);
+        sh.fast.read_at(&mut buf, sh.layout.log_byte(b.start + 1))?;
+        bufs.push(buf);
     }
     let mut live = Vec::new();
-    for (p, (lo, buf)) in plan.iter().zip(&bufs) {
-        for &(i, off, n) in &p.runs {
-            let r: &RecMeta = &p.batch.records[i];
+    for ((b, runs), buf) in plan.iter().zip(&bufs) {
+        for &(i, off, n) in runs {
+            let r: &RecMeta = &b.records[i];
             let first = r.data_start + off;
-            let at = ((first - lo) * BLOCK_U64) as usize;
+            let at = ((first - b.start - 1) * BLOCK_U64) as usize;
             let data = &buf[at..at + (n * BLOCK_U64) as usize];
             live.push(LiveRun {
                 layer: r.layer,
@@ -2052,8 +1908,8 @@ fn build_stripe(
             done += take;
         }
     }
-    for p in plan {
-        for r in &p.zeros {
+    for (b, _) in plan {
+        for r in live_zero_records(sh, b) {
             // Any segment of the stripe with an entry to spare takes it.
             if !stripe.iter().any(|s| s.fits(0, 1)) {
                 if stripe.len() == width {
@@ -2511,87 +2367,6 @@ mod tests {
             dg.read(v, lba * 4096, &mut b).unwrap();
             assert!(b.iter().all(|&x| x == lba as u8 + 1), "block {lba}");
         }
-    }
-
-    /// A batch of a write of blocks 0..10, a zero record of 100..105 and a write of 20..30,
-    /// all live: `first_part` takes its pieces in record order within the room and entries it
-    /// is given, and says where the rest begins; `unmoved` then leaves out what was taken.
-    #[test]
-    fn a_batch_is_split_in_record_order_where_the_stripe_is_full() {
-        let rec = |kind, lba, nblocks, data_start| RecMeta {
-            kind,
-            layer: 1,
-            lba,
-            nblocks,
-            seq: 7,
-            data_start,
-            relocation: false,
-            born_ms: 0,
-            aged_from_ms: 0,
-            cache_gen: 0,
-            vol: 0,
-            cache_copy: crate::log::CacheCopy::Again,
-        };
-        let mut b = BatchMeta {
-            start: 0,
-            blocks: 21,
-            skip: 0,
-            first_seq: 5,
-            records: vec![
-                rec(RecordKind::Write, 0, 10, 1),
-                rec(RecordKind::Zero, 100, 5, 11),
-                rec(RecordKind::Write, 20, 10, 11),
-            ]
-            .into(),
-            durable: true,
-            rest_from: (0, 0),
-        };
-        let runs = || vec![(0, 0, 10), (2, 0, 10)];
-        let zeros = || {
-            vec![LiveZero {
-                rec: 1,
-                layer: 1,
-                lba: 100,
-                nblocks: 5,
-                seq: 6,
-            }]
-        };
-        let part = |room, entries| {
-            first_part(&b, runs(), zeros(), room, entries)
-                .map(|(r, z, at)| (r, z.iter().map(|z| z.rec).collect::<Vec<_>>(), at))
-        };
-        assert_eq!(
-            part(15, 10),
-            Some((vec![(0, 0, 10), (2, 0, 5)], vec![1], (2, 5))),
-            "room for 15 blocks"
-        );
-        assert_eq!(
-            part(100, 2),
-            Some((vec![(0, 0, 10)], vec![1], (2, 0))),
-            "room for two entries"
-        );
-        assert_eq!(
-            part(4, 10),
-            Some((vec![(0, 0, 4)], vec![], (0, 4))),
-            "room for 4 blocks"
-        );
-        assert_eq!(part(0, 10), None, "no room");
-        assert_eq!(
-            part(10, 1),
-            Some((vec![(0, 0, 10)], vec![], (1, 0))),
-            "one entry"
-        );
-        assert_eq!(part(100, 10), None, "all of it fits");
-        b.rest_from = (2, 5);
-        assert_eq!(
-            [unmoved(&b, 0), unmoved(&b, 1), unmoved(&b, 2)],
-            [None, None, Some((5, 5))]
-        );
-        b.rest_from = (1, 0);
-        assert_eq!(
-            [unmoved(&b, 0), unmoved(&b, 1), unmoved(&b, 2)],
-            [None, Some((0, 5)), Some((0, 10))]
-        );
     }
 
     #[test]

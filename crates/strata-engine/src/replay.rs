@@ -411,7 +411,6 @@ fn describe(f: &Found, now_ms: u64, unix_now_s: u64) -> BatchMeta {
         first_seq: f.header.first_seq,
         records: records.into(),
         durable: true,
-        rest_from: (0, 0),
     }
 }
 

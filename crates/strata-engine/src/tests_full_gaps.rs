@@ -367,8 +367,9 @@ fn a_power_cut_during_rotation_loses_nothing() {
         hold_destager_while_full(rig.dg());
         trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
         // Rotation writes a batch and a checkpoint (two copies) for each of the older half's
-        // batches (about 24 here) before it frees a block for trims: the cut comes before.
-        let writes_left = rng.gen_range(0..50);
+        // batches before it frees a block for trims (57 to 67 device writes in all, here): the
+        // cut comes well before.
+        let writes_left = rng.gen_range(0..32);
         rig.writes_left.store(writes_left, Ordering::SeqCst);
         rig.dg().sh.destager_held.store(false, Ordering::SeqCst);
         // Its goal is the trims' whole reserve back.

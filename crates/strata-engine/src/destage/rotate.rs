@@ -444,7 +444,6 @@ mod tests {
                 first_seq: 1,
                 records: Vec::new().into(),
                 durable: true,
-                rest_from: (0, 0),
             });
             assert_eq!(log.head, (log_blocks - to_end) % log_blocks);
             for cost in 0..=2 * max_batch {
