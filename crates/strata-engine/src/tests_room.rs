@@ -271,6 +271,22 @@ fn one_full_device_of_two_is_one_spell_out_of_room() {
     check_blocks(rig.dg(), v, &model);
 }
 
+/// Stops a group that is out of room: a clean stop (half the time), which may fail only for
+/// want of room (it cannot write the index then), and a power cut, which is all the other
+/// half gets.
+fn stop_out_of_room(rig: &mut Rig, rng: &mut StdRng) {
+    if rng.gen_bool(0.5) {
+        let dg = rig.dg.take().expect("running");
+        if let Err(e) = dg.shutdown() {
+            assert!(
+                crate::room::is_out_of_room(&e),
+                "a stop while out of room failed with {e}"
+            );
+        }
+    }
+    rig.power_cut();
+}
+
 /// The group stopped while out of room, by a power cut or (half the seeds) a clean stop,
 /// which cannot write the index to the capacity tier and says so; either way it opens again
 /// with the file system still full and loses nothing.
@@ -286,20 +302,8 @@ fn a_stop_while_out_of_room_loses_nothing_and_the_group_opens() {
         mut next,
         mut rng,
     } = f;
-    let dg = rig.group().clone();
     std::thread::sleep(Duration::from_millis(rng.gen_range(0..2500)));
-    drop(dg);
-    if rng.gen_bool(0.5) {
-        let dg = rig.dg.take().expect("running");
-        if let Err(e) = dg.shutdown() {
-            assert!(
-                crate::room::is_out_of_room(&e),
-                "a stop while out of room failed with {e}"
-            );
-        }
-        drop(dg);
-        rig.power_cut();
-    }
+    stop_out_of_room(&mut rig, &mut rng);
     // The file system is still full when the group opens again.
     rig.power_cut_and_restart();
     check_blocks(rig.dg(), v, &model);
@@ -333,16 +337,7 @@ fn an_open_with_no_room_at_all_fails_for_room_and_loses_nothing() {
         ..
     } = f;
     cap.set_space_limit(Some(cap.stored_bytes()));
-    if rng.gen_bool(0.5) {
-        let dg = rig.dg.take().expect("running");
-        if let Err(e) = dg.shutdown() {
-            assert!(
-                crate::room::is_out_of_room(&e),
-                "a stop with no room failed with {e}"
-            );
-        }
-    }
-    rig.power_cut();
+    stop_out_of_room(&mut rig, &mut rng);
     match rig.start() {
         Ok(()) => eprintln!("opened with no room at all: the index needed no new page"),
         Err(e) => {
