@@ -726,21 +726,26 @@ impl DiskGroup {
     }
 
     /// Runs a host request (idempotent, holding no lock), first waiting for rotation if the
-    /// tiers are full (`Shared::wait_for_rotation`); again, once, if they filled while it went
-    /// and it was refused with NoSpace without that wait.
+    /// tiers are full (`Shared::wait_for_rotation`). Refused with NoSpace when the wait did
+    /// not give up (the tiers filled while it went, or the room the wait saw was taken before
+    /// the request was placed, by the destager's own rewrites), it waits and tries again, a
+    /// few times at most.
     fn with_rotation(
         &self,
         data_blocks: u64,
         request: impl Fn() -> Result<(), EngineError>,
     ) -> Result<(), EngineError> {
-        let looked = self.sh.wait_for_rotation(data_blocks);
-        match request() {
-            Err(EngineError::NoSpace) if !looked => {
-                self.sh.wait_for_rotation(data_blocks);
-                request()
+        const TRIES: usize = 4;
+        let mut waited = self.sh.wait_for_rotation(data_blocks);
+        for _ in 1..TRIES {
+            match request() {
+                Err(EngineError::NoSpace) if waited != shared::RotationWait::GaveUp => {
+                    waited = self.sh.wait_for_rotation(data_blocks);
+                }
+                r => return r,
             }
-            r => r,
         }
+        request()
     }
 
     fn write_admitted(&self, vol: VolumeId, offset: u64, data: &[u8]) -> Result<(), EngineError> {

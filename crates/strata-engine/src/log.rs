@@ -1300,13 +1300,20 @@ impl LogWriter {
     /// While waiting for space, answers the destager's queued rewrites at once: it may be
     /// waiting for them, and only it can free space.
     fn refuse_queued_no_wait(&self, f: &mut Front) {
+        // Rotation's requests are kept (held, in order): they are what frees a full log, and
+        // are sized to the reserve only they may take. (Refused here while a host batch
+        // waited for room, they left a rotation group half written and the log's tail where
+        // it was, with the blocks they took gone: rotation stopped, every trim refused.)
         while let Ok(r) = self.rx_hot.try_recv() {
-            r.done.send(Err(EngineError::NoSpace));
+            match r.rotation {
+                true => f.held.push_back(r),
+                false => r.done.send(Err(EngineError::NoSpace)),
+            }
         }
-        if f.held.iter().any(|r| r.no_wait) {
+        if f.held.iter().any(|r| r.no_wait && !r.rotation) {
             let held = std::mem::take(&mut f.held);
             let (refused, kept): (VecDeque<_>, VecDeque<_>) =
-                held.into_iter().partition(|r| r.no_wait);
+                held.into_iter().partition(|r| r.no_wait && !r.rotation);
             f.held = kept;
             reply_all(refused.into_iter().collect(), || Err(EngineError::NoSpace));
         }
@@ -1435,8 +1442,11 @@ impl LogWriter {
                     log.push(meta.clone());
                     return Ok(meta);
                 }
+                // A host batch that does not fit does not wait ahead of rotation's requests
+                // (held behind it, they would wait for room only they can make).
+                let rotation_held = !rotation && f.held.iter().any(|r| r.rotation);
                 if self.inflight.load(Ordering::Relaxed) == 0
-                    && self.sh.counters.capacity_full.load(Ordering::Relaxed)
+                    && (self.sh.counters.capacity_full.load(Ordering::Relaxed) || rotation_held)
                 {
                     return Err(EngineError::NoSpace);
                 }

@@ -364,6 +364,18 @@ pub struct IndexParts {
 pub const ROTATION_STALL: std::time::Duration = std::time::Duration::from_secs(5);
 pub const ROTATION_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// How a wait for rotation (`Shared::wait_for_rotation`) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RotationWait {
+    /// The capacity tier was not full: nothing was waited for.
+    NotFull,
+    /// The log had room for the request.
+    Room,
+    /// Rotation will not give it room (a plan aims lower, it stalled, or the wait ran out),
+    /// or the group stopped.
+    GaveUp,
+}
+
 /// `Shared::destager_rest_fill` when the destager is not resting.
 pub const NOT_RESTING: u64 = u64::MAX;
 /// How much the log's fill must grow during a destager's rest before the log writer's nudges
@@ -542,11 +554,11 @@ impl Shared {
     /// placed, or refused with NoSpace) once there is room, once a plan made since it came
     /// aims lower, or when no log space has been freed for `ROTATION_STALL` while the
     /// destager went on looking (or after `ROTATION_WAIT_MAX` in all). One load when the tier
-    /// is not full; returns whether it was.
-    pub fn wait_for_rotation(&self, data_blocks: u64) -> bool {
+    /// is not full.
+    pub fn wait_for_rotation(&self, data_blocks: u64) -> RotationWait {
         let c = &self.counters;
         if !c.capacity_full.load(Ordering::Relaxed) {
-            return false;
+            return RotationWait::NotFull;
         }
         // A plan counted two after this one was begun after this request came: it saw the
         // log as this request does, or emptier.
@@ -564,22 +576,24 @@ impl Shared {
             let need = log.kept_free(data_blocks > 0, false) + data_blocks + 1;
             let planned = c.rotation_plans.load(Ordering::Acquire) >= plans_seen + 2;
             let goal = c.rotation_goal_blocks.load(Ordering::Relaxed);
-            if log.host_free_blocks() >= need
-                || (planned && goal < need)
+            if log.host_free_blocks() >= need {
+                return RotationWait::Room;
+            }
+            if (planned && goal < need)
                 || self.check_running().is_err()
                 || self.destager_stop.load(Ordering::Relaxed)
             {
-                return true;
+                return RotationWait::GaveUp;
             }
             let freed = c.log_freed_bytes.load(Ordering::Relaxed);
             let plans = c.rotation_plans.load(Ordering::Acquire);
             if freed != freed_seen {
                 (freed_seen, since, plans_at_free) = (freed, std::time::Instant::now(), plans);
             } else if since.elapsed() >= ROTATION_STALL && plans >= plans_at_free + 2 {
-                return true;
+                return RotationWait::GaveUp;
             }
             if std::time::Instant::now() >= deadline {
-                return true;
+                return RotationWait::GaveUp;
             }
             parking_lot::MutexGuard::unlocked(&mut log, || self.wake_destager());
             self.log_freed

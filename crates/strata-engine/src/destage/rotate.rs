@@ -59,12 +59,18 @@ fn batched_blocks(sizes: impl Iterator<Item = u64>, max_batch_blocks: u64) -> u6
 }
 
 /// Blocks a rewrite of `cost` blocks (`max_batch` a batch at most) may leave unused at the end
-/// of the log area, `to_end` blocks from the head, when hosts' batches come between its own.
-/// A batch skips to the start only when it does not fit before the end (`LogState::place`),
-/// so it skips fewer blocks than it takes: one of rotation's batches is at most `max_batch`
+/// of the log area, `to_end` blocks from the head, when hosts' batches, `before` blocks at
+/// most, come between its own. A batch skips to the start only when it does not fit before
+/// the end (`LogState::place`): none does when the rewrite and those batches all fit; else
+/// it skips fewer blocks than it takes: one of rotation's batches is at most `max_batch`
 /// blocks and at most the whole rewrite. (A small rewrite, such as what is left of a group
-/// a power cut stopped, is not refused for a skip only a whole batch could make.)
-fn wrap_skip(to_end: u64, cost: u64, max_batch: u64) -> u64 {
+/// a power cut stopped, is not refused for a skip only a whole batch could make. Nor is a
+/// rewrite that fits before the end: counting a skip there left a log whose free blocks,
+/// under the reserve after an earlier wrap, lay before the end, stopped for good.)
+fn wrap_skip(to_end: u64, cost: u64, max_batch: u64, before: u64) -> u64 {
+    if cost + before <= to_end {
+        return 0;
+    }
     to_end.min(cost.min(max_batch).saturating_sub(1))
 }
 
@@ -290,6 +296,7 @@ impl Destager {
         let c = &self.sh.counters;
         // The log writer gathers them whole: a batch cut short costs a header more.
         c.rotation_queueing.store(true, Ordering::Release);
+        let queued = reqs.len();
         let mut waits = Vec::with_capacity(reqs.len());
         for (req, wait) in reqs {
             // A refusal (the queue full) drops the request and its claim; the tail then stays.
@@ -304,9 +311,10 @@ impl Destager {
             }
         }
         c.rotation_queueing.store(false, Ordering::Release);
+        let mut refused = waits.len() < queued;
         for wait in waits {
             // A refused rewrite leaves the old copy live: the tail stays where it is.
-            let _ = wait.wait();
+            refused |= wait.wait().is_err();
         }
         let empty = group
             .iter()
@@ -315,9 +323,16 @@ impl Destager {
             })
             .count();
         if empty == 0 {
-            // The group ends unfinished: what it wrote counts for every batch.
+            // The group ends unfinished: what it wrote counts for every batch. When a request
+            // of it was refused (the log writer's queue full, or its batch without room), the
+            // rotation is planned afresh at the next call: marked fruitless, it would not be
+            // looked at again until the log changed, which with trims refused it may not.
             self.sh.log.lock().rotation_outstanding_blocks = 0;
-            return Ok(Rotated::Stuck);
+            return Ok(if refused {
+                Rotated::Busy
+            } else {
+                Rotated::Stuck
+            });
         }
         // Cached copies in these batches are dropped (`advance_tail` forgets them): the data
         // is on the capacity tier, and writing copies again would take rotation's room.
@@ -331,7 +346,7 @@ impl Destager {
     /// hosts write meanwhile) and `MAX_GROUP_PIECES`.
     fn group_size(&self, batches: &[BatchMeta]) -> usize {
         let max_batch = crate::log::max_batch_blocks(self.sh.cfg.max_batch_bytes);
-        let (room, to_end) = {
+        let (room, to_end, before) = {
             let log = self.sh.log.lock();
             // While the head is past the tail, a rewrite that does not fit before the end of
             // the log area skips to its start, leaving the blocks before the end unused (for
@@ -340,7 +355,10 @@ impl Destager {
                 Some(f) if log.head > f.start => log.log_blocks - log.head,
                 _ => 0,
             };
-            (log.free_blocks().min(log.rotation_reserve_blocks), to_end)
+            let free = log.free_blocks();
+            let reserve = log.rotation_reserve_blocks;
+            // Hosts may take what is free beyond the reserve while the group is written.
+            (free.min(reserve), to_end, free.saturating_sub(reserve))
         };
         let mut group = Pieces {
             data: Vec::new(),
@@ -350,8 +368,8 @@ impl Destager {
         for b in batches {
             group.extend(Pieces::of(&self.sh, b));
             let cost = group.cost(max_batch);
-            if cost + wrap_skip(to_end, cost, max_batch) > room || group.count() > MAX_GROUP_PIECES
-            {
+            let skip = wrap_skip(to_end, cost, max_batch, before);
+            if cost + skip > room || group.count() > MAX_GROUP_PIECES {
                 break;
             }
             n += 1;
@@ -429,38 +447,70 @@ mod tests {
         assert_eq!(batched_blocks(std::iter::repeat_n(0, 63), 64), 2);
     }
 
-    /// Whatever the head's distance from the end of the log area, a batch of rotation's (at
-    /// most `max_batch` blocks and at most the whole rewrite) placed there skips no more
-    /// than `wrap_skip` counts.
-    #[test]
-    fn a_rewrite_skips_no_more_than_counted() {
-        let (log_blocks, max_batch) = (1000, 64);
-        for to_end in 0..=80 {
-            let mut log = crate::log::LogState::new(log_blocks, 500, 1);
+    /// Rotation's skips when a rewrite of `cost` blocks goes in batches of `max_batch` at
+    /// most, `to_end` blocks before the end of a 1000-block log area whose only batch starts
+    /// at 500, and a host batch of `before` blocks comes ahead of its `host_at`-th batch.
+    fn rewrite_skips(to_end: u64, cost: u64, max_batch: u64, before: u64, host_at: u64) -> u64 {
+        let log_blocks = 1000;
+        let mut log = crate::log::LogState::new(log_blocks, 500, 1);
+        let push = |log: &mut crate::log::LogState, blocks: u64| {
+            let (start, skip) = log.place(blocks).expect("room before the tail");
+            let first_seq = log.next_seq;
             log.push(BatchMeta {
-                start: 500,
-                blocks: log_blocks - 500 - to_end,
-                skip: 0,
-                first_seq: 1,
+                start,
+                blocks,
+                skip,
+                first_seq,
                 records: Vec::new().into(),
                 durable: true,
             });
-            assert_eq!(log.head, (log_blocks - to_end) % log_blocks);
+            skip
+        };
+        push(&mut log, log_blocks - 500 - to_end);
+        assert_eq!(log.head, (log_blocks - to_end) % log_blocks);
+        let (mut left, mut skipped, mut k) = (cost, 0, 0);
+        while left > 0 || (k <= host_at && before > 0) {
+            if k == host_at && before > 0 {
+                push(&mut log, before);
+            }
+            if left > 0 {
+                let n = left.min(max_batch);
+                skipped += push(&mut log, n);
+                left -= n;
+            }
+            k += 1;
+        }
+        skipped
+    }
+
+    /// Whatever the head's distance from the end of the log area and wherever hosts' batches
+    /// (up to `before` blocks) come, a rewrite in batches of rotation's (at most `max_batch`
+    /// blocks) skips no more than `wrap_skip` counts, and nothing when all fit before the end.
+    #[test]
+    fn a_rewrite_skips_no_more_than_counted() {
+        let max_batch = 64;
+        for to_end in 0..=160 {
             for cost in 0..=2 * max_batch {
-                let counted = wrap_skip(to_end, cost, max_batch);
-                for blocks in 1..=cost.min(max_batch) {
-                    let (_, skip) = log.place(blocks).expect("room before the tail");
-                    assert!(
-                        skip <= counted,
-                        "{to_end} blocks to the end, a rewrite of {cost}: a batch of {blocks} \
-                         skips {skip}, counted {counted}"
-                    );
+                for before in [0, 1, 20, 70] {
+                    let counted = wrap_skip(to_end, cost, max_batch, before);
+                    for host_at in 0..3 {
+                        let skip = rewrite_skips(to_end, cost, max_batch, before, host_at);
+                        assert!(
+                            skip <= counted,
+                            "{to_end} blocks to the end, a rewrite of {cost}, hosts {before} \
+                             before batch {host_at}: skips {skip}, counted {counted}"
+                        );
+                    }
                 }
             }
         }
-        // Fewer than a whole batch, for a small rewrite far from the end.
-        assert_eq!(wrap_skip(50, 10, max_batch), 9);
-        assert_eq!(wrap_skip(200, 1000, max_batch), 63);
+        // Fewer than a whole batch, for a small rewrite near the end.
+        assert_eq!(wrap_skip(50, 60, max_batch, 0), 50);
+        assert_eq!(wrap_skip(5, 10, max_batch, 0), 5);
+        assert_eq!(wrap_skip(200, 1000, max_batch, 0), 63);
+        // Nothing when the rewrite and what hosts may take fit before the end.
+        assert_eq!(wrap_skip(171, 64, max_batch, 0), 0);
+        assert_eq!(wrap_skip(171, 64, max_batch, 108), 63);
     }
 
     #[test]
