@@ -5,11 +5,10 @@
 # request in flight, random data) until a write is refused with ENOSPC.
 # Printed: the bytes accepted (those in the write log included), and the capacity tier's live
 # data against the bytes of its segments in use (the fill of the segments destage wrote); with
-# STRATA_BASE, the same for a second binary first, and the ratio of the bytes accepted. A
-# stripe takes whole log batches only: 866 MiB accepted, segments 0.87 full (docs/FORMAT.md
-# §9); the thirty-eighth session's experiment of stripes that take part of a batch, not kept,
-# 964 MiB, 0.98 (every data block). Then the volume is read back after a SIGKILL restart and
-# compared with what was written.
+# STRATA_BASE, the same for a second binary first, and the ratio of the bytes accepted (until
+# the fortieth session a stripe took whole batches only: 866 MiB accepted, segments 0.87 full;
+# since, 966 MiB, 0.98, which is every data block of a segment: docs/BENCHMARKS.md). Then the
+# volume is read back after a SIGKILL restart and compared with what was written.
 #   DIR=path            scratch files (default target/bench-capacity-fill)
 #   STRATA_BIN=path     a strata binary to run instead of building this checkout's
 #   STRATA_BASE=path    a second binary measured the same way, before this one

@@ -660,7 +660,7 @@ impl Destager {
             return Ok(false);
         }
         self.second_chance(empty);
-        let freed = self.advance_tail(empty)? > 0;
+        let freed = self.advance_tail(empty, None)? > 0;
         if freed {
             // Host writes waiting for log space may go on: this is room, if not capacity.
             self.sh
@@ -680,30 +680,40 @@ impl Destager {
         let mut freed = 0;
         let result = std::thread::scope(|scope| -> Result<(), EngineError> {
             let mut inflight: Option<Inflight<'_>> = None;
+            // The batches the stripe in flight takes whole, and the one it takes part of.
             let mut skip = 0;
+            let mut split = None;
             for i in 0..max_stripes.clamp(1, MAX_STRIPES_PER_STEP) {
                 // Past the first stripe, go on only while the log is still above its high mark
                 // (or draining): destaging more than needed moves data that may still be hot.
                 if i > 0 && !self.flat_out() {
                     break;
                 }
-                let next = self.next_stripe(skip);
+                let next = self.next_stripe(skip, split);
                 if let Some(prev) = inflight.take() {
                     // Commit what is already written before acting on an error.
                     freed += self.finish(prev)?;
                 }
-                let Some((stripe, taken, moved)) = next? else {
+                let Some(NextStripe {
+                    stripe,
+                    taken,
+                    moved,
+                    split: part,
+                }) = next?
+                else {
                     break;
                 };
                 if stripe.iter().all(Builder::is_empty) {
                     // Nothing live left in these batches (kept or overwritten): no segment
                     // to write, the tail just moves past them.
                     self.second_chance(taken);
-                    freed += self.advance_tail(taken)?;
+                    freed += self.advance_tail(taken, None)?;
                     skip = 0;
+                    split = None;
                     continue;
                 }
                 skip = taken;
+                split = part;
                 let placed = self.place(stripe)?;
                 let segs = placed.iter().map(|p| p.0).collect();
                 let sh = &*self.sh;
@@ -713,6 +723,7 @@ impl Destager {
                     segs,
                     taken,
                     moved,
+                    split: part,
                 });
             }
             if let Some(prev) = inflight.take() {
@@ -764,9 +775,22 @@ impl Destager {
         self.forced() || self.sh.log.lock().fill_ratio() >= self.sh.cfg.fill_ratio_high
     }
 
-    /// Plans and builds the next stripe from the durable batches after the first `skip`.
-    fn next_stripe(&self, skip: usize) -> Result<Option<NextStripe>, EngineError> {
+    /// Plans and builds the next stripe from the durable batches after the first `skip`, and,
+    /// when the stripe before took the first part of the batch after those (`split`), from
+    /// the rest of it.
+    fn next_stripe(
+        &self,
+        skip: usize,
+        split: Option<Split>,
+    ) -> Result<Option<NextStripe>, EngineError> {
         let mut batches = self.durable_batches(skip);
+        if let (Some(sp), Some(first)) = (split, batches.first_mut()) {
+            // Only this thread takes batches from the tail, so the batch is still there.
+            debug_assert_eq!(first.first_seq, sp.first_seq, "the split batch moved");
+            if first.first_seq == sp.first_seq {
+                first.rest_from = sp.rest_from;
+            }
+        }
         // The duty cycle saw young tier-mode data at the tail only if the tail's first batch
         // was durable when it looked; it may have become durable since (and with no hot
         // data recorded the plan below takes the whole tail). Young tier data stays unless
@@ -835,15 +859,20 @@ impl Destager {
                 self.keep_hot(&refs, keep);
             }
         }
-        let plan = self.plan(&batches[..scope], width);
+        let (plan, split) = self.plan(&batches[..scope], width);
         if plan.is_empty() {
             return Err(EngineError::Failed(
                 "a log batch does not fit a segment".into(),
             ));
         }
-        let taken = plan.len();
+        let taken = plan.len() - usize::from(split.is_some());
         let (stripe, moved) = build_stripe(&self.sh, &plan, width)?;
-        Ok(Some((stripe, taken, moved)))
+        Ok(Some(NextStripe {
+            stripe,
+            taken,
+            moved,
+            split,
+        }))
     }
 
     /// Waits for an in-flight stripe, points the index at it and frees its log space.
@@ -870,7 +899,7 @@ impl Destager {
         c.destaged_bytes.fetch_add(written, Ordering::Relaxed);
         c.destage_rate.lock().add(written, Instant::now());
         self.second_chance(f.taken);
-        let freed = self.advance_tail(f.taken)?;
+        let freed = self.advance_tail(f.taken, f.split)?;
         // What one flush writes stays within the reserve: at most one stripe over the limit.
         if self.sh.tree.read().counts().dirty_nodes >= self.sh.index_dirty_limit {
             meta::flush_index(&self.sh)?;
@@ -879,28 +908,60 @@ impl Destager {
     }
 
     /// The oldest batches whose live data fits one stripe (less a margin of one entry per
-    /// segment, for runs split across segments), with their live runs.
-    fn plan<'b>(&self, batches: &'b [BatchMeta], width: usize) -> Vec<Planned<'b>> {
+    /// segment, for runs split across segments), with their live runs; then, when a batch does
+    /// not fit whole, the first part of it that does, and where its rest begins. A stripe
+    /// that left the room of a part batch unused would be sealed part full for good: GC
+    /// cleans only what frees more segments than it writes, and with one capacity device
+    /// and 2 MiB batches a segment took three batches, 76% of it.
+    fn plan<'b>(
+        &self,
+        batches: &'b [BatchMeta],
+        width: usize,
+    ) -> (Vec<Planned<'b>>, Option<Split>) {
         let geo = self.sh.layout.geo;
         let cap_blocks = width as u64 * u64::from(geo.data_blocks);
         let cap_entries = width * (geo.max_entries as usize - 1);
         let (mut blocks, mut entries, mut log_blocks) = (0u64, 0usize, 0u64);
         let mut plan = Vec::new();
         for b in batches {
+            // Bound what one step reads from the log.
+            if !plan.is_empty() && log_blocks + b.blocks > MAX_STEP_READ_BLOCKS {
+                break;
+            }
             let runs = live_runs(&self.sh, b);
+            let zeros = live_zero_records(&self.sh, b);
             let nb: u64 = runs.iter().map(|r| r.2).sum();
-            let ne = runs.len() + live_zero_records(&self.sh, b).len();
-            // The batch regions are read whole; bound what one step reads.
-            let over_read = !plan.is_empty() && log_blocks + b.blocks > MAX_STEP_READ_BLOCKS;
-            if blocks + nb > cap_blocks || entries + ne > cap_entries || over_read {
+            let ne = runs.len() + zeros.len();
+            if blocks + nb > cap_blocks || entries + ne > cap_entries {
+                let part = first_part(b, runs, zeros, cap_blocks - blocks, cap_entries - entries);
+                if let Some((runs, zeros, rest_from)) = part {
+                    plan.push(Planned {
+                        batch: b,
+                        runs,
+                        zeros,
+                    });
+                    let split = Split {
+                        first_seq: b.first_seq,
+                        rest_from,
+                        part: TailPart {
+                            seq: b.records[rest_from.0].seq,
+                            block: rest_from.1,
+                        },
+                    };
+                    return (plan, Some(split));
+                }
                 break;
             }
             blocks += nb;
             entries += ne;
             log_blocks += b.blocks;
-            plan.push((b, runs));
+            plan.push(Planned {
+                batch: b,
+                runs,
+                zeros,
+            });
         }
-        plan
+        (plan, None)
     }
 
     /// Hot data stays on the fast tier only while there is room for it: not when draining,
@@ -1301,7 +1362,12 @@ impl Destager {
     /// the old tail again while the space behind the new one is handed out to new batches.
     /// After a power cut, replay would then start at a block that holds a newer batch and
     /// lose every acknowledged write from there on.
-    fn advance_tail(&self, batches: usize) -> Result<u64, EngineError> {
+    ///
+    /// `split`: the batch after those freed, when a stripe just committed took the first part
+    /// of it. That batch is the new tail, and the checkpoint says which part of it is on the
+    /// capacity tier (`Checkpoint::tail_destaged`), so that a replay does not bring that part
+    /// back into the log.
+    fn advance_tail(&self, batches: usize, split: Option<Split>) -> Result<u64, EngineError> {
         let mut d = self.sh.durable.lock();
         let tail = {
             let log = self.sh.log.lock();
@@ -1310,6 +1376,12 @@ impl Destager {
                 None => (log.head, log.next_seq),
             }
         };
+        if let Some(sp) = split {
+            debug_assert_eq!(sp.first_seq, tail.1, "the split batch is not the new tail");
+            if sp.first_seq == tail.1 {
+                d.tail_part = Some((sp.first_seq, sp.part));
+            }
+        }
         self.sh.write_checkpoint_locked(&mut d, tail)?;
         #[cfg(test)]
         if let Some(hook) = self.sh.after_tail_checkpoint.lock().as_ref() {
@@ -1673,8 +1745,23 @@ impl Destager {
 
 /// Live data of a log batch or segment: (record or entry index, first block in it, blocks).
 type LiveRuns = Vec<(usize, u64, u64)>;
-/// A batch chosen for a stripe, with its live runs.
-type Planned<'b> = (&'b BatchMeta, LiveRuns);
+/// A batch chosen for a stripe, or the first part of one: its live runs and the pieces of
+/// its zero records still in effect.
+struct Planned<'b> {
+    batch: &'b BatchMeta,
+    runs: LiveRuns,
+    zeros: Vec<LiveZero>,
+}
+
+/// A batch a stripe took only the first part of: its first sequence number, and where the
+/// rest begins (record index, block in that record; see `BatchMeta::rest_from`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Split {
+    first_seq: u64,
+    rest_from: (usize, u64),
+    /// The same place as the checkpoint names it (record seq, block in that record).
+    part: TailPart,
+}
 /// A segment of a stripe: (segment, content, segment sequence number).
 type Placed = (u32, Builder, u64);
 
@@ -1685,10 +1772,18 @@ struct Inflight<'s> {
     segs: Vec<u32>,
     taken: usize,
     moved: Vec<Moved>,
+    /// The batch after those it takes whole, when it takes the first part of that one.
+    split: Option<Split>,
 }
 
-/// A stripe to write, the log batches it takes, and what it moves.
-type NextStripe = (Vec<Builder>, usize, Vec<Moved>);
+/// A stripe to write, the log batches it takes whole, what it moves, and the batch after
+/// them when the stripe takes only the first part of it.
+struct NextStripe {
+    stripe: Vec<Builder>,
+    taken: usize,
+    moved: Vec<Moved>,
+    split: Option<Split>,
+}
 
 /// A rewrite sent to the log writer: its answer, layer, lba and length.
 type Pending = (crate::log::ReplyRx, u32, u64, u64);
@@ -1758,6 +1853,60 @@ fn gc_candidates(sh: &Shared) -> Vec<u32> {
     scored.into_iter().map(|(_, s)| s).collect()
 }
 
+/// The part of record `i` of a batch the destager still has to move, as (first block offset
+/// in the record, blocks): all of it, unless the batch's `rest_from` is past its start.
+fn unmoved(b: &BatchMeta, i: usize) -> Option<(u64, u64)> {
+    let (rec, off) = b.rest_from;
+    let n = b.records[i].nblocks;
+    match i.cmp(&rec) {
+        std::cmp::Ordering::Less => None,
+        std::cmp::Ordering::Equal => (off < n).then_some((off, n - off)),
+        std::cmp::Ordering::Greater => Some((0, n)),
+    }
+}
+
+/// The part of a batch's live data (`runs` and `zeros`, as `live_runs` and
+/// `live_zero_records` give them) that fits `room` blocks and `entries` summary entries,
+/// taken in record order: its runs, its zero pieces, and where the rest begins (record index,
+/// block in that record). None when nothing fits, or everything does.
+fn first_part(
+    b: &BatchMeta,
+    runs: LiveRuns,
+    zeros: Vec<LiveZero>,
+    mut room: u64,
+    mut entries: usize,
+) -> Option<(LiveRuns, Vec<LiveZero>, (usize, u64))> {
+    let (mut runs, mut zeros) = (runs.into_iter().peekable(), zeros.into_iter().peekable());
+    let (mut took_runs, mut took_zeros) = (Vec::new(), Vec::new());
+    let rest_from = loop {
+        // The next piece in record order (a record is a write or a zero record, never both).
+        let run_at = runs.peek().map(|&(i, off, _)| (i, off));
+        let zero_at = zeros.peek().map(|z| (z.rec, z.lba - b.records[z.rec].lba));
+        let next_is_run = match (run_at, zero_at) {
+            (None, None) => return None,
+            (Some(r), Some(z)) => r < z,
+            (r, _) => r.is_some(),
+        };
+        let at = if next_is_run { run_at } else { zero_at }.expect("a piece");
+        if entries == 0 || (next_is_run && room == 0) {
+            break at;
+        }
+        entries -= 1;
+        if !next_is_run {
+            took_zeros.extend(zeros.next());
+            continue;
+        }
+        let (i, off, n) = runs.next().expect("a run");
+        let take = n.min(room);
+        took_runs.push((i, off, take));
+        room -= take;
+        if take < n {
+            break (i, off + take);
+        }
+    };
+    (!took_runs.is_empty() || !took_zeros.is_empty()).then_some((took_runs, took_zeros, rest_from))
+}
+
 /// Live data of a log batch as (record index, first block offset in record, blocks).
 fn live_runs(sh: &Shared, b: &BatchMeta) -> Vec<(usize, u64, u64)> {
     let idx = sh.index.read();
@@ -1769,7 +1918,10 @@ fn live_runs(sh: &Shared, b: &BatchMeta) -> Vec<(usize, u64, u64)> {
         let Some(l) = idx.layers.get(&r.layer) else {
             continue;
         };
-        for p in l.fast.lookup(r.lba, r.nblocks) {
+        let Some((from, n)) = unmoved(b, i) else {
+            continue;
+        };
+        for p in l.fast.lookup(r.lba + from, n) {
             let off = p.lba - r.lba;
             if p.loc == Some(Loc::Fast(r.data_start + off)) {
                 out.push((i, off, p.len));
@@ -1781,6 +1933,8 @@ fn live_runs(sh: &Shared, b: &BatchMeta) -> Vec<(usize, u64, u64)> {
 
 /// A piece of a zero record that still makes its blocks read as zeros.
 struct LiveZero {
+    /// The record's index in its batch.
+    rec: usize,
     layer: u32,
     lba: u64,
     nblocks: u64,
@@ -1793,16 +1947,20 @@ struct LiveZero {
 fn live_zero_records(sh: &Shared, b: &BatchMeta) -> Vec<LiveZero> {
     let idx = sh.index.read();
     let mut out = Vec::new();
-    for r in b.records.iter() {
+    for (i, r) in b.records.iter().enumerate() {
         if r.kind != RecordKind::Zero || !idx.layer_live(r.layer) {
             continue;
         }
         let Some(l) = idx.layers.get(&r.layer) else {
             continue;
         };
-        for p in l.fast.lookup(r.lba, r.nblocks) {
+        let Some((from, n)) = unmoved(b, i) else {
+            continue;
+        };
+        for p in l.fast.lookup(r.lba + from, n) {
             if p.loc == Some(Loc::Zero(r.seq)) {
                 out.push(LiveZero {
+                    rec: i,
                     layer: r.layer,
                     lba: p.lba,
                     nblocks: p.len,
@@ -1858,22 +2016,28 @@ fn build_stripe(
     plan: &[Planned<'_>],
     width: usize,
 ) -> Result<(Vec<Builder>, Vec<Moved>), EngineError> {
+    // Each batch's live data is read with one read, from its first live block to its last.
     let mut bufs = Vec::with_capacity(plan.len());
-    for (b, runs) in plan {
-        if runs.is_empty() {
-            bufs.push(AlignedBuf::new_zeroed(0));
+    for p in plan {
+        let span = p.runs.iter().map(|&(i, off, n)| {
+            let first = p.batch.records[i].data_start + off;
+            (first, first + n)
+        });
+        let (lo, hi) = span.fold((u64::MAX, 0), |(lo, hi), (a, z)| (lo.min(a), hi.max(z)));
+        if lo >= hi {
+            bufs.push((0, AlignedBuf::new_zeroed(0)));
             continue;
         }
-        let mut buf = AlignedBuf::new_zeroed(((b.blocks - 1) * BLOCK_U64) as usize);
-        sh.fast.read_at(&mut buf, sh.layout.log_byte(b.start + 1))?;
-        bufs.push(buf);
+        let mut buf = AlignedBuf::new_zeroed(((hi - lo) * BLOCK_U64) as usize);
+        sh.fast.read_at(&mut buf, sh.layout.log_byte(lo))?;
+        bufs.push((lo, buf));
     }
     let mut live = Vec::new();
-    for ((b, runs), buf) in plan.iter().zip(&bufs) {
-        for &(i, off, n) in runs {
-            let r: &RecMeta = &b.records[i];
+    for (p, (lo, buf)) in plan.iter().zip(&bufs) {
+        for &(i, off, n) in &p.runs {
+            let r: &RecMeta = &p.batch.records[i];
             let first = r.data_start + off;
-            let at = ((first - b.start - 1) * BLOCK_U64) as usize;
+            let at = ((first - lo) * BLOCK_U64) as usize;
             let data = &buf[at..at + (n * BLOCK_U64) as usize];
             live.push(LiveRun {
                 layer: r.layer,
@@ -1908,8 +2072,8 @@ fn build_stripe(
             done += take;
         }
     }
-    for (b, _) in plan {
-        for r in live_zero_records(sh, b) {
+    for p in plan {
+        for r in &p.zeros {
             // Any segment of the stripe with an entry to spare takes it.
             if !stripe.iter().any(|s| s.fits(0, 1)) {
                 if stripe.len() == width {
@@ -2367,6 +2531,87 @@ mod tests {
             dg.read(v, lba * 4096, &mut b).unwrap();
             assert!(b.iter().all(|&x| x == lba as u8 + 1), "block {lba}");
         }
+    }
+
+    /// A batch of a write of blocks 0..10, a zero record of 100..105 and a write of 20..30,
+    /// all live: `first_part` takes its pieces in record order within the room and entries it
+    /// is given, and says where the rest begins; `unmoved` then leaves out what was taken.
+    #[test]
+    fn a_batch_is_split_in_record_order_where_the_stripe_is_full() {
+        let rec = |kind, lba, nblocks, data_start| RecMeta {
+            kind,
+            layer: 1,
+            lba,
+            nblocks,
+            seq: 7,
+            data_start,
+            relocation: false,
+            born_ms: 0,
+            aged_from_ms: 0,
+            cache_gen: 0,
+            vol: 0,
+            cache_copy: crate::log::CacheCopy::Again,
+        };
+        let mut b = BatchMeta {
+            start: 0,
+            blocks: 21,
+            skip: 0,
+            first_seq: 5,
+            records: vec![
+                rec(RecordKind::Write, 0, 10, 1),
+                rec(RecordKind::Zero, 100, 5, 11),
+                rec(RecordKind::Write, 20, 10, 11),
+            ]
+            .into(),
+            durable: true,
+            rest_from: (0, 0),
+        };
+        let runs = || vec![(0, 0, 10), (2, 0, 10)];
+        let zeros = || {
+            vec![LiveZero {
+                rec: 1,
+                layer: 1,
+                lba: 100,
+                nblocks: 5,
+                seq: 6,
+            }]
+        };
+        let part = |room, entries| {
+            first_part(&b, runs(), zeros(), room, entries)
+                .map(|(r, z, at)| (r, z.iter().map(|z| z.rec).collect::<Vec<_>>(), at))
+        };
+        assert_eq!(
+            part(15, 10),
+            Some((vec![(0, 0, 10), (2, 0, 5)], vec![1], (2, 5))),
+            "room for 15 blocks"
+        );
+        assert_eq!(
+            part(100, 2),
+            Some((vec![(0, 0, 10)], vec![1], (2, 0))),
+            "room for two entries"
+        );
+        assert_eq!(
+            part(4, 10),
+            Some((vec![(0, 0, 4)], vec![], (0, 4))),
+            "room for 4 blocks"
+        );
+        assert_eq!(part(0, 10), None, "no room");
+        assert_eq!(
+            part(10, 1),
+            Some((vec![(0, 0, 10)], vec![], (1, 0))),
+            "one entry"
+        );
+        assert_eq!(part(100, 10), None, "all of it fits");
+        b.rest_from = (2, 5);
+        assert_eq!(
+            [unmoved(&b, 0), unmoved(&b, 1), unmoved(&b, 2)],
+            [None, None, Some((5, 5))]
+        );
+        b.rest_from = (1, 0);
+        assert_eq!(
+            [unmoved(&b, 0), unmoved(&b, 1), unmoved(&b, 2)],
+            [None, Some((0, 5)), Some((0, 10))]
+        );
     }
 
     #[test]

@@ -389,6 +389,34 @@ pub struct Checkpoint {
     /// device below it is older than this metadata, one above it is newer. None: a checkpoint
     /// written before stamps (or by a build without them), which checks nothing.
     pub device_stamps: Option<(u32, u32)>,
+    /// The part of the batch at the log tail already on the capacity tier (a destage stripe
+    /// took it and was committed; the rest waits for the next stripe). Replay leaves it out
+    /// of the fast maps. None: the tail batch is whole in the log. Written after the stamps,
+    /// so a checkpoint without stamps has none.
+    pub tail_destaged: Option<TailPart>,
+}
+
+/// Where the destaged first part of the log's tail batch ends: its records before the one
+/// with sequence number `seq`, and the first `block` blocks of that one, are on the capacity
+/// tier. `block` may be 0; it is below the record's length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TailPart {
+    pub seq: u64,
+    pub block: u64,
+}
+
+impl TailPart {
+    /// The part of record `seq` (of `nblocks` blocks) still only in the log, as (first block
+    /// offset, blocks); None when all of it is on the capacity tier.
+    pub fn rest_of(&self, seq: u64, nblocks: u64) -> Option<(u64, u64)> {
+        match seq.cmp(&self.seq) {
+            std::cmp::Ordering::Less => None,
+            std::cmp::Ordering::Equal => {
+                (self.block < nblocks).then(|| (self.block, nblocks - self.block))
+            }
+            std::cmp::Ordering::Greater => Some((0, nblocks)),
+        }
+    }
 }
 
 fn put_name(p: &mut Writer, name: &str) {
@@ -474,6 +502,10 @@ impl Checkpoint {
         // After the wear records, where a build from before stamps stops reading.
         if let Some((low, high)) = self.device_stamps {
             p.u32(low).u32(high);
+            // After the stamps, where a build from before split batches stops reading.
+            if let Some(t) = self.tail_destaged {
+                p.u64(t.seq).u64(t.block);
+            }
         }
         p
     }
@@ -654,6 +686,13 @@ impl Checkpoint {
             true => None,
             false => Some((p.u32()?, p.u32()?)),
         };
+        let tail_destaged = match p.pos() == payload.len() {
+            true => None,
+            false => Some(TailPart {
+                seq: p.u64()?,
+                block: p.u64()?,
+            }),
+        };
         Ok(Checkpoint {
             group: [0; 16],
             generation: 0,
@@ -673,6 +712,7 @@ impl Checkpoint {
             snapshots,
             wear,
             device_stamps,
+            tail_destaged,
         })
     }
 }
@@ -1317,6 +1357,7 @@ mod tests {
                 },
             ],
             device_stamps: Some((3, 4)),
+            tail_destaged: Some(TailPart { seq: 80, block: 7 }),
         };
         let b = cp.encode(1 << 20).unwrap();
         assert_eq!(Checkpoint::decode(&b, &[1; 16]).unwrap(), cp);
@@ -1324,16 +1365,24 @@ mod tests {
         let mut bad = b.clone();
         bad[70] ^= 0x10;
         assert!(Checkpoint::decode(&bad, &[1; 16]).is_err());
-        // A checkpoint from before stamps ends after the wear records: it reads as None, and
-        // the stamps are the payload's last 8 bytes.
+        // A checkpoint with the whole tail batch in the log ends after the stamps, and one
+        // from before stamps after the wear records: each reads back as it was, and the
+        // stamps and the tail's destaged part are the payload's last 8 and 16 bytes.
+        let payload_len = |b: &[u8]| u32::from_le_bytes(b[52..56].try_into().unwrap());
+        let whole = Checkpoint {
+            tail_destaged: None,
+            ..cp.clone()
+        };
+        let b_whole = whole.encode(1 << 20).unwrap();
+        assert_eq!(Checkpoint::decode(&b_whole, &[1; 16]).unwrap(), whole);
+        assert_eq!(payload_len(&b), payload_len(&b_whole) + 16);
         let old = Checkpoint {
             device_stamps: None,
-            ..cp.clone()
+            ..whole.clone()
         };
         let b_old = old.encode(1 << 20).unwrap();
         assert_eq!(Checkpoint::decode(&b_old, &[1; 16]).unwrap(), old);
-        let payload_len = |b: &[u8]| u32::from_le_bytes(b[52..56].try_into().unwrap());
-        assert_eq!(payload_len(&b), payload_len(&b_old) + 8);
+        assert_eq!(payload_len(&b_whole), payload_len(&b_old) + 8);
     }
 
     #[test]

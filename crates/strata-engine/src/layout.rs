@@ -305,6 +305,7 @@ pub fn format(
         snapshots: Vec::new(),
         wear,
         device_stamps: Some((1, 1)),
+        tail_destaged: None,
     };
     write_checkpoint(fast, &layout, &cp)?;
     write_superblock(fast, &sbs[0])?;

@@ -77,6 +77,8 @@ mod tests_space;
 #[cfg(test)]
 mod tests_stamps;
 #[cfg(test)]
+mod tests_stripes;
+#[cfg(test)]
 mod tests_summary;
 #[cfg(test)]
 mod tests_tables;

@@ -74,6 +74,10 @@ pub struct BatchMeta {
     pub records: Arc<[RecMeta]>,
     /// Written, flushed and applied to the index.
     pub durable: bool,
+    /// In the destager's copy of a batch that one stripe took only part of: where the rest
+    /// begins, as (record index, block in that record). The live data before it is in that
+    /// stripe, not committed yet, and the next stripe leaves it out. (0, 0) everywhere else.
+    pub rest_from: (usize, u64),
 }
 
 /// The in-memory picture of the log area. Protected by `Shared::log`.
@@ -903,6 +907,7 @@ impl LogWriter {
                 first_seq: rec.seq,
                 records: Arc::from([rec]),
                 durable: false,
+                rest_from: (0, 0),
             },
             reqs: vec![req],
             own: false,
@@ -1630,6 +1635,7 @@ fn describe(
         first_seq,
         records,
         durable: false,
+        rest_from: (0, 0),
     }
 }
 
@@ -1759,6 +1765,7 @@ mod tests {
                 first_seq: seq,
                 records: Arc::from([]),
                 durable: true,
+                rest_from: (0, 0),
             });
             seq += 1;
             check(&log);

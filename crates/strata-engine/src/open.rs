@@ -127,6 +127,7 @@ pub fn open_shared(
         checkpoint.log_tail_offset / BLOCK_U64,
         checkpoint.log_tail_seq,
         checkpoint.log_end_seq,
+        checkpoint.tail_destaged,
         ctl,
     )?;
     ctl.progress.enter(OpenStep::Writing);
@@ -485,6 +486,7 @@ fn new_shared(
         log_tail: (0, 0),
         first_copy: 0,
         device_stamps: cp.device_stamps.unwrap_or((0, 0)),
+        tail_part: cp.tail_destaged.map(|part| (cp.log_tail_seq, part)),
     };
     Shared {
         cfg,

@@ -51,13 +51,16 @@ struct Found {
 }
 
 /// Replays the log from `tail_block`/`tail_seq`. `end_seq` (0: unknown) is where a clean
-/// shutdown said the log ends; finding less is an error, not a silent loss. Replay only reads
-/// (and fills the fast maps in memory), so `ctl` may stop it between any two reads.
+/// shutdown said the log ends; finding less is an error, not a silent loss. `tail_destaged`
+/// is the part of the tail batch already on the capacity tier, which stays out of the fast
+/// maps. Replay only reads (and fills the fast maps in memory), so `ctl` may stop it between
+/// any two reads.
 pub fn replay(
     sh: &Shared,
     tail_block: u64,
     tail_seq: u64,
     end_seq: u64,
+    tail_destaged: Option<TailPart>,
     ctl: &OpenControl,
 ) -> Result<Replay, EngineError> {
     ctl.progress.enter(OpenStep::Replaying);
@@ -115,7 +118,14 @@ pub fn replay(
         out.records += meta.records.len();
         out.batches += 1;
         // Live counts are recomputed after replay, so what this displaced needs no accounting.
-        let _ = apply_records(sh, &meta.records);
+        match tail_destaged.filter(|_| out.batches == 1) {
+            Some(part) => {
+                let _ = apply_records(sh, &not_destaged(&meta.records, part));
+            }
+            None => {
+                let _ = apply_records(sh, &meta.records);
+            }
+        }
         state.push(meta);
         ctl.progress
             .set_log_replayed_bytes(state.used_blocks * BLOCK_U64);
@@ -138,6 +148,39 @@ pub fn replay(
     }
     out.state = state;
     Ok(out)
+}
+
+/// The records of the tail batch less the first part a committed destage stripe took
+/// (`Checkpoint::tail_destaged`): the capacity tier holds that part, and its log copy, the
+/// same data, must not take its place in the fast maps again (after a crash during a
+/// rotation, the tail batch would hold live data again that the rotation did not rewrite, and
+/// the log might have no room left to move it). A part that names no record of the batch is
+/// ignored: replaying the whole batch is always safe, it only keeps the part in the log.
+fn not_destaged(records: &[RecMeta], part: TailPart) -> Vec<RecMeta> {
+    let (first, last) = match (records.first(), records.last()) {
+        (Some(f), Some(l)) => (f.seq, l.seq),
+        _ => return Vec::new(),
+    };
+    if !(first..=last).contains(&part.seq) {
+        tracing::warn!(
+            part_seq = part.seq,
+            first,
+            last,
+            "the checkpoint's destaged part of the tail batch names no record of it; replaying the batch whole"
+        );
+        return records.to_vec();
+    }
+    records
+        .iter()
+        .filter_map(|r| {
+            let (from, n) = part.rest_of(r.seq, r.nblocks)?;
+            let mut r = *r;
+            r.lba += from;
+            r.nblocks = n;
+            r.data_start += from;
+            Some(r)
+        })
+        .collect()
 }
 
 /// The batch at `pos`, or at the start of the log area if it wrapped there.
@@ -411,6 +454,7 @@ fn describe(f: &Found, now_ms: u64, unix_now_s: u64) -> BatchMeta {
         first_seq: f.header.first_seq,
         records: records.into(),
         durable: true,
+        rest_from: (0, 0),
     }
 }
 

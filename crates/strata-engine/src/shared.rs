@@ -348,6 +348,10 @@ pub struct Durable {
     pub first_copy: usize,
     /// The capacity devices' stamps the next checkpoint accepts (`Checkpoint::device_stamps`).
     pub device_stamps: (u32, u32),
+    /// The batch whose first part a committed destage stripe took (its first sequence number)
+    /// and where that part ends: a checkpoint whose tail is that batch says so
+    /// (`Checkpoint::tail_destaged`), and replay leaves the part out of the fast maps.
+    pub tail_part: Option<(u64, TailPart)>,
 }
 
 /// The index part of a checkpoint.
@@ -768,6 +772,10 @@ impl Shared {
             snapshots: t.snapshots.values().cloned().collect(),
             wear: self.device_wear(),
             device_stamps: Some(d.device_stamps),
+            tail_destaged: d
+                .tail_part
+                .filter(|&(first_seq, _)| first_seq == tail.1)
+                .map(|(_, part)| part),
         }
     }
 

@@ -201,6 +201,12 @@ impl Rig {
         self.stall_fast_from = Arc::new(AtomicU64::new(u64::MAX));
     }
 
+    /// The power switch of the devices as they are now: set, every I/O fails from then on
+    /// (until the next cut or restart).
+    pub fn power_switch(&self) -> Arc<AtomicBool> {
+        self.power.clone()
+    }
+
     /// Whether the power went off (a write limit ran out) since the last cut.
     pub fn power_is_off(&self) -> bool {
         self.power.load(Ordering::SeqCst)
@@ -457,7 +463,7 @@ fn volumes_survive_restart_and_delete_frees_space() {
 }
 
 /// The checkpoint with the highest generation on the fast device, as an opening would read it.
-fn durable_checkpoint(rig: &Rig) -> crate::format::Checkpoint {
+pub(crate) fn durable_checkpoint(rig: &Rig) -> crate::format::Checkpoint {
     let layout = &rig.dg().sh.layout;
     layout
         .checkpoint_offsets

@@ -362,13 +362,15 @@ pub(crate) fn trim_until_room_is(
 fn a_power_cut_during_rotation_loses_nothing() {
     let seed = seed_for("a_power_cut_during_rotation_loses_nothing");
     let mut rng = StdRng::seed_from_u64(seed);
+    let mut cuts_during_rotation = 0;
     for round in 0..3u64 {
         let (mut rig, v, mut model, _) = full_group(seed + round, 64);
         hold_destager_while_full(rig.dg());
         trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
         // Rotation writes a batch and a checkpoint (two copies) for each of the older half's
-        // batches before it frees a block for trims (57 to 67 device writes in all, here): the
-        // cut comes well before.
+        // batches before it frees a block for trims (56 to 67 device writes in all here, on an
+        // idle machine; once, on a loaded one, trims had their room back within 18): the cut
+        // comes before in nearly every round.
         let writes_left = rng.gen_range(0..32);
         rig.writes_left.store(writes_left, Ordering::SeqCst);
         rig.dg().sh.destager_held.store(false, Ordering::SeqCst);
@@ -384,13 +386,13 @@ fn a_power_cut_during_rotation_loses_nothing() {
             std::thread::sleep(Duration::from_millis(2));
         }
         let mid_rotation = rig.power_is_off() && !done(&rig);
+        cuts_during_rotation += u32::from(mid_rotation);
         rig.power_cut_and_restart();
-        eprintln!("round {round}: power cut after {writes_left} device writes of rotation");
-        check_blocks(rig.dg(), v, &model);
-        assert!(
-            mid_rotation,
-            "rotation was done before {writes_left} device writes"
+        eprintln!(
+            "round {round}: power cut after {writes_left} device writes of rotation (during \
+             it: {mid_rotation})"
         );
+        check_blocks(rig.dg(), v, &model);
         rig.dg()
             .discard(v, 0, 64 * MIB)
             .unwrap_or_else(|e| panic!("a trim of the whole volume after the cut: {e}"));
@@ -403,6 +405,10 @@ fn a_power_cut_during_rotation_loses_nothing() {
         eprintln!("round {round}: power cut after the trim of the whole volume and a write");
         check_blocks(rig.dg(), v, &model);
     }
+    assert!(
+        cuts_during_rotation > 0,
+        "seed {seed}: in no round did the power go off during rotation"
+    );
 }
 
 /// With both tiers full and nothing dead in the log (every block written once), the log is

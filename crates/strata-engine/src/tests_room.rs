@@ -60,8 +60,8 @@ struct Setup {
 
 /// Room the file system keeps beyond whole segments: index pages need a few blocks of room
 /// (a flush while out of room, and the one at open), which a file system with no room at all
-/// does not give (docs/FORMAT.md §9). Without it the tests' room, whole segments, left some
-/// only because destage stripes leave segments part full (with segments written full, none).
+/// does not give (docs/FORMAT.md §9). Without it the room of the tests, whole segments, left
+/// none: segments are written full (only destage stripes that took whole batches left some).
 const INDEX_ROOM: u64 = 64 * 1024;
 
 /// A group whose capacity device has `room` bytes of room more than it holds at first (a

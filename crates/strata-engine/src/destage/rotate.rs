@@ -336,7 +336,7 @@ impl Destager {
         }
         // Cached copies in these batches are dropped (`advance_tail` forgets them): the data
         // is on the capacity tier, and writing copies again would take rotation's room.
-        self.advance_tail(empty)?;
+        self.advance_tail(empty, None)?;
         c.rotated_batches.fetch_add(empty as u64, Ordering::Relaxed);
         Ok(Rotated::Freed(empty))
     }
@@ -463,6 +463,7 @@ mod tests {
                 first_seq,
                 records: Vec::new().into(),
                 durable: true,
+                rest_from: (0, 0),
             });
             skip
         };
