@@ -1378,10 +1378,12 @@ impl Destager {
         };
         if let Some(sp) = split {
             debug_assert_eq!(sp.first_seq, tail.1, "the split batch is not the new tail");
-            if sp.first_seq == tail.1 {
-                d.tail_part = Some((sp.first_seq, sp.part));
-            }
         }
+        // A part of another batch is dropped: only the tail batch's may be named.
+        d.tail_part = match split.filter(|sp| sp.first_seq == tail.1) {
+            Some(sp) => Some((sp.first_seq, sp.part)),
+            None => d.tail_part.filter(|&(first_seq, _)| first_seq == tail.1),
+        };
         self.sh.write_checkpoint_locked(&mut d, tail)?;
         #[cfg(test)]
         if let Some(hook) = self.sh.after_tail_checkpoint.lock().as_ref() {

@@ -131,6 +131,12 @@ pub fn open_shared(
         ctl,
     )?;
     ctl.progress.enter(OpenStep::Writing);
+    if r.batches == 0 {
+        // The tail batch the checkpoint's destaged part belongs to is not there (its header
+        // damaged, or a run whose one write was torn): the next batch written takes its
+        // sequence number, and must not lose its first part to the old batch's record.
+        sh.durable.lock().tail_part = None;
+    }
     for &(b, c) in &r.crcs {
         sh.fast_crcs[b as usize].store(c, Ordering::Relaxed);
     }

@@ -724,8 +724,16 @@ impl Shared {
             recent: vec![0; MAX_RECENT_SEGMENTS as usize],
             ..self.durable_parts(d)
         };
-        let cp = self.checkpoint_of(d, d.log_tail, &parts, after);
-        let now = self.checkpoint_of(d, d.log_tail, &parts, before);
+        // With the tail batch's destaged part too, as the destager's checkpoints may carry it.
+        let part = Some(TailPart { seq: 0, block: 0 });
+        let cp = Checkpoint {
+            tail_destaged: part,
+            ..self.checkpoint_of(d, d.log_tail, &parts, after)
+        };
+        let now = Checkpoint {
+            tail_destaged: part,
+            ..self.checkpoint_of(d, d.log_tail, &parts, before)
+        };
         if cp.payload_len() <= now.payload_len() {
             return Ok(());
         }
