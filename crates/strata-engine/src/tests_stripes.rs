@@ -13,6 +13,7 @@ use crate::capacity::SegState;
 use crate::format::RecordKind;
 use crate::map::Loc;
 use crate::open_control::OpenControl;
+use crate::shared::Shared;
 use crate::tests::{durable_checkpoint, seed_for, small_cfg, Rig, MIB};
 use crate::*;
 
@@ -35,6 +36,38 @@ fn check_volume(dg: &DiskGroup, v: VolumeId, mibs: u64, when: &str) {
             .unwrap_or_else(|e| panic!("{when}: read of MiB {i}: {e}"));
         assert!(got == mib_of(i), "{when}: MiB {i} does not read back");
     }
+}
+
+/// Destages until a checkpoint moves the log tail where `when` (the group, the new tail's
+/// seq) says, cuts the power right after that checkpoint, and opens the group again with its
+/// destager held (it would take the rest of a split batch at once); returns the control it
+/// opened with. `what` is the failure if no such checkpoint comes.
+fn cut_after_a_tail_checkpoint(
+    rig: &mut Rig,
+    when: impl Fn(&Shared, u64) -> bool + Send + Sync + 'static,
+    what: &str,
+) -> OpenControl {
+    let power = rig.power_switch();
+    let weak = Arc::downgrade(&rig.group().sh);
+    *rig.dg().sh.after_tail_checkpoint.lock() = Some(Box::new(move |tail| {
+        if weak.upgrade().is_some_and(|sh| when(&sh, tail.1)) {
+            power.store(true, Ordering::SeqCst);
+        }
+    }));
+    rig.dg().sh.drain.store(true, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !rig.power_is_off() {
+        assert!(Instant::now() < deadline, "{what}");
+        rig.dg().sh.wake_destager();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let held = OpenControl {
+        hold_destager: true,
+        ..OpenControl::default()
+    };
+    rig.power_cut();
+    rig.start_with(&held).expect("reopen after the power cut");
+    held
 }
 
 /// (sealed data segments, those with room left, blocks written to them)
@@ -136,24 +169,7 @@ fn a_power_cut_with_a_split_batch_at_the_tail_keeps_its_first_part_destaged() {
     }
     // The power goes off right after the first stripe's checkpoint (1 MiB segments of 250
     // data blocks, and sequential writes make records of 63: the stripe ends inside one).
-    let power = rig.power_switch();
-    *rig.dg().sh.after_tail_checkpoint.lock() = Some(Box::new(move |_| {
-        power.store(true, Ordering::SeqCst);
-    }));
-    rig.dg().sh.drain.store(true, Ordering::SeqCst);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !rig.power_is_off() {
-        assert!(Instant::now() < deadline, "no destage stripe was committed");
-        rig.dg().sh.wake_destager();
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    // Opened with the destager held: it would take the rest at once.
-    let held = OpenControl {
-        hold_destager: true,
-        ..OpenControl::default()
-    };
-    rig.power_cut();
-    rig.start_with(&held).expect("reopen after the power cut");
+    let held = cut_after_a_tail_checkpoint(&mut rig, |_, _| true, "no stripe was committed");
     let part = durable_checkpoint(&rig)
         .tail_destaged
         .expect("the checkpoint names the tail batch's destaged part");
@@ -228,28 +244,9 @@ fn a_destaged_part_of_a_lost_tail_batch_is_not_applied_to_the_next_one() {
     // Four records of 63 blocks: a segment's 250 data blocks take three and 61 blocks of the
     // fourth, which stays in the log alone.
     rig.dg().write(v, 0, &mib_of(0)[..252 * 4096]).unwrap();
-    let power = rig.power_switch();
-    let weak = Arc::downgrade(&rig.group().sh);
-    *rig.dg().sh.after_tail_checkpoint.lock() = Some(Box::new(move |tail| {
-        let Some(sh) = weak.upgrade() else { return };
-        let last = sh.log.lock().batches.back().map(|b| b.first_seq);
-        if last == Some(tail.1) {
-            power.store(true, Ordering::SeqCst);
-        }
-    }));
-    rig.dg().sh.drain.store(true, Ordering::SeqCst);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !rig.power_is_off() {
-        assert!(Instant::now() < deadline, "the last batch was not split");
-        rig.dg().sh.wake_destager();
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    let held = OpenControl {
-        hold_destager: true,
-        ..OpenControl::default()
-    };
-    rig.power_cut();
-    rig.start_with(&held).expect("reopen after the power cut");
+    let last_is_tail =
+        |sh: &Shared, tail_seq| sh.log.lock().batches.back().map(|b| b.first_seq) == Some(tail_seq);
+    let held = cut_after_a_tail_checkpoint(&mut rig, last_is_tail, "the last batch was not split");
     assert!(durable_checkpoint(&rig).tail_destaged.is_some());
     let header = {
         let log = rig.dg().sh.log.lock();
