@@ -1856,15 +1856,15 @@ fn gc_candidates(sh: &Shared) -> Vec<u32> {
 }
 
 /// The part of record `i` of a batch the destager still has to move, as (first block offset
-/// in the record, blocks): all of it, unless the batch's `rest_from` is past its start.
+/// in the record, blocks): all of it, unless the batch's `rest_from` is past its start. The
+/// rule is the checkpoint's (`TailPart::rest_of`), with record indexes for sequence numbers.
 fn unmoved(b: &BatchMeta, i: usize) -> Option<(u64, u64)> {
     let (rec, off) = b.rest_from;
-    let n = b.records[i].nblocks;
-    match i.cmp(&rec) {
-        std::cmp::Ordering::Less => None,
-        std::cmp::Ordering::Equal => (off < n).then_some((off, n - off)),
-        std::cmp::Ordering::Greater => Some((0, n)),
-    }
+    let part = TailPart {
+        seq: rec as u64,
+        block: off,
+    };
+    part.rest_of(i as u64, b.records[i].nblocks)
 }
 
 /// The part of a batch's live data (`runs` and `zeros`, as `live_runs` and
