@@ -781,6 +781,11 @@ impl Device for FileDevice {
         }
     }
 
+    /// A regular file that was not preallocated: a discard punches a hole.
+    fn discard_is_cheap(&self) -> bool {
+        self.kind == Kind::Regular && !self.preallocated
+    }
+
     fn stats(&self) -> DeviceStats {
         self.counters.snapshot(&self.name, self.size_bytes)
     }

@@ -93,6 +93,13 @@ pub trait Device: Send + Sync {
     }
     /// Tells the device the range holds nothing of value. A no-op where unsupported.
     fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError>;
+    /// True where a discard of a range that already holds nothing costs next to nothing (a
+    /// hole punched in a sparse file, memory), so a caller may discard every range it knows to
+    /// be free, not only what it has just freed. False for block devices (a discard of a large
+    /// range can take seconds there) and where a discard does nothing.
+    fn discard_is_cheap(&self) -> bool {
+        false
+    }
     /// A snapshot of the counters.
     fn stats(&self) -> DeviceStats;
     /// A short human name (the path, or a test label).

@@ -546,6 +546,10 @@ impl Device for MemDevice {
         Ok(())
     }
 
+    fn discard_is_cheap(&self) -> bool {
+        true
+    }
+
     fn stats(&self) -> DeviceStats {
         self.counters.snapshot(&self.name, self.size_bytes)
     }

@@ -288,6 +288,10 @@ impl<D: Device> Device for Throttled<D> {
         self.inner.discard(offset, len)
     }
 
+    fn discard_is_cheap(&self) -> bool {
+        self.inner.discard_is_cheap()
+    }
+
     fn stats(&self) -> DeviceStats {
         let mut stats = self.inner.stats();
         if let Some(name) = &self.name {
@@ -330,6 +334,9 @@ impl<D: Device + ?Sized> Device for Arc<D> {
     }
     fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
         (**self).discard(offset, len)
+    }
+    fn discard_is_cheap(&self) -> bool {
+        (**self).discard_is_cheap()
     }
     fn stats(&self) -> DeviceStats {
         (**self).stats()

@@ -166,6 +166,8 @@ pub fn open_shared(
     }
     meta::flush_index(&sh)?;
     stamp_capacity_devices(&sh, epoch)?;
+    // Free segments hold nothing any checkpoint from here on reads.
+    crate::capacity::discard_free_segments(&sh);
     Ok((sh, report))
 }
 

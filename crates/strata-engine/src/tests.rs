@@ -80,6 +80,9 @@ impl Device for Switched {
         self.check()?;
         self.inner.discard(offset, len)
     }
+    fn discard_is_cheap(&self) -> bool {
+        self.inner.discard_is_cheap()
+    }
     fn stats(&self) -> DeviceStats {
         self.inner.stats()
     }
@@ -462,6 +465,53 @@ fn volumes_survive_restart_and_delete_frees_space() {
     check_volume(rig.dg(), c.id, &model, "new volume reads zeros");
 }
 
+/// A stop between the index flush that frees a deleted volume's segments and their discard
+/// (a SIGKILL right after the delete) leaves them allocated on a capacity file: the next open
+/// discards every free segment of a device where that is cheap, and nothing live.
+#[test]
+fn open_discards_free_segments_a_stop_left_undiscarded() {
+    let mut rig = Rig::new(32 * MIB, &[24 * MIB, 16 * MIB], small_cfg(), 5);
+    let a = rig.dg().create_volume("a", 4 * MIB).unwrap();
+    let b = rig.dg().create_volume("b", 4 * MIB).unwrap();
+    let (olds, bs) = (vec![0xaa; 4 * MIB as usize], vec![0xbb; 4 * MIB as usize]);
+    rig.dg().write(a.id, 0, &olds).unwrap();
+    rig.dg().write(b.id, 0, &bs).unwrap();
+    assert!(rig.dg().destage_all(Duration::from_secs(10)));
+    rig.dg().delete_volume("a", false).unwrap();
+    assert!(rig.dg().settle(Duration::from_secs(10)));
+    let sh = &rig.dg().sh;
+    let seg_bytes = sh.layout.segment_size_bytes as usize;
+    let free: Vec<(usize, u64)> = {
+        let segs = sh.segs.lock();
+        (0..segs.segs.len())
+            .filter(|&i| segs.segs[i].state == crate::capacity::SegState::Free)
+            .map(|i| sh.layout.segments[i])
+            .collect()
+    };
+    assert!(!free.is_empty());
+    // What an undone discard leaves: the free segments still hold their old content.
+    let mut old = AlignedBuf::new_zeroed(seg_bytes);
+    old.fill(0xaa);
+    for &(dev, off) in &free {
+        rig.caps[dev].write_at(&old, off).unwrap();
+    }
+    for c in &rig.caps {
+        c.flush().unwrap();
+    }
+    rig.power_cut_and_restart();
+    let mut buf = AlignedBuf::new_zeroed(seg_bytes);
+    for &(dev, off) in &free {
+        rig.caps[dev].read_at(&mut buf, off).unwrap();
+        assert!(
+            buf.iter().all(|&x| x == 0),
+            "free segment at cap{dev}+{off} still holds data after the open"
+        );
+    }
+    check_volume(rig.dg(), b.id, &bs, "b after the open's discards");
+    rig.clean_restart();
+    check_volume(rig.dg(), b.id, &bs, "b after a clean restart");
+}
+
 /// The checkpoint with the highest generation on the fast device, as an opening would read it.
 pub(crate) fn durable_checkpoint(rig: &Rig) -> crate::format::Checkpoint {
     let layout = &rig.dg().sh.layout;
@@ -554,6 +604,9 @@ impl Device for Recording {
     }
     fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
         self.inner.discard(offset, len)
+    }
+    fn discard_is_cheap(&self) -> bool {
+        self.inner.discard_is_cheap()
     }
     fn stats(&self) -> DeviceStats {
         self.inner.stats()
