@@ -505,7 +505,7 @@ impl DiskGroup {
             // A snapshot's reads wait for its volume's limits (they are not the volume's
             // reads otherwise: no heat, hit ratio or promotion of its own).
             if let Some(limits) = self.sh.snapshot_limits(view) {
-                let running = || self.sh.check_running().is_ok();
+                let running = || self.sh.limits_hold();
                 let (clock, bytes) = (&*self.sh.cfg.clock, buf.len() as u64);
                 if !limits.admit_snapshot_read(view, clock, bytes, &running) {
                     return Err(EngineError::Cancelled(LIMIT_WAIT));
@@ -517,7 +517,7 @@ impl DiskGroup {
             let sequential_bytes = match admitted {
                 Some(bytes) => bytes,
                 None => {
-                    let running = || self.sh.check_running().is_ok();
+                    let running = || self.sh.limits_hold();
                     if !rt.admit(&*self.sh.cfg.clock, buf.len() as u64, &running) {
                         return Err(EngineError::Cancelled(LIMIT_WAIT));
                     }
@@ -878,12 +878,20 @@ impl DiskGroup {
     /// (`cut_limit_waits`).
     fn admit(&self, vol: VolumeId, bytes: u64) -> Result<(), EngineError> {
         if let Some(rt) = self.sh.runtime(vol) {
-            let running = || self.sh.check_running().is_ok();
+            let running = || self.sh.limits_hold();
             if !rt.admit(&*self.sh.cfg.clock, bytes, &running) {
                 return Err(EngineError::Cancelled(LIMIT_WAIT));
             }
         }
         self.sh.check_running()
+    }
+
+    /// From now on no request waits for a volume's IOPS or bandwidth limits: those waiting go
+    /// on at once (within 20 ms), as do later ones. For a clean stop, which answers every
+    /// request it has taken in and should not wait for each one's turn under a limit (at 1
+    /// IOPS, a queue of 64 would hold the stop for a minute). Not undone; the group runs on.
+    pub fn lift_limits(&self) {
+        self.sh.limits_lifted.store(true, Ordering::Release);
     }
 
     /// Requests of volume `vol` now waiting for its IOPS or bandwidth limit give up at once

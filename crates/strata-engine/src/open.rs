@@ -524,6 +524,7 @@ fn new_shared(
         state: AtomicU8::new(STATE_RUNNING),
         failure: Mutex::new(None),
         abandon: AtomicBool::new(false),
+        limits_lifted: AtomicBool::new(false),
         drain: AtomicBool::new(false),
         destager_stop: AtomicBool::new(false),
         #[cfg(test)]

@@ -426,6 +426,9 @@ pub struct Shared {
     pub failure: Mutex<Option<String>>,
     /// Set by shutdown: the destager may stop at once.
     pub abandon: AtomicBool,
+    /// Set by `DiskGroup::lift_limits` (a clean stop under way): no request waits for a
+    /// volume's IOPS or bandwidth limits any more.
+    pub limits_lifted: AtomicBool,
     /// Set when the disk group stops: the destager finishes its step and exits.
     pub destager_stop: AtomicBool,
     /// Tests only: while set, the destager does nothing (so a test can set up a fill level
@@ -508,6 +511,13 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Whether a request still waits for its volume's limits: the group runs and
+    /// `limits_lifted` is not set. (A request that stops waiting goes on; it is refused after
+    /// if the group no longer runs.)
+    pub fn limits_hold(&self) -> bool {
+        self.check_running().is_ok() && !self.limits_lifted.load(Ordering::Acquire)
+    }
+
     pub fn check_running(&self) -> Result<(), EngineError> {
         match self.state.load(Ordering::Acquire) {
             STATE_RUNNING => Ok(()),

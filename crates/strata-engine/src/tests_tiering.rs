@@ -791,6 +791,50 @@ fn lifting_a_limit_releases_the_requests_waiting_for_it() {
     }
 }
 
+/// A clean stop lifts every limit (`lift_limits`): the requests waiting go on at once and
+/// succeed, later ones do not wait, and the group runs on until it is shut down.
+#[test]
+fn lifted_limits_let_every_waiting_request_go_on() {
+    let (cfg, _clock) = clocked(small_cfg());
+    let rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 73);
+    let dg = rig.group().clone();
+    let p = Policy {
+        iops_limit: 1,
+        ..Policy::default()
+    };
+    let v = dg.create_volume_with_policy("l", 4 * MIB, &p).unwrap().id;
+    let (tx, rx) = crossbeam_channel::unbounded();
+    for lba in 0..4u64 {
+        let (dg, tx) = (dg.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let r = match lba % 2 {
+                0 => dg.write(v, lba * 4096, &block_of(lba, 3)),
+                _ => dg.read(v, 0, &mut [0u8; 4096]),
+            };
+            let _ = tx.send((lba, r));
+        });
+    }
+    // The clock stands still: one request of burst, the other three wait for ever.
+    let first = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the burst's request");
+    assert!(first.1.is_ok(), "{first:?}");
+    assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+    dg.lift_limits();
+    for _ in 0..3 {
+        let (lba, r) = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a request still waits for a limit that was lifted");
+        assert!(r.is_ok(), "request {lba} after the lift: {r:?}");
+    }
+    dg.write(v, 8 * 4096, &block_of(8, 3)).unwrap();
+    for lba in (0..4).step_by(2).chain([8]) {
+        let mut back = vec![0u8; 4096];
+        dg.read(v, lba * 4096, &mut back).unwrap();
+        assert!(back == block_of(lba, 3), "block {lba}");
+    }
+}
+
 /// A request waiting for its volume's limits stops waiting when the group shuts down (it is
 /// then refused), so a slow limit cannot hold a shutdown for as long as its queue needs.
 #[test]

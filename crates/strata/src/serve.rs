@@ -2,7 +2,7 @@
 //!
 //! SIGTERM, SIGINT and SIGHUP (the terminal that started the daemon closed) all ask for the
 //! same clean stop: stop accepting (NBD and HTTP), let in-flight NBD requests finish (bounded
-//! by [`DRAIN_TIMEOUT`]), then `DiskGroup::shutdown()` makes everything durable, and exit 0.
+//! by [`DRAIN_TIMEOUT`]; volumes' IOPS and bandwidth limits no longer hold them), then `DiskGroup::shutdown()` makes everything durable, and exit 0.
 //!
 //! The handlers are installed before anything slow. A signal while the devices are opened
 //! stops the creation of a fast-tier file (its temporary file, and whatever else the start
@@ -470,6 +470,9 @@ async fn run_node(cfg: ServeConfig) -> Result<()> {
         r = &mut http_task => { http_done = true; failure = Some(task_failure(r, "HTTP server")); }
     }
     let _ = stop_tx.send(true);
+    // Requests taken in are answered, not each in its turn under an IOPS or bandwidth limit
+    // (at 1 IOPS a queue of 64 would hold the stop past DRAIN_TIMEOUT and be refused then).
+    group.lift_limits();
     wear_task.abort();
     signals.force_exit_on_another(signalled, "shutdown");
     const STOPPING: &str = "stopping: finishing in-flight requests, then making everything durable";

@@ -335,3 +335,43 @@ fn an_iops_limited_volume_is_paced_while_the_daemon_keeps_serving() {
     let unlimited = info(&daemon, VOL0)["figures"]["limited_wait_ms"].clone();
     assert_eq!(unlimited, 0, "the unlimited volume waited");
 }
+
+/// A clean stop (SIGTERM) answers the requests a limited volume's client has in flight at
+/// once, not each in its turn: at 1 IOPS, fio's 16 reads in flight would hold it for 15 s.
+#[test]
+fn a_clean_stop_does_not_wait_out_a_volumes_iops_limit() {
+    if !require_tools(&["fio"]) {
+        return;
+    }
+    let mut daemon = Daemon::start_default();
+    daemon.cli_ok(&["volume", "create", "slow", "--size", "16M", "--iops-limit", "1"]);
+    let scratch = daemon.scratch_dir();
+    let mut fio = cmd(
+        "fio",
+        &[
+            "--name=limited", "--ioengine=nbd", &format!("--uri={}", daemon.nbd_uri("slow")),
+            "--rw=randread", "--bs=4k", "--iodepth=16", "--size=16m", "--time_based",
+            "--runtime=60", "--thread",
+        ],
+    );
+    fio.current_dir(&scratch)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let _load = ChildGuard::spawn(&mut fio);
+    // Until the volume's requests wait for the limit: the second of burst spent, 15 queued.
+    let waiting = Instant::now() + Duration::from_secs(30);
+    while info(&daemon, "slow")["figures"]["limited_wait_ms"].as_u64() < Some(1000) {
+        assert!(Instant::now() < waiting, "fio's reads never waited for the limit");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let stopped = Instant::now();
+    daemon.signal(SIGTERM);
+    let status = daemon.wait_exit();
+    let took = stopped.elapsed();
+    assert!(status.success(), "daemon exited with {status}\n{}", daemon.stderr_log());
+    assert!(
+        took < Duration::from_secs(8),
+        "the stop took {took:?}: it waited for the limit's turns\n{}",
+        daemon.stderr_log()
+    );
+}
