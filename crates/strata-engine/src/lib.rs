@@ -136,14 +136,25 @@ const MAX_RECORD_BLOCKS: u64 = 256;
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    /// Size of a capacity segment (the unit of destage and of garbage collection).
+    /// Size of a capacity segment (the unit of destage and of garbage collection); with
+    /// `auto_segment_size`, the largest size a format may choose.
     pub segment_size_bytes: u64,
+    /// A format halves `segment_size_bytes` (down to 1 MiB) while the capacity devices would
+    /// hold fewer than `AUTO_MIN_SEGMENTS` segments of it. A small tier of large segments
+    /// keeps too many of its bytes back (the index's reserve is counted in segments) and
+    /// its GC finds no victim empty enough: a 248 MiB tier of 8 MiB segments refused random
+    /// overwrites of 160 MiB of data for good, one of 1 MiB segments took them.
+    pub auto_segment_size: bool,
     /// Below this log fill the destager idles.
     pub fill_ratio_low: f64,
     /// Above this log fill the destager runs flat out and new writes are paced.
     pub fill_ratio_high: f64,
-    /// Largest group-commit batch, header block included.
+    /// Largest group-commit batch, header block included; with `auto_max_batch`, the largest
+    /// an open may choose.
     pub max_batch_bytes: usize,
+    /// An open lowers `max_batch_bytes` to what the group allows (half a segment's data area,
+    /// a quarter of the log) instead of refusing it.
+    pub auto_max_batch: bool,
     /// Clean index leaves kept in memory (bytes of 4 KiB pages; the bound on the capacity
     /// index's RAM besides its inner nodes).
     pub index_cache_bytes: u64,
@@ -194,9 +205,11 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             segment_size_bytes: 8 << 20,
+            auto_segment_size: false,
             fill_ratio_low: 0.30,
             fill_ratio_high: 0.70,
             max_batch_bytes: 2 << 20,
+            auto_max_batch: false,
             index_cache_bytes: 64 << 20,
             scrub_interval: None,
             scrub_rate_bytes_per_s: 64 << 20,

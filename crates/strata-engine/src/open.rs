@@ -38,6 +38,9 @@ pub struct OpenReport {
     /// The group's segment size, as formatted: a group keeps the size it was made with,
     /// whatever `EngineConfig::segment_size_bytes` asks at later opens.
     pub segment_size_bytes: u64,
+    /// The largest write batch this opening uses (`EngineConfig::max_batch_bytes`, lowered to
+    /// what the group allows with `auto_max_batch`).
+    pub max_batch_bytes: usize,
     /// The group's format (docs/FORMAT.md §3.1): 3, or 2 for a group with one summary copy per
     /// segment, which keeps its format.
     pub format_version: u32,
@@ -49,7 +52,7 @@ pub struct OpenReport {
 pub fn open_shared(
     fast: Arc<dyn Device>,
     caps: Vec<Arc<dyn Device>>,
-    cfg: EngineConfig,
+    mut cfg: EngineConfig,
     create_if_blank: bool,
     ctl: &OpenControl,
 ) -> Result<(Arc<Shared>, OpenReport), EngineError> {
@@ -84,14 +87,13 @@ pub fn open_shared(
             for dev in std::iter::once(&fast).chain(&caps) {
                 check_blank(dev.as_ref())?;
             }
-            let fits = |layout: &Layout| batch_fits(&cfg, layout);
-            let (layout, cp) = format(
-                fast.as_ref(),
-                &caps,
-                cfg.segment_size_bytes,
-                cfg.format_version,
-                fits,
-            )?;
+            let segment_size = match cfg.auto_segment_size {
+                true => auto_segment_size(&cfg, &caps),
+                false => cfg.segment_size_bytes,
+            };
+            let fits = |layout: &Layout| batch_fits(&fitted_batch(&cfg, layout), layout);
+            let (layout, cp) =
+                format(fast.as_ref(), &caps, segment_size, cfg.format_version, fits)?;
             report.formatted = true;
             report.format_version = cfg.format_version;
             let stamps = cp.device_stamps.map_or(0, |s| s.0);
@@ -100,7 +102,7 @@ pub fn open_shared(
         Some(sb) => {
             let (layout, sbs) = identify(&sb, fast.as_ref(), &caps)?;
             report.format_version = sb.version;
-            batch_fits(&cfg, &layout)?;
+            batch_fits(&fitted_batch(&cfg, &layout), &layout)?;
             let cp = read_checkpoint(fast.as_ref(), &layout)?;
             check_stamps(&cp, &sbs[1..], fast.as_ref(), &caps)?;
             let stamps = sbs[1..].iter().map(|sb| sb.stamp).collect();
@@ -108,6 +110,8 @@ pub fn open_shared(
         }
     };
     report.segment_size_bytes = layout.segment_size_bytes;
+    cfg = fitted_batch(&cfg, &layout);
+    report.max_batch_bytes = cfg.max_batch_bytes;
     ctl.progress
         .set_log_area_bytes(layout.log_blocks * BLOCK_U64);
     let sh = Arc::new(new_shared(fast, caps, cfg, layout, &checkpoint));
@@ -286,6 +290,42 @@ impl BatchLimits {
         let log_blocks = crate::layout::new_log_size_bytes(fast_size_bytes) / BLOCK_U64;
         BatchLimits::of(&geo, log_blocks)
     }
+}
+
+/// Formats choosing the segment size (`EngineConfig::auto_segment_size`) give the capacity
+/// devices at least this many segments, unless that would take them under 1 MiB.
+pub const AUTO_MIN_SEGMENTS: u64 = 1024;
+
+/// The segment size a format with `auto_segment_size` gives `caps`: `segment_size_bytes`,
+/// halved while the devices would hold fewer than `AUTO_MIN_SEGMENTS` (and, with the batch
+/// size fixed, while a batch still fits half a segment's data area), 1 MiB at least.
+fn auto_segment_size(cfg: &EngineConfig, caps: &[Arc<dyn Device>]) -> u64 {
+    let total: u64 = caps.iter().map(|c| c.size_bytes()).sum();
+    let mut seg = cfg.segment_size_bytes;
+    while total / seg < AUTO_MIN_SEGMENTS {
+        let half = seg / 2;
+        if half < 1 << 20 || !half.is_multiple_of(BLOCK_U64) {
+            break;
+        }
+        let geo = SegmentGeometry::for_version(half, cfg.format_version);
+        let batch_fits = u64::from(geo.data_blocks) / 2 * BLOCK_U64 >= cfg.max_batch_bytes as u64;
+        if !cfg.auto_max_batch && !batch_fits {
+            break;
+        }
+        seg = half;
+    }
+    seg
+}
+
+/// `cfg` with `max_batch_bytes` lowered to what `layout` allows, when `auto_max_batch`.
+fn fitted_batch(cfg: &EngineConfig, layout: &Layout) -> EngineConfig {
+    let mut cfg = cfg.clone();
+    if cfg.auto_max_batch {
+        let limits = BatchLimits::of(&layout.geo, layout.log_blocks);
+        let most = limits.segment_bytes.min(limits.log_bytes) as usize;
+        cfg.max_batch_bytes = cfg.max_batch_bytes.min(most).max(64 * 1024);
+    }
+    cfg
 }
 
 fn batch_fits(cfg: &EngineConfig, layout: &Layout) -> Result<(), EngineError> {

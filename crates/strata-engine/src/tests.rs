@@ -465,6 +465,53 @@ fn volumes_survive_restart_and_delete_frees_space() {
     check_volume(rig.dg(), c.id, &model, "new volume reads zeros");
 }
 
+/// With `auto_segment_size` a format gives the capacity tier at least 1024 segments (1 MiB
+/// at least), and with `auto_max_batch` every open fits the batch to the group; without
+/// the latter the segments stay large enough for the batch asked for.
+#[test]
+fn a_small_capacity_tier_gets_smaller_segments() {
+    let auto = EngineConfig {
+        auto_segment_size: true,
+        auto_max_batch: true,
+        ..EngineConfig::default()
+    };
+    let seg_data_half = |seg: u64| {
+        let geo = crate::format::SegmentGeometry::for_version(seg, auto.format_version);
+        u64::from(geo.data_blocks) / 2 * BLOCK_U64
+    };
+    for (cap, seg) in [
+        (64 * MIB, MIB),
+        (1024 * MIB, MIB),
+        (2048 * MIB, 2 * MIB),
+        (4096 * MIB, 4 * MIB),
+        (9000 * MIB, 8 * MIB),
+    ] {
+        let mut rig = Rig::new(64 * MIB, &[cap], auto.clone(), 7);
+        let report = rig.dg().open_report().clone();
+        assert_eq!(report.segment_size_bytes, seg, "capacity {cap}");
+        let batch = (2 * MIB).min(seg_data_half(seg)) as usize;
+        assert_eq!(report.max_batch_bytes, batch, "capacity {cap}");
+        let v = rig.dg().create_volume("v", 8 * MIB).unwrap().id;
+        rig.dg().write(v, 0, &vec![0x3c; 4 * MIB as usize]).unwrap();
+        assert!(rig.dg().destage_all(Duration::from_secs(10)));
+        rig.clean_restart();
+        assert_eq!(rig.dg().open_report().segment_size_bytes, seg);
+        check_volume(rig.dg(), v, &vec![0x3c; 4 * MIB as usize], "restarted");
+    }
+    // A batch size asked for is kept: segments stay large enough for it.
+    // (512 KiB is a little more than half the data area of a 1 MiB segment.)
+    let fixed_batch = EngineConfig {
+        auto_max_batch: false,
+        max_batch_bytes: 512 << 10,
+        ..auto.clone()
+    };
+    let rig = Rig::new(64 * MIB, &[1024 * MIB], fixed_batch, 7);
+    let report = rig.dg().open_report();
+    assert!(seg_data_half(MIB) < 512 << 10);
+    assert_eq!(report.segment_size_bytes, 2 * MIB, "{report:?}");
+    assert_eq!(report.max_batch_bytes, 512 << 10);
+}
+
 /// A stop between the index flush that frees a deleted volume's segments and their discard
 /// (a SIGKILL right after the delete) leaves them allocated on a capacity file: the next open
 /// discards every free segment of a device where that is cheap, and nothing live.

@@ -551,6 +551,10 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
             defaults.idle_destage_after,
         )?,
         log_runs: args.log_runs.or(file.log_runs).unwrap_or(defaults.log_runs),
+        // Unless set: a small capacity tier gets smaller segments (at least 1024 of them, 1 MiB
+        // at least) when it is formatted, and the batch fits the group's segments and log.
+        auto_segment_size: args.segment_size.is_none() && file.segment_size.is_none(),
+        auto_max_batch: args.max_batch_size.is_none() && file.max_batch_size.is_none(),
         ..defaults
     };
     let config = ServeConfig {
@@ -785,7 +789,9 @@ fn validate(c: &ServeConfig) -> Result<()> {
     // A group that exists keeps the geometry it was made with, which the engine checks when it
     // opens it; a first start is refused here, in the flags' words.
     // (A fast tier below the engine's least is refused by the engine, saying so.)
-    if !c.fast_device.exists() && c.fast_size_bytes >= strata_engine::MIN_FAST_BYTES {
+    // (A batch size not set is fitted to the group by the engine.)
+    let batch_set = !c.engine.auto_max_batch;
+    if batch_set && !c.fast_device.exists() && c.fast_size_bytes >= strata_engine::MIN_FAST_BYTES {
         batch_fits_new_group(c)?;
     }
     if c.max_connections == 0 || c.max_connections > MAX_CONNECTIONS_LIMIT {

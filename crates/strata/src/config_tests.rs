@@ -609,13 +609,17 @@ fn a_batch_too_large_for_a_new_group_names_the_flags_and_values_that_fit() {
         max_batch_size: batch,
         ..Default::default()
     };
-    let e = merge(&args(1 << 20, 32 << 20, None), FileConfig::default())
+    let batch_set = args(1 << 20, 32 << 20, Some(2 << 20));
+    let e = merge(&batch_set, FileConfig::default())
         .unwrap_err()
         .to_string();
     assert_eq!(
         e,
         "segment-size 1 MiB is too small for the max batch size (2 MiB): a write batch must fit in half a segment's data area, 500 KiB with segments of 1 MiB; use --segment-size 5M or more, or --max-batch-size 500K or less"
     );
+    // A batch size not set is the engine's to fit to the group (auto_max_batch).
+    let fitted = merge(&args(1 << 20, 32 << 20, None), FileConfig::default()).unwrap();
+    assert!(fitted.engine.auto_max_batch && !fitted.engine.auto_segment_size);
     let too_large = args(16 << 20, 16 << 20, Some(4 << 20));
     let e = merge(&too_large, FileConfig::default())
         .unwrap_err()

@@ -233,7 +233,8 @@ pub struct ServeArgs {
     /// Admin HTTP API listen address [default: 127.0.0.1:9090].
     #[arg(long, value_name = "ADDR")]
     pub http_listen: Option<String>,
-    /// Size of a capacity-tier segment [default: the engine's, 8M].
+    /// Size of a capacity-tier segment, applied when the disk group is made [default: 8M,
+    /// halved down to 1M while the capacity tier would hold fewer than 1024 segments].
     #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
     pub segment_size: Option<u64>,
     /// Log fill below which destaging idles: a ratio (0.3) or a percentage (30%) [default: 30%].
@@ -242,7 +243,8 @@ pub struct ServeArgs {
     /// Log fill above which destaging runs at full speed [default: 70%].
     #[arg(long, value_name = "RATIO", value_parser = config::parse_ratio_arg)]
     pub fill_high: Option<f64>,
-    /// Largest group-commit batch written to the fast tier [default: the engine's, 2M].
+    /// Largest group-commit batch written to the fast tier [default: 2M, or less where half
+    /// a segment's data area or a quarter of the write log is less].
     #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
     pub max_batch_size: Option<u64>,
     /// Most NBD connections served at once [default: 64].

@@ -141,7 +141,16 @@ async fn open_group(
                     e => open_failed(&fast_name, &e),
                 }
             })?;
-        let formatted = group.open_report().segment_size_bytes;
+        let report = group.open_report();
+        let formatted = report.segment_size_bytes;
+        tracing::info!(
+            new_group = report.formatted,
+            segment_size_bytes = formatted,
+            max_batch_bytes = report.max_batch_bytes,
+            "capacity segments of {}, write batches up to {}",
+            crate::config::format_size(formatted),
+            crate::config::format_size(report.max_batch_bytes as u64)
+        );
         if let Some(note) = crate::devices::unused_segment_size(&cfg, formatted) {
             tracing::warn!(asked_bytes = cfg.engine.segment_size_bytes, segment_size_bytes = formatted, "{note}");
         }

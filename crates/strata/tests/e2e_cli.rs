@@ -484,12 +484,12 @@ fn a_failed_start_leaves_nothing_behind() {
             &["--capacity-device", missing_disk],
             "does not exist",
         ),
-        // Exactly two 8 MiB segments: the superblocks before them leave room for one, and
-        // the reason says how large the device must be.
+        // Exactly two segments of the least size a format chooses (1 MiB): the superblocks
+        // before them leave room for one, and the reason says how large the device must be.
         (
             "capacity tier too small",
-            &["--fast-size", "64M", "--capacity-size", "16M"],
-            "at least 17825792 are needed",
+            &["--fast-size", "64M", "--capacity-size", "2M"],
+            "at least 3145728 are needed",
         ),
         (
             "one file given twice",
