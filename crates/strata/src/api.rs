@@ -255,6 +255,13 @@ pub(crate) fn router_with_body_deadline(state: Arc<AppState>, body_deadline: Dur
 /// Without a token, a mutating request from a web page of another origin is refused; on a
 /// loopback listener, a request naming a host that is not a loopback name is refused unless it
 /// carries the token (DNS rebinding; both in `api_origin.rs`).
+/// The credentials of an `Authorization: Bearer ...` value; the scheme's name is matched
+/// without regard to case (RFC 9110 §11.1), so `bearer` and `BEARER` do too.
+fn bearer_credentials(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(rest)
+}
+
 async fn require_token(
     State(state): State<Arc<AppState>>,
     request: axum::extract::Request,
@@ -264,7 +271,7 @@ async fn require_token(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer_credentials)
         .map(str::trim);
     let token_ok = match (&state.token, presented) {
         (Some(token), Some(p)) => token.matches(p),

@@ -678,3 +678,31 @@ async fn a_size_over_the_largest_volume_is_refused_naming_the_limit() {
         "{error}"
     );
 }
+
+/// The scheme of `Authorization` is matched without regard to case (RFC 9110 §11.1): curl
+/// users and proxies write `bearer` too. Another scheme, or none, is refused.
+#[tokio::test]
+async fn the_bearer_scheme_is_matched_in_any_case() {
+    const TOKEN: &str = "scheme-case-test-token-0123456789";
+    let (app, state) = app_with("127.0.0.1:9090", Some(TOKEN));
+    let create = |name: &str, authorization: String| {
+        Request::builder()
+            .method("POST")
+            .uri("/api/v1/volumes")
+            .header("host", "127.0.0.1:9090")
+            .header("content-type", "application/json")
+            .header("authorization", authorization)
+            .body(Body::from(format!(r#"{{"name": "{name}", "size_bytes": 4096}}"#)))
+            .unwrap()
+    };
+    for (name, scheme) in [("a", "Bearer"), ("b", "bearer"), ("c", "BEARER")] {
+        let resp = app.clone().oneshot(create(name, format!("{scheme} {TOKEN}"))).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::CREATED, "{scheme}");
+        assert!(state.registry.group().volume(name).is_some());
+    }
+    for (name, value) in [("d", format!("Basic {TOKEN}")), ("e", format!("Bearer{TOKEN}")), ("f", TOKEN.to_string())] {
+        let resp = app.clone().oneshot(create(name, value.clone())).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "{value}");
+        assert!(state.registry.group().volume(name).is_none());
+    }
+}
