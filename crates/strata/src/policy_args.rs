@@ -21,29 +21,29 @@ pub struct PolicyArgs {
     /// Tiering mode [default on create: cache].
     #[arg(long, value_enum, value_name = "MODE")]
     pub policy: Option<ModeArg>,
-    /// Tier mode: data younger than this stays on the fast tier (e.g. 30m, 1h) [default: 1h].
+    /// Tier mode: data younger than this stays on the fast tier (e.g. 30m, 1h) [default on create: 1h].
     #[arg(long, value_name = "DURATION", value_parser = parse_seconds)]
     pub tier_min_age: Option<u64>,
-    /// Tier mode: data hotter than this (rewrites and reads since it last moved) stays [default: 0].
+    /// Tier mode: data hotter than this (rewrites and reads since it last moved) stays [default on create: 0].
     #[arg(long, value_name = "N")]
     pub tier_max_cold_heat: Option<u8>,
-    /// Reads of a 64 KiB region within the window that promote it to the fast tier; 0: never [default: 2].
+    /// Reads of a 64 KiB region within the window that promote it to the fast tier; 0: never [default on create: 2].
     #[arg(long, value_name = "N")]
     pub promote_after_reads: Option<u32>,
-    /// Window in which those reads must fall (e.g. 5m) [default: 5m].
+    /// Window in which those reads must fall (e.g. 5m) [default on create: 5m].
     #[arg(long, value_name = "DURATION", value_parser = parse_seconds)]
     pub promote_window: Option<u64>,
-    /// Reads continuing a sequential stream longer than this never promote (e.g. 4M) [default: 4M].
+    /// Reads continuing a sequential stream longer than this never promote (e.g. 4M) [default on create: 4M].
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     pub promote_sequential_cutoff: Option<u64>,
-    /// Requests per second allowed; 0: no limit [default: 0].
+    /// Requests per second allowed; 0: no limit [default on create: 0].
     #[arg(long, value_name = "N")]
     pub iops_limit: Option<u64>,
-    /// Bytes per second allowed (e.g. 64M); 0: no limit [default: 0].
+    /// Bytes per second allowed (e.g. 64M); 0: no limit [default on create: 0].
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     pub bandwidth_limit: Option<u64>,
     /// Cache mode: writes of 128 KiB or more continuing a sequential stream longer than this go
-    /// straight to the capacity tier (e.g. 8M); 0: never [default: 0].
+    /// straight to the capacity tier (e.g. 8M); 0: never [default on create: 0].
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     pub sequential_write_cutoff: Option<u64>,
 }
