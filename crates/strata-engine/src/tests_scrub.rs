@@ -181,6 +181,37 @@ fn scrub_of_one_volume_checks_only_its_blocks_and_keeps_to_its_rate() {
     assert!(!status.running && status.last.is_some_and(|l| l.scope == "b"));
 }
 
+/// A scrub's total is what it reads: the group's metadata, then the data of its scope, here
+/// one volume's 3 MiB (2 of them destaged) beside another's 12 MiB. (A volume's total was half
+/// of all data, so a scrub of a volume holding most of it read past its total.)
+#[test]
+fn a_volume_scrubs_total_is_what_it_reads() {
+    let rig = Rig::new(32 * MIB, &[48 * MIB], small_cfg(), 43);
+    let dg = rig.dg();
+    let a = dg.create_volume("a", 16 * MIB).unwrap().id;
+    let b = dg.create_volume("b", 16 * MIB).unwrap().id;
+    dg.write(a, 0, &vec![1u8; 2 * MIB as usize]).unwrap();
+    dg.write(b, 0, &vec![2u8; 12 * MIB as usize]).unwrap();
+    assert!(dg.destage_all(Duration::from_secs(10)));
+    // Nothing moves between the tiers while the scrubs count and read.
+    dg.sh.destager_held.store(true, Ordering::SeqCst);
+    dg.write(a, 4 * MIB, &vec![3u8; MIB as usize]).unwrap();
+    for volume in ["a", "b"] {
+        let r = dg
+            .scrub(&ScrubOptions {
+                volume: Some(volume.into()),
+                rate_bytes_per_s: 0,
+                cancel: None,
+            })
+            .unwrap();
+        let status = dg.scrub_status();
+        let (read, total) = (status.progress_bytes, status.total_bytes);
+        assert_eq!(read, total, "{volume}: {status:?} {r:?}");
+        let want = if volume == "a" { 3 * MIB } else { 12 * MIB };
+        assert_eq!(r.data_bytes_verified, want, "{volume}");
+    }
+}
+
 #[test]
 fn scrub_keeps_to_a_rate_below_one_chunk_per_200_ms() {
     // Batches large enough that the data is read in 1 MiB chunks.
