@@ -1910,7 +1910,7 @@ fn first_part(
 }
 
 /// Live data of a log batch as (record index, first block offset in record, blocks).
-fn live_runs(sh: &Shared, b: &BatchMeta) -> Vec<(usize, u64, u64)> {
+pub(crate) fn live_runs(sh: &Shared, b: &BatchMeta) -> Vec<(usize, u64, u64)> {
     let idx = sh.index.read();
     let mut out = Vec::new();
     for (i, r) in b.records.iter().enumerate() {
@@ -1934,7 +1934,7 @@ fn live_runs(sh: &Shared, b: &BatchMeta) -> Vec<(usize, u64, u64)> {
 }
 
 /// A piece of a zero record that still makes its blocks read as zeros.
-struct LiveZero {
+pub(crate) struct LiveZero {
     /// The record's index in its batch.
     rec: usize,
     layer: u32,
@@ -1946,7 +1946,7 @@ struct LiveZero {
 /// The pieces of a batch's zero records still in effect. Only those pieces go into a
 /// segment's summary: a whole record could, at recovery, zero blocks written since by a write
 /// that reached the index before it (a bypassed write, see bypass.rs).
-fn live_zero_records(sh: &Shared, b: &BatchMeta) -> Vec<LiveZero> {
+pub(crate) fn live_zero_records(sh: &Shared, b: &BatchMeta) -> Vec<LiveZero> {
     let idx = sh.index.read();
     let mut out = Vec::new();
     for (i, r) in b.records.iter().enumerate() {

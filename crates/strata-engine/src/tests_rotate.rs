@@ -390,6 +390,11 @@ fn a_transient_read_error_does_not_stop_rotation_for_good() {
     let sh = rig.group().sh.clone();
     hold_destager_while_full(rig.dg());
     trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
+    // The oldest batch holding live data: rotation must read it, and cannot while reads
+    // fail. A batch holding nothing live needs no read, and the log may hold one beside it
+    // (CI at c68dd90: two freed, and `rotated_batches`, which this test counted, said 2; about
+    // one run in eight of that seed since a full group refuses writes without pacing them).
+    let first_live = first_live_batch(&sh).expect("live data in the log");
     let blocks = log_only_blocks(rig.dg(), v);
     let faults = rig.fast.faults();
     rig.fast.set_faults(strata_device::FaultConfig {
@@ -406,10 +411,9 @@ fn a_transient_read_error_does_not_stop_rotation_for_good() {
         assert!(Instant::now() < deadline, "no rotation tried in 20 s");
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert_eq!(
-        c.rotated_batches.load(Ordering::SeqCst),
-        0,
-        "rotation passed blocks that failed their crc"
+    assert!(
+        holds_batch(&sh, first_live),
+        "rotation passed blocks that failed their crc (batch {first_live})"
     );
     rig.fast.set_faults(faults);
     let b = blocks[rng.gen_range(0..blocks.len())];
@@ -432,10 +436,31 @@ fn a_transient_read_error_does_not_stop_rotation_for_good() {
         }
     }
     model[b as usize] = 0;
-    assert!(c.rotated_batches.load(Ordering::SeqCst) > 0);
+    assert!(
+        !holds_batch(&sh, first_live),
+        "the trim had room with batch {first_live} still at the log's tail"
+    );
     drop(sh);
     rig.power_cut_and_restart();
     check_blocks(rig.dg(), v, &model);
+}
+
+/// The first sequence number of the oldest batch in the log that holds live data.
+fn first_live_batch(sh: &crate::shared::Shared) -> Option<u64> {
+    let log = sh.log.lock();
+    log.batches
+        .iter()
+        .find(|b| {
+            !crate::destage::live_runs(sh, b).is_empty()
+                || !crate::destage::live_zero_records(sh, b).is_empty()
+        })
+        .map(|b| b.first_seq)
+}
+
+/// Whether the log still holds the batch that begins at `first_seq`.
+fn holds_batch(sh: &crate::shared::Shared, first_seq: u64) -> bool {
+    let log = sh.log.lock();
+    log.batches.iter().any(|b| b.first_seq == first_seq)
 }
 
 /// The first `n` blocks of volume `v` whose current copy is in the log, in the log's order
