@@ -393,7 +393,7 @@ fn a_transient_read_error_does_not_stop_rotation_for_good() {
     // The oldest batch holding live data: rotation must read it, and cannot while reads
     // fail. A batch holding nothing live needs no read, and the log may hold one beside it
     // (CI at c68dd90: two freed, and `rotated_batches`, which this test counted, said 2; about
-    // one run in eight of that seed since a full group refuses writes without pacing them).
+    // one run in eight of that seed with a build whose full group refused writes unpaced).
     let first_live = first_live_batch(&sh).expect("live data in the log");
     let blocks = log_only_blocks(rig.dg(), v);
     let faults = rig.fast.faults();
