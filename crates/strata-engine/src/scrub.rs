@@ -75,6 +75,30 @@ impl ScrubReport {
     }
 }
 
+/// The next entries (1,024 at most) of `layer` in the capacity index from key `*at`, which
+/// moves past them; None once there are no more. Read under the reclaim guard, as reads are:
+/// a page loaded here cannot have been freed (and its segment discarded) by a flush since the
+/// tree named it.
+fn next_layer_entries(
+    sh: &Shared,
+    layer: u32,
+    at: &mut u128,
+) -> Result<Option<Vec<crate::ctree::Entry>>, EngineError> {
+    let end = key_of(layer, 0) + (1u128 << 64);
+    let ents = {
+        let _guard = sh.reclaim.read();
+        meta::with_tree_read(sh, |t| {
+            let mut v = Vec::new();
+            t.first_entries(*at, end, 1024, &mut v).map(|()| v)
+        })?
+    };
+    let Some(last) = ents.last() else {
+        return Ok(None);
+    };
+    *at = last.end();
+    Ok(Some(ents))
+}
+
 /// What the status API shows about scrubbing.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ScrubStatus {
@@ -593,17 +617,7 @@ impl<'a> Scrubber<'a> {
         };
         let mut cap = 0;
         let mut at = key_of(layer, 0);
-        let end = key_of(layer, 0) + (1u128 << 64);
-        loop {
-            let ents = {
-                let _guard = self.sh.reclaim.read();
-                meta::with_tree_read(self.sh, |t| {
-                    let mut v = Vec::new();
-                    t.first_entries(at, end, 1024, &mut v).map(|()| v)
-                })?
-            };
-            let Some(last) = ents.last() else { break };
-            at = last.end();
+        while let Some(ents) = next_layer_entries(self.sh, layer, &mut at)? {
             cap += ents
                 .iter()
                 .filter(|e| matches!(e.loc, Loc::Cap { .. }))
@@ -648,19 +662,7 @@ impl<'a> Scrubber<'a> {
             }
         }
         let mut at = key_of(layer, 0);
-        let end = key_of(layer, 0) + (1u128 << 64);
-        loop {
-            // Under the reclaim guard, as reads: a page loaded here cannot have been freed
-            // (and its segment discarded) by a flush since the tree named it.
-            let ents = {
-                let _guard = self.sh.reclaim.read();
-                meta::with_tree_read(self.sh, |t| {
-                    let mut v = Vec::new();
-                    t.first_entries(at, end, 1024, &mut v).map(|()| v)
-                })?
-            };
-            let Some(last) = ents.last() else { break };
-            at = last.end();
+        while let Some(ents) = next_layer_entries(self.sh, layer, &mut at)? {
             for e in ents {
                 if let Loc::Cap { .. } = e.loc {
                     self.check_cap_run(layer, name, split_key(e.key).1, e.len)?;
