@@ -468,6 +468,9 @@ fn main() -> ExitCode {
     if !matches!(cli.command, Command::Serve(_) | Command::Bench(_)) {
         end_quietly_when_stdout_closes();
     }
+    // `serve` and `bench` print no JSON, not even a failure's (a --json before them, from an
+    // alias, is ignored there).
+    let json_failure = cli.json && !matches!(cli.command, Command::Serve(_) | Command::Bench(_));
     let result = match cli.command {
         Command::Serve(args) => serve::run(&args),
         Command::Volume(cmd) => api_client(&cli.server, cli.json, cli.token_file.as_deref())
@@ -505,7 +508,7 @@ fn main() -> ExitCode {
         Err(e) => {
             let reason = one_line(&format!("{e:#}"));
             // A scrub that found damage has printed its report already.
-            if cli.json && !e.is::<client::DamageFound>() {
+            if json_failure && !e.is::<client::DamageFound>() {
                 // Machine output on failure too: the reason, and the daemon's HTTP status
                 // when it answered (404 unknown, 409 in use or already there, ...).
                 let status = e.downcast_ref::<client::Refused>().map(|r| r.status);
@@ -572,11 +575,16 @@ fn clap_failure(e: clap::Error, json: bool) -> ExitCode {
 }
 
 /// Whether the command line asks for `--json`, for a usage error clap could not parse: any
-/// `--json` before a `--`.
+/// `--json` before a `--`, unless the command is `serve` or `bench`, which print no JSON.
 fn json_asked(args: impl IntoIterator<Item = std::ffi::OsString>) -> bool {
-    args.into_iter()
+    let args: Vec<std::ffi::OsString> = args.into_iter().collect();
+    let command = command_position(&args).and_then(|at| args[at].to_str());
+    if matches!(command, Some("serve" | "bench")) {
+        return false;
+    }
+    args.iter()
         .skip(1)
-        .take_while(|a| a != "--")
+        .take_while(|a| *a != "--")
         .any(|a| a == "--json")
 }
 
@@ -714,6 +722,10 @@ mod tests {
         assert!(!asked(&["strata", "volume", "create", "x", "--size", "12Q"]));
         assert!(!asked(&["strata", "volume", "create", "--", "--json"]));
         assert!(!asked(&["--json"]), "the program name is not an argument");
+        // `serve` and `bench` print no JSON: their usage errors are text alone.
+        assert!(!asked(&["strata", "serve", "--json"]));
+        assert!(!asked(&["strata", "--json", "serve", "--fast-size", "1K"]));
+        assert!(!asked(&["strata", "--server", "http://x:1", "--json", "bench", "--x"]));
     }
 
     #[test]

@@ -519,6 +519,23 @@ fn a_failed_start_leaves_nothing_behind() {
         !std::path::Path::new(missing_disk).exists(),
         "a file was made under /dev"
     );
+    // `serve` prints no JSON, not even its failure's, when a --json comes before it (from an
+    // alias), and refuses one after it with a usage error in text.
+    for (args, code) in [
+        (&["--json", "serve", "--data-dir", "data", "--fast-size", "2M"][..], 1),
+        (&["serve", "--data-dir", "data", "--json"][..], 2),
+    ] {
+        let mut c = cmd(STRATA_BIN, &[args, &listen].concat());
+        c.current_dir(dir.path());
+        let out = run_timeout(&mut c, Duration::from_secs(60));
+        assert_eq!(out.status.code(), Some(code), "{args:?}");
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?}: stdout {:?}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert_serve_fails_with(&format!("{args:?}"), &out, "");
+    }
 }
 
 /// Another group's sparse capacity file given by mistake as `--fast-device` is refused, and is
