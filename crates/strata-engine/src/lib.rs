@@ -737,7 +737,8 @@ impl DiskGroup {
         self.admit(vol, data.len() as u64)?;
         let (b0, b1) = block_span(offset, data.len() as u64);
         let blocks = (b1 - b0).min(self.max_record_blocks());
-        self.with_rotation(blocks, || self.write_admitted(vol, offset, data))
+        let placed = Placed::default();
+        self.with_rotation(blocks, || self.write_admitted(vol, offset, data, &placed))
     }
 
     /// Runs a host request (idempotent, holding no lock), first waiting for rotation if the
@@ -763,7 +764,13 @@ impl DiskGroup {
         request()
     }
 
-    fn write_admitted(&self, vol: VolumeId, offset: u64, data: &[u8]) -> Result<(), EngineError> {
+    fn write_admitted(
+        &self,
+        vol: VolumeId,
+        offset: u64,
+        data: &[u8],
+        placed: &Placed,
+    ) -> Result<(), EngineError> {
         let (b0, b1) = block_span(offset, data.len() as u64);
         let gate = self.sh.gate(vol);
         let _g = gate.read();
@@ -780,7 +787,7 @@ impl DiskGroup {
                 return self.write_bypass(&rt, head, b0, data);
             }
         }
-        self.write_locked(vol, head, offset, data)
+        self.write_locked(vol, head, offset, data, placed)
     }
 
     /// Writes whole blocks straight to the capacity tier (see bypass.rs); a part the destager
@@ -820,7 +827,9 @@ impl DiskGroup {
                 rt.stats.bypassed_blocks.fetch_add(nb, Ordering::Relaxed);
             } else {
                 // A job may span a segment's data area; a record must fit a batch.
-                self.submit_records(head, at, chunk, &mut waits)?;
+                let mut records = Vec::new();
+                self.submit_records(head, at, chunk, &Placed::default(), &mut records)?;
+                waits.extend(records.into_iter().map(|(_, w)| w));
             }
         }
         // (The log counts the Forget records' ranges as host writes.)
@@ -834,6 +843,7 @@ impl DiskGroup {
         head: u32,
         offset: u64,
         data: &[u8],
+        placed: &Placed,
     ) -> Result<(), EngineError> {
         let (b0, b1) = block_span(offset, data.len() as u64);
         let n = b1 - b0;
@@ -858,24 +868,39 @@ impl DiskGroup {
         }
         buf[head_gap..end].copy_from_slice(data);
         let mut waits = Vec::new();
-        self.submit_records(head, b0, &buf, &mut waits)?;
-        wait_all(waits)
+        let submitted = self.submit_records(head, b0, &buf, placed, &mut waits);
+        // Every record submitted is waited for (and noted if placed), even after an error.
+        let mut result = submitted;
+        for (k, w) in waits {
+            match w.wait() {
+                Ok(()) => placed.note(k),
+                Err(e) if result.is_ok() => result = Err(e),
+                Err(_) => {}
+            }
+        }
+        result
     }
 
-    /// Submits whole blocks at `lba` as Write records of at most `max_record_blocks` each.
+    /// Submits whole blocks at `lba` as Write records of at most `max_record_blocks` each,
+    /// but for those `placed` holds already; each wait comes with its record's index.
     fn submit_records(
         &self,
         head: u32,
-        mut lba: u64,
+        lba: u64,
         data: &[u8],
-        waits: &mut Vec<log::ReplyRx>,
+        placed: &Placed,
+        waits: &mut Vec<(usize, log::ReplyRx)>,
     ) -> Result<(), EngineError> {
-        for chunk in data.chunks(self.max_record_blocks() as usize * BLOCK) {
+        let per_record = self.max_record_blocks() as usize * BLOCK;
+        for (k, chunk) in data.chunks(per_record).enumerate() {
+            if placed.holds(k) {
+                continue;
+            }
             let mut d = AlignedBuf::new_zeroed(chunk.len());
             d.copy_from_slice(chunk);
             let nb = chunk.len() as u64 / BLOCK_U64;
-            waits.push(self.submit(RecordKind::Write, head, lba, nb, Some(d))?);
-            lba += nb;
+            let at = lba + (k * per_record / BLOCK) as u64;
+            waits.push((k, self.submit(RecordKind::Write, head, at, nb, Some(d))?));
         }
         Ok(())
     }
@@ -1139,7 +1164,8 @@ impl DiskGroup {
             if !self.holds_data(vol, b0, b1 - b0)? {
                 return Ok(());
             }
-            return self.write_locked(vol, head, offset, &vec![0u8; len as usize]);
+            let zeros = vec![0u8; len as usize];
+            return self.write_locked(vol, head, offset, &zeros, &Placed::default());
         }
         if offset < full0 * BLOCK_U64 && self.holds_data(vol, b0, 1)? {
             self.write_locked(
@@ -1147,6 +1173,7 @@ impl DiskGroup {
                 head,
                 offset,
                 &vec![0u8; (full0 * BLOCK_U64 - offset) as usize],
+                &Placed::default(),
             )?;
         }
         if end > full1 * BLOCK_U64 && self.holds_data(vol, full1, 1)? {
@@ -1155,6 +1182,7 @@ impl DiskGroup {
                 head,
                 full1 * BLOCK_U64,
                 &vec![0u8; (end - full1 * BLOCK_U64) as usize],
+                &Placed::default(),
             )?;
         }
         // Only the span that holds something needs a record: zeros already read as zeros.
@@ -1477,6 +1505,28 @@ impl Drop for DiskGroup {
         if !self.threads.lock().is_empty() {
             let _ = self.shutdown();
         }
+    }
+}
+
+/// Which records of a host write of several records the log has placed, kept across the
+/// tries `DiskGroup::with_rotation` makes: a try after a refusal submits only the others. (A
+/// write refused part way that wrote all its records again on the next try left the first
+/// copies of those it had placed dead in the log: log room taken for nothing in a full group,
+/// and work for rotation, which frees such blocks by writing the live ones again.)
+#[derive(Default)]
+struct Placed(std::cell::RefCell<Vec<bool>>);
+
+impl Placed {
+    fn holds(&self, record: usize) -> bool {
+        self.0.borrow().get(record).copied().unwrap_or(false)
+    }
+
+    fn note(&self, record: usize) {
+        let mut p = self.0.borrow_mut();
+        if p.len() <= record {
+            p.resize(record + 1, false);
+        }
+        p[record] = true;
     }
 }
 
