@@ -595,7 +595,8 @@ impl Admission {
 pub fn admission_now(sh: &Shared, log: &LogState) -> Admission {
     let c = &sh.counters;
     // Out of room on the capacity tier, a write fits the log now or is refused (room.rs).
-    if c.capacity_out_of_room.load(Ordering::Relaxed) {
+    // With both tiers full nothing is paced either (`admit_paced`).
+    if c.capacity_out_of_room.load(Ordering::Relaxed) || c.capacity_full.load(Ordering::Relaxed) {
         return Admission::Open;
     }
     if host_writes_wait_for_room(sh, log) {
@@ -608,9 +609,6 @@ pub fn admission_now(sh: &Shared, log: &LogState) -> Admission {
         || Counters::get_f64(&c.destage_bw_bytes_per_s) > 0.0;
     match measured {
         true => Admission::Throttled,
-        // With both tiers full nothing will free the log: a write that fits goes, the others
-        // are refused (`reserve`), none waits. "measuring" would promise a wait.
-        false if c.capacity_full.load(Ordering::Relaxed) => Admission::Open,
         false => Admission::Measuring,
     }
 }
@@ -1068,8 +1066,12 @@ impl LogWriter {
         }
         let now = Instant::now();
         // Out of room on the capacity tier, the destager is paused and frees nothing: a write
-        // fits the log now or is refused now, with no pace to keep (room.rs).
-        if f.next_admit <= now || c.capacity_out_of_room.load(Ordering::Relaxed) {
+        // fits the log now or is refused now, with no pace to keep (room.rs). The same with
+        // both tiers full (`admit_paced`).
+        if f.next_admit <= now
+            || c.capacity_out_of_room.load(Ordering::Relaxed)
+            || c.capacity_full.load(Ordering::Relaxed)
+        {
             return None;
         }
         if self.sh.log.lock().fill_ratio() <= self.sh.cfg.fill_ratio_high {
@@ -1367,7 +1369,12 @@ impl LogWriter {
         let fill = self.sh.log.lock().fill_ratio();
         let (low, high) = (self.sh.cfg.fill_ratio_low, self.sh.cfg.fill_ratio_high);
         let now = Instant::now();
-        if fill <= high {
+        // With both tiers full no destage frees the log: there is no rate to keep, a write
+        // that fits goes and the others are refused or wait for rotation (`reserve`). Paced
+        // at the last rate measured, or the 1 MiB/s floor, each refused 1 MiB write of a full
+        // volume cost about a second, one after another, and every volume's writes queued
+        // behind them.
+        if fill <= high || self.sh.counters.capacity_full.load(Ordering::Relaxed) {
             f.next_admit = now;
             f.freed_samples.clear();
             if fill < low {

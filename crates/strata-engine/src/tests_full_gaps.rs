@@ -411,6 +411,54 @@ fn a_power_cut_during_rotation_loses_nothing() {
     );
 }
 
+/// With both tiers full, writes are not paced to a destage rate (none will come): each write
+/// that does not fit is refused at once. Paced at the rate last measured (or its 1 MiB/s
+/// floor), each refused 1 MiB write cost about a second, one after another, and every other
+/// volume's writes queued behind them.
+#[test]
+fn a_full_group_refuses_writes_without_pacing_them() {
+    let seed = seed_for("a_full_group_refuses_writes_without_pacing_them");
+    let rig = Rig::new(16 * MIB, &[32 * MIB], small_cfg(), seed);
+    let v = rig.dg().create_volume("v", 64 * MIB).unwrap().id;
+    let written = fill_until_no_space(rig.dg(), v, 64);
+    let full = || rig.dg().stats().capacity_full;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !full() {
+        assert!(Instant::now() < deadline, "the tiers never counted as full");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stats = rig.dg().stats();
+    assert!(
+        stats.log_used_bytes as f64 > 0.9 * stats.log_capacity_bytes as f64,
+        "the log is not past its high mark: {stats:?}"
+    );
+    let data = vec![0x5a; MIB as usize];
+    let refused = |i: u64| match rig.dg().write(v, (written + i % 4) * MIB, &data) {
+        Err(EngineError::NoSpace) => {}
+        r => panic!("a 1 MiB write to the full group: {r:?}"),
+    };
+    // Refused writes for longer than admission control takes to measure the rate the log is
+    // freed at (`ADMIT_MIN_SPAN`, sampled at each write).
+    let measuring = Instant::now();
+    for i in 0.. {
+        refused(i);
+        if measuring.elapsed() > Duration::from_millis(1500) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let started = Instant::now();
+    for i in 0..8 {
+        refused(i);
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(4),
+        "8 refused writes took {took:?}: paced ({:?})",
+        rig.dg().stats().admission
+    );
+}
+
 /// With both tiers full and nothing dead in the log (every block written once), the log is
 /// not rotated: the fast device takes no more writes, and writes are refused at once.
 /// (Rotating such a log frees nothing: it would only wear the device, and hosts waiting for
