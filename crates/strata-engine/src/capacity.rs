@@ -795,15 +795,23 @@ pub fn read_seg_blocks(
     crcs: &[u32],
 ) -> Result<Option<u32>, EngineError> {
     let (dev, off) = sh.layout.seg_data_byte(seg, block);
-    sh.caps[dev].read_at(&mut out[..n as usize * BLOCK], off)?;
-    let bad = first_mismatch(block, n, out, crcs);
-    if bad.is_none() || sh.layout.geo.summary_copies < 2 {
-        return Ok(bad);
+    let out = &mut out[..n as usize * BLOCK];
+    sh.caps[dev].read_at(out, off)?;
+    if first_mismatch(block, n, out, crcs).is_none() {
+        return Ok(None);
     }
-    Ok(match summary::current_crcs(sh, seg, block, n, crcs) {
-        Some(current) => first_mismatch(block, n, out, &current),
-        None => bad,
-    })
+    // The crcs given may be an earlier use's (a summary copy whose last write was lost): the
+    // segment's current ones decide, then a block that does not match them is read again.
+    let current = match sh.layout.geo.summary_copies < 2 {
+        true => None,
+        false => summary::current_crcs(sh, seg, block, n, crcs),
+    };
+    let crcs = current.as_deref().unwrap_or(crcs);
+    if crcs.len() < n as usize {
+        return Ok(first_mismatch(block, n, out, crcs));
+    }
+    let bad = crate::reread::mend(sh, &*sh.caps[dev], 1 + dev, off, out, |k| crcs[k]);
+    Ok(bad.first().map(|&k| block + k as u32))
 }
 
 /// The first of blocks `block..block + n` (in `out`) that does not match its crc in `crcs`.

@@ -30,6 +30,7 @@ mod queue;
 mod rangelock;
 mod read_async;
 mod replay;
+mod reread;
 mod resolve;
 mod room;
 mod runtime;
@@ -62,6 +63,8 @@ mod tests_open;
 mod tests_panics;
 #[cfg(test)]
 mod tests_read_async;
+#[cfg(test)]
+mod tests_reread;
 #[cfg(test)]
 mod tests_room;
 #[cfg(test)]
@@ -598,12 +601,8 @@ impl DiskGroup {
                 Some(Loc::Fast(b)) => {
                     count(&sh.counters.read_fast_bytes, piece_bytes);
                     sh.fast.read_at(dst, sh.layout.log_byte(b))?;
-                    for (i, chunk) in dst.chunks(BLOCK).enumerate() {
-                        if crc32c::crc32c(chunk)
-                            != sh.fast_crcs[(b + i as u64) as usize].load(Ordering::Relaxed)
-                        {
-                            return Err(self.corrupt(view, p.lba + i as u64, "fast", 0));
-                        }
+                    if let Some(&k) = reread::mend_log(sh, b, dst).first() {
+                        return Err(self.corrupt(view, p.lba + k as u64, "fast", 0));
                     }
                     if let Some(h) = host {
                         h.rt.stats

@@ -276,7 +276,7 @@ impl Finish {
 
     /// Checks what the device returned and counts it, under the reclaim pin (the checksums
     /// describe the log blocks only while they cannot be reused). `Err(Retry)`: a cached copy
-    /// could not be used and was forgotten, or a capacity block failed its cached crc.
+    /// could not be used and was forgotten, or a block failed its crc.
     fn check(
         &self,
         buf: &AlignedBuf,
@@ -296,9 +296,10 @@ impl Finish {
                 if let Err(e) = result {
                     return Ok(Err(e.into()));
                 }
-                if let Some(k) = first_bad(&in_log(*first)) {
-                    let lba = self.run.lba + k as u64;
-                    return Ok(Err(crate::corrupt_error(sh, self.view, lba, "fast", 0)));
+                // Read again the blocking way, which reads a block that fails its crc again
+                // before it calls it damaged (reread.rs).
+                if first_bad(&in_log(*first)).is_some() {
+                    return Err(Retry);
                 }
                 sh.counters
                     .read_fast_bytes
@@ -324,22 +325,16 @@ impl Finish {
                     rt.stats.read_cached_blocks.fetch_add(n, Ordering::Relaxed);
                 }
             }
-            Source::Capacity { seg, crcs, .. } => {
+            Source::Capacity { crcs, .. } => {
                 if let Err(e) = result {
                     return Ok(Err(e.into()));
                 }
-                if let Some(k) = first_bad(&|k| crcs.get(k).copied()) {
+                if first_bad(&|k| crcs.get(k).copied()).is_some() {
                     // The cached crc block may be an earlier use's, from a summary copy whose
-                    // last write was lost: the blocking read holds the block against the
-                    // segment's whole summary before it calls it damaged.
-                    if sh.layout.geo.summary_copies > 1 {
-                        return Err(Retry);
-                    }
-                    let lba = self.run.lba + k as u64;
-                    let dev = sh.seg_device(*seg);
-                    return Ok(Err(crate::corrupt_error(
-                        sh, self.view, lba, "capacity", dev,
-                    )));
+                    // last write was lost, or the read went wrong in passing: the blocking read
+                    // holds the block against the segment's whole summary, and reads it
+                    // again, before it calls it damaged.
+                    return Err(Retry);
                 }
                 sh.counters
                     .read_capacity_bytes
@@ -438,5 +433,5 @@ impl Finish {
 }
 
 /// A read that must go again the blocking way: its cached copy could not be used (the capacity
-/// tier is read instead), or a capacity block failed a crc from the crc-block cache.
+/// tier is read instead), or a block failed its crc (the blocking read reads it again).
 struct Retry;

@@ -702,12 +702,8 @@ impl<'a> Scrubber<'a> {
                         bad.extend((0..p.len).map(|i| (p.lba + i, format!("unreadable: {e}"))));
                         continue;
                     }
-                    for (i, chunk) in dst.chunks(BLOCK).enumerate() {
-                        if crc32c::crc32c(chunk)
-                            != self.sh.fast_crcs[(b + i as u64) as usize].load(Ordering::Relaxed)
-                        {
-                            bad.push((p.lba + i as u64, "checksum mismatch".into()));
-                        }
+                    for i in crate::reread::mend_log(self.sh, b, dst) {
+                        bad.push((p.lba + i as u64, "checksum mismatch".into()));
                     }
                     self.report.data_bytes_verified += p.len * BLOCK_U64;
                 }
