@@ -305,6 +305,9 @@ pub struct EngineStats {
     pub capacity_total_bytes: u64,
     pub capacity_used_bytes: u64,
     pub capacity_live_bytes: u64,
+    /// Capacity-tier space destage leaves free for garbage collection and index flushes
+    /// (`destage::gc_reserve` segments): the tier counts as full with this much still free.
+    pub capacity_reserved_bytes: u64,
     pub segments_total: u64,
     pub segments_free: u64,
     pub gc_segments_cleaned_total: u64,
@@ -1349,6 +1352,8 @@ impl DiskGroup {
             capacity_total_bytes: seg_total * sh.layout.segment_size_bytes,
             capacity_used_bytes: data_segs * sh.layout.segment_size_bytes + meta_blocks * BLOCK_U64,
             capacity_live_bytes: live_blocks * BLOCK_U64,
+            capacity_reserved_bytes: (destage::gc_reserve(sh) as u64).min(seg_total)
+                * sh.layout.segment_size_bytes,
             segments_total: seg_total,
             segments_free: seg_free,
             gc_segments_cleaned_total: c.gc_segments_cleaned.load(Ordering::Relaxed),

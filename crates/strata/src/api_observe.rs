@@ -87,6 +87,8 @@ pub struct NodeJson {
     pub nbd_listen: String,
     pub http_listen: String,
     pub volume_count: usize,
+    /// NBD connections open now, over every export (a total over the exports, not a running
+    /// count since the start).
     pub nbd_connections_total: usize,
     pub disk_group_count: usize,
     pub workload: WorkloadJson,
@@ -179,17 +181,21 @@ pub fn warnings(
         ));
     } else if stats.capacity_full {
         out.push("the capacity tier is full: writes fail with ENOSPC once the log fills".into());
-    } else if stats.capacity_total_bytes > 0 {
-        let used = stats.capacity_used_bytes as f64 / stats.capacity_total_bytes as f64;
+    } else if let Some(used) = capacity_used_share(stats) {
         if used > CAPACITY_WARN_RATIO {
             // Used segments hold dead data too (overwritten, trimmed, deleted), which garbage
             // collection gives back as free segments run short: the live share says how much
             // is really taken.
-            let live = stats.capacity_live_bytes as f64 / stats.capacity_total_bytes as f64;
+            let usable = stats
+                .capacity_total_bytes
+                .saturating_sub(stats.capacity_reserved_bytes);
+            let live = stats.capacity_live_bytes as f64 / usable as f64;
             out.push(format!(
-                "the capacity tier is {:.0}% used ({:.0}% by live data)",
+                "the capacity tier is {:.0}% used ({:.0}% by live data) of the space data may \
+                 take (the rest, {} MiB, is kept free for garbage collection and the index)",
                 used * 100.0,
-                live * 100.0
+                live.min(1.0) * 100.0,
+                stats.capacity_reserved_bytes >> 20
             ));
         }
     }
@@ -245,6 +251,9 @@ pub struct DiskGroupJson {
     pub capacity_total_bytes: u64,
     pub capacity_used_bytes: u64,
     pub capacity_live_bytes: u64,
+    /// Capacity-tier space kept free for garbage collection and index flushes: the tier
+    /// counts as full with this much still free.
+    pub capacity_reserved_bytes: u64,
     pub capacity_full: bool,
     pub capacity_out_of_room: Option<strata_engine::OutOfRoomStats>,
     pub segments_total: u64,
@@ -261,6 +270,16 @@ pub struct DiskGroupJson {
     /// copies) since start (None before any).
     pub fast_read_hit_ratio: Option<f64>,
     pub scrub: ScrubSummaryJson,
+}
+
+/// The share of the capacity tier's usable space (all but what is kept free for garbage
+/// collection and the index) in used segments, at most 1 (index pages may take kept
+/// segments); None for a group without capacity segments.
+pub fn capacity_used_share(e: &EngineStats) -> Option<f64> {
+    let usable = e
+        .capacity_total_bytes
+        .saturating_sub(e.capacity_reserved_bytes);
+    (usable > 0).then(|| (e.capacity_used_bytes as f64 / usable as f64).min(1.0))
 }
 
 /// Cached copies on the fast tier count as fast-tier hits.
@@ -295,6 +314,7 @@ fn disk_group_json(e: &EngineStats, scrub: ScrubSummaryJson) -> DiskGroupJson {
         capacity_total_bytes: e.capacity_total_bytes,
         capacity_used_bytes: e.capacity_used_bytes,
         capacity_live_bytes: e.capacity_live_bytes,
+        capacity_reserved_bytes: e.capacity_reserved_bytes,
         capacity_full: e.capacity_full,
         capacity_out_of_room: e.capacity_out_of_room.clone(),
         segments_total: e.segments_total,
@@ -557,14 +577,18 @@ mod tests {
     }
 
     /// A capacity tier nearly all in used segments is warned about with the share live data
-    /// takes: segments also hold dead data that garbage collection gives back.
+    /// takes: segments also hold dead data that garbage collection gives back. The shares
+    /// are of the space data may take: a tier whose used segments leave only what is kept
+    /// free for garbage collection and the index is full (88% of it all, here), and was not
+    /// warned about when the share counted the kept space.
     #[test]
     fn a_capacity_warning_says_how_much_is_live() {
         let stats = EngineStats {
             state: "running".into(),
             capacity_total_bytes: 100 << 30,
-            capacity_used_bytes: 95 << 30,
-            capacity_live_bytes: 40 << 30,
+            capacity_reserved_bytes: 10 << 30,
+            capacity_used_bytes: 88 << 30,
+            capacity_live_bytes: 36 << 30,
             ..EngineStats::default()
         };
         let config = crate::api_scrub::ScrubConfig {
@@ -573,8 +597,15 @@ mod tests {
         };
         let scrub = crate::api_scrub::summary_json(Default::default(), &config);
         let list = warnings(&stats, &[], &scrub);
-        let want = "the capacity tier is 95% used (40% by live data)";
+        let want = "the capacity tier is 98% used (40% by live data) of the space data may take \
+                    (the rest, 10240 MiB, is kept free for garbage collection and the index)";
         assert!(list.iter().any(|w| w == want), "{list:?}");
+        let roomy = EngineStats {
+            capacity_used_bytes: 80 << 30,
+            ..stats
+        };
+        let list = warnings(&roomy, &[], &scrub);
+        assert!(!list.iter().any(|w| w.contains("capacity")), "{list:?}");
     }
 
     #[test]

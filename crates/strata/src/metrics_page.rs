@@ -299,7 +299,7 @@ fn render_wear(e: &mut Exposition, devices: &[DeviceJson]) {
 const ADMISSION_STATES: [&str; 4] = ["open", "throttled", "measuring", "waiting_for_room"];
 
 fn render_engine(e: &mut Exposition, s: &EngineStats) {
-    let gauges: [(&str, &str, f64); 19] = [
+    let gauges: [(&str, &str, f64); 20] = [
         ("strata_log_fill_ratio", "Fill of the write buffer: log space in use besides the read cache's copies, against the log less what the read cache holds; the destage marks apply to it.", s.log_fill_ratio),
         ("strata_log_fill_ratio_low", "Fill below which the destager idles.", s.fill_ratio_low),
         ("strata_log_fill_ratio_high", "Fill above which the destager runs flat out and admission follows it.", s.fill_ratio_high),
@@ -314,6 +314,7 @@ fn render_engine(e: &mut Exposition, s: &EngineStats) {
         ("strata_capacity_total_bytes", "Capacity-tier space in segments.", s.capacity_total_bytes as f64),
         ("strata_capacity_used_bytes", "Capacity-tier space in used segments.", s.capacity_used_bytes as f64),
         ("strata_capacity_live_bytes", "Live data on the capacity tier.", s.capacity_live_bytes as f64),
+        ("strata_capacity_reserved_bytes", "Capacity-tier space kept free for garbage collection and index flushes: the tier counts as full with this much still free.", s.capacity_reserved_bytes as f64),
         ("strata_capacity_segments_free", "Free capacity segments.", s.segments_free as f64),
         ("strata_capacity_full", "1 when the capacity tier has no free segment.", if s.capacity_full { 1.0 } else { 0.0 }),
         ("strata_capacity_out_of_room", "1 while a capacity device has no room for writes (the file system under a capacity file is full): destaging pauses until one succeeds.", if s.capacity_out_of_room.is_some() { 1.0 } else { 0.0 }),

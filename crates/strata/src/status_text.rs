@@ -158,7 +158,22 @@ pub fn fill_bar(fill: f64, low: f64, high: f64) -> String {
 fn disk_group(g: &Value) -> String {
     let num = |k: &str| g[k].as_f64().unwrap_or(0.0);
     let (total, used) = (num("capacity_total_bytes"), num("capacity_used_bytes"));
-    let used_ratio = (total > 0.0).then(|| used / total);
+    // Of the space data may take: a full tier still has its kept segments free (a daemon
+    // from before `capacity_reserved_bytes` counts none).
+    let reserved = num("capacity_reserved_bytes");
+    let usable = total - reserved;
+    let used_ratio = (usable > 0.0).then(|| (used / usable).min(1.0));
+    let kept = match reserved > 0.0 {
+        true => format!(
+            ", {} of them kept for GC and the index",
+            bytes(&g["capacity_reserved_bytes"])
+        ),
+        false => String::new(),
+    };
+    let of_usable = match reserved > 0.0 {
+        true => " of what data may take",
+        false => "",
+    };
     let admission = match g["admission"].as_str() {
         Some("throttled") => "THROTTLED (writes paced to the destage rate)",
         Some("measuring") => "MEASURING (above the high mark: writes wait while the log has no room, and are paced once the destage rate is measured)",
@@ -171,7 +186,7 @@ fn disk_group(g: &Value) -> String {
         _ => "open",
     };
     format!(
-        "\nDISK GROUP {}  {}\n  write log    {} {} full ({} of {} in use, {} of it dead)  marks {:.0}% / {:.0}%\n  destage      {}, backlog {} (live data to write to the capacity tier), admission {}\n  capacity     {} of {} used ({}, {} of it live data), {} of {} segments free\n  reads        {} from the fast tier\n  gc           {} segment(s) cleaned, {} relocated\n",
+        "\nDISK GROUP {}  {}\n  write log    {} {} full ({} of {} in use, {} of it dead)  marks {:.0}% / {:.0}%\n  destage      {}, backlog {} (live data to write to the capacity tier), admission {}\n  capacity     {} of {} used ({}{}, {} of it live data), {} of {} segments free{}\n  reads        {} from the fast tier\n  gc           {} segment(s) cleaned, {} relocated\n",
         text(&g["id"]),
         text(&g["state"]),
         fill_bar(num("log_fill_ratio"), num("fill_ratio_low"), num("fill_ratio_high")),
@@ -187,9 +202,11 @@ fn disk_group(g: &Value) -> String {
         bytes(&g["capacity_used_bytes"]),
         bytes(&g["capacity_total_bytes"]),
         percent(used_ratio),
+        of_usable,
         bytes(&g["capacity_live_bytes"]),
         text(&g["segments_free"]),
         text(&g["segments_total"]),
+        kept,
         percent(g["fast_read_hit_ratio"].as_f64()),
         text(&g["gc_segments_cleaned_total"]),
         bytes(&g["gc_relocated_bytes_total"]),
@@ -381,7 +398,7 @@ mod tests {
                 "log_dead_bytes": 50331648u64, "admission_throttled": true,
                 "admission": "throttled", "capacity_total_bytes": 2147483648u64,
                 "capacity_used_bytes": 1073741824u64, "capacity_live_bytes": 805306368u64,
-                "segments_free": 128, "segments_total": 256,
+                "capacity_reserved_bytes": 67108864u64, "segments_free": 128, "segments_total": 256,
                 "fast_read_hit_ratio": 0.87, "gc_segments_cleaned_total": 3,
                 "gc_relocated_bytes_total": 12582912u64
             }],
@@ -482,7 +499,7 @@ mod tests {
             "<=1ms 92.1%  <=2ms 98.0%",
             "50.0% full (128 MiB of 256 MiB in use, 48 MiB of it dead)  marks 30% / 70%",
             "backlog 80 MiB (live data to write to the capacity tier), admission THROTTLED",
-            "1 GiB of 2 GiB used (50.0%, 768 MiB of it live data), 128 of 256 segments free",
+            "1 GiB of 2 GiB used (51.6% of what data may take, 768 MiB of it live data), 128 of 256 segments free, 64 MiB of them kept for GC and the index",
             "87.0% from the fast tier",
             "3 segment(s) cleaned, 12 MiB relocated",
             "2031-07-16",
