@@ -76,10 +76,14 @@ fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // A second initialisation (only possible in tests) is harmless, so its error is ignored.
+    // A log line that cannot be written (stderr a closed pipe, or a terminal gone with its
+    // SIGHUP) is dropped: with internal errors logged, tracing reported it with eprintln!,
+    // which panicked on the same stderr and took the serving thread down (exit 101).
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(filter)
+        .log_internal_errors(false)
         .try_init();
 }
 

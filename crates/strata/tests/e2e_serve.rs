@@ -60,6 +60,55 @@ fn sighup_stops_the_daemon_cleanly() {
     qemu_io_ok(&daemon.nbd_uri(VOL0), &["read -P 0x48 0 65536"]);
 }
 
+/// A log line the daemon cannot write (its stderr a pipe whose reader has gone, as when a log
+/// collector or the terminal closes) is dropped: the daemon serves on and stops cleanly.
+/// (tracing reported the failed write with eprintln!, which panicked on the same stderr: the
+/// serving thread died with exit 101, and clients' writes failed.)
+#[test]
+fn a_closed_stderr_does_not_stop_the_daemon() {
+    use std::io::BufRead;
+    if !require_tool("qemu-io") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut c = Command::new(STRATA_BIN);
+    c.args(["serve", "--data-dir", "data", "--fast-size", "64M"])
+        .args(["--capacity-size", "256M"])
+        .args(["--nbd-listen", "127.0.0.1:0"])
+        .args(["--http-listen", "127.0.0.1:0"])
+        // A line for each request, so that each client's writes meet the closed pipe.
+        .env("RUST_LOG", "debug")
+        .current_dir(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut daemon = ChildGuard::spawn(&mut c);
+    let stdout = daemon.child().stdout.take().expect("stdout");
+    let mut nbd = None;
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.expect("a line of stdout");
+        if let Some(addr) = line.strip_prefix("strata: NBD listening on ") {
+            nbd = Some(addr.to_string());
+        }
+        if line == "strata: ready" {
+            break;
+        }
+    }
+    let uri = format!("nbd://{}/{VOL0}", nbd.expect("the NBD address"));
+    drop(daemon.child().stderr.take());
+    for k in 0..4u64 {
+        let write = format!("write -P {} {}M 1M", 0x61 + k, k);
+        qemu_io_ok(&uri, &[write.as_str()]);
+    }
+    qemu_io_ok(&uri, &["read -P 0x61 0 1M", "read -P 0x64 3M 1M"]);
+    let alive = daemon.child().try_wait().expect("try_wait").is_none();
+    assert!(alive, "the daemon exited with its stderr closed");
+    send_signal(daemon.child().id(), SIGTERM);
+    let status = daemon
+        .wait_timeout(Duration::from_secs(30))
+        .expect("the daemon exits");
+    assert!(status.success(), "exit {status} with its stderr closed");
+}
+
 /// A second signal within a second of the first (GNU `timeout` signals the daemon and its
 /// process group) is the same request, and the stop stays clean; one a second or more after
 /// the first is a request to exit at once.
