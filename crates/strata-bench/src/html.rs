@@ -127,7 +127,7 @@ fn destage_chart(report: &Report) -> String {
                 .collect()
         };
         series.push(Series {
-            name: format!("{} destage speed while busy", t.label),
+            name: format!("{} destage rate (5 s average)", t.label),
             points: pts(|x| x.destage_rate_bytes_per_s),
             color: COLORS[3 * i % 6],
             dashed: false,
@@ -146,7 +146,7 @@ fn destage_chart(report: &Report) -> String {
         });
     }
     Chart {
-        title: "Destager speed while busy; capacity writes = destage rate",
+        title: "Destage rate (5 s average) and capacity writes",
         x_label: "seconds since the run started",
         y_label: "MB/s",
         series,

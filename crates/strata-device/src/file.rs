@@ -281,6 +281,15 @@ fn create_sparse(path: &Path, size_bytes: u64) -> Result<(), DeviceError> {
 /// `raw` bytes rounded down to whole blocks, if that is at least the minimum device size.
 fn block_rounded_size(path: &Path, raw: u64) -> Result<u64, DeviceError> {
     let size_bytes = raw - raw % BLOCK_SIZE as u64;
+    if raw == 0 {
+        return Err(open_error(
+            path,
+            format_args!(
+                "size 0 bytes: an empty file, or a block device with nothing behind it (a loop \
+                 device with no file attached, a drive with no medium)"
+            ),
+        ));
+    }
     if size_bytes < MIN_DEVICE_SIZE_BYTES {
         return Err(open_error(
             path,

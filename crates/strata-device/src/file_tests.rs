@@ -59,6 +59,14 @@ fn refuses_bad_paths_and_sizes() {
     std::fs::write(&small, vec![0u8; 8192]).unwrap();
     let text = open_error_text(FileDevice::open(&small, &OpenOptions::default()));
     assert!(text.contains("below the 1 MiB minimum"), "{text}");
+    // Nothing at all: what a loop device with no file attached also shows.
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, b"").unwrap();
+    let text = open_error_text(FileDevice::open(&empty, &OpenOptions::default()));
+    assert!(
+        text.contains("size 0 bytes: an empty file, or a block device with nothing"),
+        "{text}"
+    );
     assert!(open_path(&missing, None).is_err());
 }
 

@@ -3,7 +3,7 @@
 
 use crate::format::{LayerRecord, SnapshotRecord, VolumeRecord, LAYER_DELETED, LAYER_MERGING};
 use crate::volumes::Tables;
-use crate::{MAX_SNAPSHOTS, MAX_VOLUMES};
+use crate::{EngineError, MAX_SNAPSHOTS, MAX_VOLUMES};
 
 fn layer(t: &mut Tables, id: u32, parent: u32) {
     t.layers.insert(
@@ -135,6 +135,9 @@ fn a_chain_at_the_limit_says_when_deleted_snapshots_are_still_being_merged() {
     let head = chain_at_the_limit(&mut t, &[]);
     let e = t.new_layer(head).expect_err("the chain is full");
     assert!(e.to_string().contains("delete some snapshots first"), "{e}");
+    // A conflict with the volume's state, in plain words (was "invalid argument: ...", 400).
+    assert!(matches!(e, EngineError::InUse(_)), "{e:?}");
+    assert!(e.to_string().starts_with("at most"), "{e}");
 
     // Snapshots deleted: their layers stay on the chain until the destager merges them, and
     // the refusal says so rather than asking for what was just done.

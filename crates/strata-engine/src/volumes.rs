@@ -99,7 +99,9 @@ impl Tables {
     /// A new layer over `parent`, refused when reads would go through too many layers.
     pub(crate) fn new_layer(&mut self, parent: u32) -> Result<u32, EngineError> {
         if self.depth(parent) + 1 > crate::shared::MAX_CHAIN {
-            return Err(EngineError::InvalidArgument(self.too_deep(parent)));
+            // The volume's state, not the request, is at fault: a conflict (HTTP 409), said
+            // in plain words.
+            return Err(EngineError::InUse(self.too_deep(parent)));
         }
         let id = self.take_id()?;
         self.layers.insert(

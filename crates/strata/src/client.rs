@@ -197,7 +197,11 @@ impl Client {
                 let v = self.call("POST", &path, Some(json!({ "size_bytes": size })))?;
                 self.print(&v, |v| {
                     let v: VolumeJson = serde_json::from_value(v.clone())?;
-                    let size = format_size(v.size_bytes);
+                    // A size the short form rounds (10241M shows as 10.0 GiB) gets its bytes.
+                    let mut size = format_size(v.size_bytes);
+                    if size.contains('.') {
+                        size = format!("{size} ({} bytes)", v.size_bytes);
+                    }
                     match was == Some(v.size_bytes) {
                         true => println!("volume {:?} is already {size}: unchanged", v.name),
                         false => println!("resized volume {:?} to {size}", v.name),

@@ -373,7 +373,12 @@ pub fn parse_listen(text: &str, what: &str) -> Result<SocketAddr> {
         return Ok(addr);
     }
     let mut addrs = text.to_socket_addrs().map_err(|_| {
-        anyhow!("invalid {what} listen address {text:?}: expected HOST:PORT such as 127.0.0.1:9090")
+        // The example is the address this listener has by default.
+        let example = match what {
+            "NBD" => "127.0.0.1:10809",
+            _ => "127.0.0.1:9090",
+        };
+        anyhow!("invalid {what} listen address {text:?}: expected HOST:PORT such as {example}")
     })?;
     addrs
         .next()
@@ -425,8 +430,17 @@ pub fn load_file(path: &Path) -> Result<FileConfig> {
     parse_file(&text).with_context(|| format!("config {}", path.display()))
 }
 
+/// Keys of the config file that name one setting: the second spelling is an alias.
+const SAME_SETTING: [(&str, &str); 2] = [
+    ("capacity_devices", "capacity_device"),
+    ("catalog_files", "catalog"),
+];
+
 pub fn parse_file(text: &str) -> Result<FileConfig> {
     toml::from_str::<FileConfig>(text).map_err(|e| {
+        if let Some(both) = spelled_twice(text, e.message()) {
+            return anyhow!("{both}");
+        }
         let line = e.span().map(|s| {
             text.as_bytes()[..s.start.min(text.len())]
                 .iter()
@@ -434,12 +448,49 @@ pub fn parse_file(text: &str) -> Result<FileConfig> {
                 .count()
                 + 1
         });
+        // serde names the field's Rust type ("expected usize"): said in words.
         let msg = crate::one_line(e.message());
+        let msg = ["usize", "u64", "u32", "u16", "u8"]
+            .iter()
+            .fold(msg, |m, t| {
+                m.replace(
+                    &format!("expected {t}"),
+                    "expected a whole number, 0 or more",
+                )
+            });
         match line {
             Some(n) => anyhow!("line {n}: {msg}"),
             None => anyhow!("{msg}"),
         }
     })
+}
+
+/// For toml's "duplicate field" error when a setting is given under both its spellings
+/// (`capacity_device` and `capacity_devices`): which lines give it. toml reports the table's
+/// first line and the canonical name, which is neither line a reader needs.
+fn spelled_twice(text: &str, message: &str) -> Option<String> {
+    let field = message
+        .strip_prefix("duplicate field `")?
+        .split('`')
+        .next()?;
+    let (name, alias) = SAME_SETTING.iter().find(|(n, _)| *n == field)?;
+    let line_of = |key: &str| {
+        text.lines().position(|l| {
+            l.trim_start()
+                .strip_prefix(key)
+                .is_some_and(|rest| rest.trim_start().starts_with('='))
+        })
+    };
+    let (a, b) = (line_of(name)?, line_of(alias)?);
+    let ((first, k1), (second, k2)) = match a < b {
+        true => ((a, name), (b, alias)),
+        false => ((b, alias), (a, name)),
+    };
+    Some(format!(
+        "line {}: `{k2}` sets what `{k1}` on line {} already sets: give one of them",
+        second + 1,
+        first + 1
+    ))
 }
 
 /// Merges flags over the file over the defaults, then validates the result.

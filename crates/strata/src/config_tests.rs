@@ -669,3 +669,33 @@ fn an_index_cache_below_what_the_engine_keeps_is_refused_with_the_minimum() {
     let cfg = merge(&args, FileConfig::default()).unwrap();
     assert_eq!(cfg.engine.index_cache_bytes, 110 << 10);
 }
+
+/// A setting given under both its spellings is refused naming both lines (toml said "line 1:
+/// duplicate field `capacity_devices`", a line and a name the file may not have).
+#[test]
+fn a_setting_given_under_both_spellings_names_both_lines() {
+    let text =
+        "fast_size = \"64M\"\ncapacity_device = [\"c1.img\"]\n\ncapacity_devices = [\"c2.img\"]\n";
+    let e = parse_file(text).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "line 4: `capacity_devices` sets what `capacity_device` on line 2 already sets: give one of them"
+    );
+    let text = "catalog_files = [\"a.toml\"]\ncatalog = [\"b.toml\"]\n";
+    let e = parse_file(text).unwrap_err().to_string();
+    assert!(
+        e.starts_with("line 2: `catalog` sets what `catalog_files` on line 1"),
+        "{e}"
+    );
+}
+
+/// A negative count is refused in words, not in Rust's type names.
+#[test]
+fn a_negative_count_is_refused_in_words() {
+    let e = parse_file("max_connections = -1").unwrap_err().to_string();
+    assert!(
+        e.contains("line 1") && e.contains("expected a whole number, 0 or more"),
+        "{e}"
+    );
+    assert!(!e.contains("usize"), "{e}");
+}

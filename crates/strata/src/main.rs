@@ -234,7 +234,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     pub http_listen: Option<String>,
     /// Size of a capacity-tier segment, applied when the disk group is made [default: 8M,
-    /// halved down to 1M while the capacity tier would hold fewer than 1024 segments].
+    /// halved down to 1M while the capacity tier would hold fewer than 1024 segments and half
+    /// a segment's data area still holds a --max-batch-size given].
     #[arg(long, value_name = "SIZE", value_parser = config::parse_size_arg)]
     pub segment_size: Option<u64>,
     /// Log fill below which destaging idles: a ratio (0.3) or a percentage (30%) [default: 30%].
