@@ -412,11 +412,10 @@ impl Destager {
                     born_ms: r.born_ms,
                 };
                 let first = ((run.from - b.start) * BLOCK_U64) as usize;
-                let bytes = &buf[first..first + (len * BLOCK_U64) as usize];
-                let intact = bytes.chunks(BLOCK).enumerate().all(|(k, c)| {
-                    let crc = &self.sh.fast_crcs[(run.from + k as u64) as usize];
-                    crc32c::crc32c(c) == crc.load(Ordering::Relaxed)
-                });
+                let bytes = &mut buf[first..first + (len * BLOCK_U64) as usize];
+                // A block read wrong in passing is read again (reread.rs); one that stays
+                // wrong stops the rotation, which tries again later (`DAMAGED_RETRY`).
+                let intact = crate::reread::mend_log(&self.sh, run.from, bytes).is_empty();
                 if !intact {
                     // Only destage may move it (keeping its crc): rotation cannot pass it.
                     return Err(Rotated::Damaged);
