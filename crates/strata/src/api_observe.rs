@@ -182,13 +182,13 @@ pub fn warnings(
     } else if stats.capacity_full {
         out.push("the capacity tier is full: writes fail with ENOSPC once the log fills".into());
     } else if let Some(used) = capacity_used_share(stats) {
+        let usable = stats
+            .capacity_total_bytes
+            .saturating_sub(stats.capacity_reserved_bytes);
         if used > CAPACITY_WARN_RATIO {
             // Used segments hold dead data too (overwritten, trimmed, deleted), which garbage
             // collection gives back as free segments run short: the live share says how much
             // is really taken.
-            let usable = stats
-                .capacity_total_bytes
-                .saturating_sub(stats.capacity_reserved_bytes);
             let live = stats.capacity_live_bytes as f64 / usable as f64;
             out.push(format!(
                 "the capacity tier is {:.0}% used ({:.0}% by live data) of the space data may \
@@ -196,6 +196,19 @@ pub fn warnings(
                 used * 100.0,
                 live.min(1.0) * 100.0,
                 stats.capacity_reserved_bytes >> 20
+            ));
+        } else if stats.capacity_live_bytes + stats.log_capacity_bytes > usable {
+            // Overwritten data stays live on the capacity tier until its new copy is destaged:
+            // a log full of overwrites needs room beside what the tier holds (docs/FORMAT.md
+            // §9, "Overwrites of a capacity tier near full"). Past this point overwrites may
+            // fail with ENOSPC well before the tier counts as full.
+            out.push(format!(
+                "the capacity tier's live data ({} MiB) and a full write log ({} MiB) come to \
+                 more than the space data may take ({} MiB): overwrites may fail with ENOSPC \
+                 once the log fills; trim or delete data, or add capacity",
+                stats.capacity_live_bytes >> 20,
+                stats.log_capacity_bytes >> 20,
+                usable >> 20
             ));
         }
     }
@@ -605,6 +618,39 @@ mod tests {
             ..stats
         };
         let list = warnings(&roomy, &[], &scrub);
+        assert!(!list.iter().any(|w| w.contains("capacity")), "{list:?}");
+    }
+
+    /// A small tier whose live data and a full write log together exceed what data may take
+    /// is warned about before it counts as full: overwrites fail there (a 256 MiB tier under
+    /// a 64 MiB fast tier refused them at 216 MiB written, 84%, with no warning shown).
+    #[test]
+    fn a_tier_too_full_for_a_log_of_overwrites_is_warned_about() {
+        let stats = EngineStats {
+            state: "running".into(),
+            capacity_total_bytes: 255 << 20,
+            capacity_reserved_bytes: 15 << 20,
+            capacity_used_bytes: 200 << 20,
+            capacity_live_bytes: 190 << 20,
+            log_capacity_bytes: 60 << 20,
+            ..EngineStats::default()
+        };
+        let config = crate::api_scrub::ScrubConfig {
+            interval: None,
+            rate_bytes_per_s: 0,
+        };
+        let scrub = crate::api_scrub::summary_json(Default::default(), &config);
+        let list = warnings(&stats, &[], &scrub);
+        let want = "the capacity tier's live data (190 MiB) and a full write log (60 MiB) come to \
+                    more than the space data may take (240 MiB): overwrites may fail with ENOSPC \
+                    once the log fills; trim or delete data, or add capacity";
+        assert!(list.iter().any(|w| w == want), "{list:?}");
+        let room = EngineStats {
+            capacity_used_bytes: 150 << 20,
+            capacity_live_bytes: 150 << 20,
+            ..stats
+        };
+        let list = warnings(&room, &[], &scrub);
         assert!(!list.iter().any(|w| w.contains("capacity")), "{list:?}");
     }
 
