@@ -894,6 +894,7 @@ impl DiskGroup {
         waits: &mut Vec<(usize, log::ReplyRx)>,
     ) -> Result<(), EngineError> {
         let per_record = self.max_record_blocks() as usize * BLOCK;
+        placed.begin(head);
         for (k, chunk) in data.chunks(per_record).enumerate() {
             if placed.holds(k) {
                 continue;
@@ -1516,17 +1517,30 @@ impl Drop for DiskGroup {
 /// tries `DiskGroup::with_rotation` makes: a try after a refusal submits only the others. (A
 /// write refused part way that wrote all its records again on the next try left the first
 /// copies of those it had placed dead in the log: log room taken for nothing in a full group,
-/// and work for rotation, which frees such blocks by writing the live ones again.)
+/// and work for rotation, which frees such blocks by writing the live ones again.) The
+/// records count as placed only in the layer they went to: a try that finds the volume on
+/// another head (a rollback, or a snapshot, between tries) sends them all again.
 #[derive(Default)]
-struct Placed(std::cell::RefCell<Vec<bool>>);
+struct Placed {
+    head: std::cell::Cell<Option<u32>>,
+    records: std::cell::RefCell<Vec<bool>>,
+}
 
 impl Placed {
+    /// A try writing to layer `head`: what was placed in another layer is forgotten. (A
+    /// rollback between two tries drops the old head with the records placed in it.)
+    fn begin(&self, head: u32) {
+        if self.head.replace(Some(head)) != Some(head) {
+            self.records.borrow_mut().clear();
+        }
+    }
+
     fn holds(&self, record: usize) -> bool {
-        self.0.borrow().get(record).copied().unwrap_or(false)
+        self.records.borrow().get(record).copied().unwrap_or(false)
     }
 
     fn note(&self, record: usize) {
-        let mut p = self.0.borrow_mut();
+        let mut p = self.records.borrow_mut();
         if p.len() <= record {
             p.resize(record + 1, false);
         }

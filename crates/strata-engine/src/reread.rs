@@ -4,8 +4,10 @@
 //! then return the data instead of an I/O error, and the movers (destage, garbage collection)
 //! carry the good copy to the block's new home instead of the bad one; with the crc it was
 //! written with the bad one stayed detectable, but the good copy was freed: a passing fault
-//! became lasting damage. Each mismatch, mended or not, counts as a checksum error of the
-//! device (a link that flips bits needs looking at).
+//! became lasting damage. Each mismatch these reads see, mended or not, counts as a checksum
+//! error of the device (a link that flips bits needs looking at). An asynchronous host read
+//! hands a block that fails its crc to the blocking path, which reads it again and counts
+//! what it sees there: a mismatch only the asynchronous read met is not counted.
 
 use std::sync::atomic::Ordering;
 

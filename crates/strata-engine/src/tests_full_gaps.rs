@@ -554,3 +554,22 @@ fn a_write_refused_part_way_places_no_record_twice() {
         "the log took more of the write than it placed ({result:?})"
     );
 }
+
+/// What a write's tries count as placed belongs to the layer they went to: a try that finds
+/// the volume on another head (a rollback between tries dropped the old one, with the
+/// records placed in it) sends every record again.
+#[test]
+fn records_placed_in_another_head_are_sent_again() {
+    let placed = crate::Placed::default();
+    placed.begin(7);
+    placed.note(0);
+    placed.note(2);
+    assert!(placed.holds(0) && !placed.holds(1) && placed.holds(2));
+    placed.begin(7);
+    assert!(placed.holds(2), "the same head keeps what was placed");
+    placed.begin(9);
+    assert!(
+        !placed.holds(0) && !placed.holds(2),
+        "a new head starts over"
+    );
+}
