@@ -1,13 +1,21 @@
 //! Reads that go wrong in passing (a bit flipped on the way from the medium, which holds the
 //! block right) are read again before the block counts as damaged (reread.rs): host reads of
 //! both tiers, blocking and asynchronous, return the data, and destage carries the good copy
-//! to the capacity tier, not the bad one. The devices' faults are seeded from the test's seed.
+//! to the capacity tier, not the bad one; rotation of a full log goes on past such a block.
+//! The devices' faults are seeded from the test's seed.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use strata_device::FaultConfig;
 
 use crate::tests::{read_either, seed_for, small_cfg, Rig, MIB};
+use crate::tests_full_gaps::{
+    check_blocks, full_group, hold_destager_while_full, log_only_blocks, trim_until_no_room,
+};
 use crate::*;
 
 const BLOCK_BYTES: usize = 4096;
@@ -19,6 +27,11 @@ const BLOCK_BYTES: usize = 4096;
 const HOST_FLIP_RATE: f64 = 0.05;
 /// Share of destage's reads of the log that flip a bit.
 const DESTAGE_FLIP_RATE: f64 = 0.15;
+/// Share of rotation's reads of the log that flip a bit, and the reads it must make: 1e-6
+/// that none of 20 flips; a block whose 8 rereads all flip (0.4%) stops the rotation for a
+/// second, as damage does, and it goes on then.
+const ROTATION_FLIP_RATE: f64 = 0.5;
+const ROTATION_READS: u64 = 20;
 
 /// MiB `i` of the volume: each block tagged with its number, so a misplaced one shows.
 fn mib(i: u64) -> Vec<u8> {
@@ -153,4 +166,61 @@ fn destage_carries_the_good_copy_of_a_block_read_wrong_in_passing() {
         flips,
         "a block read wrong in passing was destaged as read"
     );
+}
+
+/// Rotation of a full log (trims of data only in the log get their room through it) with half
+/// its reads of the log flipping a bit: a block read wrong is read again and rotation goes on,
+/// and what it wrote again at the head is the data, after a power cut too. (Rotation stopped at
+/// such a block, as at damage, and tried the group again a second later; nothing counted it.)
+#[test]
+fn rotation_reads_again_a_block_read_wrong_in_passing() {
+    let seed = seed_for("rotation_reads_again_a_block_read_wrong_in_passing");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (mut rig, v, mut model, _) = full_group(seed, 64);
+    let sh = rig.group().sh.clone();
+    hold_destager_while_full(rig.dg());
+    trim_until_no_room(rig.dg(), v, &mut rng, &mut model);
+    let reads = Arc::new(AtomicU64::new(0));
+    let counted = reads.clone();
+    *sh.after_rotation_read.lock() = Some(Arc::new(move |_: &[(u32, u64, u64)]| {
+        counted.fetch_add(1, Ordering::SeqCst);
+    }));
+    let before = rig.dg().stats().checksum_errors_total;
+    rig.fast.set_faults(flipping(seed, ROTATION_FLIP_RATE));
+    sh.destager_held.store(false, Ordering::SeqCst);
+    sh.wake_destager();
+    // Trims of single blocks of log-only data, each needing room rotation makes.
+    let mut blocks = log_only_blocks(rig.dg(), v);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while reads.load(Ordering::SeqCst) < ROTATION_READS {
+        assert!(
+            Instant::now() < deadline && !blocks.is_empty(),
+            "rotation read {} batches",
+            reads.load(Ordering::SeqCst)
+        );
+        let b = blocks.swap_remove(rng.gen_range(0..blocks.len()));
+        let wait = Instant::now() + Duration::from_secs(10);
+        loop {
+            match rig
+                .dg()
+                .discard(v, b * BLOCK_BYTES as u64, BLOCK_BYTES as u64)
+            {
+                Err(EngineError::NoSpace) if Instant::now() < wait => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                r => {
+                    r.unwrap_or_else(|e| panic!("a trim of block {b}: {e}"));
+                    break;
+                }
+            }
+        }
+        model[b as usize] = 0;
+    }
+    *sh.after_rotation_read.lock() = None;
+    rig.fast.set_faults(FaultConfig::seeded(seed));
+    let mismatches = rig.dg().stats().checksum_errors_total - before;
+    assert!(mismatches > 0, "no read of rotation's flipped a bit");
+    drop(sh);
+    rig.power_cut_and_restart();
+    check_blocks(rig.dg(), v, &model);
 }
