@@ -742,11 +742,28 @@ impl<'a> Scrubber<'a> {
                     };
                     let elba = split_key(e.key).1;
                     let dev = self.sh.seg_device(seg);
+                    // Blocks the layer holds newer copies of in the write log (data, or a
+                    // trim's zeros): reads never reach these copies, which destage releases.
+                    // Reported as bad, they were damage no read meets, "restore from a
+                    // backup" for data already replaced.
+                    let superseded: Vec<(u64, u64)> = {
+                        let idx = self.sh.index.read();
+                        idx.layers
+                            .get(&layer)
+                            .map(|l| l.fast.lookup(elba, e.len))
+                            .unwrap_or_default()
+                            .into_iter()
+                            .filter(|p| p.loc.is_some())
+                            .map(|p| (p.lba, p.lba + p.len))
+                            .collect()
+                    };
+                    let current = |l: u64| !superseded.iter().any(|&(a, z)| (a..z).contains(&l));
                     let summary = match load_summary(self.sh, seg) {
                         Ok(s) => s,
                         Err(err) => {
                             bad.extend(
                                 (0..e.len)
+                                    .filter(|&i| current(elba + i))
                                     .map(|i| (elba + i, dev, format!("segment {seg}: {err}"))),
                             );
                             continue;
@@ -759,12 +776,15 @@ impl<'a> Scrubber<'a> {
                         .unwrap_or(&[]);
                     match read_seg_blocks(self.sh, seg, block, e.len as u32, &mut buf, crcs) {
                         Err(err) => bad.extend(
-                            (0..e.len).map(|i| (elba + i, dev, format!("unreadable: {err}"))),
+                            (0..e.len)
+                                .filter(|&i| current(elba + i))
+                                .map(|i| (elba + i, dev, format!("unreadable: {err}"))),
                         ),
                         Ok(_) => {
                             for i in 0..e.len as usize {
                                 let expect = summary.block_crcs.get(block as usize + i).copied();
                                 if expect != Some(crc32c::crc32c(&buf[i * BLOCK..(i + 1) * BLOCK]))
+                                    && current(elba + i as u64)
                                 {
                                     bad.push((
                                         elba + i as u64,
