@@ -205,14 +205,23 @@ pub fn summary_json(s: ScrubStatus, cfg: &ScrubConfig) -> ScrubSummaryJson {
 pub fn warning(last: Option<&ScrubResultJson>) -> Option<String> {
     let r = last.filter(|r| !r.clean)?;
     let when = crate::client::utc_time(r.finished_unix_s);
+    // A scrub of one volume replaces the last result: say what it covered, as damage a scrub
+    // of everything found elsewhere is no longer counted here.
+    let (which, only) = match r.scope.as_str() {
+        "all" | "" => ("the scrub".to_string(), String::new()),
+        one => (
+            format!("the scrub of {one}"),
+            format!(" (it checked {one} and its snapshots only; `strata scrub` checks everything)"),
+        ),
+    };
     if r.bad_blocks_total > 0 || r.metadata_damaged_total > 0 {
         return Some(format!(
-            "the scrub finished {when} found {} bad data block(s) and {} damaged metadata structure(s): reads of them fail; `strata scrub` lists them",
+            "{which} finished {when} found {} bad data block(s) and {} damaged metadata structure(s): reads of them fail; `strata scrub` lists them{only}",
             r.bad_blocks_total, r.metadata_damaged_total
         ));
     }
     Some(format!(
-        "the scrub finished {when} repaired {} metadata copy(ies) from the good copy: check the devices",
+        "{which} finished {when} repaired {} metadata copy(ies) from the good copy: check the devices{only}",
         r.metadata_repaired_total
     ))
 }

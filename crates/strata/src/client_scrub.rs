@@ -69,7 +69,7 @@ impl Client {
         Err(DamageFound(damage_line(&report)).into())
     }
 
-    /// `strata scrub --last`: the last finished scrub's report (since the daemon started), with
+    /// `strata scrub --last`: the last finished scrub's report (kept across restarts), with
     /// the exit status a scrub that found it would have had.
     pub fn last_scrub(&self) -> Result<()> {
         let answer = self.call("GET", "/api/v1/scrub", None)?;
@@ -81,7 +81,7 @@ impl Client {
             .then(|| progress_text(status.progress.progress_bytes, status.progress.total_bytes));
         let Some(report) = status.last else {
             let now = running.map_or_else(String::new, |r| format!(" (one runs: {r})"));
-            return Err(anyhow!("no scrub has ended since the daemon started{now}"));
+            return Err(anyhow!("no scrub has ended on this disk group yet{now}"));
         };
         self.print(&answer["last"], |_| {
             print!("{}", render(&report));

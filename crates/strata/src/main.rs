@@ -104,7 +104,8 @@ pub enum Command {
         /// happens to this terminal (see `strata status`, `--last`, `--cancel`).
         #[arg(long)]
         detach: bool,
-        /// Print the last finished scrub's report instead (since the daemon started).
+        /// Print the last finished scrub's report instead (kept in the data directory across
+        /// restarts).
         #[arg(long, conflicts_with_all = ["volume", "rate", "detach"])]
         last: bool,
         /// Stop the running scrub instead, whoever started it (the background one included).

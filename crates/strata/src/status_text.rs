@@ -234,11 +234,16 @@ fn scrub(s: &Value) -> String {
         return format!("not run yet ({background})");
     };
     let when = crate::client::utc_time(finished);
+    // The last scrub may have checked one volume only: it says so.
+    let only = match r["scope"].as_str() {
+        Some(one) if one != "all" && !one.is_empty() => format!(", {one} only"),
+        _ => String::new(),
+    };
     if r["clean"].as_bool() == Some(true) {
-        return format!("clean: {} checked, finished {when} ({background})", bytes(&r["data_bytes_verified"]));
+        return format!("clean: {} checked{only}, finished {when} ({background})", bytes(&r["data_bytes_verified"]));
     }
     format!(
-        "DAMAGE FOUND: {} bad block(s), {} metadata copy(ies) repaired, {} damaged, finished {when}",
+        "DAMAGE FOUND{only}: {} bad block(s), {} metadata copy(ies) repaired, {} damaged, finished {when}",
         text(&r["bad_blocks_total"]),
         text(&r["metadata_repaired_total"]),
         text(&r["metadata_damaged_total"]),
@@ -539,6 +544,24 @@ mod tests {
             "last_result": {"finished_unix_s": 1_700_000_075u64, "data_bytes_verified": 1u64 << 20, "clean": true}});
         assert_eq!(scrub(&clean), "clean: 1 MiB checked, finished 2023-11-14 22:14:35Z (background every 7d 00h)");
         assert_eq!(scrub(&Value::Null), "-");
+        // A scrub of one volume says so: damage found elsewhere before is not in its counts.
+        let one = json!({"running": false, "background_interval_s": null,
+            "last_result": {"scope": "db", "started_unix_s": 1_700_000_070u64,
+                            "finished_unix_s": 1_700_000_075u64, "clean": false,
+                            "data_bytes_verified": 4096u64, "bad_blocks_total": 1, "metadata_repaired_total": 0, "metadata_damaged_total": 0}});
+        assert_eq!(
+            scrub(&one),
+            "DAMAGE FOUND, db only: 1 bad block(s), 0 metadata copy(ies) repaired, 0 damaged, finished 2023-11-14 22:14:35Z"
+        );
+        let last = serde_json::from_value(one["last_result"].clone()).unwrap();
+        let warning = crate::api_scrub::warning(Some(&last)).expect("a warning");
+        assert!(warning.starts_with("the scrub of db finished"), "{warning}");
+        assert!(
+            warning.ends_with(
+                "(it checked db and its snapshots only; `strata scrub` checks everything)"
+            ),
+            "{warning}"
+        );
     }
 
     #[test]
