@@ -820,8 +820,73 @@ impl<'a> Scrubber<'a> {
             self.check_superblocks(dev.as_ref())?;
         }
         self.check_checkpoints()?;
+        self.check_log_headers()?;
         self.check_index_pages()?;
         self.check_summaries()
+    }
+
+    /// The header of every durable batch in the write log. A start replays the log from its
+    /// tail and refuses to open at a damaged header that later batches follow (it cannot tell
+    /// which writes the batch held), so such damage, harmless while the group runs, keeps every
+    /// volume offline after the next stop. The running group still holds the batch's records
+    /// in memory: the log is destaged past it (repaired), or, when that cannot be done within
+    /// `HEADER_DRAIN_WAIT` (the capacity tier full), the damage is reported with what to do.
+    fn check_log_headers(&mut self) -> Result<(), EngineError> {
+        let sh = self.sh;
+        let mut damaged = Vec::new();
+        let mut checked = 0u64;
+        {
+            // The log's blocks are reused only under the reclaim lock's write side.
+            let _guard = sh.reclaim.read();
+            let batches: Vec<(u64, u64)> = sh
+                .log
+                .lock()
+                .batches
+                .iter()
+                .filter(|b| b.durable)
+                .map(|b| (b.start, b.first_seq))
+                .collect();
+            let mut b = AlignedBuf::new_zeroed(BLOCK);
+            let mut header_at = |block: u64, copy: Option<u32>, seq: u64| {
+                // Read twice at most: a read that went wrong in passing is not damage.
+                (0..2).any(|_| {
+                    sh.fast.read_at(&mut b, sh.layout.log_byte(block)).is_ok()
+                        && BatchHeader::decode(&b, &sh.layout.group).is_some_and(|h| {
+                            h.first_seq == seq && (copy.is_none() || h.run_copy == copy)
+                        })
+                })
+            };
+            for (start, seq) in batches {
+                checked += 1;
+                // A run of lone writes has a second header copy; either one serves replay.
+                let ok =
+                    header_at(start, None, seq) || header_at(start + RUN_SECOND_COPY, Some(1), seq);
+                if !ok {
+                    damaged.push(seq);
+                }
+            }
+        }
+        self.report.metadata_copies_checked += checked;
+        self.pace(checked * BLOCK_U64)?;
+        let Some(&last) = damaged.iter().max() else {
+            return Ok(());
+        };
+        let passed = destage_past(sh, last, HEADER_DRAIN_WAIT);
+        for seq in damaged {
+            match passed {
+                true => self.repaired(format!(
+                    "write log: the header of the batch at sequence {seq} was damaged (a start \
+                     would have refused to open); the log was destaged past it"
+                )),
+                false => self.report.metadata_damaged.push(format!(
+                    "write log: the header of the batch at sequence {seq} is damaged: a start \
+                     refuses to open while the log holds it, and the log could not be destaged \
+                     past it (the capacity tier full?); keep the daemon running, make room \
+                     (trim or delete data) and scrub again"
+                )),
+            }
+        }
+        Ok(())
     }
 
     fn check_superblocks(&mut self, dev: &dyn strata_device::Device) -> Result<(), EngineError> {
@@ -1152,4 +1217,27 @@ fn rewrite_summary_blocks(
     sh.caps[dev].write_at(&buf, off + u64::from(first) * BLOCK_U64)?;
     sh.caps[dev].flush()?;
     Ok(())
+}
+
+/// How long a scrub waits for the destager to move the write log past a damaged batch header.
+const HEADER_DRAIN_WAIT: Duration = Duration::from_secs(60);
+
+/// Destages the write log until its tail is past the batch at `seq` (the tail's checkpoint then
+/// names a later batch, so a start no longer reads it); whether it got there within `wait`.
+fn destage_past(sh: &Shared, seq: u64, wait: Duration) -> bool {
+    let deadline = Instant::now() + wait;
+    sh.drain.store(true, Ordering::Relaxed);
+    let passed = loop {
+        sh.wake_destager();
+        let tail = sh.log.lock().batches.front().map(|b| b.first_seq);
+        if tail.is_none_or(|t| t > seq) {
+            break true;
+        }
+        if Instant::now() >= deadline || sh.check_running().is_err() {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    sh.drain.store(false, Ordering::Relaxed);
+    passed
 }
