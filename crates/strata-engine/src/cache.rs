@@ -218,9 +218,14 @@ impl ReadCache {
         self.entries.len() as u64
     }
 
-    /// Counts a read of `layer`'s blocks `lba..lba+n` that missed the fast tier; returns
-    /// whether the evidence now says to promote it. `sequential_bytes` is how long the
-    /// sequential stream this read continues already is.
+    /// Counts a read of `layer`'s blocks `lba..lba+n` that missed the fast tier; returns the
+    /// parts of it (first block, blocks) whose 64 KiB regions the evidence now says to promote:
+    /// a region is promoted once it has been read `promote_after_reads` times, not because a
+    /// read that reached it also reached another region that qualifies. `sequential_bytes` is
+    /// how long the sequential stream this read continues already is. `counted`: the last
+    /// region a host read counted (one read's parts come in block order, and a region split
+    /// between two parts counts once; a read of several parts passes the same cell).
+    #[allow(clippy::too_many_arguments)]
     pub fn note_miss(
         &mut self,
         p: &Policy,
@@ -229,21 +234,26 @@ impl ReadCache {
         n: u64,
         sequential_bytes: u64,
         now_ms: u64,
-    ) -> bool {
-        if p.promote_after_reads == 0 {
-            return false;
+        counted: &mut Option<u64>,
+    ) -> Vec<(u64, u64)> {
+        if p.promote_after_reads == 0 || n == 0 {
+            return Vec::new();
         }
         if p.promote_sequential_cutoff_bytes > 0
             && sequential_bytes >= p.promote_sequential_cutoff_bytes
         {
-            return false;
+            return Vec::new();
         }
         if p.promote_after_reads == 1 {
-            return true;
+            return vec![(lba, n)];
         }
         let window_ms = p.promote_window_s.saturating_mul(1000);
-        let mut promote = false;
+        let mut promote: Vec<(u64, u64)> = Vec::new();
         for region in lba / PROMOTE_REGION_BLOCKS..=(lba + n - 1) / PROMOTE_REGION_BLOCKS {
+            if *counted == Some(region) {
+                continue;
+            }
+            *counted = Some(region);
             if self.candidates.len() >= self.max_candidates
                 && !self.candidates.contains_key(&(layer, region))
             {
@@ -262,7 +272,13 @@ impl ReadCache {
             c.0 += 1;
             if c.0 >= p.promote_after_reads {
                 self.candidates.remove(&(layer, region));
-                promote = true;
+                // The region's part of this read, joined to the part before when adjacent.
+                let from = (region * PROMOTE_REGION_BLOCKS).max(lba);
+                let to = ((region + 1) * PROMOTE_REGION_BLOCKS).min(lba + n);
+                match promote.last_mut() {
+                    Some((s, len)) if *s + *len == from => *len += to - from,
+                    _ => promote.push((from, to - from)),
+                }
             }
         }
         promote
@@ -478,24 +494,54 @@ mod tests {
             promote_window_s: 10,
             ..Policy::default()
         };
-        assert!(!c.note_miss(&p, 1, 0, 1, 0, 0));
-        assert!(!c.note_miss(&p, 1, 5, 1, 0, 1000));
-        assert!(
-            c.note_miss(&p, 1, 15, 1, 0, 2000),
+        // Each call a read of its own (a fresh `counted`).
+        let miss = |c: &mut ReadCache, p: &Policy, lba, n, seq, now| {
+            c.note_miss(p, 1, lba, n, seq, now, &mut None)
+        };
+        assert!(miss(&mut c, &p, 0, 1, 0, 0).is_empty());
+        assert!(miss(&mut c, &p, 5, 1, 0, 1000).is_empty());
+        assert_eq!(
+            miss(&mut c, &p, 15, 1, 0, 2000),
+            vec![(15, 1)],
             "third read of the 64 KiB region"
         );
         // Reads spread beyond the window start over.
-        assert!(!c.note_miss(&p, 1, 32, 1, 0, 0));
-        assert!(!c.note_miss(&p, 1, 32, 1, 0, 5000));
-        assert!(!c.note_miss(&p, 1, 32, 1, 0, 20_000));
+        assert!(miss(&mut c, &p, 32, 1, 0, 0).is_empty());
+        assert!(miss(&mut c, &p, 32, 1, 0, 5000).is_empty());
+        assert!(miss(&mut c, &p, 32, 1, 0, 20_000).is_empty());
         // A long sequential stream neither counts nor promotes.
         for i in 0..10 {
-            assert!(!c.note_miss(&p, 1, 64, 1, 8 << 20, 30_000 + i));
+            assert!(miss(&mut c, &p, 64, 1, 8 << 20, 30_000 + i).is_empty());
         }
         let off = Policy {
             promote_after_reads: 0,
             ..Policy::default()
         };
-        assert!(!c.note_miss(&off, 1, 0, 1, 0, 0));
+        assert!(miss(&mut c, &off, 0, 1, 0, 0).is_empty());
+    }
+
+    /// A read promotes the regions that have had their reads, not the rest of its span; and
+    /// one read split into parts (extents) counts a region the parts share once. (A single
+    /// 2 MiB read promoted about 1 MiB: the region where two of its parts met counted twice,
+    /// and the whole part went with it.)
+    #[test]
+    fn a_read_promotes_only_the_regions_read_often_enough() {
+        let mut c = cache();
+        let p = Policy {
+            promote_after_reads: 2,
+            promote_window_s: 10,
+            ..Policy::default()
+        };
+        // One read of blocks 0..64 in two parts meeting inside region 1 (blocks 16..32).
+        let mut counted = None;
+        assert!(c.note_miss(&p, 1, 0, 20, 0, 0, &mut counted).is_empty());
+        assert!(c.note_miss(&p, 1, 20, 44, 0, 0, &mut counted).is_empty());
+        // A second read of block 40 (region 2) promotes region 2's part of it only; a read of
+        // blocks 30..50 then promotes regions 1 and 3's parts (their second read), not 2's.
+        assert_eq!(c.note_miss(&p, 1, 40, 1, 0, 1, &mut None), vec![(40, 1)]);
+        assert_eq!(
+            c.note_miss(&p, 1, 30, 20, 0, 2, &mut None),
+            vec![(30, 2), (48, 2)]
+        );
     }
 }

@@ -547,6 +547,7 @@ impl DiskGroup {
                 rt: rt.as_ref(),
                 head: top,
                 sequential_bytes,
+                counted: std::cell::Cell::new(None),
             });
         }
         let (b0, b1) = block_span(offset, buf.len() as u64);
@@ -695,15 +696,22 @@ impl DiskGroup {
                     if sh.cfg.read_cache_ratio > 0.0 {
                         let p = h.rt.policy();
                         let now = sh.cfg.clock.now_ms();
-                        if sh.cache.lock().note_miss(
+                        let first = lba + u64::from(i);
+                        let mut counted = h.counted.get();
+                        let wanted = sh.cache.lock().note_miss(
                             &p,
                             h.head,
-                            lba + u64::from(i),
+                            first,
                             blocks,
                             h.sequential_bytes,
                             now,
-                        ) {
-                            self.promote(Some(h.rt), seg, block + i, gen, part);
+                            &mut counted,
+                        );
+                        h.counted.set(counted);
+                        for (from, n) in wanted {
+                            let k = (from - first) as usize;
+                            let copy = &part[k * BLOCK..(k + n as usize) * BLOCK];
+                            self.promote(Some(h.rt), seg, block + i + k as u32, gen, copy);
                         }
                     }
                 }
@@ -1567,6 +1575,9 @@ struct HostRead<'a> {
     head: u32,
     /// How long the sequential stream this read continues already is.
     sequential_bytes: u64,
+    /// The last 64 KiB region this read counted as evidence for promotion
+    /// (`ReadCache::note_miss`): a region two of its parts share counts once.
+    counted: std::cell::Cell<Option<u64>>,
 }
 
 /// Forgets cached copies (of capacity blocks `block..block+n` of `seg`, at log block `fast`)

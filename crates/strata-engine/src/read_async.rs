@@ -376,9 +376,12 @@ impl Finish {
             self.run.len,
             *sequential_bytes,
             now,
+            &mut None,
         );
-        if wanted {
-            tiering::promote_with(sh, Some(tx), Some(rt), *seg, *block, *gen, data);
+        for (from, n) in wanted {
+            let k = (from - self.run.lba) as usize;
+            let copy = &data[k * BLOCK..(k + n as usize) * BLOCK];
+            tiering::promote_with(sh, Some(tx), Some(rt), *seg, *block + k as u32, *gen, copy);
         }
     }
 
