@@ -589,6 +589,16 @@ mod tests {
         state.registry.group().shutdown().unwrap();
     }
 
+    /// The warnings a group with `stats` and no scrub behind it gives.
+    fn group_warnings(stats: &EngineStats) -> Vec<String> {
+        let config = crate::api_scrub::ScrubConfig {
+            interval: None,
+            rate_bytes_per_s: 0,
+        };
+        let scrub = crate::api_scrub::summary_json(Default::default(), &config);
+        warnings(stats, &[], &scrub)
+    }
+
     /// A capacity tier nearly all in used segments is warned about with the share live data
     /// takes: segments also hold dead data that garbage collection gives back. The shares
     /// are of the space data may take: a tier whose used segments leave only what is kept
@@ -604,12 +614,7 @@ mod tests {
             capacity_live_bytes: 36 << 30,
             ..EngineStats::default()
         };
-        let config = crate::api_scrub::ScrubConfig {
-            interval: None,
-            rate_bytes_per_s: 0,
-        };
-        let scrub = crate::api_scrub::summary_json(Default::default(), &config);
-        let list = warnings(&stats, &[], &scrub);
+        let list = group_warnings(&stats);
         let want = "the capacity tier is 98% used (40% by live data) of the space data may take \
                     (the rest, 10240 MiB, is kept free for garbage collection and the index)";
         assert!(list.iter().any(|w| w == want), "{list:?}");
@@ -617,7 +622,7 @@ mod tests {
             capacity_used_bytes: 80 << 30,
             ..stats
         };
-        let list = warnings(&roomy, &[], &scrub);
+        let list = group_warnings(&roomy);
         assert!(!list.iter().any(|w| w.contains("capacity")), "{list:?}");
     }
 
@@ -635,12 +640,7 @@ mod tests {
             log_capacity_bytes: 60 << 20,
             ..EngineStats::default()
         };
-        let config = crate::api_scrub::ScrubConfig {
-            interval: None,
-            rate_bytes_per_s: 0,
-        };
-        let scrub = crate::api_scrub::summary_json(Default::default(), &config);
-        let list = warnings(&stats, &[], &scrub);
+        let list = group_warnings(&stats);
         let want = "the capacity tier's live data (190 MiB) and a full write log (60 MiB) come to \
                     more than the space data may take (240 MiB): overwrites may fail with ENOSPC \
                     once the log fills; trim or delete data, or add capacity";
@@ -650,7 +650,7 @@ mod tests {
             capacity_live_bytes: 150 << 20,
             ..stats
         };
-        let list = warnings(&room, &[], &scrub);
+        let list = group_warnings(&room);
         assert!(!list.iter().any(|w| w.contains("capacity")), "{list:?}");
     }
 
