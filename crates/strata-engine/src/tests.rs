@@ -2128,9 +2128,18 @@ pub(crate) fn write_when_space(
     data: &[u8],
     wait: Duration,
 ) -> Result<(), EngineError> {
+    retry_while_no_space(wait, || dg.write(v, off, data))
+}
+
+/// Runs `request` again every 20 ms while it fails with NoSpace, for `wait` at most; its last
+/// result.
+pub(crate) fn retry_while_no_space(
+    wait: Duration,
+    request: impl Fn() -> Result<(), EngineError>,
+) -> Result<(), EngineError> {
     let deadline = std::time::Instant::now() + wait;
     loop {
-        match dg.write(v, off, data) {
+        match request() {
             Err(EngineError::NoSpace) if std::time::Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(20));
             }

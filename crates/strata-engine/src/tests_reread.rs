@@ -12,7 +12,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use strata_device::FaultConfig;
 
-use crate::tests::{read_either, seed_for, small_cfg, Rig, MIB};
+use crate::tests::{read_either, retry_while_no_space, seed_for, small_cfg, Rig, MIB};
 use crate::tests_full_gaps::{
     check_blocks, full_group, hold_destager_while_full, log_only_blocks, trim_until_no_room,
 };
@@ -199,21 +199,12 @@ fn rotation_reads_again_a_block_read_wrong_in_passing() {
             reads.load(Ordering::SeqCst)
         );
         let b = blocks.swap_remove(rng.gen_range(0..blocks.len()));
-        let wait = Instant::now() + Duration::from_secs(10);
-        loop {
-            match rig
-                .dg()
+        let trim = || {
+            rig.dg()
                 .discard(v, b * BLOCK_BYTES as u64, BLOCK_BYTES as u64)
-            {
-                Err(EngineError::NoSpace) if Instant::now() < wait => {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                r => {
-                    r.unwrap_or_else(|e| panic!("a trim of block {b}: {e}"));
-                    break;
-                }
-            }
-        }
+        };
+        retry_while_no_space(Duration::from_secs(10), trim)
+            .unwrap_or_else(|e| panic!("a trim of block {b}: {e}"));
         model[b as usize] = 0;
     }
     *sh.after_rotation_read.lock() = None;

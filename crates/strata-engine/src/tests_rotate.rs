@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::tests::{seed_for, write_when_space, MIB};
+use crate::tests::{retry_while_no_space, seed_for, write_when_space, MIB};
 use crate::tests_full_gaps::{
     check_blocks, full_group, hold_destager_while_full, log_only_blocks, trim_room,
     trim_until_no_room, trim_until_room_is,
@@ -436,24 +436,14 @@ fn a_transient_read_error_does_not_stop_rotation_for_good() {
             "{trims} trims had room with batch {first_live} still in the log"
         );
         let b = blocks.swap_remove(rng.gen_range(0..blocks.len()));
-        let deadline = Instant::now() + TRIM_BACK_WAIT;
-        loop {
-            match rig.dg().discard(v, b * BLOCK_BYTES, BLOCK_BYTES) {
-                Err(EngineError::NoSpace) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                r => {
-                    r.unwrap_or_else(|e| {
-                        panic!(
-                            "a trim of block {b} {TRIM_BACK_WAIT:?} after reads were good \
-                             again: {e}: {} batches rotated",
-                            c.rotated_batches.load(Ordering::SeqCst)
-                        )
-                    });
-                    break;
-                }
-            }
-        }
+        let trim = || rig.dg().discard(v, b * BLOCK_BYTES, BLOCK_BYTES);
+        retry_while_no_space(TRIM_BACK_WAIT, trim).unwrap_or_else(|e| {
+            panic!(
+                "a trim of block {b} {TRIM_BACK_WAIT:?} after reads were good again: {e}: {} \
+                 batches rotated",
+                c.rotated_batches.load(Ordering::SeqCst)
+            )
+        });
         model[b as usize] = 0;
         trims += 1;
     }

@@ -409,6 +409,31 @@ fn a_started_scrub_runs_on_its_own_and_stops_with_the_group() {
     );
 }
 
+/// Fill marks that keep the destager idle while a test's batches stay in the log.
+fn idle_log_cfg() -> EngineConfig {
+    EngineConfig {
+        fill_ratio_low: 0.9,
+        fill_ratio_high: 0.95,
+        ..small_cfg()
+    }
+}
+
+/// A group (`idle_log_cfg`) whose 1 MiB volume "v" has `n` single-block batches in the log,
+/// block `lba` holding `block_of(lba, 0x33)`.
+fn log_rig(seed: u64, n: u64) -> (Rig, u32) {
+    let rig = Rig::new(32 * MIB, &[24 * MIB], idle_log_cfg(), seed);
+    let v = rig.dg().create_volume("v", MIB).unwrap().id;
+    one_batch_per_block(rig.dg(), v, n);
+    (rig, v)
+}
+
+/// Flips a bit in the header of the batch holding block `lba` of `log_rig`'s volume: the
+/// header block sits just before its single data block.
+fn damage_header_of(rig: &Rig, lba: u64) {
+    let data_at = find_block(&rig.fast, &block_of(lba, 0x33));
+    rig.fast.flip_bit(data_at - 4096 + 100, 6).unwrap();
+}
+
 /// Writes `n` single-block records, each in its own batch (one writer, one at a time).
 fn one_batch_per_block(dg: &DiskGroup, v: u32, n: u64) {
     for lba in 0..n {
@@ -418,14 +443,7 @@ fn one_batch_per_block(dg: &DiskGroup, v: u32, n: u64) {
 
 #[test]
 fn damaged_log_data_of_an_acknowledged_batch_is_an_error_not_the_end_of_the_log() {
-    let cfg = EngineConfig {
-        fill_ratio_low: 0.9,
-        fill_ratio_high: 0.95,
-        ..small_cfg()
-    };
-    let mut rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 43);
-    let v = rig.dg().create_volume("v", MIB).unwrap().id;
-    one_batch_per_block(rig.dg(), v, 100);
+    let (mut rig, v) = log_rig(43, 100);
     rig.fast
         .flip_bit(find_block(&rig.fast, &block_of(10, 0x33)) + 5, 0)
         .unwrap();
@@ -459,10 +477,8 @@ fn damaged_log_data_of_an_acknowledged_batch_is_an_error_not_the_end_of_the_log(
 #[test]
 fn a_late_committer_does_not_take_back_a_later_batchs_acknowledgement() {
     let cfg = EngineConfig {
-        fill_ratio_low: 0.9,
-        fill_ratio_high: 0.95,
         log_runs: false,
-        ..small_cfg()
+        ..idle_log_cfg()
     };
     let mut rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 45);
     let v = rig.dg().create_volume("v", MIB).unwrap().id;
@@ -508,18 +524,9 @@ fn a_late_committer_does_not_take_back_a_later_batchs_acknowledgement() {
 
 #[test]
 fn a_damaged_batch_header_mid_log_refuses_to_open_instead_of_losing_later_writes() {
-    let cfg = EngineConfig {
-        fill_ratio_low: 0.9,
-        fill_ratio_high: 0.95,
-        ..small_cfg()
-    };
     for clean in [false, true] {
-        let mut rig = Rig::new(32 * MIB, &[24 * MIB], cfg.clone(), 44);
-        let v = rig.dg().create_volume("v", MIB).unwrap().id;
-        one_batch_per_block(rig.dg(), v, 50);
-        // The header block sits just before its single data block.
-        let data_at = find_block(&rig.fast, &block_of(20, 0x33));
-        rig.fast.flip_bit(data_at - 4096 + 100, 6).unwrap();
+        let (mut rig, _) = log_rig(44, 50);
+        damage_header_of(&rig, 20);
         if let Some(dg) = rig.dg.take() {
             if clean {
                 dg.shutdown().unwrap();
@@ -541,16 +548,8 @@ fn a_damaged_batch_header_mid_log_refuses_to_open_instead_of_losing_later_writes
 /// at headers: it said the group was clean, and the next start refused to open.)
 #[test]
 fn scrub_destages_the_log_past_a_damaged_batch_header() {
-    let cfg = EngineConfig {
-        fill_ratio_low: 0.9,
-        fill_ratio_high: 0.95,
-        ..small_cfg()
-    };
-    let mut rig = Rig::new(32 * MIB, &[24 * MIB], cfg, 46);
-    let v = rig.dg().create_volume("v", MIB).unwrap().id;
-    one_batch_per_block(rig.dg(), v, 50);
-    let data_at = find_block(&rig.fast, &block_of(20, 0x33));
-    rig.fast.flip_bit(data_at - 4096 + 100, 6).unwrap();
+    let (mut rig, v) = log_rig(46, 50);
+    damage_header_of(&rig, 20);
     let report = rig.dg().scrub(&ScrubOptions::default()).unwrap();
     assert!(
         report
@@ -704,12 +703,7 @@ fn repair_cut_at_write(damaged: usize, seed: u64, by_scrub: bool, n: i64) -> boo
 /// loaded. Here a flush is started just as the walk is about to load a page.
 #[test]
 fn an_index_flush_waits_for_a_scrub_loading_an_index_page() {
-    let cfg = EngineConfig {
-        fill_ratio_low: 0.9,
-        fill_ratio_high: 0.95,
-        ..small_cfg()
-    };
-    let rig = Rig::new(32 * MIB, &[48 * MIB], cfg, 46);
+    let rig = Rig::new(32 * MIB, &[48 * MIB], idle_log_cfg(), 46);
     let dg = rig.dg();
     // Blocks far enough apart to be one index entry each: several leaves.
     let v = dg.create_volume("v", 16 * MIB).unwrap().id;
