@@ -1814,6 +1814,29 @@ struct GcVictim {
     runs: Vec<(usize, u64, u64)>,
 }
 
+/// Destages the log whatever its fill (`Shared::drain`) until `done` says of it, for `wait` at
+/// most or until the group stops running; whether it got there.
+pub(crate) fn drain_until(
+    sh: &Shared,
+    wait: Duration,
+    done: impl Fn(&crate::log::LogState) -> bool,
+) -> bool {
+    let deadline = Instant::now() + wait;
+    sh.drain.store(true, Ordering::Relaxed);
+    let reached = loop {
+        sh.wake_destager();
+        if done(&sh.log.lock()) {
+            break true;
+        }
+        if Instant::now() >= deadline || sh.check_running().is_err() {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    sh.drain.store(false, Ordering::Relaxed);
+    reached
+}
+
 /// Host bytes appended to the log so far.
 fn append_total(sh: &Shared) -> u64 {
     sh.counters.log_host_appended_bytes.load(Ordering::Relaxed)

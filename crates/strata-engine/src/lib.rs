@@ -1413,19 +1413,7 @@ impl DiskGroup {
     /// Destages everything in the log now, whatever the fill level (tests, benchmarks, and
     /// before maintenance). Waits at most `timeout`; returns whether the log emptied.
     pub fn destage_all(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        self.sh.drain.store(true, Ordering::Relaxed);
-        let mut done = false;
-        while Instant::now() < deadline {
-            self.sh.wake_destager();
-            if self.sh.log.lock().batches.is_empty() {
-                done = true;
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        self.sh.drain.store(false, Ordering::Relaxed);
-        done
+        destage::drain_until(&self.sh, timeout, |log| log.batches.is_empty())
     }
 
     /// Waits until background work owed to deleted volumes and snapshots (releasing their

@@ -1225,19 +1225,7 @@ const HEADER_DRAIN_WAIT: Duration = Duration::from_secs(60);
 /// Destages the write log until its tail is past the batch at `seq` (the tail's checkpoint then
 /// names a later batch, so a start no longer reads it); whether it got there within `wait`.
 fn destage_past(sh: &Shared, seq: u64, wait: Duration) -> bool {
-    let deadline = Instant::now() + wait;
-    sh.drain.store(true, Ordering::Relaxed);
-    let passed = loop {
-        sh.wake_destager();
-        let tail = sh.log.lock().batches.front().map(|b| b.first_seq);
-        if tail.is_none_or(|t| t > seq) {
-            break true;
-        }
-        if Instant::now() >= deadline || sh.check_running().is_err() {
-            break false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    sh.drain.store(false, Ordering::Relaxed);
-    passed
+    crate::destage::drain_until(sh, wait, |log| {
+        log.batches.front().is_none_or(|b| b.first_seq > seq)
+    })
 }
