@@ -1822,8 +1822,9 @@ pub(crate) fn drain_until(
     done: impl Fn(&crate::log::LogState) -> bool,
 ) -> bool {
     let deadline = Instant::now() + wait;
-    sh.drain.store(true, Ordering::Relaxed);
     let reached = loop {
+        // Set again each time: another drain that ends first clears it.
+        sh.drain.store(true, Ordering::Relaxed);
         sh.wake_destager();
         if done(&sh.log.lock()) {
             break true;
@@ -1835,6 +1836,14 @@ pub(crate) fn drain_until(
     };
     sh.drain.store(false, Ordering::Relaxed);
     reached
+}
+
+/// Destages the write log until its tail is past the batch at `seq` (the tail's checkpoint then
+/// names a later batch, so a start no longer reads it); whether it got there within `wait`.
+pub(crate) fn destage_past(sh: &Shared, seq: u64, wait: Duration) -> bool {
+    drain_until(sh, wait, |log| {
+        log.batches.front().is_none_or(|b| b.first_seq > seq)
+    })
 }
 
 /// Host bytes appended to the log so far.

@@ -888,6 +888,17 @@ impl BatchHeader {
         if b.len() < BLOCK || !check_crc(&b[..BLOCK], BLOCK - 4) {
             return None;
         }
+        BatchHeader::decode_parts(b, group)
+    }
+
+    /// The header as its parts read, the block's own crc not checked: each record header
+    /// still checks its crc, the records continue the batch's sequence and fill its blocks.
+    /// For a header whose block fails its crc (`replay::salvage`): what is not covered by a
+    /// crc of its own (the first 64 bytes) is only checked for agreeing with the rest.
+    pub fn decode_parts(b: &[u8], group: &Uuid) -> Option<BatchHeader> {
+        if b.len() < BLOCK {
+            return None;
+        }
         let mut r = Reader::new(b);
         if r.bytes(8).ok()? != BATCH_MAGIC {
             return None;

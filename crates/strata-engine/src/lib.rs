@@ -58,6 +58,8 @@ mod tests_model_full;
 #[cfg(test)]
 mod tests_model_policy;
 #[cfg(test)]
+mod tests_log_headers;
+#[cfg(test)]
 mod tests_open;
 #[cfg(test)]
 mod tests_panics;
@@ -110,6 +112,7 @@ pub use open::{BatchLimits, OpenReport};
 pub use open_control::{OpenControl, OpenProgress, OpenStep};
 pub use policy::{Clock, ManualClock, Mode, Policy, SystemClock};
 pub use read_async::{ReadDone, MAX_ASYNC_READ_BYTES};
+pub use replay::SkippedRecords;
 pub use runtime::VolumeFigures;
 pub use scrub::{BadBlock, ScrubOptions, ScrubReport, ScrubStatus};
 pub use space::SpaceReport;
@@ -194,6 +197,39 @@ pub struct EngineConfig {
     /// every segment summary written twice), or 2 (one copy, which builds older than format 3
     /// also open). A group already formatted keeps its own.
     pub format_version: u32,
+    /// Open a group whose write log holds batches that cannot be read although later batches
+    /// record them as acknowledged (or that a clean shutdown recorded), by skipping them: the
+    /// writes they held are lost and their blocks read as older data. Off, such an open fails
+    /// and writes nothing. An operator's choice for one start, not a standing setting.
+    pub skip_damaged_log_batches: bool,
+}
+
+/// The last batch a start found with a damaged header that the log still holds (salvaged, or
+/// skipped in place of the batches it could not read).
+fn log_repair_seq(report: &OpenReport) -> Option<u64> {
+    let skipped = report
+        .skipped_log_records
+        .iter()
+        .filter(|s| s.blocks > 0)
+        .map(|s| s.first_seq);
+    report
+        .salvaged_log_headers
+        .iter()
+        .copied()
+        .chain(skipped)
+        .max()
+}
+
+/// Destages the write log past the batch at `seq` (see `log_repair_seq`), however long that
+/// takes (the capacity tier may be full for a while), or until the group stops.
+fn repair_log(sh: &Shared, seq: u64) {
+    const FOR_GOOD: Duration = Duration::from_secs(365 * 24 * 3600);
+    if destage::destage_past(sh, seq, FOR_GOOD) {
+        tracing::info!(
+            seq,
+            "the write log was destaged past the batch headers its start found damaged; a start no longer reads them"
+        );
+    }
 }
 
 impl EngineConfig {
@@ -222,6 +258,7 @@ impl Default for EngineConfig {
             log_runs: false,
             clock: Arc::new(SystemClock::default()),
             format_version: format::GROUP_VERSION,
+            skip_damaged_log_batches: false,
         }
     }
 }
@@ -327,6 +364,13 @@ pub struct EngineStats {
     pub checksum_errors_total: u64,
     /// Checksum failures by device: the fast device first, then the capacity devices.
     pub checksum_errors_by_device: Vec<u64>,
+    /// Write-log records this start could not read and skipped, as asked
+    /// (`EngineConfig::skip_damaged_log_batches`): writes lost. 0 normally.
+    pub log_records_lost_at_start: u64,
+    /// The write log still holds a batch whose header this start found damaged (salvaged, or
+    /// skipped): the log is being destaged past it; until then a restart reads it again (and
+    /// one skipped needs skipping again).
+    pub log_damage_pending: bool,
     /// Host reads served from the fast tier, the capacity tier, and from never-written space.
     pub read_fast_bytes_total: u64,
     pub read_capacity_bytes_total: u64,
@@ -432,6 +476,14 @@ impl DiskGroup {
                     .spawn(move || scrub::background(sh2, every)),
             );
         }
+        if let Some(seq) = log_repair_seq(&report) {
+            let sh2 = sh.clone();
+            spawned.push(
+                std::thread::Builder::new()
+                    .name("strata-log-repair".into())
+                    .spawn(move || repair_log(&sh2, seq)),
+            );
+        }
         for t in spawned {
             threads.push(
                 t.map_err(|e| EngineError::Failed(format!("cannot start engine threads: {e}")))?,
@@ -452,6 +504,20 @@ impl DiskGroup {
             threads: Mutex::new(threads),
             report,
         }))
+    }
+
+    /// Whether the write log still holds a batch whose header a start found damaged (salvaged
+    /// or skipped): until the log is destaged past it, each start reads it again, and a
+    /// skipped one needs `skip_damaged_log_batches` again.
+    pub fn log_damage_pending(&self) -> bool {
+        log_repair_seq(&self.report).is_some_and(|seq| {
+            self.sh
+                .log
+                .lock()
+                .batches
+                .front()
+                .is_some_and(|b| b.first_seq <= seq)
+        })
     }
 
     pub fn open_report(&self) -> &OpenReport {
@@ -1374,6 +1440,13 @@ impl DiskGroup {
             metadata_copy_fallbacks_total: c.index_copy_repairs_needed.load(Ordering::Relaxed)
                 + c.summary_copy_repairs_needed.load(Ordering::Relaxed),
             checksum_errors_total: c.checksum_errors.load(Ordering::Relaxed),
+            log_records_lost_at_start: self
+                .report
+                .skipped_log_records
+                .iter()
+                .map(|s| s.end_seq - s.first_seq)
+                .sum(),
+            log_damage_pending: self.log_damage_pending(),
             checksum_errors_by_device: c
                 .checksum_errors_by_device
                 .iter()

@@ -35,6 +35,12 @@ pub struct OpenReport {
     /// Runs of lone writes whose last write was torn in flight (never acknowledged), so
     /// replayed without it.
     pub torn_run_writes: usize,
+    /// Batches (by first sequence number) whose header failed its checksum but whose records
+    /// all checked, so replayed whole (`replay::salvage`).
+    pub salvaged_log_headers: Vec<u64>,
+    /// Records that could not be read, skipped because the config asked
+    /// (`EngineConfig::skip_damaged_log_batches`): their writes are lost.
+    pub skipped_log_records: Vec<crate::replay::SkippedRecords>,
     /// The group's segment size, as formatted: a group keeps the size it was made with,
     /// whatever `EngineConfig::segment_size_bytes` asks at later opens.
     pub segment_size_bytes: u64,
@@ -132,10 +138,15 @@ pub fn open_shared(
         checkpoint.log_tail_seq,
         checkpoint.log_end_seq,
         checkpoint.tail_destaged,
+        checkpoint.epoch,
         ctl,
     )?;
     ctl.progress.enter(OpenStep::Writing);
-    if r.batches == 0 {
+    let tail_skipped = r
+        .skipped
+        .first()
+        .is_some_and(|s| s.first_seq == checkpoint.log_tail_seq);
+    if r.batches == 0 || tail_skipped {
         // The tail batch the checkpoint's destaged part belongs to is not there (its header
         // damaged, or a run whose one write was torn): the next batch written takes its
         // sequence number, and must not lose its first part to the old batch's record.
@@ -148,6 +159,8 @@ pub fn open_shared(
     report.replayed_records = r.records;
     report.damaged_log_records = r.damaged_records;
     report.torn_run_writes = r.stale_copies.len();
+    report.salvaged_log_headers = r.salvaged.clone();
+    report.skipped_log_records = r.skipped.clone();
     crate::replay::clear_end(&sh, &r)?;
     let mut state = r.state;
     state.cache_budget_blocks = (sh.cfg.read_cache_ratio * sh.layout.log_blocks as f64) as u64;

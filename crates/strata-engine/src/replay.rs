@@ -11,6 +11,13 @@
 //! records' blocks read as I/O errors instead of silently as older data. Likewise, a batch
 //! that cannot be read at all while a later one records it as acknowledged makes open fail.
 //!
+//! A batch header that fails its own crc is not given up at once: each record header has a
+//! crc of its own, and each record's data its crc, so when every part checks and agrees with
+//! the rest (`salvage`) the batch is replayed as written. Only what no check covers cannot be
+//! recovered: a batch that cannot be read, with later batches recording it as acknowledged,
+//! makes open fail, unless the operator asked to skip such batches
+//! (`EngineConfig::skip_damaged_log_batches`): their writes are then lost, and said so.
+//!
 //! A run of lone writes (FORMAT.md §3.3.1) has two header copies, written in turn; replay
 //! takes the newer valid one. Every record of a copy but its last was acknowledged before that
 //! copy was written, so only the last can be a torn write in flight: when its data fails and
@@ -37,6 +44,23 @@ pub struct Replay {
     /// Header copies of runs that name a torn last write, to clear before anything new is
     /// written (`clear_end`): the next write takes that write's place.
     pub stale_copies: Vec<u64>,
+    /// First sequence numbers of batches whose header failed its crc but whose parts all
+    /// checked (`salvage`): replayed whole. The damaged block stays until the log is destaged
+    /// past it (each start reads it the same way until then).
+    pub salvaged: Vec<u64>,
+    /// Records that could not be read and were skipped at the operator's request.
+    pub skipped: Vec<SkippedRecords>,
+}
+
+/// Write-log records a start skipped (`EngineConfig::skip_damaged_log_batches`): the writes
+/// they held are lost, and the blocks they wrote read as whatever was there before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SkippedRecords {
+    pub first_seq: u64,
+    /// The first sequence number after them.
+    pub end_seq: u64,
+    /// Log blocks they took (0: at the end of the log, not known).
+    pub blocks: u64,
 }
 
 /// A batch as found on the device.
@@ -61,10 +85,11 @@ pub fn replay(
     tail_seq: u64,
     end_seq: u64,
     tail_destaged: Option<TailPart>,
+    max_epoch: u32,
     ctl: &OpenControl,
 ) -> Result<Replay, EngineError> {
-    ctl.progress.enter(OpenStep::Replaying);
     let l = sh.layout.log_blocks;
+    let skip = sh.cfg.skip_damaged_log_batches;
     let mut state = LogState::new(l, tail_block % l, tail_seq);
     let mut out = Replay {
         state: LogState::new(l, 0, 0),
@@ -73,15 +98,99 @@ pub fn replay(
         damaged_records: 0,
         crcs: Vec::new(),
         stale_copies: Vec::new(),
+        salvaged: Vec::new(),
+        skipped: Vec::new(),
     };
     let mut epoch = 0;
     loop {
+        ctl.progress.enter(OpenStep::Replaying);
+        replay_batches(
+            sh,
+            &mut state,
+            &mut out,
+            &mut epoch,
+            end_seq,
+            tail_destaged,
+            max_epoch,
+            ctl,
+        )?;
+        ctl.progress.enter(OpenStep::CheckingEnd);
+        ctl.reached(OpenStep::CheckingEnd, out.batches);
+        let Some((later, at)) = probe_beyond(sh, state.head, state.next_seq, epoch, ctl)? else {
+            break;
+        };
+        if !skip {
+            return Err(EngineError::Corrupt(format!(
+                "the write log is damaged: the batch expected at sequence {} cannot be read, but a batch with sequence {later} follows it; refusing to open rather than lose acknowledged writes. To open anyway, losing {} (their blocks would read as older data), start once with --skip-damaged-log-batches and check the file systems on the volumes",
+                state.next_seq,
+                writes_of(state.next_seq, later)
+            )));
+        }
+        out.skipped.push(skip_to(&mut state, later, at)?);
+        let lost = out.skipped.last().expect("just pushed");
+        tracing::error!(
+            first_seq = lost.first_seq,
+            end_seq = lost.end_seq,
+            blocks = lost.blocks,
+            "write log batches that cannot be read were skipped (--skip-damaged-log-batches): the writes they held are lost"
+        );
+    }
+    if end_seq != 0 && state.next_seq < end_seq {
+        if !skip {
+            return Err(EngineError::Corrupt(format!(
+                "the write log is damaged: records {} to {} were written before the last clean shutdown but cannot be read. To open anyway, losing {} (their blocks would read as older data), start once with --skip-damaged-log-batches and check the file systems on the volumes",
+                state.next_seq,
+                end_seq - 1,
+                writes_of(state.next_seq, end_seq)
+            )));
+        }
+        tracing::error!(
+            first_seq = state.next_seq,
+            end_seq,
+            "write log records written before the last clean shutdown cannot be read and were skipped (--skip-damaged-log-batches): the writes they held are lost"
+        );
+        out.skipped.push(SkippedRecords {
+            first_seq: state.next_seq,
+            end_seq,
+            blocks: 0,
+        });
+    }
+    out.state = state;
+    Ok(out)
+}
+
+/// The writes of the records from `first` up to `end` (not included), in words.
+fn writes_of(first: u64, end: u64) -> String {
+    match end - first {
+        1 => format!("the write of sequence {first}"),
+        _ => format!("the writes of sequences {first} to {}", end - 1),
+    }
+}
+
+/// Replays batches from `state`'s head until one is missing, torn or stale (see the module
+/// comment).
+#[allow(clippy::too_many_arguments)]
+fn replay_batches(
+    sh: &Shared,
+    state: &mut LogState,
+    out: &mut Replay,
+    epoch: &mut u32,
+    end_seq: u64,
+    tail_destaged: Option<TailPart>,
+    max_epoch: u32,
+    ctl: &OpenControl,
+) -> Result<(), EngineError> {
+    loop {
         ctl.check()?;
-        let Some(mut f) = find(sh, state.head, state.next_seq, epoch)? else {
+        let found = match find(sh, state.head, state.next_seq, *epoch)? {
+            Some(f) => Some((f, false)),
+            None => salvage(sh, state.head, state.next_seq, *epoch, max_epoch)?.map(|f| (f, true)),
+        };
+        let Some((mut f, salvaged)) = found else {
             break;
         };
         let blocks = u64::from(f.header.total_blocks);
-        if state.used_blocks + blocks + f.skip > l {
+        if state.used_blocks + blocks + f.skip > state.log_blocks {
             break;
         }
         let n = f.header.records.len();
@@ -112,7 +221,19 @@ pub fn replay(
             sh.checksum_error(0, f.bad_records.len() as u64);
             out.damaged_records += f.bad_records.len();
         }
-        epoch = f.header.epoch;
+        if salvaged {
+            tracing::error!(
+                first_seq = f.header.first_seq,
+                records = f.header.records.len(),
+                "write log batch header damaged (it fails its checksum); every record header and every record's data checked, so the batch is replayed whole: nothing lost"
+            );
+            sh.checksum_error(0, 1);
+            out.salvaged.push(f.header.first_seq);
+        } else {
+            // A salvaged header's epoch has no crc of its own: it may not raise the bar for
+            // the batches after it.
+            *epoch = f.header.epoch;
+        }
         let meta = describe(&f, sh.cfg.clock.now_ms(), sh.cfg.clock.unix_s());
         collect_crcs(&f, &meta, &mut out.crcs);
         out.records += meta.records.len();
@@ -131,23 +252,40 @@ pub fn replay(
             .set_log_replayed_bytes(state.used_blocks * BLOCK_U64);
         ctl.reached(OpenStep::Replaying, out.batches);
     }
-    ctl.progress.enter(OpenStep::CheckingEnd);
-    ctl.reached(OpenStep::CheckingEnd, out.batches);
-    if let Some(later) = probe_beyond(sh, state.head, state.next_seq, epoch, ctl)? {
+    Ok(())
+}
+
+/// Takes the log from its head up to `at`, where the batch with sequence number `later`
+/// starts, as read and holding nothing: the batches there cannot be read. The log then goes
+/// on from that batch.
+fn skip_to(state: &mut LogState, later: u64, at: u64) -> Result<SkippedRecords, EngineError> {
+    let (l, head) = (state.log_blocks, state.head);
+    let (start, blocks, skip) = match at {
+        at if at > head => (head, at - head, 0),
+        0 => (head, l - head, 0),
+        at => (0, at, l - head),
+    };
+    if state.used_blocks + blocks + skip > l {
         return Err(EngineError::Corrupt(format!(
-            "the write log is damaged: the batch expected at sequence {} cannot be read, but a batch with sequence {later} follows it; refusing to open rather than lose acknowledged writes",
-            state.next_seq
+            "the write log is damaged: the batch with sequence {later} at block {at} lies where the log cannot reach from block {head}"
         )));
     }
-    if end_seq != 0 && state.next_seq < end_seq {
-        return Err(EngineError::Corrupt(format!(
-            "the write log is damaged: records {} to {} were written before the last clean shutdown but cannot be read",
-            state.next_seq,
-            end_seq - 1
-        )));
-    }
-    out.state = state;
-    Ok(out)
+    let lost = SkippedRecords {
+        first_seq: state.next_seq,
+        end_seq: later,
+        blocks: blocks + skip,
+    };
+    state.push(BatchMeta {
+        start,
+        blocks,
+        skip,
+        first_seq: state.next_seq,
+        records: Vec::new().into(),
+        durable: true,
+        rest_from: (0, 0),
+    });
+    state.next_seq = later;
+    Ok(lost)
 }
 
 /// The records of the tail batch less the first part a committed destage stripe took
@@ -268,14 +406,14 @@ fn without_last(mut f: Found) -> Found {
 const PROBE_BLOCKS_PER_CHECK: usize = 64;
 
 /// After replay stopped at `head`: a valid batch a little further on that records the missing
-/// batch as acknowledged means it was damaged, not torn.
+/// batch as acknowledged means it was damaged, not torn. Its sequence number and first block.
 fn probe_beyond(
     sh: &Shared,
     head: u64,
     seq: u64,
     min_epoch: u32,
     ctl: &OpenControl,
-) -> Result<Option<u64>, EngineError> {
+) -> Result<Option<(u64, u64)>, EngineError> {
     let l = sh.layout.log_blocks;
     // Up to the pipeline's depth of whole batches lie between a batch and the first one that
     // records it as acknowledged; a batch is at most half a segment's data area (whatever
@@ -300,7 +438,7 @@ fn probe_beyond(
                 && h.epoch >= min_epoch
                 && h.committed_seq > seq
             {
-                return Ok(Some(h.first_seq));
+                return Ok(Some((h.first_seq, p)));
             }
         }
     }
@@ -332,6 +470,72 @@ fn acknowledged_later(sh: &Shared, f: &Found) -> Result<bool, EngineError> {
     Ok(false)
 }
 
+/// The batch at `pos` (or at the start of the log area if it wrapped there) whose header
+/// block fails its crc but whose parts all check (`BatchHeader::decode_parts`): the batch
+/// starts with `seq`, its epoch lies between the previous batch's and the newest any batch
+/// can have, it ends inside the log area, and every record's data matches its crc. A run of
+/// lone writes is not salvaged: it has a second header copy of its own.
+fn salvage(
+    sh: &Shared,
+    pos: u64,
+    seq: u64,
+    min_epoch: u32,
+    max_epoch: u32,
+) -> Result<Option<Found>, EngineError> {
+    let l = sh.layout.log_blocks;
+    let mut hb = AlignedBuf::new_zeroed(BLOCK);
+    let starts = std::iter::once((pos, 0)).chain((pos != 0).then_some((0, l - pos)));
+    for (start, skip) in starts {
+        sh.fast.read_at(&mut hb, sh.layout.log_byte(start))?;
+        let Some(header) = BatchHeader::decode_parts(&hb, &sh.layout.group) else {
+            continue;
+        };
+        if header.first_seq != seq
+            || header.run_copy.is_some()
+            || !(min_epoch..=max_epoch).contains(&header.epoch)
+            || start + u64::from(header.total_blocks) > l
+        {
+            continue;
+        }
+        let data = read_data(sh, start, &header)?;
+        if !bad_records(&header, &data, true).is_empty() {
+            continue;
+        }
+        return Ok(Some(Found {
+            header,
+            data,
+            bad_records: Vec::new(),
+            start,
+            skip,
+        }));
+    }
+    Ok(None)
+}
+
+/// The data blocks of the batch at `pos` whose header is `header`.
+fn read_data(sh: &Shared, pos: u64, header: &BatchHeader) -> Result<AlignedBuf, EngineError> {
+    let data_blocks = u64::from(header.total_blocks) - 1;
+    let mut data = AlignedBuf::new_zeroed((data_blocks * BLOCK_U64) as usize);
+    if data_blocks > 0 {
+        sh.fast.read_at(&mut data, sh.layout.log_byte(pos + 1))?;
+    }
+    Ok(data)
+}
+
+/// The records whose data fails its crc: host writes', or with `all` read-cache copies' too.
+fn bad_records(header: &BatchHeader, data: &[u8], all: bool) -> Vec<usize> {
+    let mut bad = Vec::new();
+    for (i, (r, at)) in header.records.iter().zip(data_offsets(header)).enumerate() {
+        let at = ((at - 1) * BLOCK_U64) as usize;
+        let len = (r.data_blocks() * BLOCK_U64) as usize;
+        let checked = r.kind == RecordKind::Write || (all && len > 0);
+        if checked && crc32c::crc32c(&data[at..at + len]) != r.data_crc {
+            bad.push(i);
+        }
+    }
+    bad
+}
+
 /// Reads the batch at `pos` if its header is valid, of this group, starts with `seq` and is
 /// of epoch `min_epoch` or later; notes which records' data fails its crc.
 fn read_batch(
@@ -344,23 +548,11 @@ fn read_batch(
     let Some(header) = header_at(sh, &mut hb, pos, seq, min_epoch)? else {
         return Ok(None);
     };
-    let data_blocks = u64::from(header.total_blocks) - 1;
-    let mut data = AlignedBuf::new_zeroed((data_blocks * BLOCK_U64) as usize);
-    if data_blocks > 0 {
-        sh.fast.read_at(&mut data, sh.layout.log_byte(pos + 1))?;
-    }
-    let mut bad_records = Vec::new();
-    for (i, (r, at)) in header.records.iter().zip(data_offsets(&header)).enumerate() {
-        let at = ((at - 1) * BLOCK_U64) as usize;
-        let len = (r.data_blocks() * BLOCK_U64) as usize;
-        if r.kind == RecordKind::Write && crc32c::crc32c(&data[at..at + len]) != r.data_crc {
-            bad_records.push(i);
-        }
-    }
+    let data = read_data(sh, pos, &header)?;
     Ok(Some(Found {
+        bad_records: bad_records(&header, &data, false),
         header,
         data,
-        bad_records,
         start: pos,
         skip: 0,
     }))

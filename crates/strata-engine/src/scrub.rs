@@ -871,12 +871,12 @@ impl<'a> Scrubber<'a> {
         let Some(&last) = damaged.iter().max() else {
             return Ok(());
         };
-        let passed = destage_past(sh, last, HEADER_DRAIN_WAIT);
+        let passed = crate::destage::destage_past(sh, last, HEADER_DRAIN_WAIT);
         for seq in damaged {
             match passed {
                 true => self.repaired(format!(
-                    "write log: the header of the batch at sequence {seq} was damaged (a start \
-                     would have refused to open); the log was destaged past it"
+                    "write log: the header of the batch at sequence {seq} was damaged; the log \
+                     was destaged past it, so a start no longer reads it"
                 )),
                 false => self.report.metadata_damaged.push(format!(
                     "write log: the header of the batch at sequence {seq} is damaged: a start \
@@ -1221,11 +1221,3 @@ fn rewrite_summary_blocks(
 
 /// How long a scrub waits for the destager to move the write log past a damaged batch header.
 const HEADER_DRAIN_WAIT: Duration = Duration::from_secs(60);
-
-/// Destages the write log until its tail is past the batch at `seq` (the tail's checkpoint then
-/// names a later batch, so a start no longer reads it); whether it got there within `wait`.
-fn destage_past(sh: &Shared, seq: u64, wait: Duration) -> bool {
-    crate::destage::drain_until(sh, wait, |log| {
-        log.batches.front().is_none_or(|b| b.first_seq > seq)
-    })
-}

@@ -100,7 +100,8 @@ pub(crate) struct Rig {
     pub writes_left: Arc<AtomicI64>,
     /// See `Switched::stall_from` (the fast device's).
     pub stall_fast_from: Arc<AtomicU64>,
-    cfg: EngineConfig,
+    /// What the next `start` opens with.
+    pub cfg: EngineConfig,
     pub dg: Option<Arc<DiskGroup>>,
 }
 

@@ -12,14 +12,14 @@ use crate::tests::{small_cfg, Rig, MIB};
 use crate::*;
 
 /// Block `lba` of the test volume: its number in the first 8 bytes, then a fill byte.
-fn block_of(lba: u64, fill: u8) -> Vec<u8> {
+pub(crate) fn block_of(lba: u64, fill: u8) -> Vec<u8> {
     let mut b = vec![fill; 4096];
     b[..8].copy_from_slice(&lba.to_le_bytes());
     b
 }
 
 /// Byte offset on `dev` of the block holding exactly `content`.
-fn find_block(dev: &MemDevice, content: &[u8]) -> u64 {
+pub(crate) fn find_block(dev: &MemDevice, content: &[u8]) -> u64 {
     try_find_block(dev, content).unwrap_or_else(|| panic!("block not found on {}", dev.name()))
 }
 
@@ -47,7 +47,7 @@ fn root_page_copy_a(dg: &DiskGroup) -> u64 {
     off + block * 4096
 }
 
-fn read_fails(dg: &DiskGroup, view: u32, offset: u64) -> bool {
+pub(crate) fn read_fails(dg: &DiskGroup, view: u32, offset: u64) -> bool {
     let mut b = vec![0u8; 4096];
     matches!(dg.read(view, offset, &mut b), Err(EngineError::Corrupt(_)))
 }
@@ -420,7 +420,7 @@ fn idle_log_cfg() -> EngineConfig {
 
 /// A group (`idle_log_cfg`) whose 1 MiB volume "v" has `n` single-block batches in the log,
 /// block `lba` holding `block_of(lba, 0x33)`.
-fn log_rig(seed: u64, n: u64) -> (Rig, u32) {
+pub(crate) fn log_rig(seed: u64, n: u64) -> (Rig, u32) {
     let rig = Rig::new(32 * MIB, &[24 * MIB], idle_log_cfg(), seed);
     let v = rig.dg().create_volume("v", MIB).unwrap().id;
     one_batch_per_block(rig.dg(), v, n);
@@ -429,7 +429,7 @@ fn log_rig(seed: u64, n: u64) -> (Rig, u32) {
 
 /// Flips a bit in the header of the batch holding block `lba` of `log_rig`'s volume: the
 /// header block sits just before its single data block.
-fn damage_header_of(rig: &Rig, lba: u64) {
+pub(crate) fn damage_header_of(rig: &Rig, lba: u64) {
     let data_at = find_block(&rig.fast, &block_of(lba, 0x33));
     rig.fast.flip_bit(data_at - 4096 + 100, 6).unwrap();
 }

@@ -145,6 +145,31 @@ fn state_warning(stats: &EngineStats) -> Option<String> {
     }
 }
 
+/// Write-log damage this start met: writes it was asked to give up, and a damaged header the
+/// log still holds.
+fn log_damage_warnings(stats: &EngineStats) -> Vec<String> {
+    let mut out = Vec::new();
+    let lost = stats.log_records_lost_at_start;
+    if lost > 0 {
+        out.push(format!(
+            "this start skipped {lost} write-log record(s) it could not read \
+             (--skip-damaged-log-batches): the writes they held are lost and their blocks read \
+             as older data; check the file systems on the volumes"
+        ));
+    }
+    if stats.log_damage_pending {
+        let again = match lost {
+            0 => "",
+            _ => ", and needs --skip-damaged-log-batches again",
+        };
+        out.push(format!(
+            "the write log still holds a batch header this start found damaged; the log is \
+             being destaged past it (until then a restart reads it again{again})"
+        ));
+    }
+    out
+}
+
 /// What admission control does to host writes now, when it holds them back.
 fn admission_warning(stats: &EngineStats) -> Option<&'static str> {
     match stats.admission.as_str() {
@@ -165,6 +190,7 @@ pub fn warnings(
 ) -> Vec<String> {
     let mut out = Vec::new();
     out.extend(state_warning(stats));
+    out.extend(log_damage_warnings(stats));
     if let Some(how) = admission_warning(stats) {
         out.push(format!(
             "the write log is {:.0}% full ({:.0}% is the high mark): {how}",
@@ -624,6 +650,46 @@ mod tests {
         };
         let list = group_warnings(&roomy);
         assert!(!list.iter().any(|w| w.contains("capacity")), "{list:?}");
+    }
+
+    /// Writes a start gave up are warned about for as long as the daemon runs; a damaged
+    /// header the log still holds until it is destaged past, saying whether a restart would
+    /// need the flag again.
+    #[test]
+    fn write_log_damage_met_at_start_is_warned_about() {
+        let running = EngineStats {
+            state: "running".into(),
+            ..EngineStats::default()
+        };
+        assert!(group_warnings(&running).is_empty());
+        let skipped = EngineStats {
+            log_records_lost_at_start: 3,
+            log_damage_pending: true,
+            ..running.clone()
+        };
+        let list = group_warnings(&skipped);
+        let skipped_lines = |start: &str, end: &str| {
+            list.iter()
+                .filter(|w| w.starts_with(start) && w.ends_with(end))
+                .count()
+        };
+        assert_eq!(
+            skipped_lines("this start skipped 3 write-log record(s)", "on the volumes"),
+            1,
+            "{list:?}"
+        );
+        assert_eq!(
+            skipped_lines("the write log still holds", "-batches again)"),
+            1,
+            "{list:?}"
+        );
+        let salvaged = EngineStats {
+            log_damage_pending: true,
+            ..running
+        };
+        let list = group_warnings(&salvaged);
+        assert_eq!(list.len(), 1, "{list:?}");
+        assert!(list[0].ends_with("a restart reads it again)"), "{list:?}");
     }
 
     /// A small tier whose live data and a full write log together exceed what data may take

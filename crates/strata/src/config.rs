@@ -602,6 +602,9 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
             defaults.idle_destage_after,
         )?,
         log_runs: args.log_runs.or(file.log_runs).unwrap_or(defaults.log_runs),
+        // A flag only, not a config setting: it gives up writes, and must not stay on for
+        // every later start unnoticed.
+        skip_damaged_log_batches: args.skip_damaged_log_batches,
         // Unless set: a small capacity tier gets smaller segments (at least 1024 of them, 1 MiB
         // at least) when it is formatted, and the batch fits the group's segments and log.
         auto_segment_size: args.segment_size.is_none() && file.segment_size.is_none(),

@@ -88,6 +88,25 @@ fn log_runs_come_from_the_flag_over_the_file() {
     assert!(parse_file("log_runs = \"yes\"").is_err(), "not a boolean");
 }
 
+/// Skipping unreadable log batches gives up writes: a flag for one start, never a standing
+/// setting of the config file.
+#[test]
+fn skipping_damaged_log_batches_is_a_flag_only() {
+    let skips = |args: &ServeArgs| {
+        let merged = merge(args, parse_file("").unwrap()).unwrap();
+        merged.engine.skip_damaged_log_batches
+    };
+    assert!(!skips(&ServeArgs::default()));
+    let asked = ServeArgs {
+        skip_damaged_log_batches: true,
+        ..Default::default()
+    };
+    assert!(skips(&asked));
+    let e = parse_file("skip_damaged_log_batches = true").unwrap_err();
+    let e = format!("{e:#}");
+    assert!(e.contains("skip_damaged_log_batches"), "{e}");
+}
+
 #[test]
 fn flags_override_file_override_defaults() {
     let file = parse_file(

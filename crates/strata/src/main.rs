@@ -324,6 +324,12 @@ pub struct ServeArgs {
     /// Benchmarking aid: slow every capacity device down to a device model, e.g. `bw=20MB`.
     #[arg(long, value_name = "SPEC")]
     pub capacity_emulate: Option<String>,
+    /// Recovery, for one start: when the write log holds batches that cannot be read though
+    /// later ones record them as written (a start refuses to open then), skip them. The writes
+    /// they held are lost and their blocks read as older data: check the file systems on the
+    /// volumes afterwards (docs/OPERATIONS.md). Not a config file setting.
+    #[arg(long)]
+    pub skip_damaged_log_batches: bool,
 }
 
 /// Where `--help` lists the options every command takes (`--server`, `--json`, ...), apart

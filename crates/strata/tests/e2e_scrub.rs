@@ -1,8 +1,9 @@
 //! Scrub end to end, with the real daemon on files: data blocks damaged on each tier and one
 //! metadata copy damaged while the daemon is stopped; `strata scrub` finds every one by volume
 //! and offset, repairs the metadata copy, and reads of the damaged blocks fail with an I/O
-//! error. Also: the CLI's refusals (an unknown volume, a second scrub while one runs), and a
-//! capacity device put back from an older copy, refused at start rather than read as current.
+//! error. Also: the CLI's refusals (an unknown volume, a second scrub while one runs), a
+//! capacity device put back from an older copy, refused at start rather than read as current,
+//! and a write-log batch that cannot be read, skipped at start only when asked.
 use crate::common;
 
 use std::fs::{File, OpenOptions};
@@ -453,4 +454,55 @@ fn a_capacity_device_put_back_from_an_older_copy_is_refused() {
     std::fs::rename(&current, &capacity).expect("put the current device back");
     daemon.restart();
     qemu_io_ok(&daemon.nbd_uri("db"), &["read -P 0x22 0 8M"]);
+}
+
+/// A write-log batch header damaged while the daemon was down, in its record (so it cannot be
+/// salvaged; later batches record the batch as written): the start refuses and says how to
+/// open anyway; `--skip-damaged-log-batches` opens the group, losing that batch's write alone,
+/// and status warns. Once the log is destaged past the damage, a start without the flag opens.
+#[test]
+fn a_start_skips_an_unreadable_write_log_batch_only_when_asked() {
+    if !require_tools(&["qemu-io"]) {
+        return;
+    }
+    let mut daemon = small_fast_tier();
+    daemon.create_volume("db", "16M");
+    for (i, byte) in [0x5au8, 0x6b, 0x7c].into_iter().enumerate() {
+        qemu_io_ok(&daemon.nbd_uri("db"), &[&format!("write -P {byte:#04x} {} 4k", i * BLOCK)]);
+    }
+    daemon.kill9();
+    let fast = daemon.data_dir().join("fast.img");
+    let at = blocks_of(&fast, 0x6b);
+    assert_eq!(at.len(), 1, "the second write's block in the log: {at:?}");
+    // Byte 100 of the batch's header block lies in its one record's header.
+    flip_byte(&fast, at[0] - BLOCK as u64 + 100);
+
+    let data = daemon.data_dir();
+    let args = ["serve", "--data-dir", path_str(&data), "--nbd-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"];
+    let out = run_timeout(&mut cmd(STRATA_BIN, &args), Duration::from_secs(60));
+    assert!(!out.status.success(), "started over the damaged log: {out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
+    assert!(
+        last.contains("the write log is damaged") && last.contains("--skip-damaged-log-batches"),
+        "the last line must say what to do:\n{stderr}"
+    );
+
+    daemon.restart_with(&["--skip-damaged-log-batches"]);
+    let status = get_json(&format!("{}/api/v1/status", daemon.http_url()));
+    assert_eq!(status["engine"]["log_records_lost_at_start"], 1, "{status:#}");
+    let warnings = status["warnings"].to_string();
+    assert!(warnings.contains("this start skipped 1 write-log record(s)"), "{warnings}");
+    qemu_io_ok(&daemon.nbd_uri("db"), &["read -P 0x5a 0 4k", "read -P 0 4k 4k", "read -P 0x7c 8k 4k"]);
+    let began = std::time::Instant::now();
+    while get_json(&format!("{}/api/v1/status", daemon.http_url()))["engine"]["log_damage_pending"] != false {
+        assert!(began.elapsed() < Duration::from_secs(60), "the log was not destaged past the damage");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    daemon.kill9();
+    daemon.restart();
+    qemu_io_ok(&daemon.nbd_uri("db"), &["read -P 0x5a 0 4k", "read -P 0 4k 4k", "read -P 0x7c 8k 4k"]);
+    let status = get_json(&format!("{}/api/v1/status", daemon.http_url()));
+    assert_eq!(status["engine"]["log_records_lost_at_start"], 0, "{status:#}");
 }

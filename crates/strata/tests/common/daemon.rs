@@ -370,6 +370,14 @@ impl Daemon {
         self.spawn();
     }
 
+    /// `restart` with `args` added to this start's command line only.
+    pub fn restart_with(&mut self, args: &[&str]) {
+        let kept = self.opts.extra_args.clone();
+        self.opts.extra_args.extend(args.iter().map(|a| a.to_string()));
+        self.restart();
+        self.opts.extra_args = kept;
+    }
+
     fn kill_quietly(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
