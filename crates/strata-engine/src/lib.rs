@@ -76,6 +76,8 @@ mod tests_runs;
 #[cfg(test)]
 mod tests_scrub;
 #[cfg(test)]
+mod tests_scrub_memory;
+#[cfg(test)]
 mod tests_snap;
 #[cfg(test)]
 mod tests_space;

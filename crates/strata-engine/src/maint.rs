@@ -7,6 +7,7 @@
 //! - releasing the blocks of a deleted snapshot's layer that no reader sees (`hidden.rs`);
 //! - moving the live pages out of index segments that are mostly garbage.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::capacity::SegState;
@@ -124,9 +125,11 @@ fn maybe_flush(d: &mut Destager) -> Result<(), EngineError> {
         (s.recent.len(), s.pending_count(), s.free_count())
     };
     let low_space = pending > 0 && free < crate::destage::gc_trigger(sh) + sh.meta_reserve;
+    let asked = sh.flush_asked.swap(false, Ordering::Relaxed);
     let stale =
         d.maint.last_flush.elapsed() >= FLUSH_INTERVAL && (dirty > 0 || recent > 0 || pending > 0);
-    let due = dirty >= d.maint.dirty_limit
+    let due = asked
+        || dirty >= d.maint.dirty_limit
         || recent >= RECENT_FLUSH
         || low_space
         || stale
@@ -226,7 +229,7 @@ fn drop_layers(sh: &Shared, gone: &[u32], merged: &[(u32, u32)]) -> Result<(), E
 fn merge_layers(d: &mut Destager) -> Result<(), EngineError> {
     // Only a full capacity tier keeps the layer's log data from being destaged; otherwise
     // the scan would be repeated at every step until destage empties the layer anyway.
-    if d.sh.counters.capacity_full.load(std::sync::atomic::Ordering::Relaxed) {
+    if d.sh.counters.capacity_full.load(Ordering::Relaxed) {
         let waiting = merging_with_log_data(&d.sh);
         let fam = hidden::Family::of(&d.sh.index.read());
         for &layer in &waiting {

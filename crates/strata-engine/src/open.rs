@@ -579,6 +579,7 @@ fn new_shared(
         abandon: AtomicBool::new(false),
         limits_lifted: AtomicBool::new(false),
         drain: AtomicBool::new(false),
+        flush_asked: AtomicBool::new(false),
         destager_stop: AtomicBool::new(false),
         #[cfg(test)]
         destager_held: AtomicBool::new(false),

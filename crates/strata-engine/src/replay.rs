@@ -159,6 +159,20 @@ pub fn replay(
     Ok(out)
 }
 
+/// Says that replay drops records `which` of batch `f`, whose data fails its crc and which
+/// nothing shows acknowledged: the writes in flight at a crash (never acknowledged), or, if
+/// the medium damaged the last acknowledged batch, writes lost; replay cannot tell which.
+fn dropped_as_torn(f: &Found, which: std::ops::Range<usize>) {
+    let records = &f.header.records[which.clone()];
+    let bytes: u64 = records.iter().map(|r| r.data_blocks() * BLOCK_U64).sum();
+    tracing::warn!(
+        first_seq = f.header.first_seq + which.start as u64,
+        records = records.len(),
+        bytes,
+        "the write log ends with records whose data fails its checksum and that no later batch records as acknowledged: taken as writes in flight at a crash, and dropped"
+    );
+}
+
 /// The writes of the records from `first` up to `end` (not included), in words.
 fn writes_of(first: u64, end: u64) -> String {
     match end - first {
@@ -198,6 +212,7 @@ fn replay_batches(
             // Only a run's last write can have been in flight (see the module comment).
             let known = end_seq != 0 && f.header.first_seq + n as u64 - 1 < end_seq;
             if !known && !acknowledged_later(sh, &f)? {
+                dropped_as_torn(&f, n - 1..n);
                 if n == 1 {
                     break;
                 }
@@ -211,6 +226,7 @@ fn replay_batches(
             let known =
                 f.header.run_copy.is_some() || (end_seq != 0 && f.header.first_seq < end_seq);
             if !known && !acknowledged_later(sh, &f)? {
+                dropped_as_torn(&f, 0..f.header.records.len());
                 break;
             }
             tracing::error!(

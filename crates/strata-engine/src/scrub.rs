@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use strata_device::AlignedBuf;
 
-use crate::capacity::{assess, copy_name, load_summary, read_seg_blocks, Holds, Part, SegState};
+use crate::capacity::{assess, block_crcs, copy_name, read_seg_blocks, Holds, Part, SegState};
 use crate::ctree::page::{encode, key_of, split_key, PageBody};
 use crate::ctree::PagePtr;
 use crate::error::EngineError;
@@ -484,6 +484,8 @@ struct Scrubber<'a> {
     report: ScrubReport,
     started: Instant,
     read_bytes: u64,
+    /// Recent segments whose summary header no copy holds (`check_summary`).
+    unmendable_recent: Vec<u32>,
 }
 
 impl<'a> Scrubber<'a> {
@@ -498,6 +500,7 @@ impl<'a> Scrubber<'a> {
             },
             started: Instant::now(),
             read_bytes: 0,
+            unmendable_recent: Vec::new(),
         }
     }
 
@@ -758,8 +761,10 @@ impl<'a> Scrubber<'a> {
                             .collect()
                     };
                     let current = |l: u64| !superseded.iter().any(|&(a, z)| (a..z).contains(&l));
-                    let summary = match load_summary(self.sh, seg) {
-                        Ok(s) => s,
+                    // The crcs host reads check against (the summary's crc blocks; its header
+                    // is checked with the metadata).
+                    let crcs = match block_crcs(self.sh, seg, block, e.len as u32) {
+                        Ok(c) => c,
                         Err(err) => {
                             bad.extend(
                                 (0..e.len)
@@ -770,11 +775,7 @@ impl<'a> Scrubber<'a> {
                         }
                     };
                     let mut buf = AlignedBuf::new_zeroed((e.len * BLOCK_U64) as usize);
-                    let crcs = summary
-                        .block_crcs
-                        .get(block as usize..block as usize + e.len as usize)
-                        .unwrap_or(&[]);
-                    match read_seg_blocks(self.sh, seg, block, e.len as u32, &mut buf, crcs) {
+                    match read_seg_blocks(self.sh, seg, block, e.len as u32, &mut buf, &crcs) {
                         Err(err) => bad.extend(
                             (0..e.len)
                                 .filter(|&i| current(elba + i))
@@ -782,7 +783,7 @@ impl<'a> Scrubber<'a> {
                         ),
                         Ok(_) => {
                             for i in 0..e.len as usize {
-                                let expect = summary.block_crcs.get(block as usize + i).copied();
+                                let expect = crcs.get(i).copied();
                                 if expect != Some(crc32c::crc32c(&buf[i * BLOCK..(i + 1) * BLOCK]))
                                     && current(elba + i as u64)
                                 {
@@ -972,33 +973,105 @@ impl<'a> Scrubber<'a> {
 
     /// Walks the durable index from its root on disk, with index flushes held off.
     fn check_index_pages(&mut self) -> Result<(), EngineError> {
-        let _no_flush = self.sh.flush_guard.lock();
-        let (root, generation) = {
-            let d = self.sh.durable.lock();
-            (d.index_root, d.index_generation)
-        };
-        let segtab: Vec<PagePtr> = self
-            .sh
-            .segs
-            .lock()
-            .page_ptrs
-            .iter()
-            .flatten()
-            .copied()
-            .collect();
-        let mut stack: Vec<PagePtr> = root.into_iter().collect();
-        let mut seen = 0usize;
-        while let Some(ptr) = stack.pop() {
-            seen += 1;
-            if let Some(PageBody::Inner(children)) = self.check_page(ptr, generation, "index")? {
-                stack.extend(children.into_iter().map(|c| c.1));
+        let mut lost = Vec::new();
+        {
+            let _no_flush = self.sh.flush_guard.lock();
+            let (root, generation) = {
+                let d = self.sh.durable.lock();
+                (d.index_root, d.index_generation)
+            };
+            let segtab: Vec<(usize, PagePtr)> = self
+                .sh
+                .segs
+                .lock()
+                .page_ptrs
+                .iter()
+                .enumerate()
+                .filter_map(|(i, p)| Some((i, (*p)?)))
+                .collect();
+            let mut stack: Vec<PagePtr> = root.into_iter().collect();
+            let mut seen = 0usize;
+            while let Some(ptr) = stack.pop() {
+                seen += 1;
+                match self.check_page(ptr, generation, "index")? {
+                    Some(PageBody::Inner(children)) => {
+                        stack.extend(children.into_iter().map(|c| c.1))
+                    }
+                    Some(_) => {}
+                    None => lost.push(LostPage { ptr, segtab: None }),
+                }
+            }
+            for (i, ptr) in segtab {
+                if self.check_page(ptr, generation, "segment table")?.is_none() {
+                    lost.push(LostPage {
+                        ptr,
+                        segtab: Some(i),
+                    });
+                }
+            }
+            tracing::debug!(pages = seen, "scrub: index pages checked");
+        }
+        self.rewrite_lost_pages(lost);
+        Ok(())
+    }
+
+    /// Pages damaged in both copies whose contents memory still holds (every segment-table
+    /// page; an index node while it is resident) are marked for rewriting and the index is
+    /// written: the flush puts them elsewhere, and nothing refers to the damaged copies any
+    /// more (a start would refuse to open at such a page). A page memory does not hold is
+    /// reported as damaged, with what it costs.
+    fn rewrite_lost_pages(&mut self, lost: Vec<LostPage>) {
+        let sh = self.sh;
+        let mut marked = Vec::new();
+        // No flush between its plan and its commit may see the marks change.
+        let no_flush = sh.flush_guard.lock();
+        for page in lost {
+            let what = match page.segtab {
+                Some(_) => "segment table",
+                None => "index",
+            };
+            let held = match page.segtab {
+                Some(i) => {
+                    let mut segs = sh.segs.lock();
+                    segs.dirty_pages.insert(i);
+                    true
+                }
+                None => crate::meta::with_tree(sh, |t| t.redirty(&|p| p == page.ptr)).is_ok(),
+            };
+            match held {
+                true => marked.push((page.ptr, what)),
+                false => self.report.metadata_damaged.push(format!(
+                    "{what} page {:#x}/{:#x}: both copies are damaged, and memory does not hold \
+                     it: reads of the data it maps fail, and a start refuses to open the group \
+                     while the index refers to it; keep the daemon running and restore the \
+                     affected volumes from a backup",
+                    page.ptr.a, page.ptr.b
+                )),
             }
         }
-        for ptr in segtab {
-            self.check_page(ptr, generation, "segment table")?;
+        drop(no_flush);
+        if marked.is_empty() {
+            return;
         }
-        tracing::debug!(pages = seen, "scrub: index pages checked");
-        Ok(())
+        let written = flush_index_now(sh, HEADER_DRAIN_WAIT);
+        for (ptr, what) in marked {
+            match written {
+                true => self.repaired(format!(
+                    "{what} page {:#x}/{:#x}: both copies were damaged; rewritten elsewhere \
+                     from the copy in memory",
+                    ptr.a, ptr.b
+                )),
+                false => self.report.metadata_damaged.push(format!(
+                    "{what} page {:#x}/{:#x}: both copies are damaged; memory holds it and it \
+                     is marked for rewriting, but the index was not written within {} s: keep \
+                     the daemon running (a start refuses to open while the index refers to it) \
+                     and scrub again",
+                    ptr.a,
+                    ptr.b,
+                    HEADER_DRAIN_WAIT.as_secs()
+                )),
+            }
+        }
     }
 
     /// Reads both copies of a page; a bad copy is rewritten from the good one.
@@ -1022,14 +1095,11 @@ impl<'a> Scrubber<'a> {
                 return Ok(Some(a));
             }
             (None, None) => {
+                // Reported by `rewrite_lost_pages`, as repaired or not.
                 self.sh
                     .checksum_error(self.sh.seg_device((ptr.a >> 32) as u32), 1);
                 self.sh
                     .checksum_error(self.sh.seg_device((ptr.b >> 32) as u32), 1);
-                self.report.metadata_damaged.push(format!(
-                    "{what} page {:#x}/{:#x}: both copies are damaged",
-                    ptr.a, ptr.b
-                ));
                 return Ok(None);
             }
             (Some(good), None) => {
@@ -1065,8 +1135,10 @@ impl<'a> Scrubber<'a> {
 
     /// The summary of every sealed data segment, each copy part by part (the header and
     /// entries region, each crc block in use). A part damaged in one copy is rewritten from
-    /// the other; one damaged in every copy (a group of format 2 has one) is reported, and
-    /// the blocks it describes (reported under their volumes by the data pass) cannot be read.
+    /// the other; one damaged in every copy (a group of format 2 has one) is reported: a crc
+    /// block's data blocks cannot be read (the data pass reports them under their volumes); a
+    /// header's segment can still be read but not cleaned, and, recent, would stop a start
+    /// after a crash, so the index is written at once (`stop_recovery_needing_lost_summaries`).
     fn check_summaries(&mut self) -> Result<(), EngineError> {
         let sealed: Vec<u32> = {
             let segs = self.sh.segs.lock();
@@ -1092,7 +1164,34 @@ impl<'a> Scrubber<'a> {
             self.report.metadata_copies_checked += u64::from(geo.summary_copies);
             self.pace(u64::from(geo.summary_copies * geo.summary_blocks) * BLOCK_U64)?;
         }
+        self.stop_recovery_needing_lost_summaries();
         Ok(())
+    }
+
+    /// A segment sealed since the last index write whose summary entries no copy holds
+    /// (`unmendable_recent`): a start after a crash replays such summaries over the index,
+    /// and refuses to open at this one. Writing the index now takes the segment off the
+    /// recent list, so no start reads it.
+    fn stop_recovery_needing_lost_summaries(&mut self) {
+        let segs = std::mem::take(&mut self.unmendable_recent);
+        if segs.is_empty() {
+            return;
+        }
+        let written = flush_index_now(self.sh, HEADER_DRAIN_WAIT);
+        for seg in segs {
+            match written {
+                true => self.repaired(format!(
+                    "capacity segment {seg}: its summary was needed by a start after a crash; \
+                     the index was written, so no start reads it"
+                )),
+                false => self.report.metadata_damaged.push(format!(
+                    "capacity segment {seg}: a start after a crash would refuse to open at its \
+                     summary, and the index was not written within {} s: stop the daemon \
+                     cleanly (a clean stop writes the index) or scrub again",
+                    HEADER_DRAIN_WAIT.as_secs()
+                )),
+            }
+        }
     }
 
     /// One sealed segment's summary copies, weighed part by part (`capacity::assess`): a
@@ -1124,6 +1223,9 @@ impl<'a> Scrubber<'a> {
                 sh.checksum_error(sh.seg_device(seg), 1);
                 let why = unmendable(seg, part, copies, &lost);
                 self.report.metadata_damaged.push(why);
+                if part.what == "header" && sh.segs.lock().recent.contains(&seg) {
+                    self.unmendable_recent.push(seg);
+                }
                 continue;
             };
             let bytes = &a.copies[good].bytes
@@ -1161,7 +1263,11 @@ impl<'a> Scrubber<'a> {
     /// What a summary part no copy holds right costs.
     fn lost(&self, seg: u32, part: &Part) -> String {
         if part.what == "header" {
-            return "its blocks cannot be read".into();
+            // Reads check the crc blocks alone; garbage collection and recovery read the
+            // entries the header's region holds.
+            return "its blocks still read (their checksums are in the crc blocks), but \
+                    garbage collection cannot clean the segment"
+                .into();
         }
         let used = self.sh.segs.lock().segs[seg as usize].used_blocks as usize;
         let first = part.blocks.start as usize * CRCS_PER_BLOCK;
@@ -1219,5 +1325,31 @@ fn rewrite_summary_blocks(
     Ok(())
 }
 
-/// How long a scrub waits for the destager to move the write log past a damaged batch header.
+/// How long a scrub waits for the destager to move the write log past a damaged batch header,
+/// or to write the index.
 const HEADER_DRAIN_WAIT: Duration = Duration::from_secs(60);
+
+/// An index or segment-table page damaged in both copies.
+struct LostPage {
+    ptr: PagePtr,
+    /// Its place in the segment table, for a segment-table page.
+    segtab: Option<usize>,
+}
+
+/// Asks the destager to write the index (`Shared::flush_asked`) and waits until a flush has
+/// committed, for `wait` at most or until the group stops; whether one did.
+fn flush_index_now(sh: &Shared, wait: Duration) -> bool {
+    let before = sh.durable.lock().index_generation;
+    let deadline = Instant::now() + wait;
+    loop {
+        sh.flush_asked.store(true, Ordering::Relaxed);
+        sh.wake_destager();
+        if sh.durable.lock().index_generation > before {
+            return true;
+        }
+        if Instant::now() >= deadline || sh.check_running().is_err() {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

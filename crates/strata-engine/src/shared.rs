@@ -476,6 +476,9 @@ pub struct Shared {
     pub before_page_load: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
     /// Set by `destage_all`: destage regardless of fill.
     pub drain: AtomicBool,
+    /// Set by a scrub that needs the index written now (`scrub::flush_index_now`): the
+    /// destager's next maintenance flushes it.
+    pub flush_asked: AtomicBool,
     /// Blocks being rewritten (see heat.rs): the evidence that data is hot. Bounded by the
     /// log's block count.
     pub heat: Mutex<crate::heat::Heat>,
