@@ -364,6 +364,11 @@ pub struct EngineStats {
     /// unreadable and whose other copy served them: the first copy needs a scrub to mend it.
     pub metadata_copy_fallbacks_total: u64,
     pub checksum_errors_total: u64,
+    /// Of `checksum_errors_total`, those since the last scrub of everything in this run ended
+    /// (all of them before one): the earlier ones it repaired or reported.
+    pub checksum_errors_since_scrub: u64,
+    /// Of `metadata_copy_fallbacks_total`, those since the last scrub of everything ended.
+    pub metadata_copy_fallbacks_since_scrub: u64,
     /// Checksum failures by device: the fast device first, then the capacity devices.
     pub checksum_errors_by_device: Vec<u64>,
     /// Write-log records this start could not read and skipped, as asked
@@ -1355,6 +1360,9 @@ impl DiskGroup {
     pub fn stats(&self) -> EngineStats {
         let sh = &self.sh;
         let c = &sh.counters;
+        // The mark first: the counts only grow.
+        let seen_by_scrub = *sh.scrub.seen_at_last_all.lock();
+        let seen = sh.damage_seen();
         // The read cache's copies (one entry each), taken before the log's lock: a copy is
         // entered once its record is in the log, so the entries are at most its cache blocks.
         let cached = sh.cache.lock().entries();
@@ -1439,9 +1447,10 @@ impl DiskGroup {
             log_run_writes_total: c.log_run_writes.load(Ordering::Relaxed),
             log_rotated_batches_total: c.rotated_batches.load(Ordering::Relaxed),
             log_rotating: c.rotation_goal_blocks.load(Ordering::Relaxed) > 0,
-            metadata_copy_fallbacks_total: c.index_copy_repairs_needed.load(Ordering::Relaxed)
-                + c.summary_copy_repairs_needed.load(Ordering::Relaxed),
-            checksum_errors_total: c.checksum_errors.load(Ordering::Relaxed),
+            metadata_copy_fallbacks_total: seen.1,
+            checksum_errors_total: seen.0,
+            checksum_errors_since_scrub: seen.0.saturating_sub(seen_by_scrub.0),
+            metadata_copy_fallbacks_since_scrub: seen.1.saturating_sub(seen_by_scrub.1),
             log_records_lost_at_start: self
                 .report
                 .skipped_log_records

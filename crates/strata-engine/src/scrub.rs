@@ -117,6 +117,9 @@ pub struct ScrubState {
     pub progress_bytes: AtomicU64,
     pub total_bytes: AtomicU64,
     pub last: Mutex<Option<ScrubReport>>,
+    /// The group's checksum errors and metadata copy fallbacks when a scrub of everything
+    /// last ended in this run: what came before, it repaired or reported.
+    pub seen_at_last_all: Mutex<(u64, u64)>,
     /// When the last scrub of everything ended (Unix seconds; 0: none known), this run's or
     /// one before a restart (the record): the background scrub's schedule follows it.
     pub all_finished_unix_s: AtomicU64,
@@ -244,6 +247,7 @@ pub(crate) fn restore(sh: &Shared) {
 fn keep(sh: &Shared, report: &ScrubReport, everything: bool) {
     *sh.scrub.last.lock() = Some(report.clone());
     if everything {
+        *sh.scrub.seen_at_last_all.lock() = sh.damage_seen();
         let at = report.finished_unix_s.max(1);
         sh.scrub
             .all_finished_unix_s

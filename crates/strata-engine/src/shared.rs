@@ -626,6 +626,16 @@ impl Shared {
 
     /// Counts a checksum failure of data or metadata on device `dev` (0: the fast device,
     /// 1 + i: capacity device i).
+    /// Checksum errors, and metadata reads that fell back to a second copy, so far in this run.
+    pub fn damage_seen(&self) -> (u64, u64) {
+        let c = &self.counters;
+        (
+            c.checksum_errors.load(Ordering::Relaxed),
+            c.index_copy_repairs_needed.load(Ordering::Relaxed)
+                + c.summary_copy_repairs_needed.load(Ordering::Relaxed),
+        )
+    }
+
     pub fn checksum_error(&self, dev: usize, n: u64) {
         self.counters
             .checksum_errors

@@ -119,3 +119,34 @@ fn a_recent_segment_whose_summary_header_is_lost_no_longer_stops_a_start() {
     rig.power_cut_and_restart();
     check(&rig, v);
 }
+
+/// Damage seen before a scrub of everything is what that scrub repaired or reported: the
+/// counts since it (what `strata status` warns about) start again from 0; the totals stay.
+#[test]
+fn a_full_scrub_starts_the_damage_counts_since_it_again() {
+    let (rig, v) = destaged_rig(126);
+    let dg = rig.dg();
+    dg.write(v, 600 * 4096, &block_of(600, 0x77)).unwrap();
+    let at = crate::tests_scrub::find_block(&rig.fast, &block_of(600, 0x77));
+    rig.fast.flip_bit(at + 9, 1).unwrap();
+    assert!(crate::tests_scrub::read_fails(dg, v, 600 * 4096));
+    let before = dg.stats();
+    assert!(before.checksum_errors_total >= 1);
+    assert_eq!(
+        before.checksum_errors_since_scrub,
+        before.checksum_errors_total
+    );
+    let r = dg.scrub(&ScrubOptions::default()).unwrap();
+    assert_eq!(r.bad_blocks.len(), 1, "{r:#?}");
+    let after = dg.stats();
+    assert_eq!(after.checksum_errors_since_scrub, 0);
+    assert!(after.checksum_errors_total > before.checksum_errors_total);
+    // A scrub of one volume leaves the counts as they are.
+    assert!(crate::tests_scrub::read_fails(dg, v, 600 * 4096));
+    dg.scrub(&ScrubOptions {
+        volume: Some("v".into()),
+        ..ScrubOptions::default()
+    })
+    .unwrap();
+    assert!(dg.stats().checksum_errors_since_scrub >= 1);
+}

@@ -238,16 +238,24 @@ pub fn warnings(
             ));
         }
     }
-    if stats.checksum_errors_total > 0 {
+    // What came before the last scrub of everything, it repaired or reported (its own
+    // warning): once it ran, these count only what came after.
+    let since = match stats.checksum_errors_since_scrub < stats.checksum_errors_total
+        || stats.metadata_copy_fallbacks_since_scrub < stats.metadata_copy_fallbacks_total
+    {
+        true => " since the last scrub",
+        false => "",
+    };
+    if stats.checksum_errors_since_scrub > 0 {
         out.push(format!(
-            "{} checksum error(s) seen (on reads, log replay or scrubs): run a scrub and check the devices",
-            stats.checksum_errors_total
+            "{} checksum error(s) seen{since} (on reads, log replay or scrubs): run a scrub and check the devices",
+            stats.checksum_errors_since_scrub
         ));
     }
-    if stats.metadata_copy_fallbacks_total > 0 {
+    if stats.metadata_copy_fallbacks_since_scrub > 0 {
         out.push(format!(
-            "{} metadata read(s) found the first copy damaged and used the second: run a scrub to mend it, and check the devices",
-            stats.metadata_copy_fallbacks_total
+            "{} metadata read(s){since} found the first copy damaged and used the second: run a scrub to mend it, and check the devices",
+            stats.metadata_copy_fallbacks_since_scrub
         ));
     }
     out.extend(crate::api_scrub::warning(scrub.last_result.as_ref()));
@@ -690,6 +698,38 @@ mod tests {
         let list = group_warnings(&salvaged);
         assert_eq!(list.len(), 1, "{list:?}");
         assert!(list[0].ends_with("a restart reads it again)"), "{list:?}");
+    }
+
+    /// Checksum errors and metadata fallbacks a scrub of everything has seen since are not
+    /// warned about again: it repaired them or reported them (its own warning). Before, the
+    /// warnings stayed after a scrub that came back clean.
+    #[test]
+    fn damage_seen_before_the_last_scrub_is_not_warned_about_again() {
+        let seen = EngineStats {
+            state: "running".into(),
+            checksum_errors_total: 5,
+            checksum_errors_since_scrub: 5,
+            metadata_copy_fallbacks_total: 1,
+            metadata_copy_fallbacks_since_scrub: 1,
+            ..EngineStats::default()
+        };
+        let list = group_warnings(&seen);
+        let has = |start: &str| list.iter().any(|w| w.starts_with(start));
+        assert!(has("5 checksum error(s) seen ("), "{list:?}");
+        assert!(has("1 metadata read(s) found"), "{list:?}");
+        let scrubbed = EngineStats {
+            checksum_errors_since_scrub: 0,
+            metadata_copy_fallbacks_since_scrub: 0,
+            ..seen.clone()
+        };
+        assert!(group_warnings(&scrubbed).is_empty());
+        let again = EngineStats {
+            checksum_errors_since_scrub: 2,
+            ..scrubbed
+        };
+        let list = group_warnings(&again);
+        let want = "2 checksum error(s) seen since the last scrub (";
+        assert!(list.iter().any(|w| w.starts_with(want)), "{list:?}");
     }
 
     /// A small tier whose live data and a full write log together exceed what data may take
