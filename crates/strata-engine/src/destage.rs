@@ -363,7 +363,12 @@ impl Destager {
         let Some(e) = self.band_position(fill) else {
             return 0.0;
         };
-        if idle {
+        // The idle drain moves host data. With none of it left in the log, passing the tail
+        // gains nothing but dead space and costs the read cache its copies (each written anew
+        // at the head, or evicted): with a low mark near 0 it did so again and again, until
+        // the cache was gone.
+        let host_data = self.sh.counters.fast_live_blocks.load(Ordering::Relaxed) > 0;
+        if idle && host_data {
             self.idle_drain = true;
             self.fruitless_at = None;
             return 1.0;
