@@ -86,6 +86,8 @@ pub struct Destager {
     /// Host bytes appended to the log when a step last found no stripe of cold data (see
     /// `duty_cycle`).
     fruitless_at: Option<u64>,
+    /// The last acknowledged seq seen (`Shared::retired_seq`) and since when (`mark_log_end`).
+    end_seen: (u64, Instant),
     /// The destager thread's CPU priority (set in `run`, on that thread): background while
     /// the log does not need room, so on a busy CPU the host's I/O threads run first.
     priority: Option<strata_device::priority::ThreadPriority>,
@@ -157,6 +159,7 @@ impl Destager {
             idle_drain: false,
             cold_only: false,
             fruitless_at: None,
+            end_seen: (0, Instant::now()),
             priority: None,
             rotation_fruitless: None,
             cache_wants_room: false,
@@ -212,6 +215,7 @@ impl Destager {
             let duty = self.duty_cycle();
             self.set_priority();
             if duty <= 0.0 {
+                self.mark_log_end();
                 crate::room::probe_when_idle(&self.sh);
                 self.idle(Duration::from_millis(50));
                 continue;
@@ -321,6 +325,34 @@ impl Destager {
             self.sh.destage_wake.wait_for(&mut w, d);
         }
         *w = false;
+    }
+
+    /// Once no record has been acknowledged for `END_MARK_AFTER`, writes a checkpoint whose
+    /// `log_end_seq` is the seq after the last acknowledged record, as a clean shutdown does.
+    /// A batch is otherwise shown acknowledged only by a later batch's `committed_seq`, so
+    /// damage to the last batches written before a crash could not be told from a torn write
+    /// in flight, and replay dropped them without a word; with the mark, their damaged records
+    /// read as I/O errors, and a header that cannot be read stops the start (docs/FORMAT.md
+    /// §5.2). One checkpoint write per pause of the host's writes.
+    fn mark_log_end(&mut self) {
+        let retired = self.sh.retired_seq.load(Ordering::Acquire);
+        let now = Instant::now();
+        if retired != self.end_seen.0 {
+            self.end_seen = (retired, now);
+            return;
+        }
+        if now.duration_since(self.end_seen.1) < END_MARK_AFTER {
+            return;
+        }
+        let mut d = self.sh.durable.lock();
+        if d.clean_log_end_seq >= retired {
+            return;
+        }
+        d.clean_log_end_seq = retired;
+        let tail = d.log_tail;
+        if let Err(e) = self.sh.write_checkpoint_locked(&mut d, tail) {
+            tracing::warn!("cannot write the checkpoint that marks where the write log ends: {e}");
+        }
     }
 
     /// Destage regardless of fill: draining, or a deleted snapshot waits for its log data.
@@ -1850,6 +1882,10 @@ pub(crate) fn destage_past(sh: &Shared, seq: u64, wait: Duration) -> bool {
         log.batches.front().is_none_or(|b| b.first_seq > seq)
     })
 }
+
+/// How long no record is acknowledged before the destager marks where the log ends
+/// (`Destager::mark_log_end`).
+const END_MARK_AFTER: Duration = Duration::from_secs(1);
 
 /// Host bytes appended to the log so far.
 fn append_total(sh: &Shared) -> u64 {

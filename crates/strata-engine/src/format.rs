@@ -364,8 +364,9 @@ pub struct Checkpoint {
     pub log_tail_seq: u64,
     /// ... and batches whose epoch never decreases (bumped at every open).
     pub epoch: u32,
-    /// Written by a clean shutdown: the sequence number after the last record in the log, so
-    /// recovery knows every record before it must be there. 0: not known (after a crash).
+    /// The sequence number after the last record acknowledged when it was written, so recovery
+    /// knows every record before it must be there: written by a clean shutdown (the log's end)
+    /// and by the destager after a second with nothing acknowledged. 0: not known.
     pub log_end_seq: u64,
     pub next_id: u32,
     /// How many index flushes made this index (0 at format).

@@ -138,7 +138,7 @@ pub fn replay(
     if end_seq != 0 && state.next_seq < end_seq {
         if !skip {
             return Err(EngineError::Corrupt(format!(
-                "the write log is damaged: records {} to {} were written before the last clean shutdown but cannot be read. To open anyway, losing {} (their blocks would read as older data), start once with --skip-damaged-log-batches and check the file systems on the volumes",
+                "the write log is damaged: records {} to {} were acknowledged before the last checkpoint (a clean shutdown, or a pause in writes recorded where the log ended) but cannot be read. To open anyway, losing {} (their blocks would read as older data), start once with --skip-damaged-log-batches and check the file systems on the volumes",
                 state.next_seq,
                 end_seq - 1,
                 writes_of(state.next_seq, end_seq)
@@ -147,7 +147,7 @@ pub fn replay(
         tracing::error!(
             first_seq = state.next_seq,
             end_seq,
-            "write log records written before the last clean shutdown cannot be read and were skipped (--skip-damaged-log-batches): the writes they held are lost"
+            "write log records acknowledged before the last checkpoint cannot be read and were skipped (--skip-damaged-log-batches): the writes they held are lost"
         );
         out.skipped.push(SkippedRecords {
             first_seq: state.next_seq,

@@ -336,7 +336,9 @@ pub const STATE_FAILED: u8 = 2;
 pub struct Durable {
     pub generation: u64,
     pub epoch: u32,
-    /// Set by a clean shutdown just before its last checkpoint (see `Checkpoint::log_end_seq`).
+    /// Set by a clean shutdown just before its last checkpoint, and by the destager once no
+    /// record has been acknowledged for a second (`Destager::mark_log_end`; see
+    /// `Checkpoint::log_end_seq`): every record before it was acknowledged.
     pub clean_log_end_seq: u64,
     pub index_root: Option<PagePtr>,
     pub index_generation: u64,
