@@ -37,16 +37,20 @@ fn check_blocks(dg: &DiskGroup, v: u32, n: u64, lost: Option<u64>) {
     }
 }
 
-/// Waits until the log has been destaged past the damaged header the start met.
-fn wait_repaired(dg: &DiskGroup) {
+/// Waits (20 s at most) until `done`; `what` names it when it does not come.
+fn wait_until(what: &str, done: impl Fn() -> bool) {
     let began = Instant::now();
-    while dg.log_damage_pending() {
-        assert!(
-            began.elapsed() < Duration::from_secs(20),
-            "the log was not destaged past the damaged header"
-        );
+    while !done() {
+        assert!(began.elapsed() < Duration::from_secs(20), "{what}");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Waits until the log has been destaged past the damaged header the start met.
+fn wait_repaired(dg: &DiskGroup) {
+    wait_until("the log was not destaged past the damaged header", || {
+        !dg.log_damage_pending()
+    });
 }
 
 /// A flipped bit in parts of a header no crc of their own covers but the block's: past the
@@ -246,18 +250,10 @@ fn a_skipped_batch_at_the_end_of_the_log_area_leaves_the_log_whole() {
 /// Waits until the destager has marked where the log ends (`Destager::mark_log_end`): every
 /// acknowledged record.
 fn wait_end_marked(dg: &DiskGroup) {
-    let began = Instant::now();
-    loop {
+    wait_until("the log's end was not marked", || {
         let retired = dg.sh.retired_seq.load(std::sync::atomic::Ordering::Acquire);
-        if dg.sh.durable.lock().clean_log_end_seq >= retired {
-            return;
-        }
-        assert!(
-            began.elapsed() < Duration::from_secs(20),
-            "the log's end was not marked"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+        dg.sh.durable.lock().clean_log_end_seq >= retired
+    });
 }
 
 /// After a pause in writes the destager records where the log ends, so damage to the last
