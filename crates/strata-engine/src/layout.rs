@@ -99,26 +99,83 @@ fn write_padded(dev: &dyn Device, bytes: &[u8], offset: u64) -> Result<(), Engin
     Ok(())
 }
 
-/// Reads both superblock copies (identical; written at format only): Ok(None) if the device
-/// is blank, the first valid copy otherwise, and an error naming the device when neither copy is usable.
-pub fn read_superblock(dev: &dyn Device) -> Result<Option<Superblock>, EngineError> {
-    let mut blank = 0;
-    let mut problem = String::new();
+/// What the two superblock copies of a device hold, taken together.
+pub(crate) enum Superblocks {
+    /// Both copies are blank: the device was never formatted.
+    Blank,
+    /// The first valid copy, copy A tried first.
+    Valid(Superblock),
+    /// No copy is valid, and one at least is a superblock of a format this build reads that
+    /// fails its checksum (or a check after it): a device of a disk group whose copies are
+    /// both damaged. What is wrong with each copy ("copy A: ...; copy B: ...").
+    Damaged(String),
+    /// No copy is valid, and none is damaged as above (not a Strata device, or another
+    /// format): the problem of the last copy that is not blank.
+    Invalid(String),
+}
+
+/// Reads and decodes both superblock copies of `dev`.
+pub(crate) fn read_superblocks(dev: &dyn Device) -> Result<Superblocks, EngineError> {
+    let mut problems = Vec::with_capacity(2);
+    let mut damaged = false;
     for copy in 0..2u64 {
         let b = read_block(dev, copy * BLOCK_U64)?;
         match Superblock::decode(&b) {
-            SuperblockRead::Valid(sb) => return Ok(Some(sb)),
-            SuperblockRead::Blank => blank += 1,
-            SuperblockRead::Invalid(why) => problem = why,
+            SuperblockRead::Valid(sb) => return Ok(Superblocks::Valid(sb)),
+            SuperblockRead::Blank => problems.push(None),
+            SuperblockRead::Invalid(why) => {
+                damaged |= is_damaged_superblock(&b);
+                problems.push(Some(why));
+            }
         }
     }
-    if blank == 2 {
-        return Ok(None);
+    if damaged {
+        let copies = problems
+            .iter()
+            .zip(["A", "B"])
+            .map(|(why, copy)| format!("copy {copy}: {}", why.as_deref().unwrap_or("blank")))
+            .collect::<Vec<_>>();
+        return Ok(Superblocks::Damaged(copies.join("; ")));
     }
-    Err(EngineError::Format(format!(
-        "device {}: {problem}",
-        dev.name()
-    )))
+    Ok(match problems.into_iter().flatten().next_back() {
+        Some(problem) => Superblocks::Invalid(problem),
+        None => Superblocks::Blank,
+    })
+}
+
+/// Whether a superblock copy that does not decode is a superblock of a format this build
+/// reads, so its failure is damage: a copy of another format, or of something else, is not.
+fn is_damaged_superblock(b: &[u8]) -> bool {
+    let version = b
+        .get(8..12)
+        .map(|v| u32::from_le_bytes([v[0], v[1], v[2], v[3]]));
+    b.starts_with(SUPERBLOCK_MAGIC)
+        && version.is_some_and(|v| (GROUP_VERSION_MIN..=GROUP_VERSION).contains(&v))
+}
+
+/// Reads both superblock copies (identical but for a capacity device's stamp, §3.1): Ok(None)
+/// if the device is blank, the first valid copy otherwise, and an error naming the device when
+/// neither copy is usable.
+pub fn read_superblock(dev: &dyn Device) -> Result<Option<Superblock>, EngineError> {
+    read_superblocks(dev)?.into_result(dev)
+}
+
+impl Superblocks {
+    /// The superblock of `dev`, as [`read_superblock`] returns it.
+    pub(crate) fn into_result(self, dev: &dyn Device) -> Result<Option<Superblock>, EngineError> {
+        match self {
+            Superblocks::Blank => Ok(None),
+            Superblocks::Valid(sb) => Ok(Some(sb)),
+            Superblocks::Damaged(copies) => Err(EngineError::Format(format!(
+                "device {}: both superblock copies are damaged ({copies})",
+                dev.name()
+            ))),
+            Superblocks::Invalid(problem) => Err(EngineError::Format(format!(
+                "device {}: {problem}",
+                dev.name()
+            ))),
+        }
+    }
 }
 
 /// Whether `dev` holds data where its superblocks go but neither copy is a Strata superblock
@@ -173,6 +230,51 @@ pub fn write_stamp(dev: &dyn Device, stamp: u32) -> Result<(), EngineError> {
         write_padded(dev, &b, copy * BLOCK_U64)?;
         dev.flush()?;
     }
+    Ok(())
+}
+
+/// Rewrites the superblock copy of `dev` that differs from `used`, the copy an open identified
+/// the group by (valid, and agreeing with the other devices' superblocks): one damaged, blank,
+/// unreadable, or valid with other contents. The copy equal to `used` is the only source, and
+/// is never written; if neither copy is equal to it, nothing is written and the open fails.
+pub fn mend_superblock(dev: &dyn Device, used: &Superblock) -> Result<(), EngineError> {
+    let mut copies = Vec::with_capacity(2);
+    for copy in 0..2u64 {
+        let mut b = AlignedBuf::new_zeroed(BLOCK);
+        let state = match dev.read_at(&mut b, copy * BLOCK_U64) {
+            Err(e) => Err(format!("cannot be read ({e})")),
+            Ok(()) => match Superblock::decode(&b) {
+                SuperblockRead::Valid(sb) if sb == *used => Ok(()),
+                SuperblockRead::Valid(_) => Err("differs from the copy this open used".into()),
+                SuperblockRead::Blank => Err("is blank".into()),
+                SuperblockRead::Invalid(why) => Err(format!("is damaged ({why})")),
+            },
+        };
+        copies.push((b, state));
+    }
+    let Some(good) = copies.iter().position(|(_, state)| state.is_ok()) else {
+        return Err(EngineError::Format(format!(
+            "device {}: neither superblock copy is the one this open read at its start: \
+             something else wrote to the device meanwhile; its superblocks were left as they are",
+            dev.name()
+        )));
+    };
+    let bad = 1 - good;
+    let (good_block, (bad_block, bad_state)) = (&copies[good].0, &copies[bad]);
+    let Err(state) = bad_state else {
+        // Both copies are `used` (the common case): nothing to rewrite.
+        return Ok(());
+    };
+    debug_assert!(good_block[..] != bad_block[..]);
+    let copy_name = |copy: usize| if copy == 0 { "A" } else { "B" };
+    tracing::warn!(
+        device = dev.name(),
+        "superblock copy {} {state}; rewriting it from copy {}",
+        copy_name(bad),
+        copy_name(good)
+    );
+    dev.write_at(good_block, bad as u64 * BLOCK_U64)?;
+    dev.flush()?;
     Ok(())
 }
 

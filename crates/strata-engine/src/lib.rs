@@ -88,6 +88,8 @@ mod tests_stripes;
 #[cfg(test)]
 mod tests_summary;
 #[cfg(test)]
+mod tests_superblocks;
+#[cfg(test)]
 mod tests_tables;
 #[cfg(test)]
 mod tests_tiering;

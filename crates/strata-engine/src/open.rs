@@ -72,8 +72,10 @@ pub fn open_shared(
     }
     validate_config(&cfg)?;
     let mut report = OpenReport::default();
-    // With the layout and checkpoint, the stamps the capacity devices carry (`Superblock::stamp`).
-    let (layout, checkpoint, stamps) = match superblock_or_foreign(fast.as_ref(), "fast")? {
+    // With the layout and checkpoint, the stamps the capacity devices carry (`Superblock::stamp`)
+    // and the fast superblock the group was identified by (None for a group formatted now).
+    let (layout, checkpoint, stamps, fast_sb) = match superblock_or_foreign(fast.as_ref(), "fast")?
+    {
         None => {
             if !create_if_blank {
                 return Err(EngineError::Format(format!(
@@ -103,7 +105,7 @@ pub fn open_shared(
             report.formatted = true;
             report.format_version = cfg.format_version;
             let stamps = cp.device_stamps.map_or(0, |s| s.0);
-            (layout, cp, vec![stamps; caps.len()])
+            (layout, cp, vec![stamps; caps.len()], None)
         }
         Some(sb) => {
             let (layout, sbs) = identify(&sb, fast.as_ref(), &caps)?;
@@ -112,7 +114,7 @@ pub fn open_shared(
             let cp = read_checkpoint(fast.as_ref(), &layout)?;
             check_stamps(&cp, &sbs[1..], fast.as_ref(), &caps)?;
             let stamps = sbs[1..].iter().map(|sb| sb.stamp).collect();
-            (layout, cp, stamps)
+            (layout, cp, stamps, Some(sb))
         }
     };
     report.segment_size_bytes = layout.segment_size_bytes;
@@ -182,6 +184,12 @@ pub fn open_shared(
         d.device_stamps = (oldest, epoch);
     }
     meta::flush_index(&sh)?;
+    // A fast superblock copy damaged while the group was closed is mended here, as a capacity
+    // device's is by its stamp: from the copy the group was identified by, once the open writes.
+    if let Some(sb) = &fast_sb {
+        let _sb = sh.superblocks.lock();
+        mend_superblock(sh.fast.as_ref(), sb)?;
+    }
     stamp_capacity_devices(&sh, epoch)?;
     // Free segments hold nothing any checkpoint from here on reads.
     crate::capacity::discard_free_segments(&sh);
@@ -255,10 +263,10 @@ fn check_stamps(
     Ok(())
 }
 
-/// [`read_superblock`], but a device holding something else's data where the superblocks go is
-/// refused in words that say so, and that nothing was written to it.
+/// [`read_superblock_of`], but a device holding something else's data where the superblocks go
+/// is refused in words that say so, and that nothing was written to it.
 fn superblock_or_foreign(dev: &dyn Device, tier: &str) -> Result<Option<Superblock>, EngineError> {
-    match read_superblock(dev) {
+    match read_superblock_of(dev, tier) {
         Err(EngineError::Format(_)) if crate::layout::holds_foreign_data(dev)? => {
             Err(EngineError::Format(format!(
                 "{tier} device {} holds data that is not a Strata device (its first 8 KiB are \
@@ -271,6 +279,31 @@ fn superblock_or_foreign(dev: &dyn Device, tier: &str) -> Result<Option<Superblo
         }
         other => other,
     }
+}
+
+/// [`read_superblock`] of a `tier` ("fast" or "capacity") device, refusing one whose superblock
+/// copies are both damaged with what that means for such a device.
+fn read_superblock_of(dev: &dyn Device, tier: &str) -> Result<Option<Superblock>, EngineError> {
+    let copies = match read_superblocks(dev)? {
+        Superblocks::Damaged(copies) => copies,
+        other => return other.into_result(dev),
+    };
+    let meaning = match tier {
+        "fast" => {
+            "the disk group cannot be opened without one, as the superblock says where the \
+             group's metadata and write log are on this device"
+        }
+        _ => {
+            "the device cannot be identified (which disk group it belongs to, and which of the \
+             group's capacity devices it is), so the group cannot be opened with it"
+        }
+    };
+    Err(EngineError::Format(format!(
+        "{tier} device {}: both superblock copies are damaged ({copies}); {meaning}. Check that \
+         the path names the right device; if it does, something overwrote the device's first \
+         8 KiB, or the device is failing",
+        dev.name()
+    )))
 }
 
 /// The largest write batch a group takes, by each of its two bounds: a batch must fit half a
@@ -414,7 +447,7 @@ fn identify(
     }
     let mut sbs = vec![fast_sb.clone()];
     for (i, c) in caps.iter().enumerate() {
-        let sb = read_superblock(c.as_ref())?.ok_or_else(|| {
+        let sb = read_superblock_of(c.as_ref(), "capacity")?.ok_or_else(|| {
             EngineError::Format(format!(
                 "capacity device {} is blank, but disk group {} expects it formatted",
                 c.name(),

@@ -13,7 +13,7 @@ use anyhow::{anyhow, Result};
 use strata_device::{
     Device, DeviceError, DurableWrite, EmulationSpec, IoBackend, OpenOptions, Throttled,
 };
-use strata_engine::format::Role;
+use strata_engine::format::{Role, Superblock, SuperblockRead};
 
 use crate::config::{format_size, IoBackendChoice, ServeConfig};
 
@@ -81,7 +81,8 @@ pub fn is_abandoned(e: &anyhow::Error) -> bool {
 
 fn open_all(cfg: &ServeConfig, created: &mut Created, abandon: &Arc<AtomicBool>) -> Result<Opened> {
     let size = cfg.fast_size_bytes;
-    let fast = open_one(&cfg.fast_device, size, true, cfg, created, abandon)?;
+    let refuse = || missing_fast_device(cfg);
+    let fast = open_one(&cfg.fast_device, size, true, cfg, created, abandon, &refuse)?;
     if let Some(note) = copy_on_write_fast_file(&cfg.fast_device) {
         tracing::warn!(path = %cfg.fast_device.display(), "{note}");
     }
@@ -89,14 +90,18 @@ fn open_all(cfg: &ServeConfig, created: &mut Created, abandon: &Arc<AtomicBool>)
     warn_grown(fast.as_ref());
     // Before any capacity file is made: one the group does not have would be made for nothing.
     check_capacity_count(fast.as_ref(), cfg.capacity_devices.len())?;
+    let group = strata_engine::read_superblock(fast.as_ref()).ok().flatten();
+    let group = group.filter(|sb| sb.role == Role::Fast);
     let io_backend = fast.io_backend_name().to_string();
     let fast = emulate(fast, cfg.emulation.fast.as_ref());
     let capacity = cfg
         .capacity_devices
         .iter()
-        .map(|path| {
+        .enumerate()
+        .map(|(index, path)| {
             let size = cfg.capacity_size_bytes;
-            let device = open_one(path, size, false, cfg, created, abandon)?;
+            let refuse = || missing_capacity_device(cfg, index, group.as_ref());
+            let device = open_one(path, size, false, cfg, created, abandon, &refuse)?;
             warn_unused_size(&device, size, cfg.capacity_size_given, "capacity-size");
             warn_grown(device.as_ref());
             if let Some(note) = unbacked_capacity_file(path, device.size_bytes()) {
@@ -106,6 +111,84 @@ fn open_all(cfg: &ServeConfig, created: &mut Created, abandon: &Arc<AtomicBool>)
         })
         .collect::<Result<Vec<_>>>()?;
     Ok((fast, capacity, io_backend))
+}
+
+/// Refuses to create a missing fast device file when a capacity device belongs to a disk group:
+/// the group has a fast device elsewhere (a wrong path, or a file system not mounted), and a
+/// new blank one in its place would only be refused by the engine.
+fn missing_fast_device(cfg: &ServeConfig) -> Result<()> {
+    let Some((capacity, sb)) = cfg
+        .capacity_devices
+        .iter()
+        .find_map(|path| Some((path, superblock_at(path)?)))
+    else {
+        return Ok(());
+    };
+    Err(anyhow!(
+        "fast device {} does not exist, and capacity device {} belongs to disk group {}, which \
+         cannot be opened without its fast device: {} was not created. Check first that the \
+         path is right ({}), and that the file system that holds it is mounted",
+        cfg.fast_device.display(),
+        capacity.display(),
+        strata_engine::format::uuid_hex(&sb.group),
+        cfg.fast_device.display(),
+        named_by(
+            cfg,
+            &cfg.fast_device,
+            "--fast-device, or fast_device in the config file"
+        )
+    ))
+}
+
+/// Refuses to create missing capacity device file `index` of a disk group (`group`: the fast
+/// device's superblock): the group's device is elsewhere, and a new blank one would only be
+/// refused by the engine.
+fn missing_capacity_device(
+    cfg: &ServeConfig,
+    index: usize,
+    group: Option<&Superblock>,
+) -> Result<()> {
+    let Some(sb) = group else { return Ok(()) };
+    let path = &cfg.capacity_devices[index];
+    Err(anyhow!(
+        "capacity device {} does not exist, and disk group {} on fast device {} has it as \
+         capacity device #{index}: {} was not created, as a new file would be blank. Check \
+         first that the path is right ({}), and that the file system that holds it is mounted",
+        path.display(),
+        strata_engine::format::uuid_hex(&sb.group),
+        cfg.fast_device.display(),
+        path.display(),
+        named_by(
+            cfg,
+            path,
+            "--capacity-device, or capacity_devices in the config file"
+        )
+    ))
+}
+
+/// The setting that names device file `path`: the data directory for a file in it, else
+/// `setting`, the device's own.
+fn named_by<'a>(cfg: &ServeConfig, path: &Path, setting: &'a str) -> &'a str {
+    match path.parent() == Some(cfg.data_dir.as_path()) {
+        true => "--data-dir, or data_dir in the config file, names the directory that holds it",
+        false => setting,
+    }
+}
+
+/// The first valid superblock copy of a device not opened yet, read with a plain open that
+/// changes nothing; None for a device that holds none, or cannot be read.
+fn superblock_at(path: &Path) -> Option<Superblock> {
+    use std::os::unix::fs::FileExt;
+    use strata_engine::format::BLOCK;
+    let file = std::fs::File::open(path).ok()?;
+    let mut copies = vec![0u8; 2 * BLOCK];
+    file.read_exact_at(&mut copies, 0).ok()?;
+    copies
+        .chunks(BLOCK)
+        .find_map(|copy| match Superblock::decode(copy) {
+            SuperblockRead::Valid(sb) => Some(sb),
+            _ => None,
+        })
 }
 
 /// A fast device file whose overwrites take new space on its file system (copy-on-write):
@@ -256,6 +339,7 @@ fn emulate(device: Arc<dyn Device>, spec: Option<&EmulationSpec>) -> Arc<dyn Dev
     Arc::new(Throttled::new(device, spec.config).with_label(&spec.label))
 }
 
+/// Opens `path`, creating it when it does not exist and `refuse_creation` does not refuse.
 fn open_one(
     path: &Path,
     create_size_bytes: u64,
@@ -263,6 +347,7 @@ fn open_one(
     cfg: &ServeConfig,
     created: &mut Created,
     abandon: &Arc<AtomicBool>,
+    refuse_creation: &dyn Fn() -> Result<()>,
 ) -> Result<Arc<dyn Device>> {
     let fresh = !path.exists();
     // A missing path under /dev is a disk that is not there (not attached yet, or a typo): a
@@ -285,6 +370,7 @@ fn open_one(
         ));
     }
     if fresh {
+        refuse_creation()?;
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             let missing: Vec<PathBuf> = parent
                 .ancestors()
@@ -609,6 +695,9 @@ mod tests {
             }
             file.sync_all().unwrap();
             drop(file);
+            // A capacity file of a group that is missing is not created: here it is blank.
+            let capacity = std::fs::File::create(dir.path().join("capacity-0.img")).unwrap();
+            capacity.set_len(16 << 20).unwrap();
             let before = std::fs::read(&path).unwrap();
             let cfg = merge(&args_in(dir.path()), Default::default()).unwrap();
             let devs = open_devices(&cfg, &Default::default()).unwrap();
@@ -645,6 +734,9 @@ mod tests {
         file.set_len(16 << 20).unwrap();
         file.write_all_at(&superblock(Role::Fast), 0).unwrap();
         file.write_all_at(&superblock(Role::Fast), 4096).unwrap();
+        // A capacity file of a group that is missing is not created: here it is blank.
+        let capacity = std::fs::File::create(dir.path().join("capacity-0.img")).unwrap();
+        capacity.set_len(16 << 20).unwrap();
         let cfg = merge(&args_in(dir.path()), Default::default()).unwrap();
         let devs = open_devices(&cfg, &Default::default()).unwrap();
         assert_eq!(grown_device(devs.fast.as_ref()), None);
@@ -819,6 +911,70 @@ mod tests {
             !dir.path().join("c2.img").exists(),
             "a capacity file was made"
         );
+    }
+
+    /// A device file of a disk group that is missing (a wrong path, or its file system not
+    /// mounted) is not created: the start is refused, naming the path and what to check first.
+    /// It was created, refused by the engine as blank (a missing fast device with the advice to
+    /// wipe the capacity device), and removed again.
+    #[test]
+    fn a_missing_device_file_of_a_disk_group_is_not_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = dir.path().join("elsewhere");
+        let mut args = args_in(dir.path());
+        args.fast_size = Some(64 << 20);
+        args.capacity_size = Some(64 << 20);
+        let in_data_dir = merge(&args, Default::default()).unwrap();
+        args.fast_device = Some(elsewhere.join("f.img"));
+        args.capacity_devices = vec![elsewhere.join("c.img")];
+        let named = merge(&args, Default::default()).unwrap();
+        let data_dir_hint = "--data-dir, or data_dir in the config file, names the directory \
+                             that holds it";
+        let configs = [
+            (&in_data_dir, data_dir_hint, data_dir_hint),
+            (
+                &named,
+                "--fast-device, or fast_device in the config file",
+                "--capacity-device, or capacity_devices in the config file",
+            ),
+        ];
+        for (cfg, fast_hint, capacity_hint) in configs {
+            formatted_segment_size(cfg);
+            let (fast, capacity) = (&cfg.fast_device, &cfg.capacity_devices[0]);
+            let group = strata_engine::format::uuid_hex(&superblock_at(fast).unwrap().group);
+            let (f, c) = (fast.display(), capacity.display());
+            let cases = [
+                (
+                    fast,
+                    format!(
+                        "fast device {f} does not exist, and capacity device {c} belongs to \
+                         disk group {group}, which cannot be opened without its fast device: \
+                         {f} was not created. Check first that the path is right \
+                         ({fast_hint}), and that the file system that holds it is mounted"
+                    ),
+                ),
+                (
+                    capacity,
+                    format!(
+                        "capacity device {c} does not exist, and disk group {group} on fast \
+                         device {f} has it as capacity device #0: {c} was not created, as a \
+                         new file would be blank. Check first that the path is right \
+                         ({capacity_hint}), and that the file system that holds it is mounted"
+                    ),
+                ),
+            ];
+            for (missing, expected) in cases {
+                let aside = dir.path().join("aside.img");
+                std::fs::rename(missing, &aside).unwrap();
+                let e = open_devices(cfg, &Default::default())
+                    .err()
+                    .map(|e| e.to_string());
+                assert_eq!(e.as_deref(), Some(expected.as_str()));
+                assert!(!missing.exists(), "{} was created", missing.display());
+                std::fs::rename(&aside, missing).unwrap();
+            }
+            formatted_segment_size(cfg);
+        }
     }
 
     /// A tmpfs mounted for a test, unmounted when dropped.

@@ -1,7 +1,7 @@
-//! Scrub end to end, with the real daemon on files: data blocks damaged on each tier and one
-//! metadata copy damaged while the daemon is stopped; `strata scrub` finds every one by volume
-//! and offset, repairs the metadata copy, and reads of the damaged blocks fail with an I/O
-//! error. Also: the CLI's refusals (an unknown volume, a second scrub while one runs), a
+//! Scrub end to end, with the real daemon on files: data blocks damaged on each tier while the
+//! daemon is stopped and one metadata copy damaged while it runs; `strata scrub` finds every
+//! one by volume and offset, repairs the metadata copy, and reads of the damaged blocks fail
+//! with an I/O error. A fast superblock copy damaged while it is stopped is rewritten at start. Also: the CLI's refusals (an unknown volume, a second scrub while one runs), a
 //! capacity device put back from an older copy, refused at start rather than read as current,
 //! and a write-log batch that cannot be read, skipped at start only when asked.
 use crate::common;
@@ -176,10 +176,10 @@ fn scrub_finds_damage_on_both_tiers_and_repairs_a_metadata_copy() {
     assert!(blocks_of(&capacity, 0xb1).is_empty(), "web's block 40k was destaged");
     flip_byte(&capacity, on_capacity[0] + 100);
     flip_byte(&fast, in_log[0] + 2000);
-    // Superblock copy B of the fast device (copy A, at 0, is what opening reads; a capacity
-    // device's copies are both rewritten at every opening, with its stamp).
-    flip_byte(&fast, BLOCK as u64 + 64);
     daemon.restart();
+    // Superblock copy B of the fast device, damaged while the daemon runs: a start rewrites a
+    // damaged superblock copy of any device, so only a scrub finds one damaged since.
+    flip_byte(&fast, BLOCK as u64 + 64);
 
     let before = checksum_failures(&daemon);
     let (code, report, out) = scrub_json(&daemon, &[]);
@@ -400,6 +400,39 @@ fn scrub_cancel_stops_the_background_scrub() {
         out.status.code(),
         Some(2),
         "a cancel naming a volume is a usage error: {out:?}"
+    );
+}
+
+/// The fast superblock's copy A damaged while the daemon is stopped: the next start says so
+/// and rewrites it from copy B, as it does a capacity device's. It was silent until a scrub.
+#[test]
+fn a_damaged_fast_superblock_copy_is_rewritten_at_start() {
+    let mut daemon = small_fast_tier();
+    daemon.terminate();
+    let fast = daemon.data_dir().join("fast.img");
+    let good = read_bytes(&fast, 0, BLOCK);
+    assert_eq!(read_bytes(&fast, BLOCK as u64, BLOCK), good, "copy B");
+    flip_byte(&fast, 200);
+
+    daemon.restart();
+    let log = daemon.last_stderr();
+    let warned = log.lines().any(|l| {
+        l.contains("WARN")
+            && l.contains(
+                "superblock copy A is damaged (superblock checksum mismatch); rewriting it from \
+                 copy B",
+            )
+            && l.contains("fast.img")
+    });
+    assert!(warned, "no warning for the damaged copy:\n{log}");
+    daemon.terminate();
+    assert!(
+        read_bytes(&fast, 0, BLOCK) == good,
+        "copy A was not rewritten"
+    );
+    assert!(
+        read_bytes(&fast, BLOCK as u64, BLOCK) == good,
+        "copy B changed"
     );
 }
 
