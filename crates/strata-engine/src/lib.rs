@@ -37,6 +37,7 @@ mod runtime;
 mod scrub;
 mod shared;
 mod space;
+mod streams;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -1118,7 +1119,7 @@ impl DiskGroup {
         if let Some(rt) = &rt {
             // Straight to the capacity tier: the write waits, so it goes on the caller's
             // blocking path.
-            let stream = rt.writes.lock().peek(offset);
+            let stream = rt.writes.lock().peek(offset, data.len() as u64);
             if bypass::wanted(&self.sh, &rt.policy(), stream, data.len() as u64) {
                 return Err(done);
             }
@@ -1180,14 +1181,11 @@ impl DiskGroup {
             let done = slot.lock().take();
             return Err(done.unwrap_or_else(|| Box::new(|_| {})));
         };
-        // Noted before it may be answered (a client's next request can come at once), and
-        // put back as it was if the request is refused after all.
-        let stream_before = rt.as_ref().map(|rt| {
-            let mut w = rt.writes.lock();
-            let before = *w;
-            w.note(offset, data.len() as u64);
-            before
-        });
+        // Noted before it may be answered (a client's next request can come at once). Refused
+        // after all, the request is noted again on the blocking path, which changes nothing.
+        if let Some(rt) = &rt {
+            rt.writes.lock().note(offset, data.len() as u64);
+        }
         // An idle log: written here and now, `done` called before this returns.
         let writer = alone.then(|| self.writer.upgrade()).flatten();
         let req = match writer {
@@ -1208,9 +1206,6 @@ impl DiskGroup {
         };
         // Not queued, the request is dropped here, and with it its claim and guard.
         if tx.try_send(req).is_err() {
-            if let (Some(rt), Some(before)) = (&rt, stream_before) {
-                *rt.writes.lock() = before;
-            }
             give_back();
             let done = slot.lock().take();
             return Err(done.unwrap_or_else(|| Box::new(|_| {})));

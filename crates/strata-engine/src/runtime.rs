@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::policy::{Clock, Policy};
+use crate::streams::WriteStreams;
 
 /// Residency histogram buckets: bucket i counts data that stayed less than 2^i seconds on the
 /// fast tier (the last one: longer).
@@ -102,7 +103,8 @@ impl VolStats {
     }
 }
 
-/// A stream detector: how long the current run of back-to-back requests is.
+/// The read-stream detector: how long the current run of back-to-back reads is (writes have
+/// their own, which follows several streams: streams.rs).
 #[derive(Default, Clone, Copy)]
 pub struct SeqRun {
     next_offset: u64,
@@ -122,7 +124,9 @@ impl SeqRun {
         before
     }
 
-    /// The length of the run a request at `offset` would continue, without noting it.
+    /// The length of the run a request at `offset` would continue, without noting it (for
+    /// tests: reads are always noted).
+    #[cfg(test)]
     pub fn peek(&self, offset: u64) -> u64 {
         if offset == self.next_offset {
             self.run_bytes
@@ -278,7 +282,7 @@ pub struct VolRuntime {
     pub stats: VolStats,
     pub limiter: Mutex<Limiter>,
     pub reads: Mutex<SeqRun>,
-    pub writes: Mutex<SeqRun>,
+    pub writes: Mutex<WriteStreams>,
     /// Bumped by `cut_waits`: a request waiting for the limits that sees it change gives up.
     waits_cut: AtomicU64,
     /// The same, for the reads of one snapshot of the volume (by view id: `cut_view_waits`).
@@ -293,7 +297,7 @@ impl VolRuntime {
             stats: VolStats::default(),
             limiter: Mutex::new(Limiter::default()),
             reads: Mutex::new(SeqRun::default()),
-            writes: Mutex::new(SeqRun::default()),
+            writes: Mutex::new(WriteStreams::default()),
             waits_cut: AtomicU64::new(0),
             view_waits_cut: Mutex::new(HashMap::new()),
         }

@@ -280,6 +280,41 @@ fn sequential_writes_past_the_cutoff_go_straight_to_the_capacity_tier() {
     qemu_io_ok(&daemon.nbd_uri("seq"), &["read -P 0x33 0 24M"]);
 }
 
+/// Sequential streams written with several requests in flight, over two connections at once,
+/// bypass the log as one written a request at a time does: fio's nbd engine, two jobs each
+/// writing its own half of the volume in 256 KiB writes at queue depth 8, then reading it back
+/// against its checksums. (Before, the daemon noted such writes slightly out of order and
+/// interleaved, the detector followed only where the last one noted ended, and none of
+/// these bypassed.)
+#[test]
+fn streams_at_queue_depth_eight_on_two_connections_go_straight_to_the_capacity_tier() {
+    if !require_tools(&["fio"]) {
+        return;
+    }
+    let daemon = Daemon::start(DaemonOpts {
+        extra_args: vec!["--default-volume-size".into(), "0".into()],
+        ..DaemonOpts::default()
+    });
+    daemon.cli_ok(&["volume", "create", "seq", "--size", "128M", "--sequential-write-cutoff", "4M"]);
+    let scratch = daemon.scratch_dir();
+    let mut fio = cmd(
+        "fio",
+        &[
+            "--name=seq", "--ioengine=nbd", &format!("--uri={}", daemon.nbd_uri("seq")),
+            "--rw=write", "--bs=256k", "--iodepth=8", "--size=64m", "--numjobs=2",
+            "--offset_increment=64m", "--thread", "--verify=crc32c", "--verify_fatal=1",
+            "--verify_state_save=0",
+        ],
+    );
+    fio.current_dir(&scratch);
+    let out = run_timeout(&mut fio, Duration::from_secs(300));
+    assert!(out.status.success(), "{}", output_report("fio", &out));
+    // Each stream past its first 4 MiB: 120 MiB of the 128.
+    let f = info(&daemon, "seq")["figures"].clone();
+    let bypassed = f["bypassed_bytes"].as_u64().unwrap_or(0);
+    assert!(bypassed >= 96 * MIB, "bypassed {} MiB of the 120 MiB past the streams' first 4 MiB: {f:#}", bypassed / MIB);
+}
+
 #[test]
 fn an_iops_limited_volume_is_paced_while_the_daemon_keeps_serving() {
     if !require_tools(&["qemu-io", "fio"]) {
