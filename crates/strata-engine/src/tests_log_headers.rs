@@ -37,6 +37,16 @@ fn check_blocks(dg: &DiskGroup, v: u32, n: u64, lost: Option<u64>) {
     }
 }
 
+/// A start refused over a damaged log, its reason holding `what` and naming the way out.
+fn refused_naming(rig: &mut Rig, what: &str) {
+    let err = rig.start().expect_err("opened over a damaged log");
+    let err = err.to_string();
+    assert!(
+        err.contains(what) && err.contains("--skip-damaged-log-batches"),
+        "{err}"
+    );
+}
+
 /// Waits (20 s at most) until `done`; `what` names it when it does not come.
 fn wait_until(what: &str, done: impl Fn() -> bool) {
     let began = Instant::now();
@@ -98,15 +108,7 @@ fn a_batch_that_cannot_be_read_is_skipped_only_when_asked() {
                 false => dg.halt_for_test(),
             }
         }
-        let err = rig
-            .start()
-            .expect_err("opened over a damaged log")
-            .to_string();
-        assert!(
-            err.contains("--skip-damaged-log-batches")
-                && err.contains(&format!("losing the write of sequence {seq} (")),
-            "{err}"
-        );
+        refused_naming(&mut rig, &format!("losing the write of sequence {seq} ("));
         rig.cfg.skip_damaged_log_batches = true;
         rig.start().expect("skipped");
         let dg = rig.dg();
@@ -141,15 +143,7 @@ fn a_clean_stops_last_batch_that_cannot_be_read_is_skipped_only_when_asked() {
     let (_, seq) = header_of(&rig, 49);
     damage_header_of(&rig, 49);
     rig.dg.take().unwrap().shutdown().unwrap();
-    let err = rig
-        .start()
-        .expect_err("opened over a damaged log")
-        .to_string();
-    assert!(
-        err.contains("acknowledged before the last checkpoint")
-            && err.contains("--skip-damaged-log-batches"),
-        "{err}"
-    );
+    refused_naming(&mut rig, "acknowledged before the last checkpoint");
     rig.cfg.skip_damaged_log_batches = true;
     rig.start().expect("skipped");
     assert_eq!(
@@ -274,12 +268,7 @@ fn after_a_pause_damage_to_the_last_batch_is_not_taken_for_a_torn_write() {
         }
         rig.power_cut();
         if header {
-            let err = rig.start().expect_err("opened without the last batch");
-            let err = err.to_string();
-            assert!(
-                err.contains("acknowledged before the last checkpoint"),
-                "{err}"
-            );
+            refused_naming(&mut rig, "acknowledged before the last checkpoint");
             continue;
         }
         rig.start().expect("open");
