@@ -1858,21 +1858,33 @@ pub(crate) fn drain_until(
     wait: Duration,
     done: impl Fn(&crate::log::LogState) -> bool,
 ) -> bool {
-    let deadline = Instant::now() + wait;
-    let reached = loop {
-        // Set again each time: another drain that ends first clears it.
-        sh.drain.store(true, Ordering::Relaxed);
-        sh.wake_destager();
-        if done(&sh.log.lock()) {
-            break true;
-        }
-        if Instant::now() >= deadline || sh.check_running().is_err() {
-            break false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    // Set again each time: another drain that ends first clears it.
+    let ask = || sh.drain.store(true, Ordering::Relaxed);
+    let reached = ask_destager_until(sh, wait, ask, || done(&sh.log.lock()));
     sh.drain.store(false, Ordering::Relaxed);
     reached
+}
+
+/// Asks the destager for something (`ask`) and wakes it, again every few milliseconds, until
+/// `done`, for `wait` at most or until the group stops; whether `done` came.
+pub(crate) fn ask_destager_until(
+    sh: &Shared,
+    wait: Duration,
+    ask: impl Fn(),
+    done: impl Fn() -> bool,
+) -> bool {
+    let deadline = Instant::now() + wait;
+    loop {
+        ask();
+        sh.wake_destager();
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline || sh.check_running().is_err() {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Destages the write log until its tail is past the batch at `seq` (the tail's checkpoint then

@@ -1344,16 +1344,10 @@ struct LostPage {
 /// committed, for `wait` at most or until the group stops; whether one did.
 fn flush_index_now(sh: &Shared, wait: Duration) -> bool {
     let before = sh.durable.lock().index_generation;
-    let deadline = Instant::now() + wait;
-    loop {
-        sh.flush_asked.store(true, Ordering::Relaxed);
-        sh.wake_destager();
-        if sh.durable.lock().index_generation > before {
-            return true;
-        }
-        if Instant::now() >= deadline || sh.check_running().is_err() {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    crate::destage::ask_destager_until(
+        sh,
+        wait,
+        || sh.flush_asked.store(true, Ordering::Relaxed),
+        || sh.durable.lock().index_generation > before,
+    )
 }
