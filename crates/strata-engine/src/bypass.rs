@@ -20,8 +20,10 @@
 //! The summary entries carry the log's next sequence number as of step 2, so recovery orders
 //! them after every older copy that reached a segment, and before every newer one.
 //!
-//! The trade-off (see README): such writes complete at the capacity tier's speed, and a job
-//! smaller than a segment leaves the rest of its segment to garbage collection.
+//! The trade-off (see README): such writes complete at the capacity tier's speed, and a stripe
+//! smaller than a segment leaves the rest of its segment to garbage collection, so a client
+//! with one write in flight at a time bypasses the log only with writes that fill a good
+//! share of a segment by themselves (`packs_enough`).
 
 use std::sync::atomic::Ordering;
 
@@ -57,14 +59,37 @@ pub struct BypassJob {
 /// Whether a whole-block write of `len` bytes, continuing a sequential stream of
 /// `stream_bytes`, goes straight to the capacity tier under this policy: only while the
 /// capacity tier has free segments to spare (a bypassed burst may leave part of a segment to
-/// garbage collection; when space runs short, the log packs segments full instead).
-pub fn wanted(sh: &Shared, p: &Policy, stream_bytes: u64, len: u64) -> bool {
-    p.mode == Mode::Cache
+/// garbage collection; when space runs short, the log packs segments full instead). A write
+/// its client made `alone` (the only one it has in flight, as the NBD server tells a client at
+/// queue depth one) bypasses only if it fills a good share of a segment by itself
+/// (`packs_enough`). When only free segments are missing, says so to the destager, whose GC
+/// then cleans the segments that are cheap to clean (`Destager::gc_needed`).
+pub fn wanted(sh: &Shared, p: &Policy, stream_bytes: u64, len: u64, alone: bool) -> bool {
+    let asked = p.mode == Mode::Cache
         && p.sequential_write_cutoff_bytes > 0
         && stream_bytes >= p.sequential_write_cutoff_bytes
         && len >= BYPASS_MIN_BYTES
-        && !sh.counters.capacity_out_of_room.load(Ordering::Relaxed)
-        && sh.segs.lock().free_count() > 2 * gc_trigger(sh)
+        && (!alone || packs_enough(sh, len))
+        && !sh.counters.capacity_out_of_room.load(Ordering::Relaxed);
+    if !asked {
+        return false;
+    }
+    let room = sh.segs.lock().free_count() > 2 * gc_trigger(sh);
+    if !room {
+        let held = &sh.counters.bypass_held_for_room;
+        held.store(true, Ordering::Relaxed);
+    }
+    room
+}
+
+/// Whether `bytes` fill at least a quarter of a segment's data area. The destager packs the
+/// jobs queued when it looks into one stripe and seals it, so a client with one write in
+/// flight at a time sealed a segment per write: a stream of 128 KiB writes at queue depth one
+/// filled 8 MiB segments to 1.6% (with their summaries written twice each), until no free
+/// segment was left to spare. Such writes go through the log, whose destager packs segments
+/// full.
+pub fn packs_enough(sh: &Shared, bytes: u64) -> bool {
+    bytes.saturating_mul(4) >= u64::from(sh.layout.geo.data_blocks) * BLOCK_U64
 }
 
 impl Destager {

@@ -39,6 +39,11 @@ const MAX_BATCHES_PER_STEP: usize = 4096;
 const MAX_STRIPES_PER_STEP: usize = 16;
 /// Segments one GC step writes at most.
 const GC_OUTPUTS: usize = 4;
+/// A GC step run only so sequential writes may bypass the log again (`Destager::gc_needed`)
+/// must free this many segments per segment it writes: cleaning early costs capacity-tier
+/// writes, so only segments that are mostly empty (as small bypassed bursts leave them) are
+/// cleaned before space runs short.
+const THRIFTY_GC_GAIN: usize = 3;
 /// Log blocks read at once to keep hot data (4 MiB).
 const KEEP_READ_BLOCKS: u64 = 1024;
 /// Log blocks one stripe reads at most (64 MiB).
@@ -296,10 +301,11 @@ impl Destager {
         }
     }
 
-    /// GC when free segments run low, then the index's own upkeep.
+    /// GC when free segments run low (or cheap cleaning when bypassing writes wait for free
+    /// segments, `gc_needed`), then the index's own upkeep.
     fn housekeeping(&mut self) -> Result<(), EngineError> {
-        if self.gc_needed() {
-            if let Err(e) = self.gc_step() {
+        if let Some(min_gain) = self.gc_needed() {
+            if let Err(e) = self.gc_step_for(min_gain) {
                 if !crate::room::note_failure(&self.sh, &e, crate::room::Write::Other, None) {
                     tracing::error!("garbage collection: {e}");
                 }
@@ -570,9 +576,23 @@ impl Destager {
             .unwrap_or(batches.len())
     }
 
-    fn gc_needed(&self) -> bool {
-        let segs = self.sh.segs.lock();
-        segs.free_count() < gc_trigger(&self.sh)
+    /// Whether GC should run, and how many segments it must free per segment it writes: when
+    /// free segments run low, any gain will do; when sequential writes would bypass the log
+    /// but for the free segments that keeps to spare (`bypass::wanted`), only cheap cleaning
+    /// (`THRIFTY_GC_GAIN`). Without it, the segments small bypassed bursts had left mostly
+    /// empty stayed as they were until space ran short, and the streams went through the log.
+    fn gc_needed(&self) -> Option<usize> {
+        let free = self.sh.segs.lock().free_count();
+        let trigger = gc_trigger(&self.sh);
+        if free < trigger {
+            return Some(1);
+        }
+        let held = &self.sh.counters.bypass_held_for_room;
+        if free > 2 * trigger {
+            held.store(false, Ordering::Relaxed);
+            return None;
+        }
+        held.load(Ordering::Relaxed).then_some(THRIFTY_GC_GAIN)
     }
 
     /// After destage found no free segment: makes pending segments reusable (an index flush)
@@ -1667,10 +1687,17 @@ impl Destager {
     /// new segment; the victims become free once the index no longer needs them. Returns
     /// whether it cleaned anything.
     pub fn gc_step(&mut self) -> Result<bool, EngineError> {
+        self.gc_step_for(1)
+    }
+
+    /// `gc_step`, cleaning only if it frees at least `min_gain` segments per segment it
+    /// writes (and always more than it writes); with a `min_gain` above 1 the emptiest
+    /// segments are taken first.
+    fn gc_step_for(&mut self, min_gain: usize) -> Result<bool, EngineError> {
         if Instant::now() < self.gc_backoff_until {
             return Ok(false);
         }
-        let plan = self.gc_plan()?;
+        let plan = self.gc_plan(min_gain > 1)?;
         // The victims' live runs, in order, split across output segments as they fill.
         let geo = self.sh.layout.geo;
         let mut parts = vec![vec![Vec::new(); GC_OUTPUTS]; plan.len()];
@@ -1698,9 +1725,11 @@ impl Destager {
         }
         // Worth it when it frees more segments than it writes.
         let used = fill.iter().filter(|f| f.1 > 0).count();
-        if plan.len() <= used {
-            // Nothing to gain now; look again after the index has had time to change.
-            self.gc_backoff_until = Instant::now() + Duration::from_millis(200);
+        if plan.len() <= used || plan.len() < min_gain * used {
+            // Nothing to gain now; look again after the index has had time to change (cheap
+            // cleaning, which reads the candidates' summaries to find out, less often).
+            let wait = if min_gain > 1 { 1000 } else { 200 };
+            self.gc_backoff_until = Instant::now() + Duration::from_millis(wait);
             return Ok(false);
         }
         let mut builders: Vec<Builder> = (0..used).map(|_| Builder::new(geo)).collect();
@@ -1756,13 +1785,13 @@ impl Destager {
     /// Chooses victims, best first, whose live data fits `GC_OUTPUTS` segments (with an entry to spare per
     /// segment for a run split between two). Several outputs let GC free a segment when the
     /// garbage is spread thin (five victims 75% live fill four segments).
-    fn gc_plan(&self) -> Result<Vec<GcVictim>, EngineError> {
+    fn gc_plan(&self, emptiest_first: bool) -> Result<Vec<GcVictim>, EngineError> {
         let geo = self.sh.layout.geo;
         let max_blocks = GC_OUTPUTS as u64 * u64::from(geo.data_blocks);
         let max_entries = GC_OUTPUTS * (geo.max_entries as usize - 1);
         let (mut blocks, mut entries) = (0u64, 0usize);
         let mut plan = Vec::new();
-        for seg in gc_candidates(&self.sh).into_iter().take(64) {
+        for seg in gc_candidates(&self.sh, emptiest_first).into_iter().take(64) {
             let live = u64::from(self.sh.segs.lock().segs[seg as usize].live_blocks);
             if blocks + live > max_blocks {
                 continue;
@@ -1915,9 +1944,9 @@ pub fn gc_reserve(sh: &Shared) -> usize {
 }
 
 /// Sealed data segments worth cleaning, best first: LFS's benefit/cost = (1-u) * age / (1+u);
-/// when space is short, the emptiest first (what frees the most now).
-fn gc_candidates(sh: &Shared) -> Vec<u32> {
-    let short = sh.segs.lock().free_count() <= gc_reserve(sh);
+/// when space is short, or when asked, the emptiest first (what frees the most now).
+fn gc_candidates(sh: &Shared, emptiest_first: bool) -> Vec<u32> {
+    let short = emptiest_first || sh.segs.lock().free_count() <= gc_reserve(sh);
     let segs = sh.segs.lock();
     let now = unix_now_s() as f64;
     let mut scored: Vec<(f64, u32)> = segs

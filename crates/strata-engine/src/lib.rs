@@ -869,7 +869,8 @@ impl DiskGroup {
             offset.is_multiple_of(BLOCK_U64) && (data.len() as u64).is_multiple_of(BLOCK_U64);
         if let Some(rt) = self.sh.runtime(vol) {
             let stream = rt.writes.lock().note(offset, data.len() as u64);
-            if whole && bypass::wanted(&self.sh, &rt.policy(), stream, data.len() as u64) {
+            let len = data.len() as u64;
+            if whole && bypass::wanted(&self.sh, &rt.policy(), stream, len, false) {
                 return self.write_bypass(&rt, head, b0, data);
             }
         }
@@ -1120,7 +1121,7 @@ impl DiskGroup {
             // Straight to the capacity tier: the write waits, so it goes on the caller's
             // blocking path.
             let stream = rt.writes.lock().peek(offset, data.len() as u64);
-            if bypass::wanted(&self.sh, &rt.policy(), stream, data.len() as u64) {
+            if bypass::wanted(&self.sh, &rt.policy(), stream, data.len() as u64, alone) {
                 return Err(done);
             }
         }

@@ -290,6 +290,9 @@ pub struct Counters {
     /// A capacity device had no room for a write (its file system is full): `out_of_room`
     /// says since when and why (room.rs).
     pub capacity_out_of_room: AtomicBool,
+    /// A write would have bypassed the log but for the free segments it keeps to spare
+    /// (`bypass::wanted`): GC cleans what is cheap to clean until there are (`gc_needed`).
+    pub bypass_held_for_room: AtomicBool,
     pub out_of_room: Mutex<Option<crate::room::OutOfRoom>>,
     pub index_flushes: AtomicU64,
     pub index_pages_written: AtomicU64,

@@ -356,3 +356,107 @@ fn interleaved_streams_bypass_the_log_and_random_writes_between_them_do_not() {
         );
     }
 }
+
+/// A client with one write in flight at a time (the NBD server then starts its writes with
+/// `write_async_alone`): each bypassed write would be a stripe of its own, sealed with the
+/// rest of its segment empty (128 KiB of a 1 MiB segment here, 1.6% of an 8 MiB one). Such
+/// writes under a quarter of a segment go through the log, whose destager packs segments
+/// full; from a quarter up they still bypass it (`bypass::packs_enough`), as do small writes
+/// of a client with more in flight. Before, every 128 KiB write past the cutoff sealed a
+/// segment.
+#[test]
+fn one_small_write_at_a_time_goes_through_the_log() {
+    let rig = roomy_rig(97);
+    let dg = rig.group().clone();
+    let v = dg
+        .create_volume_with_policy("s", 32 * MIB, &bypassing(MIB))
+        .unwrap()
+        .id;
+    // As the NBD server does: the non-blocking path, or the blocking one when handed back.
+    let alone = |at: u64, len: usize| {
+        let data = tagged(at, len, 1);
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let done: WriteDone = Box::new(move |r| tx.send(r.is_ok()).expect("test alive"));
+        match dg.write_async_alone(v, at, &data, done) {
+            Ok(()) => {
+                let ok = rx.recv_timeout(Duration::from_secs(20));
+                assert_eq!(ok, Ok(true), "the write at {at}");
+            }
+            Err(done) => done(dg.write(v, at, &data)),
+        }
+    };
+    let free = || dg.sh.segs.lock().free_count();
+    let free_before = free();
+    let kib128 = 128 * KIB as usize;
+    for at in (0..8 * MIB as usize).step_by(kib128) {
+        alone(at as u64, kib128);
+    }
+    assert_eq!(dg.volume_figures("s").unwrap().bypassed_bytes, 0);
+    assert!(
+        free() + 1 >= free_before,
+        "{} segments sealed for a stream that went through the log",
+        free_before - free()
+    );
+    // The same stream goes on in 256 KiB writes, a quarter of a segment: they bypass.
+    let kib256 = 256 * KIB as usize;
+    for at in (8 * MIB as usize..12 * MIB as usize).step_by(kib256) {
+        alone(at as u64, kib256);
+    }
+    assert_eq!(dg.volume_figures("s").unwrap().bypassed_bytes, 4 * MIB);
+    let want = tagged(0, 12 * MIB as usize, 1);
+    check(&dg, v, 0, &want, "after the stream");
+}
+
+/// A stream that bypasses the log in quarter-segment writes leaves segments three quarters
+/// empty; once free segments are down to what bypassing keeps to spare, its writes go
+/// through the log, and GC, which would wait for space to run short, cleans those segments
+/// now since they are cheap to clean: the stream bypasses the log again. Before, it went
+/// through the log until space ran short. The data survives the cleaning and a power cut.
+#[test]
+fn cheap_cleaning_lets_a_stream_bypass_the_log_again() {
+    let mut rig = rig(98);
+    let v = rig
+        .dg()
+        .create_volume_with_policy("s", 40 * MIB, &bypassing(MIB))
+        .unwrap()
+        .id;
+    let kib256 = 256 * KIB as usize;
+    let sh = rig.dg().sh.clone();
+    let held = || sh.counters.bypass_held_for_room.load(Ordering::Relaxed);
+    let mut at = 0u64;
+    let write = |dg: &DiskGroup, at: &mut u64| {
+        dg.write(v, *at, &tagged(*at, kib256, 1)).unwrap();
+        *at += kib256 as u64;
+    };
+    while !held() {
+        assert!(at < 36 * MIB, "bypassing never waited for free segments");
+        write(rig.dg(), &mut at);
+    }
+    let bypassed = || rig.dg().volume_figures("s").unwrap().bypassed_bytes;
+    let waited_at = bypassed();
+    // GC cleans some of the stream's segments, the index flush frees them.
+    let t0 = std::time::Instant::now();
+    while held() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no cheap cleaning: {:?}",
+            rig.dg().stats()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(rig.dg().stats().gc_segments_cleaned_total > 0);
+    let before = bypassed();
+    for _ in 0..4 {
+        write(rig.dg(), &mut at);
+    }
+    assert!(
+        bypassed() >= before + 4 * kib256 as u64,
+        "the stream did not bypass the log again: {} then {} bypassed",
+        waited_at,
+        bypassed()
+    );
+    let end = at as usize;
+    check(rig.dg(), v, 0, &tagged(0, end, 1), "after cleaning");
+    rig.power_cut_and_restart();
+    check(rig.dg(), v, 0, &tagged(0, end, 1), "after a power cut");
+}

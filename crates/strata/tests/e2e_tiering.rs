@@ -285,7 +285,8 @@ fn sequential_writes_past_the_cutoff_go_straight_to_the_capacity_tier() {
 /// writing its own half of the volume in 256 KiB writes at queue depth 8, then reading it back
 /// against its checksums. (Before, the daemon noted such writes slightly out of order and
 /// interleaved, the detector followed only where the last one noted ended, and none of
-/// these bypassed.)
+/// these bypassed.) The same stream written one request at a time in 128 KiB writes goes
+/// through the log: alone, each such write would seal a segment with most of it empty.
 #[test]
 fn streams_at_queue_depth_eight_on_two_connections_go_straight_to_the_capacity_tier() {
     if !require_tools(&["fio"]) {
@@ -296,7 +297,26 @@ fn streams_at_queue_depth_eight_on_two_connections_go_straight_to_the_capacity_t
         ..DaemonOpts::default()
     });
     daemon.cli_ok(&["volume", "create", "seq", "--size", "128M", "--sequential-write-cutoff", "4M"]);
+    daemon.cli_ok(&["volume", "create", "one", "--size", "64M", "--sequential-write-cutoff", "4M"]);
     let scratch = daemon.scratch_dir();
+    let segments_free = || get_json(&format!("{}/api/v1/status", daemon.http_url()))["engine"]["segments_free"].as_u64();
+    let free_before = segments_free();
+    let mut fio = cmd(
+        "fio",
+        &[
+            "--name=one", "--ioengine=nbd", &format!("--uri={}", daemon.nbd_uri("one")),
+            "--rw=write", "--bs=128k", "--iodepth=1", "--size=32m", "--verify=crc32c",
+            "--verify_fatal=1", "--verify_state_save=0",
+        ],
+    );
+    fio.current_dir(&scratch);
+    let out = run_timeout(&mut fio, Duration::from_secs(300));
+    assert!(out.status.success(), "{}", output_report("fio", &out));
+    let f = info(&daemon, "one")["figures"].clone();
+    assert_eq!(f["bypassed_bytes"].as_u64(), Some(0), "{f:#}");
+    // What destage packs of 32 MiB into 2 MiB segments, not a segment per write (224).
+    let free_after = segments_free();
+    assert!(free_after.unwrap_or(0) + 20 >= free_before.unwrap_or(u64::MAX), "segments free {free_before:?} -> {free_after:?}");
     let mut fio = cmd(
         "fio",
         &[
