@@ -1791,12 +1791,21 @@ impl Destager {
         let max_entries = GC_OUTPUTS * (geo.max_entries as usize - 1);
         let (mut blocks, mut entries) = (0u64, 0usize);
         let mut plan = Vec::new();
-        for seg in gc_candidates(&self.sh, emptiest_first).into_iter().take(64) {
+        let candidates = gc_candidates(&self.sh, emptiest_first)
+            .into_iter()
+            .filter(|&seg| !passed_over(&self.sh, seg));
+        for seg in candidates.take(64) {
             let live = u64::from(self.sh.segs.lock().segs[seg as usize].live_blocks);
             if blocks + live > max_blocks {
                 continue;
             }
-            let summary = load_summary(&self.sh, seg)?;
+            let summary = match load_summary(&self.sh, seg) {
+                Ok(s) => s,
+                Err(e) => {
+                    pass_over(&self.sh, seg, &e);
+                    continue;
+                }
+            };
             let (summary, runs) = live_seg_runs(&self.sh, seg, summary)?;
             let b: u64 = runs.iter().map(|r| r.2).sum();
             if blocks + b > max_blocks || entries + runs.len() > max_entries {
@@ -1808,6 +1817,63 @@ impl Destager {
             plan.push(GcVictim { seg, summary, runs });
         }
         Ok(plan)
+    }
+}
+
+/// A segment GC passes over because its summary could not be read (`Shared::gc_passed_over`):
+/// GC needs the summary's entries to know what the segment's blocks are. Its blocks still
+/// read (their crcs are in the crc blocks, apart from the header). Before, GC's plan stopped at
+/// the first such candidate: with it among the best, GC cleaned nothing, ever, and read the
+/// summary again at every look.
+#[derive(Debug, Clone, Copy)]
+pub struct PassedOver {
+    /// The segment's use when it was passed over: a segment used again is looked at again.
+    sealed_unix_s: u32,
+    used_blocks: u32,
+    /// For a read that failed rather than a summary found damaged, when to try it again.
+    retry_at: Option<Instant>,
+}
+
+/// How long GC leaves a segment whose summary could not be read (an I/O error, perhaps
+/// passing) before it tries again.
+const PASS_OVER_RETRY: Duration = Duration::from_secs(60);
+
+/// Whether GC passes over `seg` (see `PassedOver`).
+fn passed_over(sh: &Shared, seg: u32) -> bool {
+    let mut map = sh.gc_passed_over.lock();
+    let Some(p) = map.get(&seg).copied() else {
+        return false;
+    };
+    let info = sh.segs.lock().segs[seg as usize];
+    let same_use = info.state == SegState::Sealed
+        && info.sealed_unix_s == p.sealed_unix_s
+        && info.used_blocks == p.used_blocks;
+    if same_use && p.retry_at.is_none_or(|at| Instant::now() < at) {
+        return true;
+    }
+    map.remove(&seg);
+    false
+}
+
+/// Notes that GC cannot read `seg`'s summary (`load_summary` logged why), and says what it
+/// means once.
+fn pass_over(sh: &Shared, seg: u32, e: &EngineError) {
+    let info = sh.segs.lock().segs[seg as usize];
+    let damaged = matches!(e, EngineError::Corrupt(_));
+    let p = PassedOver {
+        sealed_unix_s: info.sealed_unix_s,
+        used_blocks: info.used_blocks,
+        retry_at: (!damaged).then(|| Instant::now() + PASS_OVER_RETRY),
+    };
+    let again = if damaged { "" } else { " (tried again in a minute)" };
+    if sh.gc_passed_over.lock().insert(seg, p).is_none() {
+        tracing::warn!(
+            segment = seg,
+            live_blocks = info.live_blocks,
+            "garbage collection cannot clean capacity segment {seg}: {e}. Its live blocks still \
+             read (`strata scrub` checks them); its space stays used until they are overwritten, \
+             trimmed or deleted{again}"
+        );
     }
 }
 

@@ -354,6 +354,9 @@ pub struct EngineStats {
     pub segments_free: u64,
     pub gc_segments_cleaned_total: u64,
     pub gc_relocated_bytes_total: u64,
+    /// Sealed segments garbage collection cannot clean now: their summary could not be read
+    /// (damaged in both copies, or an I/O error; scrub names them). Their space stays used.
+    pub gc_segments_passed_over: u64,
     /// Hot data written again at the log head instead of being destaged.
     pub hot_kept_bytes_total: u64,
     /// Lone host writes that extended a run of the log instead of taking a header block.
@@ -1441,6 +1444,7 @@ impl DiskGroup {
             segments_free: seg_free,
             gc_segments_cleaned_total: c.gc_segments_cleaned.load(Ordering::Relaxed),
             gc_relocated_bytes_total: c.gc_relocated_bytes.load(Ordering::Relaxed),
+            gc_segments_passed_over: self.sh.gc_passed_over.lock().len() as u64,
             hot_kept_bytes_total: c.hot_kept_bytes.load(Ordering::Relaxed),
             log_run_writes_total: c.log_run_writes.load(Ordering::Relaxed),
             log_rotated_batches_total: c.rotated_batches.load(Ordering::Relaxed),

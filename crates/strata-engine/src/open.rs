@@ -600,6 +600,7 @@ fn new_shared(
             crate::capacity::SUMMARY_CACHE_MAX,
         )),
         crc_blocks: Mutex::new(crate::shared::TwoGen::new(crate::capacity::CRC_CACHE_MAX)),
+        gc_passed_over: Mutex::new(Default::default()),
         fast_crcs,
         ranges: Default::default(),
         gates: Mutex::new(Default::default()),

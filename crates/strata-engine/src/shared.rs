@@ -418,6 +418,8 @@ pub struct Shared {
     pub tree: RwLock<CTree>,
     pub segs: Mutex<SegTable>,
     pub summaries: Mutex<SummaryCache>,
+    /// Segments GC passes over: their summary could not be read (`destage::PassedOver`).
+    pub gc_passed_over: Mutex<HashMap<u32, crate::destage::PassedOver>>,
     /// Crc blocks of segment summaries, for reads (one 4 KiB block per 1023 data blocks).
     pub crc_blocks: Mutex<CrcCache>,
     /// crc32c of every block in the log area, as written.

@@ -19,6 +19,7 @@ use crate::tests::{seed_for, small_cfg, Rig, MIB};
 use crate::*;
 
 mod lost;
+mod uncleanable;
 mod stale;
 
 const VOL_BLOCKS: u64 = 512;

@@ -191,6 +191,14 @@ pub fn warnings(
     let mut out = Vec::new();
     out.extend(state_warning(stats));
     out.extend(log_damage_warnings(stats));
+    if stats.gc_segments_passed_over > 0 {
+        out.push(format!(
+            "garbage collection cannot clean {} capacity segment(s) whose summary it could not \
+             read: their blocks still read, but their space stays used until the data in them \
+             is overwritten or deleted (`strata scrub` names them)",
+            stats.gc_segments_passed_over
+        ));
+    }
     if let Some(how) = admission_warning(stats) {
         out.push(format!(
             "the write log is {:.0}% full ({:.0}% is the high mark): {how}",
@@ -698,6 +706,26 @@ mod tests {
         let list = group_warnings(&salvaged);
         assert_eq!(list.len(), 1, "{list:?}");
         assert!(list[0].ends_with("a restart reads it again)"), "{list:?}");
+    }
+
+    /// Segments garbage collection cannot clean are warned about while there are any.
+    #[test]
+    fn segments_gc_cannot_clean_are_warned_about() {
+        let running = EngineStats {
+            state: "running".into(),
+            ..EngineStats::default()
+        };
+        let stuck = EngineStats {
+            gc_segments_passed_over: 2,
+            ..running.clone()
+        };
+        let list = group_warnings(&stuck);
+        assert_eq!(list.len(), 1, "{list:?}");
+        assert!(
+            list[0].starts_with("garbage collection cannot clean 2 capacity segment(s)"),
+            "{list:?}"
+        );
+        assert!(group_warnings(&running).is_empty());
     }
 
     /// Checksum errors and metadata fallbacks a scrub of everything has seen since are not
