@@ -327,7 +327,7 @@ pub struct ServeArgs {
     /// Recovery, for one start: when the write log holds batches that cannot be read though
     /// later ones record them as written (a start refuses to open then), skip them. The writes
     /// they held are lost and their blocks read as older data: check the file systems on the
-    /// volumes afterwards (docs/OPERATIONS.md). Not a config file setting.
+    /// volumes afterwards (README, "A damaged write log"). Not a config file setting.
     #[arg(long)]
     pub skip_damaged_log_batches: bool,
 }

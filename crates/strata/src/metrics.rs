@@ -144,8 +144,11 @@ pub enum Kind {
 }
 
 impl IoMetrics {
+    /// Counts a request answered: every one in the operations (and a failed one in the
+    /// errors), its bytes only when it succeeded (a write refused with ENOSPC wrote nothing).
     pub fn record(&self, kind: Kind, bytes: u64, latency: Duration, ok: bool) {
         let r = Ordering::Relaxed;
+        let bytes = if ok { bytes } else { 0 };
         match kind {
             Kind::Read => {
                 self.read_ops.fetch_add(1, r);
@@ -300,7 +303,8 @@ mod tests {
         m.record(Kind::Flush, 0, Duration::from_micros(5), true);
         let s = m.snapshot();
         assert_eq!((s.read_ops, s.read_bytes), (1, 4096));
-        assert_eq!((s.write_ops, s.write_bytes), (2, 1024));
+        // A failed write is an operation and an error, and wrote no bytes.
+        assert_eq!((s.write_ops, s.write_bytes), (2, 512));
         assert_eq!((s.flush_ops, s.errors), (1, 1));
         assert_eq!(s.write_latency.count(), 2);
     }

@@ -145,10 +145,10 @@ fn render_snapshots(e: &mut Exposition, snaps: &[SnapshotRow]) {
 
 fn render_volumes(e: &mut Exposition, vols: &[VolumeRow], tiering: &[crate::metrics_tiering::TieringRow]) {
     let counters: [Family<IoSnapshot, u64>; 7] = [
-        ("strata_volume_read_operations_total", "Read requests served.", |s| s.read_ops),
-        ("strata_volume_read_bytes_total", "Bytes read by clients.", |s| s.read_bytes),
-        ("strata_volume_write_operations_total", "Write requests served.", |s| s.write_ops),
-        ("strata_volume_write_bytes_total", "Bytes written by clients.", |s| s.write_bytes),
+        ("strata_volume_read_operations_total", "Read requests answered, failed ones included.", |s| s.read_ops),
+        ("strata_volume_read_bytes_total", "Bytes read by clients (requests that succeeded).", |s| s.read_bytes),
+        ("strata_volume_write_operations_total", "Write requests answered, failed ones included.", |s| s.write_ops),
+        ("strata_volume_write_bytes_total", "Bytes written by clients (requests that succeeded).", |s| s.write_bytes),
         ("strata_volume_unmap_operations_total", "TRIM and WRITE_ZEROES requests served.", |s| s.unmap_ops),
         ("strata_volume_flush_operations_total", "FLUSH requests served.", |s| s.flush_ops),
         ("strata_volume_request_errors_total", "Requests answered with an error.", |s| s.errors),

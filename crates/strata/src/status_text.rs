@@ -163,9 +163,19 @@ fn disk_group(g: &Value) -> String {
     let reserved = num("capacity_reserved_bytes");
     let usable = total - reserved;
     let used_ratio = (usable > 0.0).then(|| (used / usable).min(1.0));
+    // With fewer free than that, GC and the index are using what was kept for them.
+    let segments = num("segments_total");
+    let free = match segments > 0.0 {
+        true => num("segments_free") * (total / segments),
+        false => f64::INFINITY,
+    };
     let kept = match reserved > 0.0 {
-        true => format!(
+        true if free >= reserved => format!(
             ", {} of them kept for GC and the index",
+            bytes(&g["capacity_reserved_bytes"])
+        ),
+        true => format!(
+            ", all kept for GC and the index ({} when none is in use)",
             bytes(&g["capacity_reserved_bytes"])
         ),
         false => String::new(),
@@ -491,6 +501,22 @@ mod tests {
             .find(|l| l.trim_start().starts_with("fast.img"))
             .unwrap();
         assert!(dev.contains("512 MiB") && !dev.contains("used)"), "{dev}");
+    }
+
+    /// With fewer segments free than are kept for GC and the index (GC is using them), the
+    /// line does not say more is kept than is free (before: "9 of 255 segments free, 15 MiB
+    /// of them kept" with 1 MiB segments).
+    #[test]
+    fn a_kept_reserve_in_use_is_not_called_free() {
+        let mut v = status();
+        let g = &mut v["disk_groups"][0];
+        g["segments_free"] = json!(7);
+        g["segments_total"] = json!(256);
+        let page = render(&v);
+        assert!(
+            page.contains("7 of 256 segments free, all kept for GC and the index (64 MiB when none is in use)"),
+            "{page}"
+        );
     }
 
     #[test]
