@@ -119,6 +119,19 @@ impl ReadCache {
         Some(e.fast)
     }
 
+    /// How many of the log blocks `fast..fast+n` hold the current, valid copies of blocks
+    /// `block..` of `seg` (a look that marks nothing read).
+    pub fn current(&self, seg: u32, block: u32, n: u32, fast: u64) -> u64 {
+        let gen = self.gen_of(seg);
+        (0..n)
+            .filter(|&i| {
+                self.entries
+                    .get(&(seg, block + i))
+                    .is_some_and(|e| e.fast == fast + u64::from(i) && e.gen == gen)
+            })
+            .count() as u64
+    }
+
     /// Records copies now durable at `at.fast..` of blocks `block..` of `seg` read under
     /// `at.gen`, new entries counted for volume `at.vol`. Returns how many became new entries, and the
     /// stale entries (copies of the segment before it was reused) some of them replaced, by

@@ -130,6 +130,8 @@ struct Survey {
     log_blocks: u64,
     live: u64,
     cold: u64,
+    /// The read cache's current copies.
+    cached: u64,
 }
 
 /// What the oldest log data says about tier-mode volumes.
@@ -194,6 +196,8 @@ impl Destager {
             self.sh.destager_parked.store(false, Ordering::SeqCst);
             #[cfg(test)]
             if self.sh.destager_held.load(Ordering::SeqCst) {
+                // Held, it still sees whether hosts are idle (as it would between steps).
+                self.host_idle();
                 self.sh.destager_parked.store(true, Ordering::SeqCst);
                 self.idle(Duration::from_millis(10));
                 continue;
@@ -879,7 +883,10 @@ impl Destager {
             // What is kept is written at the head before the tail moves: it must fit in half
             // the free log, the other half left to host writes meanwhile.
             let hard = self.under_pressure() || self.cache_wants_room;
-            let pressure = hard || self.idle_drain || self.soft_pressure();
+            // Soft pressure is about hosts writing one or two at a time; an idle drain is
+            // about hosts not writing at all.
+            let needs_room = hard || (!self.idle_drain && self.soft_pressure());
+            let pressure = needs_room || self.idle_drain;
             // Without pressure the question is only whether cold data near the tail fills a
             // stripe: looking past four stripes of live data costs more than it finds. Under
             // soft pressure a step stays as small, so paced steps stay short.
@@ -890,17 +897,35 @@ impl Destager {
             };
             let s = self.survey(&batches, room, max_live);
             let all_seen = s.batches == batches.len();
-            let keep = if s.cold >= room
+            // What writing the tail again at the head would write: its live data, and the
+            // read cache's copies, most of which the pass writes again too (`second_chance`)
+            // unless the cache wants room. (Counted as garbage, the copies made a tail with
+            // nothing overwritten look worth writing again: at a standstill the destager
+            // went round the log writing the same data, freeing nothing, until the cache
+            // had been evicted.)
+            let kept = match self.cache_wants_room {
+                true => s.live,
+                false => s.live + s.cached,
+            };
+            let keep = if self.idle_drain && !hard {
+                // An idle drain moves the tail as it is, hot data too: written again at the
+                // head, it held the drain up at every pass while the passes evicted the read
+                // cache's copies the tail went over.
+                None
+            } else if s.cold >= room
                 || (!pressure && all_seen && s.cold > 0)
                 || self.tier_tail() == TierTail::Cold
             {
                 // A stripe of cold data, all there is, or tier data old enough to move: cold
                 // data moves, hot data stays.
                 Some(false)
-            } else if pressure && s.live * 4 <= s.log_blocks * 3 {
+            } else if needs_room && kept * 4 <= s.log_blocks * 3 {
                 // The log needs room but holds too little cold data to fill a stripe: the
                 // tail's live data, mostly hot, is written again at the head, which frees
-                // the overwritten copies around it without writing the capacity tier.
+                // the overwritten copies around it without writing the capacity tier. (Not
+                // for an idle drain, which has the time to move it: writing it again freed
+                // nothing but the read cache's copies the tail passed, so the drain went
+                // round the log rewriting the same data until the cache was gone.)
                 Some(true)
             } else if pressure {
                 // The tail is mostly live: keeping it would free little. It moves.
@@ -1052,6 +1077,12 @@ impl Destager {
             }
             s.batches += 1;
             s.log_blocks += b.blocks;
+            let copies = b.records.iter().filter(|r| r.kind == RecordKind::Cache);
+            for r in copies {
+                let (seg, block) = (r.layer, r.lba as u32);
+                let cache = self.sh.cache.lock();
+                s.cached += cache.current(seg, block, r.nblocks as u32, r.data_start);
+            }
             for (i, off, n) in live_runs(&self.sh, b) {
                 let r = &b.records[i];
                 let hot: u64 = self
@@ -1865,7 +1896,10 @@ fn pass_over(sh: &Shared, seg: u32, e: &EngineError) {
         used_blocks: info.used_blocks,
         retry_at: (!damaged).then(|| Instant::now() + PASS_OVER_RETRY),
     };
-    let again = if damaged { "" } else { " (tried again in a minute)" };
+    let again = match damaged {
+        true => "",
+        false => " (tried again in a minute)",
+    };
     if sh.gc_passed_over.lock().insert(seg, p).is_none() {
         tracing::warn!(
             segment = seg,

@@ -1155,3 +1155,82 @@ fn an_idle_host_keeps_its_read_cache_with_a_low_mark_of_zero() {
         );
     }
 }
+
+/// An idle host with a read cache: the idle drain moves host data out of the log, then stops.
+/// Before, a tail whose live data was three quarters of it or less (the read cache's copies
+/// beside it counted as garbage) was written again whole at the head, as when the log needs
+/// room: the drain went round the log writing the same data again, destaging none of it, until
+/// the fill was down to the low mark by evicting the read cache (an admin's trial: 2 GB of
+/// fast-tier writes in a minute after 500 MB of host writes, `hot_kept_bytes_total` rising).
+#[test]
+fn an_idle_drain_moves_host_data_instead_of_rewriting_it() {
+    use rand::SeedableRng;
+    let cfg = EngineConfig {
+        read_cache_ratio: 0.5,
+        idle_destage_after: Some(Duration::from_millis(50)),
+        ..small_cfg()
+    };
+    let rig = Rig::new(16 * MIB, &[64 * MIB], cfg, 142);
+    let dg = rig.dg();
+    let promote = Policy {
+        promote_after_reads: 1,
+        ..Policy::default()
+    };
+    let v = dg
+        .create_volume_with_policy("v", 8 * MIB, &promote)
+        .unwrap()
+        .id;
+    let blocks = 2048;
+    let mut tags = vec![1u8; blocks as usize];
+    for lba in 0..blocks {
+        dg.write(v, lba * 4096, &block_of(lba, 1)).unwrap();
+    }
+    assert!(dg.destage_all(Duration::from_secs(20)));
+    // Reads at random places promote about 4 MiB, under the read cache's share.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(142);
+    let mut order: Vec<u64> = (512..blocks).collect();
+    rand::seq::SliceRandom::shuffle(&mut order[..], &mut rng);
+    for &lba in &order[..1000] {
+        assert_eq!(read_block(dg, v, lba), block_of(lba, 1));
+    }
+    crate::tests::promotions_retired(dg);
+    // A hot part written twice while the destager waits: the log holds the cache's copies,
+    // then 1 MiB of host data and as much overwritten.
+    dg.sh.hold_destager();
+    for tag in [2, 3] {
+        for lba in 0..256 {
+            dg.write(v, lba * 4096, &block_of(lba, tag)).unwrap();
+            tags[lba as usize] = tag;
+        }
+    }
+    // The host is idle from here (the destager sees it: its wait is over).
+    crate::tests::promotions_retired(dg);
+    std::thread::sleep(Duration::from_millis(150));
+    let log_bytes = dg.stats().log_capacity_bytes;
+    let s0 = dg.stats();
+    let before = (rig.fast.stats().write_bytes, s0.hot_kept_bytes_total);
+    dg.sh.destager_held.store(false, Ordering::SeqCst);
+    dg.sh.wake_destager();
+    let settled = eventually(10, || {
+        let w = rig.fast.stats().write_bytes;
+        std::thread::sleep(Duration::from_millis(500));
+        rig.fast.stats().write_bytes == w
+    });
+    let s = dg.stats();
+    let written = rig.fast.stats().write_bytes - before.0;
+    let kept = s.hot_kept_bytes_total - before.1;
+    let what = format!("{written} bytes written to the fast tier while idle, {kept} kept: {s:?}");
+    assert!(settled, "still writing: {what}");
+    assert_eq!(kept, 0, "host data written again while idle: {what}");
+    let (at_idle, low) = (s0.log_fill_ratio, s.fill_ratio_low);
+    assert!(at_idle > low, "nothing to drain: {s0:?}");
+    assert!(
+        s.destage_backlog_bytes * 10 < s0.destage_backlog_bytes,
+        "the host data was not moved: {what}"
+    );
+    // The read cache's copies the tail passed, written again.
+    assert!(written <= log_bytes / 2, "{what}");
+    for lba in 0..blocks {
+        assert_eq!(read_block(dg, v, lba), block_of(lba, tags[lba as usize]));
+    }
+}
