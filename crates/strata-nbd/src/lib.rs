@@ -112,4 +112,15 @@ pub trait Export: Send + Sync + 'static {
     fn cache(&self, offset: u64, len: u64) -> Result<(), Errno>;
     /// Covers at least the first byte of the range, at most `len` bytes.
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<BlockStatus>, Errno>;
+    /// Tells the export of a request the server answered with `errno` without the export's
+    /// answer: one the server's own checks refused (out of range, a write to a read-only
+    /// export, a flag not valid for the command, an unknown command, a read longer than the
+    /// maximum block size), or one whose call panicked. `command` is the request's
+    /// [`proto::cmd`] value as sent, unknown ones included. Called before the reply is queued,
+    /// on the connection's reader task (on the blocking pool after a panic): it must not
+    /// block. An export that counts the requests it answers counts these here; the default
+    /// does nothing.
+    fn refused(&self, command: u16, errno: Errno) {
+        let _ = (command, errno);
+    }
 }

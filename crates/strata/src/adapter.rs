@@ -13,6 +13,7 @@ use crate::metrics::{IoMetrics, Kind};
 use crate::registry::Gate;
 pub use crate::registry::{ChangeError, Registry};
 use strata_engine::{DiskGroup, EngineError, ExtentKind, VolumeId};
+use strata_nbd::proto::cmd;
 use strata_nbd::{Backend, BlockStatus, Errno, Export, ExportInfo, ReadDone, WriteDone};
 
 /// Most extents in one BLOCK_STATUS reply; the client asks again for the rest.
@@ -333,6 +334,27 @@ impl Export for VolumeExport {
         })?;
         let runs = extents.into_iter().map(|x| (x.offset, x.len, x.kind));
         Ok(to_block_status(offset, len, runs))
+    }
+
+    /// A request the server refused (or whose call panicked) is one the client saw fail:
+    /// counted like a failure of its kind, in this view's figures (a snapshot's are its own)
+    /// and the node's.
+    fn refused(&self, command: u16, _errno: Errno) {
+        let kind = refused_kind(command);
+        self.io.record_refused(kind);
+        self.node_io.record_refused(kind);
+    }
+}
+
+/// The figures' kind of an NBD command; None for those they have no count of (cache, block
+/// status, unknown commands: only their errors are counted).
+fn refused_kind(command: u16) -> Option<Kind> {
+    match command {
+        cmd::READ => Some(Kind::Read),
+        cmd::WRITE => Some(Kind::Write),
+        cmd::TRIM | cmd::WRITE_ZEROES => Some(Kind::Unmap),
+        cmd::FLUSH => Some(Kind::Flush),
+        _ => None,
     }
 }
 

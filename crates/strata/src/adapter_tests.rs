@@ -192,6 +192,28 @@ fn snapshots_are_read_only_exports_listed_after_their_volume() {
     assert_eq!(reg.connections_total(), 2);
 }
 
+/// A request the NBD server refused without calling the export counts in the view's figures
+/// (a snapshot's own) and the node's as a failure of its kind: no bytes, no latency.
+#[test]
+fn requests_the_server_refused_count_as_errors_of_their_view() {
+    let (reg, backend) = backend();
+    let v = reg.group().create_volume("v", 1 << 20).unwrap();
+    let vol = backend.open("v").unwrap();
+    reg.group().create_snapshot("v", "s").unwrap();
+    let snap = backend.open("v@s").unwrap();
+    vol.refused(cmd::WRITE, Errno::NoSpc);
+    vol.refused(cmd::READ, Errno::Inval);
+    vol.refused(cmd::BLOCK_STATUS, Errno::Inval);
+    snap.refused(cmd::WRITE_ZEROES, Errno::Perm);
+    let io = reg.volume_io(v.id).snapshot();
+    assert_eq!((io.write_ops, io.write_bytes, io.read_ops, io.read_bytes), (1, 0, 1, 0));
+    assert_eq!((io.unmap_ops, io.errors), (0, 3));
+    assert_eq!((io.read_latency.count(), io.write_latency.count()), (0, 0));
+    let s = reg.volume_io(reg.group().view("v@s").unwrap().id).snapshot();
+    assert_eq!((s.unmap_ops, s.errors), (1, 1));
+    assert_eq!(reg.node_io().snapshot().errors, 4);
+}
+
 #[test]
 fn snapshot_delete_is_refused_while_open_unless_forced() {
     let (reg, backend) = backend();

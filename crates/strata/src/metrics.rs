@@ -172,6 +172,27 @@ impl IoMetrics {
         }
     }
 
+    /// Counts a request the NBD server refused on its own (out of range, a write to a
+    /// snapshot, a bad flag, ...): `record`'s rules for a failure, an operation of its kind
+    /// (`None` for cache, block status and unknown commands, which have no count of their
+    /// own) with no bytes, and an error. Failed reads and writes are in the latency
+    /// histograms, but they reached the volume and took its time; a refusal never reached it
+    /// (the histogram is the time "from a request reaching the volume"), has no time of its
+    /// own to measure, and a client sending bad requests in a loop would fill the lowest
+    /// bucket and make the volume's service levels look better than it serves. So it is not
+    /// in them, and a histogram's count can be below its operations.
+    pub fn record_refused(&self, kind: Option<Kind>) {
+        let r = Ordering::Relaxed;
+        match kind {
+            Some(Kind::Read) => self.read_ops.fetch_add(1, r),
+            Some(Kind::Write) => self.write_ops.fetch_add(1, r),
+            Some(Kind::Unmap) => self.unmap_ops.fetch_add(1, r),
+            Some(Kind::Flush) => self.flush_ops.fetch_add(1, r),
+            None => 0,
+        };
+        self.errors.fetch_add(1, r);
+    }
+
     pub fn snapshot(&self) -> IoSnapshot {
         let r = Ordering::Relaxed;
         IoSnapshot {
@@ -307,5 +328,19 @@ mod tests {
         assert_eq!((s.write_ops, s.write_bytes), (2, 512));
         assert_eq!((s.flush_ops, s.errors), (1, 1));
         assert_eq!(s.write_latency.count(), 2);
+    }
+
+    #[test]
+    fn a_refused_request_is_an_operation_and_an_error_without_bytes_or_latency() {
+        let m = IoMetrics::default();
+        m.record_refused(Some(Kind::Write));
+        m.record_refused(Some(Kind::Read));
+        m.record_refused(Some(Kind::Unmap));
+        m.record_refused(Some(Kind::Flush));
+        m.record_refused(None);
+        let s = m.snapshot();
+        assert_eq!((s.read_ops, s.read_bytes, s.write_ops, s.write_bytes), (1, 0, 1, 0));
+        assert_eq!((s.unmap_ops, s.flush_ops, s.errors), (1, 1, 5));
+        assert_eq!((s.read_latency.count(), s.write_latency.count()), (0, 0));
     }
 }

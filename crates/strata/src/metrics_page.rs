@@ -151,7 +151,7 @@ fn render_volumes(e: &mut Exposition, vols: &[VolumeRow], tiering: &[crate::metr
         ("strata_volume_write_bytes_total", "Bytes written by clients (requests that succeeded).", |s| s.write_bytes),
         ("strata_volume_unmap_operations_total", "TRIM and WRITE_ZEROES requests served.", |s| s.unmap_ops),
         ("strata_volume_flush_operations_total", "FLUSH requests served.", |s| s.flush_ops),
-        ("strata_volume_request_errors_total", "Requests answered with an error.", |s| s.errors),
+        ("strata_volume_request_errors_total", "Requests answered with an error, those the NBD server refused before they reached the volume included.", |s| s.errors),
     ];
     for (name, help, get) in counters {
         e.family(name, Type::Counter, help);

@@ -1,5 +1,6 @@
 //! Observability of a live daemon under load: `/metrics` checked by promtool with counters that
-//! match what fio did, the history the dashboard draws, and `strata status` in both forms.
+//! match what fio did, the history the dashboard draws, and `strata status` in both forms;
+//! and requests the NBD server refuses counted as errors.
 use crate::common;
 
 use std::collections::BTreeMap;
@@ -292,6 +293,63 @@ fn history_and_status_show_the_load() {
     assert_eq!(s["volumes"][0]["policy"]["mode"], "cache");
     assert!(s["warnings"].is_array());
     assert!(s["engine"]["log_capacity_bytes"].as_u64() > Some(0));
+}
+
+/// Requests the NBD server refuses on its own, without calling the volume, are answered with
+/// an error, so they count as errors like the volume's own (before, all three below left
+/// every figure at 0): an operation of their kind that moved no bytes and has no latency.
+/// A snapshot's export has figures of its own, so the write to `pr@s1` is in the snapshot's
+/// and the node's, not in `pr`'s. The raw client sends what libnbd and qemu check away
+/// before sending (nbdsh does too, in its default strict mode).
+#[test]
+fn requests_the_nbd_server_refuses_count_as_errors() {
+    let daemon = Daemon::start_default();
+    let base = daemon.http_url();
+    daemon.create_volume("pr", "64M");
+    daemon.cli_ok(&["snapshot", "create", "pr", "s1"]);
+    let snapshot_url = format!("{base}/api/v1/volumes/pr/snapshots/s1");
+    let mut vol = nbd::go(daemon.nbd_addr, "pr").expect("NBD_OPT_GO pr");
+    let mut snap = nbd::go(daemon.nbd_addr, "pr@s1").expect("NBD_OPT_GO pr@s1");
+    let before = Scrape::fetch(&base);
+    let status_before = get_json(&format!("{base}/api/v1/status"))["io"].clone();
+    let snap_before = get_json(&snapshot_url)["io"].clone();
+
+    let block = [0x5au8; 4096];
+    assert_eq!(vol.write(64 * MIB, &block).expect("write"), Err(nbd::ENOSPC));
+    assert_eq!(vol.read(64 * MIB + 4096, 4096).expect("read"), Err(nbd::EINVAL));
+    assert_eq!(snap.write(0, &block).expect("write"), Err(nbd::EPERM));
+
+    let after = Scrape::fetch(&base);
+    let delta = |name: &str, labels: &[(&str, &str)]| {
+        after.value(name, labels) - before.value(name, labels)
+    };
+    let pr = [("volume", "pr")];
+    assert_eq!(delta("strata_volume_request_errors_total", &pr), 2.0);
+    assert_eq!(delta("strata_volume_write_operations_total", &pr), 1.0);
+    assert_eq!(delta("strata_volume_write_bytes_total", &pr), 0.0, "the refused write wrote nothing");
+    assert_eq!(delta("strata_volume_read_operations_total", &pr), 1.0);
+    assert_eq!(delta("strata_volume_read_bytes_total", &pr), 0.0);
+    let lat = "strata_volume_request_duration_seconds_count";
+    for op in ["read", "write"] {
+        assert_eq!(delta(lat, &[("volume", "pr"), ("op", op)]), 0.0, "{op}s refused take no time");
+    }
+    let rise = |now: &Value, then: &Value, key: &str| {
+        let figure = |v: &Value| v[key].as_u64().unwrap_or_else(|| panic!("no {key} in {v}"));
+        figure(now) - figure(then)
+    };
+    let snap_after = get_json(&snapshot_url)["io"].clone();
+    assert_eq!(rise(&snap_after, &snap_before, "errors_total"), 1, "{snap_after}");
+    assert_eq!(rise(&snap_after, &snap_before, "write_ops_total"), 1, "{snap_after}");
+    assert_eq!(rise(&snap_after, &snap_before, "write_bytes_total"), 0, "{snap_after}");
+    let status_after = get_json(&format!("{base}/api/v1/status"))["io"].clone();
+    assert_eq!(rise(&status_after, &status_before, "errors_total"), 3, "{status_after}");
+    assert_eq!(rise(&status_after, &status_before, "write_ops_total"), 2, "{status_after}");
+    assert_eq!(rise(&status_after, &status_before, "write_bytes_total"), 0, "{status_after}");
+    assert_eq!(rise(&status_after, &status_before, "read_bytes_total"), 0, "{status_after}");
+
+    // The refusals cost neither connection: both still serve.
+    assert_eq!(vol.read(0, 4096).expect("read"), Ok(vec![0; 4096]));
+    assert_eq!(snap.read(0, 4096).expect("read"), Ok(vec![0; 4096]));
 }
 
 #[test]

@@ -42,6 +42,19 @@ pub(super) enum Command {
 }
 
 impl Command {
+    /// The request's `cmd::*` value.
+    pub(super) fn code(&self) -> u16 {
+        match self {
+            Command::Read { .. } => cmd::READ,
+            Command::Write { .. } => cmd::WRITE,
+            Command::Flush => cmd::FLUSH,
+            Command::Trim { .. } => cmd::TRIM,
+            Command::Cache { .. } => cmd::CACHE,
+            Command::WriteZeroes { .. } => cmd::WRITE_ZEROES,
+            Command::BlockStatus { .. } => cmd::BLOCK_STATUS,
+        }
+    }
+
     /// Bytes of buffer the command holds while in flight (write payload or read data).
     pub(super) fn buffer_bytes(&self) -> u32 {
         match *self {

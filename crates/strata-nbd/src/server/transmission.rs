@@ -272,6 +272,9 @@ async fn dispatch(
         Err(refusal) => {
             debug!(command = req.command, cookie = req.cookie, errno = ?refusal.errno, why = refusal.why, "request refused");
             skip_payload(reader, req.payload_len(), limit).await?;
+            // Told before the reply is queued, as the export counts what it answers before
+            // replying: a client that looks at the figures after its reply finds it there.
+            conn.session.export.refused(req.command, refusal.errno);
             let wire = command::error_reply(&conn.session, req.cookie, refusal.errno, refusal.why);
             let reply = Reply {
                 wire,
@@ -372,6 +375,11 @@ fn spawn_request(
         let run = || command::execute(&session, cookie, command, payload);
         let wire = catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|_| {
             error!(?command, "export panicked; answering EIO");
+            // The export never answered, so it has not counted the request either.
+            let tell = || session.export.refused(command.code(), Errno::Io);
+            if catch_unwind(AssertUnwindSafe(tell)).is_err() {
+                error!(?command, "export panicked again when told of its panic");
+            }
             command::error_reply(&session, cookie, Errno::Io, "internal error")
         });
         // Never waits: the queue holds max_in_flight replies and each holds a slot.

@@ -1,6 +1,7 @@
 //! In-memory Backend for the server tests: a Vec<u8> per export, an allocation map for
 //! block status, a log of calls, a gate that holds reads at one offset (to control
-//! completion order) and an offset whose reads fail with EIO (a checksum failure). With
+//! completion order), an offset whose reads fail with EIO (a checksum failure), one whose
+//! reads panic, and the requests the server said it refused on its own. With
 //! `elsewhere` set, reads and writes take the non-blocking path and complete on a thread of
 //! their own, as the engine's do.
 
@@ -16,6 +17,8 @@ pub const RO_SIZE: u64 = 1 << 20;
 pub const GATE_OFFSET: u64 = 1 << 20;
 /// Reads at this offset fail with EIO.
 pub const EIO_OFFSET: u64 = 2 << 20;
+/// Reads at this offset panic (a bug in the export).
+pub const PANIC_OFFSET: u64 = EIO_OFFSET + 8192;
 /// Granularity of the allocation map.
 pub const BLOCK: u64 = 4096;
 
@@ -82,6 +85,9 @@ pub struct MemExport {
     pub alone_writes: AtomicUsize,
     /// Trims and write-zeroes are durable once done (`Export::replies_are_durable`).
     pub durable_replies: AtomicBool,
+    /// (command, errno) of each request the server answered without the export
+    /// (`Export::refused`), in the order it said so.
+    pub refusals: Mutex<Vec<(u16, Errno)>>,
 }
 
 impl MemExport {
@@ -95,11 +101,16 @@ impl MemExport {
             elsewhere: AtomicBool::new(false),
             alone_writes: AtomicUsize::new(0),
             durable_replies: AtomicBool::new(false),
+            refusals: Mutex::new(Vec::new()),
         }
     }
 
     pub fn ops(&self) -> Vec<Op> {
         self.log.lock().unwrap().clone()
+    }
+
+    pub fn refusals(&self) -> Vec<(u16, Errno)> {
+        self.refusals.lock().unwrap().clone()
     }
 
     pub fn bytes(&self, offset: u64, len: usize) -> Vec<u8> {
@@ -143,6 +154,9 @@ impl Export for MemExport {
         }
         if offset == EIO_OFFSET {
             return Err(Errno::Io);
+        }
+        if offset == PANIC_OFFSET {
+            panic!("a read at PANIC_OFFSET (test)");
         }
         let range = self.range(offset, buf.len() as u64)?;
         buf.copy_from_slice(&self.data.lock().unwrap()[range]);
@@ -247,6 +261,10 @@ impl Export for MemExport {
         }
         Ok(out)
     }
+
+    fn refused(&self, command: u16, errno: Errno) {
+        self.refusals.lock().unwrap().push((command, errno));
+    }
 }
 
 /// Counts open handles the way the daemon does: +1 on open, -1 on drop.
@@ -300,6 +318,9 @@ impl Export for Handle {
     }
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<BlockStatus>, Errno> {
         self.inner.block_status(offset, len)
+    }
+    fn refused(&self, command: u16, errno: Errno) {
+        self.inner.refused(command, errno)
     }
 }
 

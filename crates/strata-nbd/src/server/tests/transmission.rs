@@ -1,6 +1,6 @@
 //! Transmission phase: commands, flags, errors, simple and structured replies.
 
-use super::backend::{Op, DISK_SIZE, EIO_OFFSET, GATE_OFFSET, RO_SIZE};
+use super::backend::{Op, DISK_SIZE, EIO_OFFSET, GATE_OFFSET, PANIC_OFFSET, RO_SIZE};
 use super::client::Client;
 use super::TestServer;
 use crate::proto::{chunk, cmd, cmd_flags, state};
@@ -295,6 +295,59 @@ async fn invalid_requests_get_the_spec_errors() {
         server.backend.disk.ops().len() == 1,
         "refused requests never reach the export"
     );
+}
+
+/// Every request the server answers with an error on its own is told to the export
+/// (`Export::refused`), which counts requests: a client sees those errors as much as the
+/// export's. What the export answers, failures included, and empty requests are not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_refused_without_the_export_are_told_to_it() {
+    let server = TestServer::default().await;
+    let (mut c, _) = Client::structured(server.addr, "disk").await;
+    let inval = Errno::Inval;
+    let refused = [
+        (cmd::WRITE, 0, DISK_SIZE, 4096, Errno::NoSpc),
+        (cmd::READ, 0, DISK_SIZE + 4096, 512, inval),
+        (cmd::READ, 1 << 9, 0, 8, inval),
+        (cmd::READ, cmd_flags::DF, 0, 64 << 20, Errno::Overflow),
+        (cmd::READ, 0, 0, 64 << 20, inval),
+        (cmd::FLUSH, cmd_flags::DF, 0, 0, inval),
+        (cmd::TRIM, 0, DISK_SIZE, 1, inval),
+        (cmd::WRITE_ZEROES, 0, DISK_SIZE - 1, 2, Errno::NoSpc),
+        (cmd::WRITE_ZEROES, cmd_flags::FAST_ZERO, 512, 512, Errno::NotSup),
+        (cmd::CACHE, 0, u64::MAX - 10, 512, inval),
+        (cmd::BLOCK_STATUS, 0, 4096, 0, inval),
+        (42, 0, 0, 0, inval),
+    ];
+    for (command, flags, offset, len, errno) in refused {
+        let payload = match command {
+            cmd::WRITE => pattern(len as usize, 1),
+            _ => Vec::new(),
+        };
+        let reply = c.request(command, flags, offset, len, &payload).await;
+        assert_eq!(reply.error, errno.code(), "command {command}, {len} bytes at {offset}");
+    }
+    assert_eq!(c.read(EIO_OFFSET, 512).await.error, Errno::Io.code());
+    assert_eq!(c.write(0, &pattern(512, 2)).await.error, 0);
+    assert_eq!(c.request(cmd::TRIM, 0, 0, 0, &[]).await.error, 0);
+    let told: Vec<(u16, Errno)> = refused.iter().map(|r| (r.0, r.4)).collect();
+    assert_eq!(server.backend.disk.refusals(), told);
+
+    let (mut ro, _) = Client::simple(server.addr, "ro").await;
+    assert_eq!(ro.write(0, &pattern(4096, 3)).await.error, Errno::Perm.code());
+    assert_eq!(ro.read(0, 4).await.error, 0);
+    assert_eq!(server.backend.ro.refusals(), [(cmd::WRITE, Errno::Perm)]);
+}
+
+/// A panic in the export is answered with EIO, and the export, which never answered the
+/// request, is told of it as of a refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_the_export_is_eio_and_told_to_it() {
+    let server = TestServer::default().await;
+    let (mut c, _) = Client::simple(server.addr, "disk").await;
+    assert_eq!(c.read(PANIC_OFFSET, 512).await.error, Errno::Io.code());
+    assert_eq!(c.read(0, 512).await.error, 0, "the connection carries on");
+    assert_eq!(server.backend.disk.refusals(), [(cmd::READ, Errno::Io)]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
