@@ -271,3 +271,61 @@ fn figures_at_the_ends_of_their_ranges_give_finite_reports() {
         }
     }
 }
+
+/// The catalog file example in docs/SIZING.md, as a reader copies it.
+fn documented_entry() -> String {
+    const DOC: &str = include_str!("../../../docs/SIZING.md");
+    let start = DOC
+        .find("```toml\n[[device]]")
+        .expect("the [[device]] example");
+    let body = &DOC[start + "```toml\n".len()..];
+    body[..body.find("```").expect("its end")].to_string()
+}
+
+/// Every key of docs/SIZING.md's catalog example says whether it is required, and says it
+/// truly: left out, a required key is refused and an optional one is not. An administrator
+/// read `preferred_write_bytes` as optional, and the file was refused.
+#[test]
+fn the_documented_catalog_entry_says_which_keys_are_required() {
+    let entry = documented_entry();
+    parse(&entry, "SIZING.md").expect("the example as written");
+    for line in entry.lines().filter(|l| l.contains(" = ")) {
+        let key = line.split(" = ").next().unwrap_or("").trim();
+        let comment = line.split_once('#').map_or("", |(_, c)| c.trim());
+        let without: String = entry
+            .lines()
+            .filter(|l| *l != line)
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let left_out = parse(&without, "SIZING.md");
+        if comment.starts_with("optional") {
+            assert!(left_out.is_ok(), "{key} is optional, yet: {left_out:?}");
+        } else if comment.starts_with("or:") {
+            // The rating: dwpd or tbw (without dwpd_sequential, which goes with dwpd).
+            let tbw: String = entry
+                .replace(line, "tbw = 3504")
+                .lines()
+                .filter(|l| !l.starts_with("dwpd_sequential"))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let rated = parse(&tbw, "SIZING.md");
+            assert!(rated.is_ok(), "{key} or tbw: {rated:?}");
+        } else {
+            assert!(
+                comment.starts_with("required"),
+                "{key} says neither: {line:?}"
+            );
+            assert!(
+                left_out.is_err(),
+                "{key} is said required, yet left out it is taken"
+            );
+        }
+    }
+    let unrated: String = entry
+        .lines()
+        .filter(|l| !["dwpd", "warranty_years"].iter().any(|k| l.starts_with(k)))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let devices = parse(&unrated, "SIZING.md").expect("an unrated device");
+    assert_eq!(devices[0].endurance, None);
+}

@@ -34,6 +34,18 @@ pub enum SizingError {
     Metrics { url: String, reason: String },
 }
 
+impl SizingError {
+    /// Whether the question was wrong, a usage error (exit 2), rather than something failing
+    /// (exit 1): an id on the command line that the catalog lacks, flags that do not go
+    /// together. A bad catalog file is an error of its own, found before any id is looked up.
+    pub fn is_usage_error(&self) -> bool {
+        match self {
+            SizingError::Invalid(_) | SizingError::UnknownDevice { .. } => true,
+            SizingError::Catalog { .. } | SizingError::Metrics { .. } => false,
+        }
+    }
+}
+
 /// Flags of `strata size`.
 #[derive(Debug, Clone, Args)]
 pub struct SizeArgs {

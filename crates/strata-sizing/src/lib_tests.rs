@@ -133,7 +133,10 @@ fn unknown_devices_and_unreachable_daemons_are_errors() {
     let mut v: Vec<&str> = DESIGN.to_vec();
     let i = v.iter().position(|a| *a == "sas-800g-mu-3dwpd").unwrap();
     v[i] = "sas-800g";
-    let e = run(&args(&v).unwrap(), false).unwrap_err().to_string();
+    let e = run(&args(&v).unwrap(), false).unwrap_err();
+    // The command line named a device the catalog lacks: a usage error (exit 2).
+    assert!(e.is_usage_error(), "{e}");
+    let e = e.to_string();
     assert!(
         e.contains("unknown device \"sas-800g\"") && e.contains("sas-800g-mu-3dwpd"),
         "{e}"
@@ -147,7 +150,12 @@ fn unknown_devices_and_unreachable_daemons_are_errors() {
         .filter(|a| *a != "--iops-per-vm" && *a != "1500")
         .collect();
     m.extend(["--from-metrics", &url]);
-    let e = run(&args(&m).unwrap(), false).unwrap_err().to_string();
+    let e = run(&args(&m).unwrap(), false).unwrap_err();
+    assert!(
+        !e.is_usage_error(),
+        "an unreachable daemon is an error: {e}"
+    );
+    let e = e.to_string();
     assert!(
         e.contains("cannot reach the daemon: connection refused"),
         "{e}"
@@ -158,8 +166,13 @@ fn unknown_devices_and_unreachable_daemons_are_errors() {
         .filter(|a| *a != "--iops-per-vm" && *a != "1500")
         .collect();
     f.extend(["--from-metrics", "https://example.invalid"]);
-    let e = run(&args(&f).unwrap(), false).unwrap_err().to_string();
-    assert!(e.contains("must start with http://"), "{e}");
+    let e = run(&args(&f).unwrap(), false).unwrap_err();
+    assert!(e.is_usage_error(), "{e}");
+    let e = e.to_string();
+    assert!(
+        e.contains("--from-metrics https://example.invalid: the URL must start with http://"),
+        "{e}"
+    );
 }
 
 #[test]

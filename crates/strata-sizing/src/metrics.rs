@@ -31,9 +31,11 @@ pub fn measured_write_bytes_per_s(url: &str) -> Result<f64, SizingError> {
         reason,
     };
     if !base.starts_with("http://") {
-        return Err(err(
-            "the URL must start with http:// (the daemon's admin API)".into(),
-        ));
+        // The flag's value is wrong, nothing failed: a usage error, as `Invalid` is.
+        return Err(SizingError::Invalid(format!(
+            "--from-metrics {}: the URL must start with http:// (the daemon's admin API)",
+            url.trim()
+        )));
     }
     let agent = ureq::AgentBuilder::new().timeout(TIMEOUT).build();
     let response = agent

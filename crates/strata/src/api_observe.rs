@@ -583,7 +583,7 @@ mod tests {
             tier,
             model: None,
             rating: None,
-            projection_after_s: 0,
+            projection_after_s: Some(0),
         };
         let state = AppState {
             registry: crate::registry::Registry::new(open()),

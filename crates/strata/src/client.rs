@@ -185,7 +185,7 @@ impl Client {
                 )?;
                 self.print(&v, |v| {
                     let v: VolumeJson = serde_json::from_value(v.clone())?;
-                    print!("{}", volume_info(&v));
+                    print!("{}", volume_info(&v, self.node_without_read_cache()));
                     Ok(())
                 })
             }
@@ -492,14 +492,15 @@ pub fn volume_table(volumes: &[VolumeJson]) -> String {
     crate::status_text::table(&header, &rows)
 }
 
-pub fn volume_info(v: &VolumeJson) -> String {
+/// `volume info`'s text; `node_without_read_cache` as for [`policy::policy_lines`].
+pub fn volume_info(v: &VolumeJson, node_without_read_cache: bool) -> String {
     format!(
         "name:        {}\nid:          {}\nsize:        {} ({} bytes)\n{}on fast:     {}\non capacity: {}\n{}{}snapshots:   {}\nconnections: {}\nexport:      {}\n",
         v.name,
         v.id,
         format_size(v.size_bytes),
         v.size_bytes,
-        policy::policy_lines(&v.policy),
+        policy::policy_lines(&v.policy, node_without_read_cache),
         format_size(v.fast_tier_bytes),
         format_size(v.capacity_tier_bytes),
         space_lines(&v.space),
@@ -593,7 +594,7 @@ mod tests {
 
     #[test]
     fn info_is_key_value_lines() {
-        let t = volume_info(&vol("vol0", 8 << 30, 2));
+        let t = volume_info(&vol("vol0", 8 << 30, 2), false);
         assert!(t.contains("name:        vol0\n"));
         assert!(t.contains("size:        8 GiB (8589934592 bytes)\n"));
         assert!(t.contains("connections: 2\n"));

@@ -23,19 +23,28 @@ impl super::Client {
         let v = self.call("PUT", &path, Some(serde_json::to_value(&patch)?))?;
         self.print(&v, |v| {
             let v: VolumeJson = serde_json::from_value(v.clone())?;
-            print!("{}", set_policy_text(&v.name, &v.policy));
+            let no_cache = self.node_without_read_cache();
+            print!("{}", set_policy_text(&v.name, &v.policy, no_cache));
             Ok(())
         })
+    }
+
+    /// Whether the daemon's node has no read cache (`--read-cache 0`, or `auto` deciding 0):
+    /// then no read is ever promoted, whatever a volume's policy says. False when the node
+    /// cannot be asked: only a note of the promote line depends on it.
+    pub fn node_without_read_cache(&self) -> bool {
+        let node = self.call("GET", "/api/v1/node", None).ok();
+        node.and_then(|n| n["read_cache"]["ratio"].as_f64()) == Some(0.0)
     }
 }
 
 /// What `set-policy` prints: the policy in one line, then every setting as `volume info`
 /// shows it, so whatever option was changed is echoed with its new value.
-pub fn set_policy_text(name: &str, p: &Policy) -> String {
+pub fn set_policy_text(name: &str, p: &Policy, node_without_read_cache: bool) -> String {
     format!(
         "volume {name:?} policy: {}\n{}",
         policy_summary(p),
-        policy_lines(p)
+        policy_lines(p, node_without_read_cache)
     )
 }
 
@@ -67,8 +76,9 @@ fn limit(value: u64, what: &str, text: impl Fn(u64) -> String) -> String {
     }
 }
 
-/// The policy lines of `volume info`.
-pub fn policy_lines(p: &Policy) -> String {
+/// The policy lines of `volume info`; `node_without_read_cache`: the node has no read cache
+/// to promote into, which the promote line then says.
+pub fn policy_lines(p: &Policy, node_without_read_cache: bool) -> String {
     // A promote cutoff of 0 means none: reads of any stream count.
     let streams = if p.promote_sequential_cutoff_bytes == 0 {
         "sequential streams too".to_string()
@@ -82,8 +92,14 @@ pub fn policy_lines(p: &Policy) -> String {
     let promote = if p.promote_after_reads == 0 {
         format!("never (0 reads; window {window}, {streams} when on)")
     } else {
+        // The policy stands, to apply on a node with a read cache; on this one nothing is
+        // promoted, which the setting alone would not tell.
+        let none_here = match node_without_read_cache {
+            true => " (none: the node has no read cache)",
+            false => "",
+        };
         format!(
-            "after {} read(s) within {window}, {streams}",
+            "after {} read(s) within {window}, {streams}{none_here}",
             p.promote_after_reads
         )
     };
@@ -163,16 +179,42 @@ mod tests {
         };
         assert_eq!(policy_summary(&p), "tier, 500 IOPS, 64 MiB/s");
         assert_eq!(policy_summary(&Policy::default()), "cache");
-        let lines = policy_lines(&p);
+        let lines = policy_lines(&p, false);
         assert!(lines.contains("policy:      tier\n"), "{lines}");
         assert!(lines.contains("older than 1h"), "{lines}");
         assert!(lines.contains("after 2 read(s) within 5m, not past 4 MiB"), "{lines}");
         assert!(lines.contains("500 IOPS, 64 MiB/s bandwidth"), "{lines}");
-        let unlimited = policy_lines(&Policy::default());
+        let unlimited = policy_lines(&Policy::default(), false);
         assert!(
             unlimited.contains("limits:      IOPS unlimited, bandwidth unlimited\n"),
             "{unlimited}"
         );
+    }
+
+    /// On a node without a read cache (`--read-cache 0`) nothing is promoted: the promote
+    /// line says so, instead of "after 2 read(s)" alone.
+    #[test]
+    fn the_promote_line_says_when_the_node_has_no_read_cache() {
+        let p = Policy::default();
+        let with_cache = policy_lines(&p, false);
+        let want = "promote:     after 2 read(s) within 5m, not past 4 MiB sequential\n";
+        assert!(with_cache.contains(want), "{with_cache}");
+        let without = policy_lines(&p, true);
+        let want = "promote:     after 2 read(s) within 5m, not past 4 MiB sequential \
+                    (none: the node has no read cache)\n";
+        assert!(without.contains(want), "{without}");
+        let text = set_policy_text("db", &p, true);
+        assert!(
+            text.contains("(none: the node has no read cache)"),
+            "{text}"
+        );
+        // Promotion off says never already.
+        let off = Policy {
+            promote_after_reads: 0,
+            ..p
+        };
+        let never = policy_lines(&off, true);
+        assert!(!never.contains("no read cache"), "{never}");
     }
 
     /// `set-policy` echoes every setting, so whichever option was given shows its new value.
@@ -189,7 +231,7 @@ mod tests {
             bandwidth_limit_bytes_per_s: 5 << 20,
             sequential_write_cutoff_bytes: 6 << 20,
         };
-        let text = set_policy_text("db", &p);
+        let text = set_policy_text("db", &p, false);
         for (option, shown) in [
             ("--policy", "policy:      cache\n"),
             ("--tier-min-age", "older than 7d"),
@@ -214,7 +256,7 @@ mod tests {
             promote_sequential_cutoff_bytes: 0,
             ..p
         };
-        let text = set_policy_text("db", &off);
+        let text = set_policy_text("db", &off, false);
         assert!(
             text.contains("never (0 reads; window 13m, sequential streams too when on)"),
             "{text}"

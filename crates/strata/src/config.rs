@@ -74,7 +74,7 @@ pub struct ServeConfig {
     pub fast_device_model: Option<String>,
     pub capacity_device_model: Option<String>,
     /// History a device needs before its wear-out date is projected and warned about (None:
-    /// at once).
+    /// never, `off`; zero: at once).
     pub wear_projection_after: Option<std::time::Duration>,
     /// Extra device catalog files (TOML) beside the built-in catalog.
     pub catalog_files: Vec<PathBuf>,
@@ -331,6 +331,21 @@ pub fn parse_duration_arg(text: &str) -> std::result::Result<DurationValue, Stri
     parse_duration(text).map(DurationValue)
 }
 
+/// Parses `--wear-projection-after`: a duration, `0` for at once, or `off` for never. Here,
+/// unlike the other durations, 0 and `off` differ: an administrator reads `off` as "never
+/// project", and it was taken as 0, so a device was warned about after a second of writes.
+pub fn parse_projection_wait(text: &str) -> std::result::Result<Option<Duration>, String> {
+    if text.trim().eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    Ok(Some(parse_duration(text)?.unwrap_or(Duration::ZERO)))
+}
+
+/// Clap value parser for `--wear-projection-after` (`off` as None, `0` as zero).
+pub fn parse_projection_wait_arg(text: &str) -> std::result::Result<DurationValue, String> {
+    parse_projection_wait(text).map(DurationValue)
+}
+
 /// A parsed duration flag (None: off).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DurationValue(pub Option<std::time::Duration>);
@@ -404,15 +419,19 @@ fn parse_durable_write(text: &str) -> Result<strata_device::DurableWrite> {
         })
 }
 
+/// A file the settings name that cannot be read (the config file, the token file): the start
+/// fails, exit 1, as when a device cannot be opened; it is not a refused setting.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Unreadable(String);
+
 /// Reads a TOML config file; errors fit on one line and name the file and line.
 pub fn load_file(path: &Path) -> Result<FileConfig> {
-    let meta = std::fs::metadata(path).map_err(|e| {
-        anyhow!(
-            "cannot read config {}: {}",
-            path.display(),
-            crate::io_reason(&e)
-        )
-    })?;
+    let unreadable = |e: std::io::Error| {
+        let reason = crate::io_reason(&e);
+        Unreadable(format!("cannot read config {}: {reason}", path.display()))
+    };
+    let meta = std::fs::metadata(path).map_err(unreadable)?;
     if meta.len() > MAX_CONFIG_FILE_BYTES {
         bail!(
             "config {} is larger than {} bytes",
@@ -420,13 +439,7 @@ pub fn load_file(path: &Path) -> Result<FileConfig> {
             MAX_CONFIG_FILE_BYTES
         );
     }
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        anyhow!(
-            "cannot read config {}: {}",
-            path.display(),
-            crate::io_reason(&e)
-        )
-    })?;
+    let text = std::fs::read_to_string(path).map_err(unreadable)?;
     parse_file(&text).with_context(|| format!("config {}", path.display()))
 }
 
@@ -493,16 +506,28 @@ fn spelled_twice(text: &str, message: &str) -> Option<String> {
     ))
 }
 
-/// Merges flags over the file over the defaults, then validates the result.
+/// Merges flags over the file over the defaults, then validates the result. A refused value,
+/// of a flag or of the file, is a usage error (exit 2, [`crate::UsageError`]); a file that
+/// cannot be read is not ([`Unreadable`], exit 1).
 pub fn resolve(args: &ServeArgs) -> Result<ServeConfig> {
     let file = match &args.config {
         Some(path) => {
             let dir = path.parent().unwrap_or(Path::new(""));
-            load_file(path)?.with_paths_from(dir)
+            load_file(path)
+                .map_err(as_usage_error)?
+                .with_paths_from(dir)
         }
         None => FileConfig::default(),
     };
-    merge(args, file)
+    merge(args, file).map_err(as_usage_error)
+}
+
+/// Every refusal of the settings as a usage error, but for a file that cannot be read.
+fn as_usage_error(e: anyhow::Error) -> anyhow::Error {
+    if e.is::<Unreadable>() {
+        return e;
+    }
+    crate::UsageError(format!("{e:#}")).into()
 }
 
 impl FileConfig {
@@ -662,11 +687,12 @@ pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<ServeConfig> {
             .capacity_device_model
             .clone()
             .or(file.capacity_device_model),
-        wear_projection_after: duration(
+        wear_projection_after: duration_with(
             args.wear_projection_after,
             &file.wear_projection_after,
             "wear_projection_after",
             Some(crate::wear::PROJECTION_AFTER),
+            parse_projection_wait,
         )?,
         catalog_files: if args.catalog_files.is_empty() {
             file.catalog_files.unwrap_or_default()
@@ -750,11 +776,11 @@ fn resolve_token(args: &ServeArgs, file: &FileConfig) -> Result<Option<Token>> {
         .or_else(|| file.http_token_file.clone());
     if let Some(path) = path {
         let text = std::fs::read_to_string(&path).map_err(|e| {
-            anyhow!(
+            Unreadable(format!(
                 "cannot read the HTTP token file {}: {}",
                 path.display(),
                 crate::io_reason(&e)
-            )
+            ))
         })?;
         let first = text.lines().next().unwrap_or("");
         return Token::new(first)
@@ -783,11 +809,20 @@ fn duration(
     key: &str,
     default: Option<std::time::Duration>,
 ) -> Result<Option<std::time::Duration>> {
+    duration_with(flag, file, key, default, parse_duration)
+}
+
+/// [`duration`] with the file's text read by `parse`, the flag's parser.
+fn duration_with(
+    flag: Option<DurationValue>,
+    file: &Option<String>,
+    key: &str,
+    default: Option<std::time::Duration>,
+    parse: fn(&str) -> std::result::Result<Option<Duration>, String>,
+) -> Result<Option<std::time::Duration>> {
     match (flag, file) {
         (Some(v), _) => Ok(v.0),
-        (None, Some(text)) => {
-            parse_duration(text).map_err(|e| anyhow!("{key} in the config file: {e}"))
-        }
+        (None, Some(text)) => parse(text).map_err(|e| anyhow!("{key} in the config file: {e}")),
         (None, None) => Ok(default),
     }
 }

@@ -288,7 +288,7 @@ fn values_in_the_file_are_checked_also_when_a_flag_overrides_them() {
         (
             "wear_projection_after = \"soon\"",
             ServeArgs {
-                wear_projection_after: Some(parse_duration_arg("0").unwrap()),
+                wear_projection_after: Some(parse_projection_wait_arg("0").unwrap()),
                 ..Default::default()
             },
             "wear_projection_after in the config file",
@@ -526,6 +526,47 @@ fn a_config_file_with_both_token_keys_is_refused() {
     assert!(!e.contains("config-token-abcdefghij"), "{e}");
 }
 
+/// `--wear-projection-after off` (and the file's key) means never project, as an
+/// administrator reads it; `0` means at once. It meant at once for both, so a rated device
+/// was warned about after a second of formatting writes.
+#[test]
+fn a_wear_projection_off_is_never_and_zero_is_at_once() {
+    use clap::Parser;
+    use std::time::Duration;
+    let from_flag = |value: &str| {
+        let cli = crate::Cli::try_parse_from(["strata", "serve", "--wear-projection-after", value])
+            .unwrap();
+        let crate::Command::Serve(args) = cli.command else {
+            panic!("not serve")
+        };
+        merge(&args, FileConfig::default())
+            .unwrap()
+            .wear_projection_after
+    };
+    let from_file = |value: &str| {
+        let file = parse_file(&format!("wear_projection_after = \"{value}\"")).unwrap();
+        merge(&ServeArgs::default(), file)
+            .unwrap()
+            .wear_projection_after
+    };
+    for read in [from_flag, from_file] {
+        assert_eq!(read("off"), None);
+        assert_eq!(read("OFF"), None);
+        assert_eq!(read("0"), Some(Duration::ZERO));
+        assert_eq!(read("0s"), Some(Duration::ZERO));
+        assert_eq!(read("12h"), Some(Duration::from_secs(12 * 3600)));
+    }
+    let default = merge(&ServeArgs::default(), FileConfig::default()).unwrap();
+    assert_eq!(
+        default.wear_projection_after,
+        Some(crate::wear::PROJECTION_AFTER)
+    );
+    // The other durations keep `0` and `off` as one.
+    assert_eq!(parse_duration("0"), parse_duration("off"));
+    let e = parse_projection_wait("soon").unwrap_err();
+    assert!(e.contains("or off)"), "{e}");
+}
+
 #[test]
 fn durations_longer_than_ten_years_are_refused() {
     use std::time::Duration;
@@ -717,4 +758,61 @@ fn a_negative_count_is_refused_in_words() {
         "{e}"
     );
     assert!(!e.contains("usize"), "{e}");
+}
+
+/// A refused setting, a flag's or the config file's, is a usage error (exit 2) as clap's own
+/// refusals are (`--fill-high 150%`); a file the settings name that cannot be read is a failed
+/// start (exit 1). `--read-cache 0.95`, `--max-connections 0` and `--fill-low 0.8 --fill-high
+/// 0.7` exited 1.
+#[test]
+fn refused_settings_are_usage_errors_and_unreadable_files_are_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |text: &str| {
+        let path = dir.path().join("strata.toml");
+        std::fs::write(&path, text).unwrap();
+        Some(path)
+    };
+    let refused = [
+        ServeArgs {
+            read_cache: Some("0.95".into()),
+            ..Default::default()
+        },
+        ServeArgs {
+            max_connections: Some(0),
+            ..Default::default()
+        },
+        ServeArgs {
+            fill_low: Some(0.8),
+            fill_high: Some(0.7),
+            ..Default::default()
+        },
+        ServeArgs {
+            config: file("max_connections = 0\n"),
+            ..Default::default()
+        },
+        ServeArgs {
+            config: file("fill_high = \"150%\"\n"),
+            ..Default::default()
+        },
+    ];
+    for args in refused {
+        let e = resolve(&args).unwrap_err();
+        assert!(e.is::<crate::UsageError>(), "{args:?}: {e:#}");
+    }
+    let missing = dir.path().join("missing");
+    let unreadable = [
+        ServeArgs {
+            config: Some(missing.clone()),
+            ..Default::default()
+        },
+        ServeArgs {
+            http_token_file: Some(missing),
+            ..Default::default()
+        },
+    ];
+    for args in unreadable {
+        let e = resolve(&args).unwrap_err();
+        assert!(!e.is::<crate::UsageError>(), "{args:?}: {e:#}");
+        assert!(format!("{e:#}").starts_with("cannot read"), "{e:#}");
+    }
 }

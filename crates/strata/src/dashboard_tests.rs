@@ -111,6 +111,21 @@ fn a_written_device_not_yet_projected_is_too_early_as_in_strata_status() {
     assert_eq!(rows[1][WEAR_OUT], "not written yet", "{rows:?}");
 }
 
+#[test]
+fn a_device_whose_projection_is_off_says_so_as_in_strata_status() {
+    let off = rated_device(
+        json!({"bytes_written_total": 100_000_000_000u64, "projection_after_s": null}),
+    );
+    let waiting = rated_device(
+        json!({"bytes_written_total": 100_000_000_000u64, "projection_after_s": 86_400}),
+    );
+    let Some(rows) = device_rows(json!([off, waiting])) else {
+        return;
+    };
+    assert_eq!(rows[0][WEAR_OUT], "projection off", "{rows:?}");
+    assert_eq!(rows[1][WEAR_OUT], "too early", "{rows:?}");
+}
+
 /// What the page's code prints for the JavaScript expression `expr`; None without node.
 fn shown(expr: &str) -> Option<String> {
     if !have_node() {

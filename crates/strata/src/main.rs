@@ -306,8 +306,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ID")]
     pub capacity_device_model: Option<String>,
     /// History a rated device needs before its wear-out date is projected from its average
-    /// write rate and warned about (`1d`, `12h`, `0` for at once) [default: 1d].
-    #[arg(long, value_name = "DURATION", value_parser = config::parse_duration_arg)]
+    /// write rate and warned about (`1d`, `12h`, `0` for at once, `off` for never) [default: 1d].
+    #[arg(long, value_name = "DURATION", value_parser = config::parse_projection_wait_arg)]
     pub wear_projection_after: Option<config::DurationValue>,
     /// Extra device catalog file (TOML); repeatable.
     #[arg(long = "catalog", value_name = "FILE")]
@@ -331,6 +331,17 @@ pub struct ServeArgs {
     #[arg(long)]
     pub skip_damaged_log_batches: bool,
 }
+
+/// What a command was asked is refused before it does anything: a flag's or a config file's
+/// value out of range, settings that contradict each other, a device id no catalog holds. It
+/// exits 2, as the usage errors clap finds do (`--fill-high 150%`): which part of the program
+/// finds a bad value is no concern of the administrator's.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// The exit status of a usage error, clap's or a [`UsageError`].
+const EXIT_USAGE: u8 = 2;
 
 /// Where `--help` lists the options every command takes (`--server`, `--json`, ...), apart
 /// from the command's own.
@@ -507,6 +518,8 @@ fn main() -> ExitCode {
                 }
                 Ok(())
             }
+            // An unknown device id on the command line, or flags that do not go together.
+            Err(e) if e.is_usage_error() => Err(UsageError(e.to_string()).into()),
             Err(e) => Err(anyhow::Error::from(e)),
         },
         Command::Bench(args) => strata_bench::run(&args).map_err(anyhow::Error::from),
@@ -533,6 +546,8 @@ fn main() -> ExitCode {
             } else if let Some(status) = bench_status {
                 // A benchmark a signal stopped, its report written: 128 + the signal's number.
                 ExitCode::from(status)
+            } else if e.is::<UsageError>() {
+                ExitCode::from(EXIT_USAGE)
             } else {
                 ExitCode::FAILURE
             }
@@ -577,7 +592,7 @@ fn clap_failure(e: clap::Error, json: bool) -> ExitCode {
                 println!("{}", serde_json::json!({ "error": reason, "status": null }));
             }
             eprintln!("strata: {reason}");
-            ExitCode::from(2)
+            ExitCode::from(EXIT_USAGE)
         }
     }
 }

@@ -283,7 +283,8 @@ fn render_wear(e: &mut Exposition, devices: &[DeviceJson]) {
         ("strata_device_endurance_used_ratio", "Share of the rated endurance used (catalog devices only).", |w| w.endurance_used_ratio),
         ("strata_device_warranty_end_timestamp_seconds", "End of the warranty (catalog devices only).", |w| w.warranty_end_unix_s.map(|t| t as f64)),
         ("strata_device_projected_wear_out_timestamp_seconds", "When the rated endurance runs out at the average rate.", |w| w.projected_wear_out_unix_s.map(|t| t as f64)),
-        ("strata_device_wear_out_before_warranty", "1 when the average rate wears the device out before its warranty ends.", |w| w.rated_endurance_bytes.map(|_| if w.wears_out_before_warranty { 1.0 } else { 0.0 })),
+        // Absent with the projection off (--wear-projection-after off): 0 would read as "fine".
+        ("strata_device_wear_out_before_warranty", "1 when the average rate wears the device out before its warranty ends (rated devices whose wear-out is projected).", |w| w.rated_endurance_bytes.filter(|_| w.projection_after_s.is_some()).map(|_| if w.wears_out_before_warranty { 1.0 } else { 0.0 })),
     ];
     for (name, help, get) in gauges {
         e.family(name, Type::Gauge, help);
@@ -428,6 +429,7 @@ mod tests {
                 warranty_end_unix_s: rated_endurance_bytes.map(|_| 1_857_680_000),
                 projected_wear_out_unix_s: None,
                 wears_out_before_warranty: false,
+                projection_after_s: Some(86_400),
             },
             checksum_errors_total: 0,
         }
@@ -462,5 +464,27 @@ mod tests {
             .filter(|l| l.starts_with("strata_device_drive_writes_per_day{"))
             .count();
         assert_eq!(dwpd, 2, "{text}");
+    }
+
+    /// With `--wear-projection-after off` nothing is projected: no wear-out date, and no
+    /// "wears out before warranty" 0 that would read as a verdict.
+    #[test]
+    fn a_device_whose_projection_is_off_has_no_wear_out_verdict() {
+        let mut off = device("off", Some(4.38e15));
+        off.wear.projection_after_s = None;
+        let mut e = Exposition::default();
+        render_wear(&mut e, &[off, device("rated", Some(4.38e15))]);
+        let text = e.finish();
+        let verdicts: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("strata_device_wear_out_before_warranty{"))
+            .collect();
+        assert_eq!(verdicts.len(), 1, "{verdicts:?}");
+        assert!(verdicts[0].contains("device=\"rated\""), "{verdicts:?}");
+        let used = "strata_device_endurance_used_ratio{device=\"off\"";
+        assert!(
+            text.contains(used),
+            "the endurance used is still shown:\n{text}"
+        );
     }
 }

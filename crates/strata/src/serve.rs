@@ -568,7 +568,7 @@ fn device_identities(
                 model: model.clone(),
                 name: device.name,
                 tier,
-                projection_after_s: cfg.wear_projection_after.map_or(0, |d| d.as_secs()),
+                projection_after_s: cfg.wear_projection_after.map(|d| d.as_secs()),
             };
             if let Some(note) = crate::wear::model_size_mismatch(&id, device.size_bytes) {
                 tracing::warn!(device = id.name, "{note}");

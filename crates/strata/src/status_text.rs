@@ -272,6 +272,10 @@ fn wear_out(w: &Value) -> String {
     if w["rated_endurance_bytes"].is_null() {
         return "no rating".into();
     }
+    // `--wear-projection-after off` (a daemon before it had no such field).
+    if w.get("projection_after_s").is_some_and(Value::is_null) {
+        return "projection off".into();
+    }
     match w["projected_wear_out_unix_s"].as_u64() {
         Some(t) if w["wears_out_before_warranty"].as_bool() == Some(true) => {
             format!("{} (before warranty!)", date(t))
@@ -556,6 +560,18 @@ mod tests {
         let fresh = json!({"rated_endurance_bytes": 1.0e15, "bytes_written_total": 0});
         assert_eq!(wear_out(&fresh), "not written yet");
         assert_eq!(wear_out(&json!({"rated_endurance_bytes": null})), "no rating");
+    }
+
+    /// `--wear-projection-after off`: the column says the projection is off, not "too early",
+    /// which would promise a date that never comes.
+    #[test]
+    fn a_wear_out_never_projected_says_the_projection_is_off() {
+        let off = json!({"rated_endurance_bytes": 1.0e15, "bytes_written_total": 4096,
+                         "projected_wear_out_unix_s": null, "projection_after_s": null});
+        assert_eq!(wear_out(&off), "projection off");
+        let waiting = json!({"rated_endurance_bytes": 1.0e15, "bytes_written_total": 4096,
+                             "projected_wear_out_unix_s": null, "projection_after_s": 86_400});
+        assert_eq!(wear_out(&waiting), "too early");
     }
 
     #[test]

@@ -15,7 +15,7 @@ pub const RECENT_WINDOW: Duration = Duration::from_secs(300);
 const SECONDS_PER_DAY: f64 = 86_400.0;
 /// History a device needs by default before its wear-out is projected (and warned about) from
 /// its average write rate: an initial load, or a group's first seconds, say nothing of the long
-/// run (`--wear-projection-after`).
+/// run (`--wear-projection-after`; `off` projects nothing).
 pub const PROJECTION_AFTER: Duration = Duration::from_secs(86_400);
 const SECONDS_PER_YEAR: f64 = 365.0 * SECONDS_PER_DAY;
 
@@ -26,8 +26,9 @@ pub struct DeviceIdentity {
     pub tier: &'static str,
     pub model: Option<String>,
     pub rating: Option<Rating>,
-    /// History needed before a wear-out date is projected (`PROJECTION_AFTER` by default).
-    pub projection_after_s: u64,
+    /// History needed before a wear-out date is projected (`PROJECTION_AFTER` by default);
+    /// None: never (`--wear-projection-after off`).
+    pub projection_after_s: Option<u64>,
 }
 
 /// Rated endurance from the device catalog.
@@ -55,9 +56,11 @@ pub fn rating_for(
     tier: &str,
 ) -> anyhow::Result<Option<Rating>> {
     let Some(model) = model else { return Ok(None) };
+    // A model the catalog lacks is a bad flag or config value (exit 2); a catalog file that
+    // cannot be read or is bad failed earlier, in `load_catalog` (exit 1).
     let device = catalog
         .get(model)
-        .map_err(|e| anyhow::anyhow!("{tier} device model: {e}"))?;
+        .map_err(|e| crate::UsageError(format!("{tier} device model: {e}")))?;
     Ok(device.endurance.map(|e| Rating {
         endurance_bytes: e.budget_bytes(tier == "capacity"),
         warranty_years: e.warranty_years,
@@ -133,10 +136,14 @@ pub struct WearJson {
     pub endurance_used_ratio: Option<f64>,
     pub warranty_end_unix_s: Option<u64>,
     /// When the rated endurance runs out at the average write rate; None until the device
-    /// has enough history (`DeviceIdentity::projection_after_s`, a day by default).
+    /// has enough history (`DeviceIdentity::projection_after_s`, a day by default), and
+    /// always with the projection off.
     pub projected_wear_out_unix_s: Option<u64>,
     /// The average rate would use up the rated endurance before the warranty ends.
     pub wears_out_before_warranty: bool,
+    /// The history a device needs before its wear-out is projected; None when projection is
+    /// off: no wear-out date, no warning, whatever the device's history.
+    pub projection_after_s: Option<u64>,
 }
 
 /// The wear of one device at `now_unix_s`; `size_bytes` is the part of the device the group
@@ -175,13 +182,18 @@ pub fn wear(
         warranty_end_unix_s: None,
         projected_wear_out_unix_s: None,
         wears_out_before_warranty: false,
+        projection_after_s: id.projection_after_s,
     };
     if let Some(r) = id.rating.filter(|r| r.endurance_bytes > 0.0) {
         let warranty_end = w.first_use_unix_s as f64 + r.warranty_years * SECONDS_PER_YEAR;
         out.rated_endurance_bytes = Some(r.endurance_bytes);
         out.endurance_used_ratio = Some(w.bytes_written_total as f64 / r.endurance_bytes);
         out.warranty_end_unix_s = Some(warranty_end as u64);
-        let old_enough = age_s.is_some_and(|age_s| age_s >= id.projection_after_s);
+        let old_enough = match (age_s, id.projection_after_s) {
+            (Some(age_s), Some(after_s)) => age_s >= after_s,
+            // The clock is behind the first use, or projection is off.
+            _ => false,
+        };
         if avg > 0.0 && old_enough {
             let left = (r.endurance_bytes - w.bytes_written_total as f64).max(0.0);
             let wear_out = now_unix_s as f64 + left / avg;
@@ -202,7 +214,7 @@ mod tests {
             tier: "fast",
             model: rating.map(|_| "test-800g".into()),
             rating,
-            projection_after_s: PROJECTION_AFTER.as_secs(),
+            projection_after_s: Some(PROJECTION_AFTER.as_secs()),
         }
     }
 
@@ -278,6 +290,40 @@ mod tests {
         assert!(j.projected_wear_out_unix_s.is_some(), "{j:?}");
     }
 
+    /// `--wear-projection-after off`: never a date nor a warning, however long and however
+    /// fast the device was written; `0`: projected from the first second.
+    #[test]
+    fn a_projection_off_projects_nothing_and_zero_projects_at_once() {
+        let h = History::new();
+        let size = 800_000_000_000u64;
+        let rating = Rating {
+            endurance_bytes: 3.0 * 800.0 * GB * 365.0 * 5.0,
+            warranty_years: 5.0,
+            capacity_bytes: 800_000_000_000,
+        };
+        // Ten times the rated 3 DWPD, for a year.
+        let fast = strata_engine::DeviceWear {
+            bytes_written_total: 30 * size * 365,
+            first_use_unix_s: 0,
+        };
+        let off = DeviceIdentity {
+            projection_after_s: None,
+            ..id(Some(rating))
+        };
+        let j = wear(&off, size, fast, 365 * DAY, &h);
+        assert_eq!(j.projected_wear_out_unix_s, None, "{j:?}");
+        assert!(!j.wears_out_before_warranty, "{j:?}");
+        assert_eq!(j.projection_after_s, None, "{j:?}");
+        assert!(j.endurance_used_ratio.is_some(), "{j:?}");
+        let at_once = DeviceIdentity {
+            projection_after_s: Some(0),
+            ..id(Some(rating))
+        };
+        let j = wear(&at_once, size, fast, 1, &h);
+        assert!(j.wears_out_before_warranty, "{j:?}");
+        assert_eq!(j.projection_after_s, Some(0), "{j:?}");
+    }
+
     #[test]
     fn a_clock_behind_the_first_use_gives_no_lifetime_average() {
         let h = History::new();
@@ -316,7 +362,12 @@ mod tests {
         assert!((seq.endurance_bytes / random.endurance_bytes - 4.5).abs() < 1e-9);
         // A disk has no write-endurance rating.
         assert_eq!(rating_for(&catalog, Some("hdd-1.2t-10k-sas"), "capacity").unwrap(), None);
-        let e = rating_for(&catalog, Some("optane-p5800x"), "fast").unwrap_err().to_string();
+        let e = rating_for(&catalog, Some("optane-p5800x"), "fast").unwrap_err();
+        assert!(
+            e.is::<crate::UsageError>(),
+            "an unknown model is a usage error: {e}"
+        );
+        let e = e.to_string();
         assert!(e.contains("fast device model") && e.contains("optane-p5800x-400g"), "{e}");
     }
 

@@ -249,6 +249,38 @@ fn output_into_a_closed_pipe_ends_quietly() {
     }
 }
 
+/// On a node without a read cache nothing is promoted, whatever the volume's policy: `volume
+/// info` and `set-policy` say so on the promote line, which showed "after 2 read(s)" alone.
+#[test]
+fn volume_info_says_when_the_node_has_no_read_cache() {
+    let promote_line = |daemon: &Daemon, args: &[&str]| {
+        let out = daemon.cli_ok(args);
+        let line = out.lines().find(|l| l.starts_with("promote:"));
+        line.unwrap_or_else(|| panic!("{args:?}: no promote line in\n{out}"))
+            .to_string()
+    };
+    let note = "(none: the node has no read cache)";
+    for (ratio, noted) in [("0", true), ("0.5", false)] {
+        let daemon = Daemon::start(DaemonOpts {
+            extra_args: vec!["--read-cache".into(), ratio.into()],
+            ..DaemonOpts::default()
+        });
+        let line = promote_line(&daemon, &["volume", "info", VOL0]);
+        assert!(line.contains("after 2 read(s)"), "{line}");
+        assert_eq!(line.contains(note), noted, "--read-cache {ratio}: {line}");
+        let args = ["volume", "set-policy", VOL0, "--promote-after-reads", "3"];
+        let line = promote_line(&daemon, &args);
+        assert_eq!(line.contains(note), noted, "--read-cache {ratio}: {line}");
+        // Promotion off says "never" already.
+        let args = ["volume", "set-policy", VOL0, "--promote-after-reads", "0"];
+        let line = promote_line(&daemon, &args);
+        assert!(line.contains("never") && !line.contains(note), "{line}");
+        // The JSON is the volume's alone.
+        let v = daemon.cli_json(&["volume", "info", VOL0]);
+        assert!(v.get("read_cache").is_none(), "{v:#}");
+    }
+}
+
 fn connections(daemon: &Daemon, name: &str) -> Option<u64> {
     daemon.cli_json(&["volume", "info", name])["connections"].as_u64()
 }
@@ -428,6 +460,7 @@ fn serve_with_bad_flags_fails_with_one_line() {
         c.current_dir(dir.path());
         let out = run_timeout(&mut c, Duration::from_secs(20));
         assert_one_line_reason(what, &out);
+        assert_eq!(out.status.code(), Some(2), "{what}: a usage error");
     }
     // The NBD server's stall timeout is what bounds a client that stops mid-request.
     let args = [
@@ -441,6 +474,11 @@ fn serve_with_bad_flags_fails_with_one_line() {
     c.current_dir(dir.path());
     let out = run_timeout(&mut c, Duration::from_secs(20));
     assert_one_line_reason("stall timeout off", &out);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "stall timeout off: a usage error"
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("nbd-stall-timeout cannot be off"),
@@ -449,6 +487,80 @@ fn serve_with_bad_flags_fails_with_one_line() {
     assert!(
         !dir.path().join("data").exists(),
         "the refused start made its data directory"
+    );
+}
+
+/// A value `strata serve` refuses is a usage error, exit 2, whichever part of it checks the
+/// value and whether a flag or the config file gave it: `--fill-high 150%` exited 2 while
+/// `--read-cache 0.95`, `--max-connections 0` and `--fill-low 0.8 --fill-high 0.7` exited 1.
+/// A start that fails (a config file that cannot be read) still exits 1.
+#[test]
+fn bad_serve_values_are_usage_errors_from_flags_and_the_config_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("write config");
+        path.display().to_string()
+    };
+    let bad_key = config("bad-key.toml", "max_connections = 0\n");
+    let unknown_key = config("unknown-key.toml", "max_conections = 8\n");
+    let contradiction = config("marks.toml", "fill_low = 0.8\nfill_high = \"70%\"\n");
+    let missing = dir.path().join("missing.toml").display().to_string();
+    let cases: [(&[&str], &str, i32); 12] = [
+        (&["--read-cache", "0.95"], "read cache", 2),
+        (
+            &["--max-connections", "0"],
+            "max-connections must be between",
+            2,
+        ),
+        (
+            &["--fill-low", "0.8", "--fill-high", "0.7"],
+            "must be below fill-high",
+            2,
+        ),
+        (&["--fill-high", "150%"], "out of range", 2),
+        (&["--wear-projection-after", "soon"], "is not a duration", 2),
+        (&["--io-backend", "aio"], "unknown I/O backend", 2),
+        (&["--index-cache", "4K"], "index-cache", 2),
+        (
+            &["--config", &bad_key],
+            "max-connections must be between",
+            2,
+        ),
+        (&["--config", &unknown_key], "unknown field", 2),
+        (&["--config", &contradiction], "must be below fill-high", 2),
+        // A file the flag names that cannot be read is a failed start, not a refused value.
+        (&["--config", &missing], "cannot read config", 1),
+        (
+            &["--http-token-file", &missing],
+            "cannot read the HTTP token file",
+            1,
+        ),
+    ];
+    for (flags, reason, code) in cases {
+        let args = [
+            &["serve", "--data-dir", "data", "--fast-size", "64M"][..],
+            &[
+                "--nbd-listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+            ],
+            flags,
+        ]
+        .concat();
+        let mut c = cmd(STRATA_BIN, &args);
+        c.current_dir(dir.path());
+        let out = run_timeout(&mut c, Duration::from_secs(20));
+        assert_one_line_reason(&format!("{flags:?}"), &out);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{flags:?}: {stderr}");
+        assert!(stderr.contains(reason), "{flags:?}: {stderr}");
+    }
+    // (An unknown device model: e2e_wear's unknown_model_or_bad_catalog_stops_start_up.)
+    assert!(
+        !dir.path().join("data").exists(),
+        "a refused start made its data directory"
     );
 }
 

@@ -144,35 +144,62 @@ fn size_rejects_bad_input_with_one_line() {
     std::fs::write(&broken, "[[device]]\nid = 3\n").expect("write");
     let mut with_catalog: Vec<String> = DESIGN.iter().map(|s| s.to_string()).collect();
     with_catalog.extend(["--catalog".into(), broken.display().to_string()]);
-    let cases: Vec<(&str, Vec<String>, &str)> = vec![
-        ("read share", with("--read-pct", "120"), "out of range"),
+    // A good catalog file that lacks the id asked for: the id is wrong, not the file.
+    let good = dir.path().join("good.toml");
+    std::fs::write(&good, "").expect("write");
+    let mut unknown_with_catalog = with("--capacity-device", "my-qlc");
+    unknown_with_catalog.extend(["--catalog".into(), good.display().to_string()]);
+    // Exit 2 for a usage error (a bad flag value, an id the catalog lacks), 1 for an error
+    // (docs/SIZING.md): an unknown --cache-device exited 1.
+    let cases: Vec<(&str, Vec<String>, &str, i32)> = vec![
+        ("read share", with("--read-pct", "120"), "out of range", 2),
         (
             "protection",
             with("--protection", "ec=4"),
             "invalid protection",
+            2,
         ),
-        ("block size", with("--block-size", "12Q"), "unknown unit"),
+        ("block size", with("--block-size", "12Q"), "unknown unit", 2),
         (
             "block size in part bytes",
             with("--block-size", "4.1K"),
             "not a whole number of bytes",
+            2,
         ),
-        ("capacity", with("--capacity-per-vm", ".5T"), "invalid size"),
-        ("hosts", with("--hosts", "0"), "--hosts"),
+        (
+            "capacity",
+            with("--capacity-per-vm", ".5T"),
+            "invalid size",
+            2,
+        ),
+        ("hosts", with("--hosts", "0"), "--hosts", 2),
         (
             "unknown device",
             with("--cache-device", "sas-800"),
             "did you mean sas-800g-mu-3dwpd",
+            2,
         ),
-        ("broken catalog", with_catalog, "bad.toml"),
-        ("missing flag", vec!["--vms".into(), "3".into()], "required"),
+        (
+            "unknown device beside a catalog file",
+            unknown_with_catalog,
+            "unknown device \"my-qlc\"",
+            2,
+        ),
+        ("broken catalog", with_catalog, "bad.toml", 1),
+        (
+            "missing flag",
+            vec!["--vms".into(), "3".into()],
+            "required",
+            2,
+        ),
     ];
-    for (what, args, needle) in cases {
+    for (what, args, needle, code) in cases {
         let out = run_timeout(
             &mut size_cmd(&args.iter().map(String::as_str).collect::<Vec<_>>()),
             CMD_TIMEOUT,
         );
         assert_one_line_reason(what, &out);
+        assert_eq!(out.status.code(), Some(code), "{what}");
         // An error is not a verdict on the design: scripts must tell the two apart.
         assert_ne!(out.status.code(), Some(EXIT_CHECK_FAILED), "{what}");
         let stderr = String::from_utf8_lossy(&out.stderr);

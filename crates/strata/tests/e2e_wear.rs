@@ -307,24 +307,82 @@ fn a_device_wearing_out_early_is_logged_flagged_and_warned_about() {
     }
 }
 
+/// `--wear-projection-after off` is never: the device that wears out within days above is not
+/// projected nor warned about, and every view says the projection is off. (`off` was taken
+/// as 0, at once: the device was warned about a second after its formatting writes.)
+#[test]
+fn a_projection_off_never_projects_nor_warns() {
+    let catalog_dir = tempfile::tempdir().expect("tempdir");
+    let catalog = catalog_dir.path().join("tiny.toml");
+    std::fs::write(&catalog, TINY_CATALOG).expect("write catalog");
+    let daemon = Daemon::start(DaemonOpts {
+        extra_args: vec![
+            "--catalog".into(),
+            catalog.display().to_string(),
+            "--fast-device-model".into(),
+            "tiny-test".into(),
+            "--wear-projection-after".into(),
+            "off".into(),
+        ],
+        ..DaemonOpts::default()
+    });
+    qemu_io_ok(&daemon.nbd_uri(VOL0), &["write -P 0x11 0 4M"]);
+    // A wear check (every 5 s) after the writes.
+    std::thread::sleep(Duration::from_secs(6));
+
+    let devices = get_json(&daemon, "/api/v1/devices");
+    let fast = &devices["devices"][0]["wear"];
+    assert_eq!(fast["model"], "tiny-test", "{devices:#}");
+    assert!(
+        fast["endurance_used_ratio"].as_f64() > Some(0.0),
+        "{devices:#}"
+    );
+    assert!(fast["projected_wear_out_unix_s"].is_null(), "{devices:#}");
+    assert_eq!(fast["wears_out_before_warranty"], false, "{devices:#}");
+    assert!(fast["projection_after_s"].is_null(), "{devices:#}");
+    let node = get_json(&daemon, "/api/v1/node");
+    assert!(
+        !node["warnings"].to_string().contains("wear out"),
+        "{node:#}"
+    );
+    let status = daemon.cli_ok(&["status"]);
+    let off = |l: &str| l.contains("fast.img") && l.contains("projection off");
+    assert!(status.lines().any(off), "{status}");
+    let metrics = ureq::get(&format!("{}/metrics", daemon.http_url()))
+        .call()
+        .expect("GET /metrics")
+        .into_string()
+        .expect("metrics text");
+    let verdict = "strata_device_wear_out_before_warranty{";
+    assert!(
+        !metrics.lines().any(|l| l.starts_with(verdict)),
+        "{metrics}"
+    );
+    let log = daemon.stderr_log();
+    assert!(!log.contains("would wear out before its warranty"), "{log}");
+}
+
 #[test]
 fn unknown_model_or_bad_catalog_stops_start_up_and_touches_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let broken = dir.path().join("broken.toml");
     std::fs::write(&broken, "[[device]]\nid = \"x\"\n").expect("write");
-    let cases: [(&str, Vec<String>, &str); 2] = [
+    // An unknown model is a bad value, a usage error (exit 2); a bad catalog file, an error (1).
+    let cases: [(&str, Vec<String>, &str, i32); 2] = [
         (
             "unknown model",
             vec!["--fast-device-model".into(), "optane-p5800x-40g".into()],
             "did you mean optane-p5800x-400g",
+            2,
         ),
         (
             "broken catalog",
             vec!["--catalog".into(), broken.display().to_string()],
             "broken.toml",
+            1,
         ),
     ];
-    for (what, args, needle) in cases {
+    for (what, args, needle, code) in cases {
         let data = dir.path().join(what.replace(' ', "-"));
         let mut c = Command::new(STRATA_BIN);
         c.args(["serve", "--data-dir", data.to_str().expect("utf-8")])
@@ -337,7 +395,7 @@ fn unknown_model_or_bad_catalog_stops_start_up_and_touches_nothing() {
             .args(&args);
         let out = run_timeout(&mut c, CMD_TIMEOUT);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{what}: started\n{stderr}");
+        assert_eq!(out.status.code(), Some(code), "{what}\n{stderr}");
         let last = stderr.lines().last().unwrap_or_default();
         assert!(
             last.starts_with("strata: ") && last.contains(needle),
