@@ -85,6 +85,10 @@ pub struct Destager {
     /// The last duty cycle found the host idle with the fill above the low mark: steps free
     /// the log as under pressure, one stripe at a time.
     idle_drain: bool,
+    /// This step moves the tail to reach tier-mode data old and cold enough to move behind it
+    /// (`cold_tier_behind`), and when a look found none, when to look again.
+    tier_behind: bool,
+    tier_look_after: Instant,
     /// The last duty cycle was paced without pressure: a step moves only a stripe of cold
     /// data, if the tail has one.
     cold_only: bool,
@@ -164,6 +168,8 @@ impl Destager {
             refused_seen: 0,
             host_io_seen: (0, Instant::now()),
             idle_drain: false,
+            tier_behind: false,
+            tier_look_after: Instant::now(),
             cold_only: false,
             fruitless_at: None,
             end_seen: (0, Instant::now()),
@@ -384,6 +390,7 @@ impl Destager {
         let high = self.sh.cfg.fill_ratio_high;
         self.cache_wants_room = false;
         self.idle_drain = false;
+        self.tier_behind = false;
         self.cold_only = false;
         let idle = self.host_idle();
         if self.forced() || fill >= high || physical >= PHYSICAL_FULL {
@@ -403,6 +410,11 @@ impl Destager {
         }
         let append = self.update_host_load();
         let Some(e) = self.band_position(fill) else {
+            // Below the low mark nothing moves, except to reach tier data due to move.
+            if self.cold_tier_behind() {
+                self.tier_behind = true;
+                return 1.0;
+            }
             return 0.0;
         };
         // The idle drain moves host data. With none of it left in the log, passing the tail
@@ -547,6 +559,58 @@ impl Destager {
             out = TierTail::Cold;
         }
         out
+    }
+
+    /// Whether a batch behind the oldest holds live data of a tier-mode volume old and cold
+    /// enough to move, with no younger tier data before it: the tail must move to reach it.
+    /// Below the low mark the destager moved nothing, so a tier volume's cold data written
+    /// after a cache volume's stayed on the fast tier for as long as the cache volume's data
+    /// did (an admin's trial: 8 MiB, 90 s past a minimum age of 10 s). A look that finds
+    /// none waits a second before the next (it reads the whole log's records).
+    fn cold_tier_behind(&mut self) -> bool {
+        let now = Instant::now();
+        if now < self.tier_look_after {
+            return false;
+        }
+        let any_tier = {
+            let vols = self.sh.vols.read();
+            vols.by_volume
+                .values()
+                .any(|rt| rt.policy().mode == Mode::Tier)
+        };
+        let batches: Vec<BatchMeta> = match any_tier {
+            true => {
+                let log = self.sh.log.lock();
+                let durable = log.batches.iter().take_while(|b| b.durable);
+                durable.skip(1).cloned().collect()
+            }
+            false => Vec::new(),
+        };
+        let now_ms = self.sh.cfg.clock.now_ms();
+        for b in &batches {
+            for (i, off, n) in live_runs(&self.sh, b) {
+                let r = &b.records[i];
+                let Some(rt) = self.sh.layer_runtime(r.layer) else {
+                    continue;
+                };
+                let p = rt.policy();
+                if p.mode != Mode::Tier {
+                    continue;
+                }
+                let min_age_ms = p.tier_min_age_s.saturating_mul(1000);
+                if now_ms.saturating_sub(r.aged_from_ms) < min_age_ms {
+                    // The tail cannot pass it.
+                    self.tier_look_after = now + Duration::from_secs(1);
+                    return false;
+                }
+                let hot = self.hot_parts(r.layer, r.lba + off, n);
+                if hot.iter().map(|p| p.1).sum::<u64>() < n {
+                    return true;
+                }
+            }
+        }
+        self.tier_look_after = now + Duration::from_secs(1);
+        false
     }
 
     /// How many of `batches` (oldest first) come before the first one holding live data of a
@@ -907,7 +971,10 @@ impl Destager {
                 true => s.live,
                 false => s.live + s.cached,
             };
-            let keep = if self.idle_drain && !hard {
+            let keep = if self.tier_behind && !hard {
+                // Cold data moves up to the tier data due to move, hot data stays.
+                Some(false)
+            } else if self.idle_drain && !hard {
                 // An idle drain moves the tail as it is, hot data too: written again at the
                 // head, it held the drain up at every pass while the passes evicted the read
                 // cache's copies the tail went over.
