@@ -478,10 +478,25 @@ pub fn read_checkpoint(fast: &dyn Device, layout: &Layout) -> Result<Checkpoint,
         .iter()
         .position(|c| c.as_ref().map(|c| c.generation) != Some(best.generation));
     if let Some(stale) = stale {
-        tracing::warn!(
-            device = fast.name(),
-            "a metadata copy was damaged or stale; rewriting both copies"
-        );
+        // Writes go to one copy, then the other: a stop in between (a crash, a power cut, a
+        // kill) leaves one copy a write behind, or cut short, and nothing is lost.
+        match &copies[stale] {
+            Some(old) => tracing::info!(
+                device = fast.name(),
+                "checkpoint copy {} is one write behind the other (generation {} against {}), \
+                 as a stop between the two copies' writes leaves it; writing it again",
+                stale,
+                old.generation,
+                best.generation
+            ),
+            None => tracing::warn!(
+                device = fast.name(),
+                "checkpoint copy {stale} does not check ({}): a write of it cut short by a \
+                 crash or a power cut leaves it so, else the device damaged it; writing it \
+                 again from the other copy",
+                problems.join("; ")
+            ),
+        }
         // The stale copy first: the whole one is not overwritten while it is the only one.
         write_checkpoint_from(fast, layout, &best, stale).map_err(|(e, _)| e)?;
     }
