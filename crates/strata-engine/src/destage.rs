@@ -572,12 +572,7 @@ impl Destager {
         if now < self.tier_look_after {
             return false;
         }
-        let any_tier = {
-            let vols = self.sh.vols.read();
-            vols.by_volume
-                .values()
-                .any(|rt| rt.policy().mode == Mode::Tier)
-        };
+        let any_tier = any_tier_volume(&self.sh);
         let batches: Vec<BatchMeta> = match any_tier {
             true => {
                 let log = self.sh.log.lock();
@@ -616,12 +611,7 @@ impl Destager {
     /// How many of `batches` (oldest first) come before the first one holding live data of a
     /// tier-mode volume younger than its minimum age.
     fn before_young_tier(&self, batches: &[BatchMeta]) -> usize {
-        let any_tier = {
-            let vols = self.sh.vols.read();
-            vols.by_volume
-                .values()
-                .any(|rt| rt.policy().mode == Mode::Tier)
-        };
+        let any_tier = any_tier_volume(&self.sh);
         if !any_tier {
             return batches.len();
         }
@@ -1976,6 +1966,14 @@ fn pass_over(sh: &Shared, seg: u32, e: &EngineError) {
              trimmed or deleted{again}"
         );
     }
+}
+
+/// Whether any volume is in tier mode.
+fn any_tier_volume(sh: &Shared) -> bool {
+    let vols = sh.vols.read();
+    vols.by_volume
+        .values()
+        .any(|rt| rt.policy().mode == Mode::Tier)
 }
 
 /// Live data of a log batch or segment: (record or entry index, first block in it, blocks).

@@ -268,19 +268,16 @@ fn both_copies_damaged_fail_reads_and_refuse_an_open_that_needs_them() {
     );
 }
 
-/// GC reads its victims' summaries whole: with copy A of every summary damaged (a crc block
-/// of some, the header of others), it cleans from copy B, and everything reads back.
-#[test]
-fn gc_cleans_segments_whose_summary_copy_a_is_damaged() {
-    let mut rig = Rig::new(16 * MIB, &[24 * MIB], small_cfg(), 65);
+/// Volume "v" written whole (`0x40`), then every other block again (`0x41`), destaged, and a
+/// clean restart: the first segments are half dead, GC's best victims (returned), and no
+/// summary is cached.
+fn half_dead(rig: &mut Rig) -> (Arc<DiskGroup>, VolumeId, Vec<u32>) {
     let dg = rig.group().clone();
     let v = written(&dg, 0x40);
-    // Every other block overwritten: the first segments are half dead, the best victims.
     for lba in (0..VOL_BLOCKS).step_by(2) {
         dg.write(v, lba * BLOCK_U64, &block_of(lba, 0x41)).unwrap();
     }
     assert!(dg.destage_all(Duration::from_secs(20)));
-    let fill = |lba: u64| Some(if lba.is_multiple_of(2) { 0x41 } else { 0x40 });
     drop(dg);
     rig.clean_restart();
     let dg = rig.group().clone();
@@ -290,6 +287,21 @@ fn gc_cleans_segments_whose_summary_copy_a_is_damaged() {
             dg.sh.segs.lock().segs[s as usize].live_blocks * 2 <= dg.sh.layout.geo.data_blocks
         })
         .collect();
+    (dg, v, victims)
+}
+
+/// What `half_dead` wrote: block `lba`'s fill.
+fn half_dead_fill(lba: u64) -> Option<u8> {
+    Some(if lba.is_multiple_of(2) { 0x41 } else { 0x40 })
+}
+
+/// GC reads its victims' summaries whole: with copy A of every summary damaged (a crc block
+/// of some, the header of others), it cleans from copy B, and everything reads back.
+#[test]
+fn gc_cleans_segments_whose_summary_copy_a_is_damaged() {
+    let mut rig = Rig::new(16 * MIB, &[24 * MIB], small_cfg(), 65);
+    let (dg, v, victims) = half_dead(&mut rig);
+    let fill = half_dead_fill;
     assert!(!victims.is_empty());
     // The tier has room yet: GC has not looked at a summary, none is cached.
     assert_eq!(dg.stats().gc_segments_cleaned_total, 0);

@@ -236,16 +236,21 @@ mod tests {
         assert!(!j.wears_out_before_warranty);
     }
 
+    /// An 800 GB device rated 3 drive writes per day for 5 years.
+    fn rated_800gb_3_dwpd() -> Rating {
+        Rating {
+            endurance_bytes: 3.0 * 800.0 * GB * 365.0 * 5.0,
+            warranty_years: 5.0,
+            capacity_bytes: 800_000_000_000,
+        }
+    }
+
     #[test]
     fn a_device_written_at_twice_its_rating_is_flagged() {
         let h = History::new();
         let size = 800_000_000_000u64;
         // 3 DWPD for 5 years.
-        let rating = Rating {
-            endurance_bytes: 3.0 * 800.0 * GB * 365.0 * 5.0,
-            warranty_years: 5.0,
-            capacity_bytes: 800_000_000_000,
-        };
+        let rating = rated_800gb_3_dwpd();
         let at_rating = strata_engine::DeviceWear {
             bytes_written_total: 3 * size * 100,
             first_use_unix_s: 0,
@@ -271,11 +276,7 @@ mod tests {
     fn no_wear_out_is_projected_from_less_than_a_day() {
         let h = History::new();
         let size = 800_000_000_000u64;
-        let rating = Rating {
-            endurance_bytes: 3.0 * 800.0 * GB * 365.0 * 5.0,
-            warranty_years: 5.0,
-            capacity_bytes: 800_000_000_000,
-        };
+        let rating = rated_800gb_3_dwpd();
         // A bulk load: 100 GB in the first hour, far above the rated 3 DWPD if it went on.
         let load = strata_engine::DeviceWear {
             bytes_written_total: 100_000_000_000,
@@ -296,11 +297,7 @@ mod tests {
     fn a_projection_off_projects_nothing_and_zero_projects_at_once() {
         let h = History::new();
         let size = 800_000_000_000u64;
-        let rating = Rating {
-            endurance_bytes: 3.0 * 800.0 * GB * 365.0 * 5.0,
-            warranty_years: 5.0,
-            capacity_bytes: 800_000_000_000,
-        };
+        let rating = rated_800gb_3_dwpd();
         // Ten times the rated 3 DWPD, for a year.
         let fast = strata_engine::DeviceWear {
             bytes_written_total: 30 * size * 365,
@@ -328,11 +325,7 @@ mod tests {
     fn a_clock_behind_the_first_use_gives_no_lifetime_average() {
         let h = History::new();
         let size = 800_000_000_000u64;
-        let rating = Rating {
-            endurance_bytes: 3.0 * 800.0 * GB * 365.0 * 5.0,
-            warranty_years: 5.0,
-            capacity_bytes: 800_000_000_000,
-        };
+        let rating = rated_800gb_3_dwpd();
         // Made a year ahead of the clock that now reads: a day's writes at 3 DWPD.
         let w = strata_engine::DeviceWear {
             bytes_written_total: 3 * size,

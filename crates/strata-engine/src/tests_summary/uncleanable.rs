@@ -11,22 +11,8 @@ use super::*;
 #[test]
 fn gc_cleans_around_a_segment_whose_summary_header_is_lost() {
     let mut rig = Rig::new(16 * MIB, &[24 * MIB], small_cfg(), 66);
-    let dg = rig.group().clone();
-    let v = written(&dg, 0x40);
-    for lba in (0..VOL_BLOCKS).step_by(2) {
-        dg.write(v, lba * BLOCK_U64, &block_of(lba, 0x41)).unwrap();
-    }
-    assert!(dg.destage_all(Duration::from_secs(20)));
-    let fill = |lba: u64| Some(if lba.is_multiple_of(2) { 0x41 } else { 0x40 });
-    drop(dg);
-    rig.clean_restart();
-    let dg = rig.group().clone();
-    let victims: Vec<u32> = sealed(&dg)
-        .into_iter()
-        .filter(|&s| {
-            dg.sh.segs.lock().segs[s as usize].live_blocks * 2 <= dg.sh.layout.geo.data_blocks
-        })
-        .collect();
+    let (dg, v, victims) = half_dead(&mut rig);
+    let fill = half_dead_fill;
     assert!(victims.len() >= 2, "{victims:?}");
     let lost = victims[0];
     for copy in 0..dg.sh.layout.geo.summary_copies {
