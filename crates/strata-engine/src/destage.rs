@@ -545,20 +545,21 @@ impl Destager {
         let now = self.sh.cfg.clock.now_ms();
         let mut out = TierTail::None;
         for (i, _, _) in live_runs(&self.sh, &front) {
-            let r = &front.records[i];
-            let Some(rt) = self.sh.layer_runtime(r.layer) else {
-                continue;
-            };
-            let p = rt.policy();
-            if p.mode != Mode::Tier {
-                continue;
+            match self.tier_young(&front.records[i], now) {
+                Some(true) => return TierTail::Young,
+                Some(false) => out = TierTail::Cold,
+                None => {}
             }
-            if now.saturating_sub(r.aged_from_ms) < p.tier_min_age_s.saturating_mul(1000) {
-                return TierTail::Young;
-            }
-            out = TierTail::Cold;
         }
         out
+    }
+
+    /// For a record of a tier-mode volume, whether it is younger than the volume's minimum
+    /// age at `now_ms`; None for other volumes' records.
+    fn tier_young(&self, r: &RecMeta, now_ms: u64) -> Option<bool> {
+        let p = self.sh.layer_runtime(r.layer)?.policy();
+        let min_age_ms = p.tier_min_age_s.saturating_mul(1000);
+        (p.mode == Mode::Tier).then(|| now_ms.saturating_sub(r.aged_from_ms) < min_age_ms)
     }
 
     /// Whether a batch behind the oldest holds live data of a tier-mode volume old and cold
@@ -585,18 +586,14 @@ impl Destager {
         for b in &batches {
             for (i, off, n) in live_runs(&self.sh, b) {
                 let r = &b.records[i];
-                let Some(rt) = self.sh.layer_runtime(r.layer) else {
-                    continue;
-                };
-                let p = rt.policy();
-                if p.mode != Mode::Tier {
-                    continue;
-                }
-                let min_age_ms = p.tier_min_age_s.saturating_mul(1000);
-                if now_ms.saturating_sub(r.aged_from_ms) < min_age_ms {
-                    // The tail cannot pass it.
-                    self.tier_look_after = now + Duration::from_secs(1);
-                    return false;
+                match self.tier_young(r, now_ms) {
+                    None => continue,
+                    Some(true) => {
+                        // The tail cannot pass it.
+                        self.tier_look_after = now + Duration::from_secs(1);
+                        return false;
+                    }
+                    Some(false) => {}
                 }
                 let hot = self.hot_parts(r.layer, r.lba + off, n);
                 if hot.iter().map(|p| p.1).sum::<u64>() < n {
@@ -616,13 +613,7 @@ impl Destager {
             return batches.len();
         }
         let now = self.sh.cfg.clock.now_ms();
-        let young = |r: &RecMeta| {
-            self.sh.layer_runtime(r.layer).is_some_and(|rt| {
-                let p = rt.policy();
-                p.mode == Mode::Tier
-                    && now.saturating_sub(r.aged_from_ms) < p.tier_min_age_s.saturating_mul(1000)
-            })
-        };
+        let young = |r: &RecMeta| self.tier_young(r, now) == Some(true);
         let holds_young = |b: &BatchMeta| {
             live_runs(&self.sh, b)
                 .iter()

@@ -226,25 +226,35 @@ random_write_iops = 1000
 preferred_write_bytes = 4096
 "#;
 
-#[test]
-fn a_device_wearing_out_early_is_logged_flagged_and_warned_about() {
+/// A daemon whose fast device is the catalog's `tiny-test` (from `TINY_CATALOG`, in the
+/// returned directory), with `args` besides.
+fn with_tiny_fast_device(args: &[&str]) -> (tempfile::TempDir, Daemon) {
     let catalog_dir = tempfile::tempdir().expect("tempdir");
     let catalog = catalog_dir.path().join("tiny.toml");
     std::fs::write(&catalog, TINY_CATALOG).expect("write catalog");
+    let mut extra_args = vec![
+        "--catalog".to_string(),
+        catalog.display().to_string(),
+        "--fast-device-model".into(),
+        "tiny-test".into(),
+    ];
+    extra_args.extend(args.iter().map(|a| a.to_string()));
     let daemon = Daemon::start(DaemonOpts {
-        extra_args: vec![
-            "--catalog".into(),
-            catalog.display().to_string(),
-            "--fast-device-model".into(),
-            "tiny-test".into(),
-            "--capacity-device-model".into(),
-            "optane-p5800x-400g".into(),
-            // Seconds of history are enough here (by default a day is needed).
-            "--wear-projection-after".into(),
-            "0".into(),
-        ],
+        extra_args,
         ..DaemonOpts::default()
     });
+    (catalog_dir, daemon)
+}
+
+#[test]
+fn a_device_wearing_out_early_is_logged_flagged_and_warned_about() {
+    // Seconds of history are enough here (by default a day is needed).
+    let (_catalog, daemon) = with_tiny_fast_device(&[
+        "--capacity-device-model",
+        "optane-p5800x-400g",
+        "--wear-projection-after",
+        "0",
+    ]);
     qemu_io_ok(&daemon.nbd_uri(VOL0), &["write -P 0x11 0 4M"]);
 
     let devices = get_json(&daemon, "/api/v1/devices");
@@ -312,20 +322,7 @@ fn a_device_wearing_out_early_is_logged_flagged_and_warned_about() {
 /// as 0, at once: the device was warned about a second after its formatting writes.)
 #[test]
 fn a_projection_off_never_projects_nor_warns() {
-    let catalog_dir = tempfile::tempdir().expect("tempdir");
-    let catalog = catalog_dir.path().join("tiny.toml");
-    std::fs::write(&catalog, TINY_CATALOG).expect("write catalog");
-    let daemon = Daemon::start(DaemonOpts {
-        extra_args: vec![
-            "--catalog".into(),
-            catalog.display().to_string(),
-            "--fast-device-model".into(),
-            "tiny-test".into(),
-            "--wear-projection-after".into(),
-            "off".into(),
-        ],
-        ..DaemonOpts::default()
-    });
+    let (_catalog, daemon) = with_tiny_fast_device(&["--wear-projection-after", "off"]);
     qemu_io_ok(&daemon.nbd_uri(VOL0), &["write -P 0x11 0 4M"]);
     // A wear check (every 5 s) after the writes.
     std::thread::sleep(Duration::from_secs(6));
